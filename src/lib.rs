@@ -1,0 +1,8 @@
+//! kvroute: a KV-cache-aware router for LLM serving.
+//!
+//! See `ARCHITECTURE.md` for the flows and the module map. Lower modules never import `server`;
+//! `policy` is pure so the same code runs live and in `sim`.
+
+pub mod kv_events;
+pub mod openai;
+pub mod tokens;
