@@ -3,6 +3,12 @@
 //! See `ARCHITECTURE.md` for the flows and the module map. Lower modules never import `server`;
 //! `policy` is pure so the same code runs live and in `sim`.
 
+pub mod config;
+pub mod fleet;
 pub mod kv_events;
+pub mod metrics;
 pub mod openai;
+pub mod policy;
+pub mod proxy;
+pub mod server;
 pub mod tokens;

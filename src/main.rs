@@ -1,1 +1,61 @@
-fn main() {}
+//! The `kvroute` command: one binary, one subcommand per job.
+
+use clap::{Parser, Subcommand};
+use kvroute::config::{Config, LogFormat, ServeArgs};
+
+#[derive(Parser)]
+#[command(
+    name = "kvroute",
+    version,
+    about = "A KV-cache-aware router for LLM serving"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Route OpenAI requests to a fleet of vLLM / SGLang workers.
+    Serve(ServeArgs),
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("kvroute: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Serve(args) => {
+                let config = Config::load(&args)?;
+                init_logging(config.log_format);
+                kvroute::server::run(config).await
+            }
+        }
+    });
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kvroute: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,478 @@
+//! Configuration: a TOML file, overridden by command-line flags, validated before anything
+//! starts.
+//!
+//! Every mistake is reported with the key that holds it and what to write instead, because
+//! the person reading the message is an operator at a deploy, not the author of this code.
+//! Unknown keys are errors: a misspelt key silently ignored is a production incident later.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::Args;
+use serde::Deserialize;
+use thiserror::Error;
+
+use crate::fleet::{BaseUrl, HealthConfig, WorkerSpec};
+use crate::policy::POLICY_NAMES;
+use crate::proxy::ProxyConfig;
+
+/// A configuration problem, phrased for the operator.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML or has unknown / mistyped keys.
+    #[error("config file {path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message, which names the key and line.
+        message: String,
+    },
+    /// A value is out of range or inconsistent.
+    #[error("invalid configuration: `{key}`: {message}")]
+    Invalid {
+        /// The offending key.
+        key: String,
+        /// What is wrong and how to fix it.
+        message: String,
+    },
+}
+
+fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.into(),
+        message: message.into(),
+    }
+}
+
+/// Log line format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, clap::ValueEnum, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `kvroute serve` flags; each overrides the config file's key of the same meaning.
+#[derive(Args, Debug, Clone, Default)]
+pub struct ServeArgs {
+    /// TOML config file (see config/kvroute.example.toml).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Address to listen on, e.g. 127.0.0.1:8000.
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Routing policy.
+    #[arg(long)]
+    pub policy: Option<String>,
+    /// A worker: URL[=MODEL,…][@tcp://HOST:PORT] (models discovered when omitted; the
+    /// tcp:// part is its KV-event endpoint). Repeat for more workers.
+    #[arg(long = "worker")]
+    pub workers: Vec<String>,
+    /// Log format.
+    #[arg(long, value_enum)]
+    pub log_format: Option<LogFormat>,
+}
+
+/// The file's shape. `deny_unknown_fields` everywhere: typos are errors.
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    listen: Option<String>,
+    policy: Option<String>,
+    seed: Option<u64>,
+    log_format: Option<LogFormat>,
+    max_body_bytes: Option<u64>,
+    shutdown_grace_s: Option<f64>,
+    #[serde(default)]
+    proxy: FileProxy,
+    #[serde(default)]
+    health: FileHealth,
+    #[serde(default)]
+    workers: Vec<FileWorker>,
+}
+
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+struct FileProxy {
+    connect_timeout_s: Option<f64>,
+    first_byte_timeout_s: Option<f64>,
+    retries: Option<u32>,
+    pool_max_idle_per_host: Option<usize>,
+}
+
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+struct FileHealth {
+    path: Option<String>,
+    interval_s: Option<f64>,
+    timeout_s: Option<f64>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct FileWorker {
+    id: Option<String>,
+    url: String,
+    #[serde(default)]
+    models: Vec<String>,
+    kv_events: Option<String>,
+    kv_replay: Option<String>,
+}
+
+/// The validated configuration of `kvroute serve`.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Where to listen.
+    pub listen: SocketAddr,
+    /// Policy name (one of [`POLICY_NAMES`]).
+    pub policy: String,
+    /// Seed for policies' random choices.
+    pub seed: u64,
+    /// Log format.
+    pub log_format: LogFormat,
+    /// Largest request body accepted (413 beyond).
+    pub max_body_bytes: usize,
+    /// How long in-flight requests may run on after SIGTERM.
+    pub shutdown_grace: Duration,
+    /// Upstream client settings.
+    pub proxy: ProxyConfig,
+    /// Health-check settings.
+    pub health: HealthConfig,
+    /// The workers.
+    pub workers: Vec<WorkerSpec>,
+}
+
+/// Default listen address.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8000";
+/// Default policy.
+pub const DEFAULT_POLICY: &str = "least_request";
+/// Default request body limit: 32 MiB.
+pub const DEFAULT_MAX_BODY_BYTES: u64 = 32 << 20;
+
+impl Config {
+    /// Loads the file named by `args.config` (if any), applies the flags, validates.
+    pub fn load(args: &ServeArgs) -> Result<Config, ConfigError> {
+        let file = match &args.config {
+            Some(path) => read_file(path)?,
+            None => FileConfig::default(),
+        };
+        Config::build(file, args)
+    }
+
+    /// Parses a config from TOML text (no flags); `origin` names it in errors.
+    pub fn from_toml(text: &str, origin: &Path) -> Result<Config, ConfigError> {
+        let file = parse_file(text, origin)?;
+        Config::build(file, &ServeArgs::default())
+    }
+
+    fn build(file: FileConfig, args: &ServeArgs) -> Result<Config, ConfigError> {
+        let listen_text = args
+            .listen
+            .clone()
+            .or(file.listen)
+            .unwrap_or_else(|| DEFAULT_LISTEN.into());
+        let listen: SocketAddr = listen_text.parse().map_err(|_| {
+            invalid(
+                "listen",
+                format!("`{listen_text}` is not an address; write e.g. \"127.0.0.1:8000\""),
+            )
+        })?;
+        let policy = args
+            .policy
+            .clone()
+            .or(file.policy)
+            .unwrap_or_else(|| DEFAULT_POLICY.into());
+        if !POLICY_NAMES.contains(&policy.as_str()) {
+            return Err(invalid(
+                "policy",
+                format!(
+                    "unknown policy `{policy}`; use one of {}",
+                    POLICY_NAMES.join(", ")
+                ),
+            ));
+        }
+        let max_body_bytes = file.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
+        if max_body_bytes < 1024 {
+            return Err(invalid("max_body_bytes", "must be at least 1024"));
+        }
+        let shutdown_grace = seconds("shutdown_grace_s", file.shutdown_grace_s, 30.0, 0.0)?;
+
+        let defaults = ProxyConfig::default();
+        let proxy = ProxyConfig {
+            connect_timeout: seconds(
+                "proxy.connect_timeout_s",
+                file.proxy.connect_timeout_s,
+                defaults.connect_timeout.as_secs_f64(),
+                0.001,
+            )?,
+            first_byte_timeout: seconds(
+                "proxy.first_byte_timeout_s",
+                file.proxy.first_byte_timeout_s,
+                defaults.first_byte_timeout.as_secs_f64(),
+                0.001,
+            )?,
+            retries: file.proxy.retries.unwrap_or(defaults.retries),
+            pool_max_idle_per_host: file
+                .proxy
+                .pool_max_idle_per_host
+                .unwrap_or(defaults.pool_max_idle_per_host),
+        };
+        if proxy.retries > 5 {
+            return Err(invalid(
+                "proxy.retries",
+                "at most 5: retries multiply load during an outage",
+            ));
+        }
+
+        let hd = HealthConfig::default();
+        let health = HealthConfig {
+            interval: seconds(
+                "health.interval_s",
+                file.health.interval_s,
+                hd.interval.as_secs_f64(),
+                0.01,
+            )?,
+            timeout: seconds(
+                "health.timeout_s",
+                file.health.timeout_s,
+                hd.timeout.as_secs_f64(),
+                0.001,
+            )?,
+            path: file.health.path.unwrap_or(hd.path),
+        };
+        if !health.path.starts_with('/') {
+            return Err(invalid(
+                "health.path",
+                "must start with `/`, e.g. \"/health\"",
+            ));
+        }
+
+        let mut workers = Vec::new();
+        for (i, w) in file.workers.into_iter().enumerate() {
+            let key = format!("workers[{i}]");
+            workers.push(worker_spec(
+                &key,
+                w.id,
+                &w.url,
+                w.models,
+                w.kv_events,
+                w.kv_replay,
+            )?);
+        }
+        for (i, flag) in args.workers.iter().enumerate() {
+            workers.push(
+                parse_worker_flag(flag).map_err(|m| invalid(format!("--worker #{}", i + 1), m))?,
+            );
+        }
+        let mut seen = std::collections::HashSet::new();
+        for w in &workers {
+            if !seen.insert(w.id.clone()) {
+                return Err(invalid(
+                    "workers",
+                    format!("two workers have the id `{}`; give each an `id`", w.id),
+                ));
+            }
+        }
+        Ok(Config {
+            listen,
+            policy,
+            seed: file.seed.unwrap_or(0),
+            log_format: args.log_format.or(file.log_format).unwrap_or_default(),
+            max_body_bytes: usize::try_from(max_body_bytes).unwrap_or(usize::MAX),
+            shutdown_grace,
+            proxy,
+            health,
+            workers,
+        })
+    }
+}
+
+fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    parse_file(&text, path)
+}
+
+fn parse_file(text: &str, path: &Path) -> Result<FileConfig, ConfigError> {
+    toml::from_str(text).map_err(|e| ConfigError::Parse {
+        path: path.to_owned(),
+        message: e.to_string(),
+    })
+}
+
+fn seconds(key: &str, v: Option<f64>, default: f64, min: f64) -> Result<Duration, ConfigError> {
+    let s = v.unwrap_or(default);
+    if !s.is_finite() || s < min || s > 86_400.0 * 365.0 {
+        return Err(invalid(
+            key,
+            format!("{s} is out of range; give seconds ≥ {min}, e.g. {default}"),
+        ));
+    }
+    Ok(Duration::from_secs_f64(s))
+}
+
+fn worker_spec(
+    key: &str,
+    id: Option<String>,
+    url: &str,
+    models: Vec<String>,
+    kv_events: Option<String>,
+    kv_replay: Option<String>,
+) -> Result<WorkerSpec, ConfigError> {
+    let base = BaseUrl::parse(url).map_err(|e| invalid(format!("{key}.url"), e.to_string()))?;
+    let id = id.unwrap_or_else(|| base.host_port());
+    if id.is_empty() || id.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(invalid(
+            format!("{key}.id"),
+            "must be non-empty, without spaces or control characters",
+        ));
+    }
+    if models.iter().any(|m| m.is_empty()) {
+        return Err(invalid(
+            format!("{key}.models"),
+            "model names must not be empty",
+        ));
+    }
+    for (k, ep) in [("kv_events", &kv_events), ("kv_replay", &kv_replay)] {
+        if let Some(ep) = ep
+            && !(ep.starts_with("tcp://") || ep.starts_with("ipc://"))
+        {
+            return Err(invalid(
+                format!("{key}.{k}"),
+                format!("`{ep}` is not a ZeroMQ endpoint; write e.g. \"tcp://127.0.0.1:5557\""),
+            ));
+        }
+    }
+    Ok(WorkerSpec {
+        id,
+        url: base,
+        models,
+        kv_events,
+        kv_replay,
+    })
+}
+
+/// Parses `URL[=MODEL,…][@tcp://HOST:PORT]`.
+pub fn parse_worker_flag(flag: &str) -> Result<WorkerSpec, String> {
+    let (rest, events) = match flag.find("@tcp://").or_else(|| flag.find("@ipc://")) {
+        Some(at) => (&flag[..at], Some(flag[at + 1..].to_string())),
+        None => (flag, None),
+    };
+    let (url, models) = match rest.split_once('=') {
+        Some((u, m)) => (
+            u,
+            m.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect(),
+        ),
+        None => (rest, Vec::new()),
+    };
+    worker_spec("worker", None, url, models, events, None).map_err(|e| match e {
+        ConfigError::Invalid { message, .. } => message,
+        other => other.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(text: &str) -> Result<Config, ConfigError> {
+        Config::from_toml(text, Path::new("test.toml"))
+    }
+
+    #[test]
+    fn defaults() {
+        let c = load("").unwrap();
+        assert_eq!(c.listen.to_string(), DEFAULT_LISTEN);
+        assert_eq!(c.policy, DEFAULT_POLICY);
+        assert_eq!(c.max_body_bytes, 32 << 20);
+        assert!(c.workers.is_empty());
+    }
+
+    #[test]
+    fn worker_flags() {
+        let w = parse_worker_flag("http://127.0.0.1:8101").unwrap();
+        assert_eq!(w.id, "127.0.0.1:8101");
+        assert!(w.models.is_empty());
+        let w = parse_worker_flag("http://h:1=a,b@tcp://h:5557").unwrap();
+        assert_eq!(w.models, ["a", "b"]);
+        assert_eq!(w.kv_events.as_deref(), Some("tcp://h:5557"));
+        assert!(parse_worker_flag("ftp://x").unwrap_err().contains("http"));
+    }
+
+    #[test]
+    fn flags_override_file() {
+        let args = ServeArgs {
+            listen: Some("127.0.0.1:9999".into()),
+            policy: Some("random".into()),
+            workers: vec!["http://127.0.0.1:2=m".into()],
+            ..Default::default()
+        };
+        let file = parse_file(
+            "listen = \"127.0.0.1:1\"\npolicy = \"round_robin\"\n[[workers]]\nurl = \"http://127.0.0.1:1\"\n",
+            Path::new("f"),
+        )
+        .unwrap();
+        let c = Config::build(file, &args).unwrap();
+        assert_eq!(c.listen.port(), 9999);
+        assert_eq!(c.policy, "random");
+        assert_eq!(c.workers.len(), 2);
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let cases = [
+            ("listen = \"nope\"", "listen"),
+            ("policy = \"fastest\"", "policy"),
+            ("[proxy]\nretries = 50", "proxy.retries"),
+            ("[health]\ninterval_s = -1", "health.interval_s"),
+            ("[[workers]]\nurl = \"https://x\"", "workers[0].url"),
+            (
+                "[[workers]]\nurl = \"http://a:1\"\nkv_events = \"a:1\"",
+                "workers[0].kv_events",
+            ),
+            (
+                "[[workers]]\nurl = \"http://a:1\"\n[[workers]]\nurl = \"http://a:1\"",
+                "workers",
+            ),
+        ];
+        for (text, key) in cases {
+            match load(text) {
+                Err(ConfigError::Invalid { key: k, .. }) => assert_eq!(k, key, "{text}"),
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected_with_their_name() {
+        let e = load("polcy = \"random\"").unwrap_err().to_string();
+        assert!(e.contains("polcy"), "{e}");
+        let e = load("[proxy]\nretry = 1").unwrap_err().to_string();
+        assert!(e.contains("retry"), "{e}");
+    }
+
+    #[test]
+    fn example_config_loads() {
+        let text = include_str!("../config/kvroute.example.toml");
+        let c = load(text).unwrap();
+        assert!(!c.workers.is_empty());
+    }
+}

@@ -1,0 +1,143 @@
+//! Active health checks and model discovery.
+//!
+//! Every interval each worker's health endpoint is asked, with a timeout; a worker that does
+//! not answer 2xx gets no new requests until it does. Workers configured without a model list
+//! are asked for `GET /v1/models` on the same beat, so a redeployed replica serving a new model
+//! is picked up without restarting the router.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use tokio_util::sync::CancellationToken;
+
+use super::{Fleet, Worker};
+
+/// How health is checked.
+#[derive(Clone, Debug)]
+pub struct HealthConfig {
+    /// Time between two checks of the same worker.
+    pub interval: Duration,
+    /// How long one check may take.
+    pub timeout: Duration,
+    /// Path of the health endpoint on the worker.
+    pub path: String,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            interval: Duration::from_secs(5),
+            timeout: Duration::from_secs(2),
+            path: "/health".into(),
+        }
+    }
+}
+
+type ProbeClient = Client<HttpConnector, Empty<Bytes>>;
+
+/// Runs health checks until `stop` is cancelled. The first round runs immediately.
+pub fn spawn(
+    fleet: Arc<Fleet>,
+    config: HealthConfig,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let mut connector = HttpConnector::new();
+    connector.set_connect_timeout(Some(config.timeout));
+    connector.set_nodelay(true);
+    let client: ProbeClient = Client::builder(TokioExecutor::new()).build(connector);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(config.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let workers = fleet.workers();
+            let checks = workers.iter().map(|w| check_worker(&client, w, &config));
+            futures_util::future::join_all(checks).await;
+        }
+    })
+}
+
+/// Checks one worker now and updates its state; returns whether it is healthy.
+pub async fn check_worker(
+    client: &ProbeClient,
+    worker: &Arc<Worker>,
+    config: &HealthConfig,
+) -> bool {
+    let ok = matches!(
+        get(client, worker, &config.path, config.timeout).await,
+        Some((status, _)) if status.is_success()
+    );
+    if ok && worker.spec.models.is_empty() {
+        if let Some((status, body)) = get(client, worker, "/v1/models", config.timeout).await
+            && status.is_success()
+        {
+            match parse_models(&body) {
+                Some(models) => worker.set_discovered_models(models),
+                None => tracing::warn!(worker = worker.id(), "unparseable /v1/models answer"),
+            }
+        }
+    }
+    let was = worker.set_healthy(ok);
+    if was != ok {
+        if ok {
+            tracing::info!(worker = worker.id(), "worker is healthy");
+        } else {
+            tracing::warn!(worker = worker.id(), "worker failed its health check");
+        }
+    }
+    ok
+}
+
+async fn get(
+    client: &ProbeClient,
+    worker: &Worker,
+    path: &str,
+    timeout: Duration,
+) -> Option<(http::StatusCode, Bytes)> {
+    let req = http::Request::get(worker.spec.url.join(path))
+        .body(Empty::new())
+        .ok()?;
+    let fut = async {
+        let resp = client.request(req).await.ok()?;
+        let status = resp.status();
+        let body = http_body_util::Limited::new(resp.into_body(), 4 << 20)
+            .collect()
+            .await
+            .ok()?
+            .to_bytes();
+        Some((status, body))
+    };
+    tokio::time::timeout(timeout, fut).await.ok().flatten()
+}
+
+/// The model ids of an OpenAI `GET /v1/models` answer.
+pub fn parse_models(body: &[u8]) -> Option<Vec<String>> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let data = v.get("data")?.as_array()?;
+    Some(
+        data.iter()
+            .filter_map(|m| m.get("id").and_then(|i| i.as_str()).map(str::to_owned))
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_openai_model_lists() {
+        let body = br#"{"object":"list","data":[{"id":"a","object":"model"},{"id":"b"},{"x":1}]}"#;
+        assert_eq!(parse_models(body).unwrap(), ["a", "b"]);
+        assert!(parse_models(b"{}").is_none());
+        assert!(parse_models(b"garbage").is_none());
+    }
+}

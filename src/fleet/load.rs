@@ -1,0 +1,146 @@
+//! Router-side load accounting per worker.
+//!
+//! The router knows what it sent before the engine reports anything: a request counts as
+//! *queued prefill* from the moment it is routed until its first token, then as *decoding* until
+//! it ends. A [`LoadGuard`] is the only way to change these counters and releases whatever is
+//! still held when it is dropped, so an error, a retry or a client that hangs up can never
+//! leak load (a leaked count would steer traffic away from a worker forever).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Live load counters of one worker.
+#[derive(Debug, Default)]
+pub struct Load {
+    in_flight: AtomicU64,
+    queued_prefill_tokens: AtomicU64,
+    decoding: AtomicU64,
+}
+
+/// A consistent-enough copy of [`Load`] for one routing decision.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoadSnapshot {
+    /// Requests routed and not yet finished.
+    pub in_flight: u64,
+    /// Uncached prompt tokens of routed requests that have not produced a first token.
+    pub queued_prefill_tokens: u64,
+    /// Routed requests past their first token.
+    pub decoding: u64,
+}
+
+impl Load {
+    /// Reads the counters.
+    pub fn snapshot(&self) -> LoadSnapshot {
+        LoadSnapshot {
+            in_flight: self.in_flight.load(Ordering::Relaxed),
+            queued_prefill_tokens: self.queued_prefill_tokens.load(Ordering::Relaxed),
+            decoding: self.decoding.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Counts a request routed here with `prefill_tokens` still to compute.
+    pub fn admit(self: &Arc<Self>, prefill_tokens: u64) -> LoadGuard {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.queued_prefill_tokens
+            .fetch_add(prefill_tokens, Ordering::Relaxed);
+        LoadGuard {
+            load: Arc::clone(self),
+            prefill_tokens,
+            stage: Stage::Prefill,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    Prefill,
+    Decode,
+    Done,
+}
+
+/// The load one request holds on one worker; released on drop.
+#[derive(Debug)]
+pub struct LoadGuard {
+    load: Arc<Load>,
+    prefill_tokens: u64,
+    stage: Stage,
+}
+
+impl LoadGuard {
+    /// The request produced its first token: its prefill no longer queues others.
+    pub fn first_token(&mut self) {
+        if self.stage == Stage::Prefill {
+            self.load
+                .queued_prefill_tokens
+                .fetch_sub(self.prefill_tokens, Ordering::Relaxed);
+            self.load.decoding.fetch_add(1, Ordering::Relaxed);
+            self.stage = Stage::Decode;
+        }
+    }
+
+    /// The request ended (completed, failed or cancelled); same as dropping the guard.
+    pub fn finish(&mut self) {
+        match self.stage {
+            Stage::Prefill => {
+                self.load
+                    .queued_prefill_tokens
+                    .fetch_sub(self.prefill_tokens, Ordering::Relaxed);
+            }
+            Stage::Decode => {
+                self.load.decoding.fetch_sub(1, Ordering::Relaxed);
+            }
+            Stage::Done => return,
+        }
+        self.load.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.stage = Stage::Done;
+    }
+}
+
+impl Drop for LoadGuard {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guard_moves_through_stages_and_releases_everything() {
+        let load = Arc::new(Load::default());
+        let mut g = load.admit(100);
+        assert_eq!(
+            load.snapshot(),
+            LoadSnapshot {
+                in_flight: 1,
+                queued_prefill_tokens: 100,
+                decoding: 0
+            }
+        );
+        g.first_token();
+        g.first_token();
+        assert_eq!(
+            load.snapshot(),
+            LoadSnapshot {
+                in_flight: 1,
+                queued_prefill_tokens: 0,
+                decoding: 1
+            }
+        );
+        drop(g);
+        assert_eq!(load.snapshot(), LoadSnapshot::default());
+    }
+
+    #[test]
+    fn dropping_before_first_token_releases_prefill() {
+        let load = Arc::new(Load::default());
+        let a = load.admit(10);
+        let mut b = load.admit(5);
+        b.finish();
+        assert_eq!(load.snapshot().queued_prefill_tokens, 10);
+        drop(a);
+        drop(b);
+        assert_eq!(load.snapshot(), LoadSnapshot::default());
+    }
+}

@@ -1,0 +1,149 @@
+//! The workers behind the router: who they are, which models they serve, whether they are
+//! healthy, and how loaded the router has made them.
+//!
+//! The worker list is an immutable snapshot swapped as a whole (`Arc<[Arc<Worker>]>`): a
+//! routing decision clones one `Arc` and never holds a lock while it scores, and a worker
+//! added or removed at run time cannot tear a decision in half.
+
+pub mod health;
+pub mod load;
+pub mod worker;
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, RwLock};
+
+pub use health::HealthConfig;
+pub use load::{Load, LoadGuard, LoadSnapshot};
+pub use worker::{BaseUrl, Worker, WorkerSpec, WorkerUrlError};
+
+/// The set of workers.
+#[derive(Debug)]
+pub struct Fleet {
+    workers: RwLock<Arc<[Arc<Worker>]>>,
+    next_slot: std::sync::atomic::AtomicU32,
+}
+
+impl Fleet {
+    /// A fleet of the given workers, in order.
+    pub fn new(specs: Vec<WorkerSpec>) -> Fleet {
+        let workers: Vec<Arc<Worker>> = specs
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| Arc::new(Worker::new(s, i as u32)))
+            .collect();
+        let n = workers.len() as u32;
+        Fleet {
+            workers: RwLock::new(workers.into()),
+            next_slot: std::sync::atomic::AtomicU32::new(n),
+        }
+    }
+
+    /// The current workers.
+    pub fn workers(&self) -> Arc<[Arc<Worker>]> {
+        match self.workers.read() {
+            Ok(w) => Arc::clone(&w),
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+        }
+    }
+
+    /// Healthy workers that serve `model`, in fleet order.
+    pub fn eligible(&self, model: &str) -> Vec<Arc<Worker>> {
+        self.workers()
+            .iter()
+            .filter(|w| w.is_healthy() && w.serves(model))
+            .cloned()
+            .collect()
+    }
+
+    /// Whether any worker, healthy or not, serves `model` (to tell 404 from 503).
+    pub fn knows_model(&self, model: &str) -> bool {
+        self.workers().iter().any(|w| w.serves(model))
+    }
+
+    /// The union of the models all workers serve, sorted.
+    pub fn models(&self) -> Vec<String> {
+        let set: BTreeSet<String> = self.workers().iter().flat_map(|w| w.models()).collect();
+        set.into_iter().collect()
+    }
+
+    /// Whether at least one worker is healthy and serves a model.
+    pub fn any_routable(&self) -> bool {
+        self.workers()
+            .iter()
+            .any(|w| w.is_healthy() && !w.models().is_empty())
+    }
+
+    /// The worker with `id`, if any.
+    pub fn get(&self, id: &str) -> Option<Arc<Worker>> {
+        self.workers().iter().find(|w| w.id() == id).cloned()
+    }
+
+    /// Adds a worker; fails if the id is taken.
+    pub fn add(&self, spec: WorkerSpec) -> Result<Arc<Worker>, String> {
+        let mut guard = self.workers.write().map_err(|_| "fleet lock poisoned")?;
+        if guard.iter().any(|w| w.id() == spec.id) {
+            return Err(format!("a worker with id `{}` exists already", spec.id));
+        }
+        let slot = self
+            .next_slot
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let w = Arc::new(Worker::new(spec, slot));
+        let mut v: Vec<Arc<Worker>> = guard.iter().cloned().collect();
+        v.push(Arc::clone(&w));
+        *guard = v.into();
+        Ok(w)
+    }
+
+    /// Removes the worker with `id`; returns it if it was there.
+    pub fn remove(&self, id: &str) -> Option<Arc<Worker>> {
+        let mut guard = self.workers.write().ok()?;
+        let pos = guard.iter().position(|w| w.id() == id)?;
+        let mut v: Vec<Arc<Worker>> = guard.iter().cloned().collect();
+        let w = v.remove(pos);
+        *guard = v.into();
+        Some(w)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(id: &str, models: &[&str]) -> WorkerSpec {
+        WorkerSpec {
+            id: id.into(),
+            url: BaseUrl::parse("http://127.0.0.1:1").unwrap(),
+            models: models.iter().map(|m| m.to_string()).collect(),
+            kv_events: None,
+            kv_replay: None,
+        }
+    }
+
+    #[test]
+    fn eligibility_follows_model_and_health() {
+        let f = Fleet::new(vec![
+            spec("a", &["m1"]),
+            spec("b", &["m1", "m2"]),
+            spec("c", &["m2"]),
+        ]);
+        let ids = |v: Vec<Arc<Worker>>| v.iter().map(|w| w.id().to_string()).collect::<Vec<_>>();
+        assert_eq!(ids(f.eligible("m1")), ["a", "b"]);
+        f.get("b").unwrap().set_healthy(false);
+        assert_eq!(ids(f.eligible("m2")), ["c"]);
+        assert!(f.knows_model("m1") && !f.knows_model("zz"));
+        assert_eq!(f.models(), ["m1", "m2"]);
+    }
+
+    #[test]
+    fn add_and_remove_keep_slots_unique() {
+        let f = Fleet::new(vec![spec("a", &["m"])]);
+        assert!(f.add(spec("a", &["m"])).is_err());
+        let b = f.add(spec("b", &["m"])).unwrap();
+        assert_eq!(b.slot, 1);
+        assert!(f.remove("a").is_some());
+        let c = f.add(spec("c", &["m"])).unwrap();
+        assert_eq!(c.slot, 2);
+        assert_eq!(f.workers().len(), 2);
+        assert!(f.remove("zz").is_none());
+    }
+}

@@ -1,0 +1,222 @@
+//! One upstream replica as the router sees it.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+
+use http::Uri;
+use thiserror::Error;
+
+use super::load::Load;
+
+/// Why a worker URL was rejected.
+#[derive(Debug, Error, PartialEq)]
+pub enum WorkerUrlError {
+    /// Not a URL at all.
+    #[error("`{0}` is not a valid URL (expected e.g. http://127.0.0.1:8101)")]
+    Invalid(String),
+    /// A scheme the proxy does not speak.
+    #[error("`{0}`: only http:// workers are supported (terminate TLS in front of the worker)")]
+    Scheme(String),
+    /// No host.
+    #[error("`{0}` has no host")]
+    NoHost(String),
+}
+
+/// Where a worker listens: `http://host:port` plus an optional path prefix.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BaseUrl {
+    authority: http::uri::Authority,
+    prefix: String,
+}
+
+impl BaseUrl {
+    /// Parses `http://host[:port][/prefix]`.
+    pub fn parse(s: &str) -> Result<BaseUrl, WorkerUrlError> {
+        let uri: Uri = s.parse().map_err(|_| WorkerUrlError::Invalid(s.into()))?;
+        match uri.scheme_str() {
+            Some("http") => {}
+            Some(_) => return Err(WorkerUrlError::Scheme(s.into())),
+            None => return Err(WorkerUrlError::Invalid(s.into())),
+        }
+        let authority = uri
+            .authority()
+            .cloned()
+            .ok_or_else(|| WorkerUrlError::NoHost(s.into()))?;
+        if authority.host().is_empty() {
+            return Err(WorkerUrlError::NoHost(s.into()));
+        }
+        let prefix = uri.path().trim_end_matches('/').to_string();
+        Ok(BaseUrl { authority, prefix })
+    }
+
+    /// `host:port`, the default worker id.
+    pub fn host_port(&self) -> String {
+        match self.authority.port_u16() {
+            Some(p) => format!("{}:{}", self.authority.host(), p),
+            None => format!("{}:80", self.authority.host()),
+        }
+    }
+
+    /// The URI of `path` (which starts with `/`) on this worker.
+    pub fn join(&self, path_and_query: &str) -> Uri {
+        let pq = format!("{}{}", self.prefix, path_and_query);
+        Uri::builder()
+            .scheme("http")
+            .authority(self.authority.clone())
+            .path_and_query(pq)
+            .build()
+            .unwrap_or_else(|_| Uri::from_static("http://invalid/"))
+    }
+
+    /// The `Host` header value.
+    pub fn authority(&self) -> &http::uri::Authority {
+        &self.authority
+    }
+}
+
+impl std::fmt::Display for BaseUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "http://{}{}", self.authority, self.prefix)
+    }
+}
+
+/// Static description of a worker, from the config file or the command line.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WorkerSpec {
+    /// Stable id, used in metrics, logs and `x-kvroute-worker`.
+    pub id: String,
+    /// Where it listens.
+    pub url: BaseUrl,
+    /// Models it serves; empty means "discover from its `GET /v1/models`".
+    pub models: Vec<String>,
+    /// ZMQ endpoint of its KV-event publisher, if it publishes events.
+    pub kv_events: Option<String>,
+    /// ZMQ endpoint of its KV-event replay socket, if any.
+    pub kv_replay: Option<String>,
+}
+
+/// A worker in the fleet: its description plus live state.
+#[derive(Debug)]
+pub struct Worker {
+    /// What was configured.
+    pub spec: WorkerSpec,
+    /// Dense number of the worker, stable for its lifetime in the fleet (index key).
+    pub slot: u32,
+    /// Router-side load.
+    pub load: Arc<Load>,
+    discovered_models: RwLock<Vec<String>>,
+    healthy: AtomicBool,
+}
+
+impl Worker {
+    /// A worker that starts healthy: the first health check corrects that within one interval,
+    /// and a failing first request is retried on another worker.
+    pub fn new(spec: WorkerSpec, slot: u32) -> Worker {
+        Worker {
+            spec,
+            slot,
+            load: Arc::new(Load::default()),
+            discovered_models: RwLock::new(Vec::new()),
+            healthy: AtomicBool::new(true),
+        }
+    }
+
+    /// The worker's id.
+    pub fn id(&self) -> &str {
+        &self.spec.id
+    }
+
+    /// Models this worker serves: configured ones, or else the last discovered list.
+    pub fn models(&self) -> Vec<String> {
+        if !self.spec.models.is_empty() {
+            return self.spec.models.clone();
+        }
+        self.discovered_models
+            .read()
+            .map(|m| m.clone())
+            .unwrap_or_default()
+    }
+
+    /// Whether the worker serves `model`.
+    pub fn serves(&self, model: &str) -> bool {
+        if !self.spec.models.is_empty() {
+            return self.spec.models.iter().any(|m| m == model);
+        }
+        self.discovered_models
+            .read()
+            .map(|m| m.iter().any(|x| x == model))
+            .unwrap_or(false)
+    }
+
+    /// Records the models the worker reported.
+    pub fn set_discovered_models(&self, models: Vec<String>) {
+        if let Ok(mut m) = self.discovered_models.write() {
+            *m = models;
+        }
+    }
+
+    /// Whether it may receive new requests.
+    pub fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed)
+    }
+
+    /// Marks the worker (un)healthy; returns the previous state.
+    pub fn set_healthy(&self, healthy: bool) -> bool {
+        self.healthy.swap(healthy, Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base_url_parsing() {
+        let b = BaseUrl::parse("http://127.0.0.1:8101").unwrap();
+        assert_eq!(b.host_port(), "127.0.0.1:8101");
+        assert_eq!(
+            b.join("/v1/models").to_string(),
+            "http://127.0.0.1:8101/v1/models"
+        );
+        let p = BaseUrl::parse("http://h:1/prefix/").unwrap();
+        assert_eq!(
+            p.join("/v1/x?a=1").to_string(),
+            "http://h:1/prefix/v1/x?a=1"
+        );
+        assert_eq!(BaseUrl::parse("http://h").unwrap().host_port(), "h:80");
+        assert!(matches!(
+            BaseUrl::parse("https://h:1"),
+            Err(WorkerUrlError::Scheme(_))
+        ));
+        assert!(matches!(
+            BaseUrl::parse("not a url"),
+            Err(WorkerUrlError::Invalid(_))
+        ));
+        assert!(BaseUrl::parse("127.0.0.1:80").is_err());
+    }
+
+    #[test]
+    fn configured_models_win_over_discovered() {
+        let spec = WorkerSpec {
+            id: "w".into(),
+            url: BaseUrl::parse("http://h:1").unwrap(),
+            models: vec!["a".into()],
+            kv_events: None,
+            kv_replay: None,
+        };
+        let w = Worker::new(spec.clone(), 0);
+        w.set_discovered_models(vec!["b".into()]);
+        assert!(w.serves("a") && !w.serves("b"));
+        let w = Worker::new(
+            WorkerSpec {
+                models: vec![],
+                ..spec
+            },
+            1,
+        );
+        assert!(!w.serves("b"));
+        w.set_discovered_models(vec!["b".into()]);
+        assert!(w.serves("b"));
+        assert_eq!(w.models(), vec!["b".to_string()]);
+    }
+}

@@ -1,0 +1,177 @@
+//! The router's Prometheus metrics.
+//!
+//! One [`Metrics`] per router, with its own registry (not the global default one), so several
+//! routers in one process — tests, `kvroute demo` — never mix their numbers.
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+/// Buckets for latencies from sub-millisecond to minutes.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    120.0, 300.0,
+];
+
+/// Buckets for routing decision time: microseconds to tens of milliseconds.
+const DECISION_BUCKETS: &[f64] = &[
+    0.000_005, 0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.0025, 0.005,
+    0.01, 0.025, 0.05,
+];
+
+/// Every metric the router exports.
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Registry,
+    /// `kvroute_requests_total{model,worker,status}`: requests answered, by final status.
+    pub requests: IntCounterVec,
+    /// `kvroute_request_duration_seconds{model}`: arrival to last byte.
+    pub request_duration: HistogramVec,
+    /// `kvroute_time_to_first_token_seconds{model,worker}`.
+    pub ttft: HistogramVec,
+    /// `kvroute_worker_in_flight{worker}`: requests routed to a worker and not finished.
+    pub in_flight: IntGaugeVec,
+    /// `kvroute_routing_decision_seconds{policy,stage}`: time to decide (tokenize, score, total).
+    pub decision: HistogramVec,
+    /// `kvroute_retries_total{reason}`: requests sent again to another worker.
+    pub retries: IntCounterVec,
+    /// `kvroute_upstream_errors_total{worker,kind}`: failures talking to a worker.
+    pub upstream_errors: IntCounterVec,
+    /// `kvroute_worker_healthy{worker}`: 1 when the worker may receive requests.
+    pub worker_healthy: IntGaugeVec,
+}
+
+impl Metrics {
+    /// Creates and registers every metric.
+    pub fn new() -> Metrics {
+        let registry = Registry::new();
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "kvroute_requests_total",
+                "Requests answered, by final status.",
+            ),
+            &["model", "worker", "status"],
+        )
+        .expect("static metric definition");
+        let request_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "kvroute_request_duration_seconds",
+                "Time from arrival to the last byte of the response.",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["model"],
+        )
+        .expect("static metric definition");
+        let ttft = HistogramVec::new(
+            HistogramOpts::new(
+                "kvroute_time_to_first_token_seconds",
+                "Time from arrival to the first generated token reaching the router.",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["model", "worker"],
+        )
+        .expect("static metric definition");
+        let in_flight = IntGaugeVec::new(
+            Opts::new(
+                "kvroute_worker_in_flight",
+                "Requests routed to a worker and not yet finished.",
+            ),
+            &["worker"],
+        )
+        .expect("static metric definition");
+        let decision = HistogramVec::new(
+            HistogramOpts::new(
+                "kvroute_routing_decision_seconds",
+                "Time spent choosing a worker, by stage (tokenize, score, total).",
+            )
+            .buckets(DECISION_BUCKETS.to_vec()),
+            &["policy", "stage"],
+        )
+        .expect("static metric definition");
+        let retries = IntCounterVec::new(
+            Opts::new(
+                "kvroute_retries_total",
+                "Requests sent again to another worker before any byte reached the client.",
+            ),
+            &["reason"],
+        )
+        .expect("static metric definition");
+        let upstream_errors = IntCounterVec::new(
+            Opts::new(
+                "kvroute_upstream_errors_total",
+                "Failures talking to a worker, by kind.",
+            ),
+            &["worker", "kind"],
+        )
+        .expect("static metric definition");
+        let worker_healthy = IntGaugeVec::new(
+            Opts::new(
+                "kvroute_worker_healthy",
+                "1 when the worker may receive new requests.",
+            ),
+            &["worker"],
+        )
+        .expect("static metric definition");
+        for c in [
+            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(request_duration.clone()),
+            Box::new(ttft.clone()),
+            Box::new(in_flight.clone()),
+            Box::new(decision.clone()),
+            Box::new(retries.clone()),
+            Box::new(upstream_errors.clone()),
+            Box::new(worker_healthy.clone()),
+        ] {
+            registry.register(c).expect("metric names are unique");
+        }
+        Metrics {
+            registry,
+            requests,
+            request_duration,
+            ttft,
+            in_flight,
+            decision,
+            retries,
+            upstream_errors,
+            worker_healthy,
+        }
+    }
+
+    /// The registry, for modules that register their own collectors (index, events).
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let encoder = TextEncoder::new();
+        if let Err(e) = encoder.encode(&self.registry.gather(), &mut buf) {
+            tracing::error!(error = %e, "cannot encode metrics");
+        }
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_registered_metrics() {
+        let m = Metrics::new();
+        m.requests.with_label_values(&["m", "w", "200"]).inc();
+        m.ttft.with_label_values(&["m", "w"]).observe(0.2);
+        let text = m.render();
+        assert!(text.contains("kvroute_requests_total{model=\"m\",status=\"200\",worker=\"w\"} 1"));
+        assert!(text.contains("kvroute_time_to_first_token_seconds_bucket"));
+        // Two routers in one process keep separate numbers.
+        assert!(!Metrics::new().render().contains("kvroute_requests_total{"));
+    }
+}

@@ -1,0 +1,159 @@
+//! Routing policies: given a request and the eligible workers, pick one.
+//!
+//! A policy is pure: it reads a snapshot of the request and of each candidate's load and
+//! prefix overlap, and returns a decision. It performs no I/O and reads no clock, so the very
+//! same implementation runs in the live router and in `sim`'s virtual time. State a policy
+//! keeps (a round-robin cursor, a seeded RNG, calibrated rates) lives behind `&self`.
+
+pub mod least_request;
+pub mod power_of_two;
+pub mod random;
+pub mod round_robin;
+
+use std::sync::Arc;
+
+use thiserror::Error;
+
+use crate::fleet::LoadSnapshot;
+
+pub use least_request::LeastRequest;
+pub use power_of_two::PowerOfTwo;
+pub use random::Random;
+pub use round_robin::RoundRobin;
+
+/// What a policy sees of the request being routed.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RouteRequest {
+    /// Prompt length in tokens (0 when the policy did not ask for tokenization).
+    pub prompt_tokens: u64,
+    /// Full blocks of the prompt (`prompt_tokens / block_size`).
+    pub blocks: u32,
+    /// Tokens per KV block of the model's engines.
+    pub block_size: u32,
+}
+
+/// What a policy sees of one eligible worker.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Candidate {
+    /// Worker id (for explanations only; policies must not special-case ids).
+    pub id: Arc<str>,
+    /// The worker's dense slot in the fleet.
+    pub slot: u32,
+    /// Router-side load.
+    pub load: LoadSnapshot,
+    /// Leading blocks of the prompt the worker holds (0 unless the policy uses prefixes).
+    pub overlap_blocks: u32,
+}
+
+/// A policy's choice, with the per-candidate score it was based on.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouteDecision {
+    /// Index of the chosen candidate in the slice given to [`Policy::choose`].
+    pub chosen: usize,
+    /// Predicted time to first token per candidate, in seconds, where the policy predicts one.
+    pub predicted_ttft_s: Vec<Option<f64>>,
+}
+
+impl RouteDecision {
+    /// A decision that predicts nothing.
+    pub fn pick(chosen: usize, candidates: usize) -> RouteDecision {
+        RouteDecision {
+            chosen,
+            predicted_ttft_s: vec![None; candidates],
+        }
+    }
+}
+
+/// What the router learned about a finished prefill, for policies that calibrate themselves.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Observation {
+    /// The worker's slot.
+    pub slot: u32,
+    /// Prompt tokens the worker had to compute (prompt minus predicted cached prefix).
+    pub uncached_tokens: u64,
+    /// Tokens queued ahead of the request on that worker when it was routed.
+    pub queued_tokens: u64,
+    /// Sequences decoding on that worker when it was routed.
+    pub decoding: u64,
+    /// Observed time to first token, seconds.
+    pub ttft_s: f64,
+}
+
+/// A routing policy.
+pub trait Policy: Send + Sync {
+    /// The policy's name as used in config, metrics and `/debug/route`.
+    fn name(&self) -> &'static str;
+
+    /// Whether [`Candidate::overlap_blocks`] and [`RouteRequest::prompt_tokens`] must be filled
+    /// in (that costs tokenization and an index lookup, which load-only policies skip).
+    fn uses_prefix(&self) -> bool {
+        false
+    }
+
+    /// Picks one of `candidates`; `None` only when `candidates` is empty.
+    fn choose(&self, request: &RouteRequest, candidates: &[Candidate]) -> Option<RouteDecision>;
+
+    /// Feeds back an observed time to first token (default: ignored).
+    fn observe(&self, _observation: &Observation) {}
+}
+
+/// A policy name that is not known.
+#[derive(Debug, Error, PartialEq)]
+#[error("unknown policy `{0}`; known policies: {known}", known = POLICY_NAMES.join(", "))]
+pub struct UnknownPolicy(pub String);
+
+/// Every policy name accepted by [`by_name`].
+pub const POLICY_NAMES: &[&str] = &["round_robin", "random", "least_request", "power_of_two"];
+
+/// Builds the policy called `name`; `seed` makes random choices reproducible.
+pub fn by_name(name: &str, seed: u64) -> Result<Arc<dyn Policy>, UnknownPolicy> {
+    Ok(match name {
+        "round_robin" => Arc::new(RoundRobin::default()),
+        "random" => Arc::new(Random::new(seed)),
+        "least_request" => Arc::new(LeastRequest::default()),
+        "power_of_two" => Arc::new(PowerOfTwo::new(seed)),
+        other => return Err(UnknownPolicy(other.to_string())),
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+
+    /// `n` idle candidates named w0…w(n-1).
+    pub fn idle(n: usize) -> Vec<Candidate> {
+        (0..n)
+            .map(|i| Candidate {
+                id: format!("w{i}").into(),
+                slot: i as u32,
+                load: LoadSnapshot::default(),
+                overlap_blocks: 0,
+            })
+            .collect()
+    }
+
+    /// Counts how often each candidate is chosen over `rounds` decisions.
+    pub fn histogram(p: &dyn Policy, c: &[Candidate], rounds: usize) -> Vec<usize> {
+        let mut h = vec![0; c.len()];
+        for _ in 0..rounds {
+            h[p.choose(&RouteRequest::default(), c).unwrap().chosen] += 1;
+        }
+        h
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_named_policy_builds_and_handles_empty_fleets() {
+        for name in POLICY_NAMES {
+            let p = by_name(name, 7).unwrap();
+            assert_eq!(p.name(), *name);
+            assert!(p.choose(&RouteRequest::default(), &[]).is_none());
+        }
+        let e = by_name("nope", 0).err().unwrap();
+        assert!(e.to_string().contains("round_robin"));
+    }
+}

@@ -1,0 +1,61 @@
+//! `random`: a uniformly random eligible worker (seeded, so runs are reproducible).
+
+use std::sync::Mutex;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::{Candidate, Policy, RouteDecision, RouteRequest};
+
+/// Picks uniformly at random.
+#[derive(Debug)]
+pub struct Random {
+    rng: Mutex<StdRng>,
+}
+
+impl Random {
+    /// A policy whose choices are determined by `seed`.
+    pub fn new(seed: u64) -> Random {
+        Random {
+            rng: Mutex::new(StdRng::seed_from_u64(seed)),
+        }
+    }
+}
+
+/// A uniform index below `n` from a shared RNG, tolerating a poisoned lock.
+pub(crate) fn uniform(rng: &Mutex<StdRng>, n: usize) -> usize {
+    let mut g = match rng.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    };
+    g.random_range(0..n)
+}
+
+impl Policy for Random {
+    fn name(&self) -> &'static str {
+        "random"
+    }
+
+    fn choose(&self, _request: &RouteRequest, candidates: &[Candidate]) -> Option<RouteDecision> {
+        if candidates.is_empty() {
+            return None;
+        }
+        let i = uniform(&self.rng, candidates.len());
+        Some(RouteDecision::pick(i, candidates.len()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{histogram, idle};
+    use super::*;
+
+    #[test]
+    fn spreads_roughly_uniformly_and_is_reproducible() {
+        let c = idle(4);
+        let h = histogram(&Random::new(1), &c, 4000);
+        assert!(h.iter().all(|&n| (800..1200).contains(&n)), "{h:?}");
+        assert_eq!(h, histogram(&Random::new(1), &c, 4000));
+        assert_ne!(h, histogram(&Random::new(2), &c, 4000));
+    }
+}

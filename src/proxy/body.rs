@@ -1,0 +1,153 @@
+//! The response body on its way from a worker to the client.
+//!
+//! Frames are passed on the moment they arrive (no buffering of SSE). On the way the body
+//! notices the first token and the end, and reports both to a [`ResponseObserver`]: that is
+//! where load is released and TTFT recorded. If the client hangs up, hyper drops this body,
+//! which drops the upstream body and so closes the upstream connection: the engine sees the
+//! disconnect and aborts the request, and the observer learns it was cancelled.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+
+use super::first_token::FirstTokenDetector;
+
+/// How a proxied response ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum End {
+    /// The worker sent the whole body.
+    Complete,
+    /// The worker's stream broke off; the client got what had arrived (plus an SSE error
+    /// event for streams).
+    UpstreamError,
+    /// The client went away first.
+    Cancelled,
+}
+
+/// Receives the milestones of one proxied response.
+pub trait ResponseObserver: Send + 'static {
+    /// The first generated token passed through.
+    fn first_token(&mut self);
+    /// The response ended; called exactly once.
+    fn end(&mut self, end: End);
+}
+
+/// A worker's response body, observed on its way to the client.
+pub struct ObservedBody<O: ResponseObserver> {
+    inner: Incoming,
+    /// `Some` for SSE streams; a plain body's first token is its end.
+    detector: Option<FirstTokenDetector>,
+    observer: O,
+    first_token_seen: bool,
+    ended: bool,
+    /// An SSE error event still to be sent after the upstream broke off.
+    pending_error: Option<Bytes>,
+}
+
+impl<O: ResponseObserver> ObservedBody<O> {
+    /// Wraps `inner`; `sse` selects first-token detection on SSE events.
+    pub fn new(inner: Incoming, sse: bool, observer: O) -> Self {
+        ObservedBody {
+            inner,
+            detector: sse.then(FirstTokenDetector::default),
+            observer,
+            first_token_seen: false,
+            ended: false,
+            pending_error: None,
+        }
+    }
+
+    fn mark_first_token(&mut self) {
+        if !self.first_token_seen {
+            self.first_token_seen = true;
+            self.observer.first_token();
+        }
+    }
+
+    fn finish(&mut self, end: End) {
+        if !self.ended {
+            self.ended = true;
+            self.observer.end(end);
+        }
+    }
+}
+
+/// The SSE event a client receives when the worker's stream breaks off, in the OpenAI error
+/// shape so SDKs raise it rather than hang.
+pub fn stream_error_event(message: &str) -> Bytes {
+    let body = serde_json::json!({"error": {
+        "message": message,
+        "type": "upstream_error",
+        "param": null,
+        "code": "upstream_stream_error",
+    }});
+    Bytes::from(format!("data: {body}\n\n"))
+}
+
+impl<O: ResponseObserver + Unpin> Body for ObservedBody<O> {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = &mut *self;
+        if let Some(ev) = this.pending_error.take() {
+            return Poll::Ready(Some(Ok(Frame::data(ev))));
+        }
+        if this.ended {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Some(Ok(frame))) => {
+                if let (Some(data), Some(d)) = (frame.data_ref(), this.detector.as_mut())
+                    && d.feed(data)
+                {
+                    this.mark_first_token();
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                tracing::warn!(error = %e, "upstream body broke off");
+                this.finish(End::UpstreamError);
+                if this.detector.is_some() {
+                    this.pending_error =
+                        Some(stream_error_event("the worker's stream ended unexpectedly"));
+                    let ev = this.pending_error.take().unwrap_or_default();
+                    Poll::Ready(Some(Ok(Frame::data(ev))))
+                } else {
+                    Poll::Ready(Some(Err(e)))
+                }
+            }
+            Poll::Ready(None) => {
+                // A plain JSON body carries its tokens all at once: its end is its first token.
+                this.mark_first_token();
+                this.finish(End::Complete);
+                Poll::Ready(None)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended && self.pending_error.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        if self.detector.is_some() {
+            SizeHint::default()
+        } else {
+            self.inner.size_hint()
+        }
+    }
+}
+
+impl<O: ResponseObserver> Drop for ObservedBody<O> {
+    fn drop(&mut self) {
+        self.finish(End::Cancelled);
+    }
+}

@@ -1,0 +1,141 @@
+//! Finding the first generated token in a response stream.
+//!
+//! TTFT is the number users feel, and the moment the router releases a request's queued
+//! prefill from its load accounting. For a stream it is the first SSE `data:` event that
+//! carries content (chat streams open with a role-only delta, which does not count); for a
+//! plain JSON response it is the end of the body. The detector sees the bytes exactly as they
+//! pass through and keeps at most one partial line, and only until the token is found.
+
+use serde_json::Value;
+
+/// Incremental detector of the first content-bearing SSE event.
+#[derive(Debug, Default)]
+pub struct FirstTokenDetector {
+    partial: Vec<u8>,
+    found: bool,
+}
+
+/// Longest partial line kept while looking; a longer line is judged without the rest.
+const MAX_LINE: usize = 1 << 20;
+
+impl FirstTokenDetector {
+    /// Whether the first token has been seen.
+    pub fn found(&self) -> bool {
+        self.found
+    }
+
+    /// Feeds the next chunk of the stream; returns true exactly once, on the chunk that
+    /// completes the first content-bearing event.
+    pub fn feed(&mut self, chunk: &[u8]) -> bool {
+        if self.found {
+            return false;
+        }
+        let mut rest = chunk;
+        while let Some(pos) = rest.iter().position(|&b| b == b'\n') {
+            let (line, tail) = rest.split_at(pos);
+            rest = &tail[1..];
+            let hit = if self.partial.is_empty() {
+                line_has_content(line)
+            } else {
+                self.partial.extend_from_slice(line);
+                let full = std::mem::take(&mut self.partial);
+                line_has_content(&full)
+            };
+            if hit {
+                self.found = true;
+                self.partial = Vec::new();
+                return true;
+            }
+        }
+        if self.partial.len() + rest.len() <= MAX_LINE {
+            self.partial.extend_from_slice(rest);
+        } else {
+            self.partial.clear();
+        }
+        false
+    }
+}
+
+/// Whether one SSE line is a `data:` event with generated content.
+fn line_has_content(line: &[u8]) -> bool {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let Some(data) = line.strip_prefix(b"data:") else {
+        return false;
+    };
+    let data = data.trim_ascii();
+    if data.is_empty() || data == b"[DONE]" {
+        return false;
+    }
+    match serde_json::from_slice::<Value>(data) {
+        Ok(v) => event_has_content(&v),
+        // Not JSON: some servers stream plain text; any payload is content.
+        Err(_) => true,
+    }
+}
+
+/// Whether a completion or chat chunk carries a generated token.
+pub fn event_has_content(v: &Value) -> bool {
+    let Some(choices) = v.get("choices").and_then(Value::as_array) else {
+        return false;
+    };
+    choices.iter().any(|c| {
+        let non_empty = |x: Option<&Value>| match x {
+            Some(Value::String(s)) => !s.is_empty(),
+            Some(Value::Array(a)) => !a.is_empty(),
+            _ => false,
+        };
+        if non_empty(c.get("text")) {
+            return true;
+        }
+        let Some(d) = c.get("delta") else {
+            return false;
+        };
+        non_empty(d.get("content"))
+            || non_empty(d.get("reasoning_content"))
+            || non_empty(d.get("reasoning"))
+            || non_empty(d.get("tool_calls"))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn role_only_chat_delta_is_not_a_token() {
+        let mut d = FirstTokenDetector::default();
+        assert!(!d.feed(
+            b"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n"
+        ));
+        assert!(d.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n"));
+        assert!(d.found());
+        assert!(!d.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"more\"}}]}\n\n"));
+    }
+
+    #[test]
+    fn event_split_across_chunks() {
+        let mut d = FirstTokenDetector::default();
+        assert!(!d.feed(b"data: {\"choices\":[{\"te"));
+        assert!(!d.feed(b"xt\":\"hel"));
+        assert!(d.feed(b"lo\"}]}\r\n\r\n"));
+    }
+
+    #[test]
+    fn done_comments_and_usage_are_not_tokens() {
+        let mut d = FirstTokenDetector::default();
+        assert!(!d.feed(b": keep-alive\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":3}}\n\ndata: [DONE]\n\n"));
+        assert!(!d.found());
+    }
+
+    #[test]
+    fn reasoning_and_tool_calls_count() {
+        for ev in [
+            r#"{"choices":[{"delta":{"reasoning_content":"x"}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0}]}}]}"#,
+            r#"{"choices":[{"text":"a","index":0}]}"#,
+        ] {
+            let mut d = FirstTokenDetector::default();
+            assert!(d.feed(format!("data: {ev}\n").as_bytes()), "{ev}");
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! Talking to workers: the pooled upstream client, forwarding with retries before the first
+//! byte, and the observed response body.
+//!
+//! A request is retried only while nothing has reached the client: on a failed connection, an
+//! error before the response head, or a 5xx head (whose body is discarded). Once a response is
+//! handed to the client it is never replayed, so a client never sees output twice.
+
+pub mod body;
+pub mod first_token;
+pub mod headers;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+use crate::fleet::{LoadGuard, Worker};
+use crate::metrics::Metrics;
+use crate::openai::ApiError;
+
+pub use body::{End, ObservedBody, ResponseObserver};
+
+/// Proxy settings.
+#[derive(Clone, Debug)]
+pub struct ProxyConfig {
+    /// Time allowed to open a TCP connection to a worker.
+    pub connect_timeout: Duration,
+    /// Time allowed from sending the request to the response head.
+    pub first_byte_timeout: Duration,
+    /// How many times a request may be sent again to another worker.
+    pub retries: u32,
+    /// Idle pooled connections kept per worker.
+    pub pool_max_idle_per_host: usize,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            connect_timeout: Duration::from_secs(2),
+            first_byte_timeout: Duration::from_secs(600),
+            retries: 1,
+            pool_max_idle_per_host: 256,
+        }
+    }
+}
+
+/// A worker chosen for one attempt, holding its load until the response ends.
+#[derive(Debug)]
+pub struct Attempt {
+    /// The worker.
+    pub worker: Arc<Worker>,
+    /// The load the request holds on it.
+    pub guard: LoadGuard,
+}
+
+/// The pooled HTTP/1.1 client to the workers.
+#[derive(Clone)]
+pub struct Upstream {
+    client: Client<HttpConnector, Full<Bytes>>,
+    config: ProxyConfig,
+}
+
+/// Why one attempt failed.
+#[derive(Debug)]
+enum Failure {
+    /// Could not connect: the request never left.
+    Connect(String),
+    /// Sent, but no response head arrived (reset, timeout).
+    NoResponse(String),
+    /// The worker answered 5xx.
+    Status(Response<Incoming>),
+}
+
+impl Upstream {
+    /// A client with `config`.
+    pub fn new(config: ProxyConfig) -> Upstream {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(config.connect_timeout));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_max_idle_per_host(config.pool_max_idle_per_host)
+            .build(connector);
+        Upstream { client, config }
+    }
+
+    /// Sends `body` to `path` on workers picked by `pick`, retrying on another worker while
+    /// nothing has reached the client. `pick` receives the slots already tried and returns
+    /// `None` when no other eligible worker is left.
+    ///
+    /// Returns the attempt that answered and its response; the caller streams it on.
+    pub async fn forward(
+        &self,
+        path: &str,
+        client_headers: &HeaderMap,
+        body: Bytes,
+        metrics: &Metrics,
+        mut pick: impl FnMut(&[u32]) -> Option<Attempt>,
+    ) -> Result<(Attempt, Response<Incoming>), ApiError> {
+        let headers = headers::upstream_request_headers(client_headers);
+        let mut tried: Vec<u32> = Vec::new();
+        let mut last_error: Option<ApiError> = None;
+        for attempt_no in 0..=self.config.retries {
+            let Some(attempt) = pick(&tried) else {
+                break;
+            };
+            let worker_id = attempt.worker.id().to_string();
+            let last_chance = attempt_no == self.config.retries;
+            match self
+                .send(&attempt.worker, path, &headers, body.clone())
+                .await
+            {
+                Ok(resp) => return Ok((attempt, resp)),
+                Err(Failure::Status(resp)) if last_chance => return Ok((attempt, resp)),
+                Err(failure) => {
+                    let (kind, message, reason) = match &failure {
+                        Failure::Connect(e) => ("connect", e.clone(), "connect"),
+                        Failure::NoResponse(e) => ("no_response", e.clone(), "no_response"),
+                        Failure::Status(r) => (
+                            "status_5xx",
+                            format!("answered {}", r.status()),
+                            "status_5xx",
+                        ),
+                    };
+                    metrics
+                        .upstream_errors
+                        .with_label_values(&[&worker_id, kind])
+                        .inc();
+                    tracing::warn!(worker = %worker_id, kind, %message, "attempt failed");
+                    if matches!(failure, Failure::Connect(_)) {
+                        // Passive health: the health check brings it back once it answers.
+                        attempt.worker.set_healthy(false);
+                    }
+                    tried.push(attempt.worker.slot);
+                    last_error = Some(ApiError::new(
+                        StatusCode::BAD_GATEWAY,
+                        "upstream_error",
+                        Some("upstream_unavailable"),
+                        format!("worker `{worker_id}` failed: {message}"),
+                    ));
+                    if !last_chance {
+                        metrics.retries.with_label_values(&[reason]).inc();
+                    }
+                }
+            }
+        }
+        Err(last_error.unwrap_or_else(|| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "service_unavailable",
+                Some("no_worker_available"),
+                "no healthy worker is available for this model",
+            )
+        }))
+    }
+
+    async fn send(
+        &self,
+        worker: &Worker,
+        path: &str,
+        headers: &HeaderMap,
+        body: Bytes,
+    ) -> Result<Response<Incoming>, Failure> {
+        let mut req = Request::post(worker.spec.url.join(path))
+            .body(Full::new(body))
+            .map_err(|e| Failure::Connect(e.to_string()))?;
+        *req.headers_mut() = headers.clone();
+        if let Ok(host) = HeaderValue::from_str(worker.spec.url.authority().as_str()) {
+            req.headers_mut().insert(http::header::HOST, host);
+        }
+        let sent = tokio::time::timeout(self.config.first_byte_timeout, self.client.request(req));
+        match sent.await {
+            Err(_) => Err(Failure::NoResponse(format!(
+                "no response within {:?}",
+                self.config.first_byte_timeout
+            ))),
+            Ok(Err(e)) if e.is_connect() => Err(Failure::Connect(error_chain(&e))),
+            Ok(Err(e)) => Err(Failure::NoResponse(error_chain(&e))),
+            Ok(Ok(resp)) if resp.status().is_server_error() => Err(Failure::Status(resp)),
+            Ok(Ok(resp)) => Ok(resp),
+        }
+    }
+}
+
+/// An error and its sources on one line.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(src) = cur {
+        s.push_str(": ");
+        s.push_str(&src.to_string());
+        cur = src.source();
+    }
+    s
+}
+
+/// Whether a response is an SSE stream (by its content type).
+pub fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"))
+}

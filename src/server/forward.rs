@@ -1,0 +1,191 @@
+//! `POST /v1/completions` and `/v1/chat/completions`: validate, route, forward, stream back.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use http::{HeaderMap, HeaderValue};
+
+use super::AppState;
+use super::body::read_limited;
+use crate::fleet::Worker;
+use crate::metrics::Metrics;
+use crate::openai::{ApiError, Endpoint, RequestView};
+use crate::policy::{Candidate, RouteRequest};
+use crate::proxy::{self, Attempt, End, ObservedBody, ResponseObserver};
+
+/// Header naming the worker that served a response.
+pub const WORKER_HEADER: &str = "x-kvroute-worker";
+
+pub(super) async fn completions(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    handle(state, Endpoint::Completions, headers, body).await
+}
+
+pub(super) async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    handle(state, Endpoint::ChatCompletions, headers, body).await
+}
+
+async fn handle(
+    state: Arc<AppState>,
+    endpoint: Endpoint,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let started = Instant::now();
+    let mut model = String::new();
+    match forward(&state, endpoint, headers, body, started, &mut model).await {
+        Ok(resp) => resp,
+        Err(e) => {
+            let label = if model.is_empty() {
+                "-"
+            } else {
+                model.as_str()
+            };
+            state
+                .metrics
+                .requests
+                .with_label_values(&[label, "-", e.status.as_str()])
+                .inc();
+            e.into_response()
+        }
+    }
+}
+
+async fn forward(
+    state: &Arc<AppState>,
+    endpoint: Endpoint,
+    headers: HeaderMap,
+    body: Body,
+    started: Instant,
+    model_out: &mut String,
+) -> Result<Response, ApiError> {
+    let bytes = read_limited(&headers, body, state.max_body_bytes).await?;
+    let json: serde_json::Value = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}"), None))?;
+    let view = RequestView::parse(endpoint, &json)?;
+    model_out.clone_from(&view.model);
+
+    let eligible = state.fleet.eligible(&view.model);
+    if eligible.is_empty() {
+        return Err(if state.fleet.knows_model(&view.model) {
+            no_worker()
+        } else {
+            ApiError::model_not_found(&view.model)
+        });
+    }
+
+    let route = RouteRequest::default();
+    let policy = Arc::clone(&state.policy);
+    let decision_started = Instant::now();
+    let mut first_pick = true;
+    let metrics = &state.metrics;
+    let pick = |tried: &[u32]| -> Option<Attempt> {
+        let workers: Vec<&Arc<Worker>> = eligible
+            .iter()
+            .filter(|w| !tried.contains(&w.slot) && w.is_healthy())
+            .collect();
+        let candidates: Vec<Candidate> = workers
+            .iter()
+            .map(|w| Candidate {
+                id: w.id().into(),
+                slot: w.slot,
+                load: w.load.snapshot(),
+                overlap_blocks: 0,
+            })
+            .collect();
+        let decision = policy.choose(&route, &candidates)?;
+        if first_pick {
+            first_pick = false;
+            metrics
+                .decision
+                .with_label_values(&[policy.name(), "total"])
+                .observe(decision_started.elapsed().as_secs_f64());
+        }
+        let worker = Arc::clone(workers[decision.chosen]);
+        let guard = worker
+            .load
+            .admit(u64::from(route.blocks) * u64::from(route.block_size));
+        Some(Attempt { worker, guard })
+    };
+    let (attempt, upstream) = state
+        .upstream
+        .forward(endpoint.path(), &headers, bytes.clone(), metrics, pick)
+        .await?;
+
+    let (parts, incoming) = upstream.into_parts();
+    let mut out_headers = proxy::headers::client_response_headers(&parts.headers);
+    if let Ok(v) = HeaderValue::from_str(attempt.worker.id()) {
+        out_headers.insert(WORKER_HEADER, v);
+    }
+    let sse = proxy::is_event_stream(&parts.headers);
+    let observer = Observer {
+        worker: Arc::clone(&attempt.worker),
+        guard: attempt.guard,
+        metrics: state.metrics.clone(),
+        model: view.model,
+        status: parts.status,
+        started,
+    };
+    let mut resp = Response::new(Body::new(ObservedBody::new(incoming, sse, observer)));
+    *resp.status_mut() = parts.status;
+    *resp.headers_mut() = out_headers;
+    Ok(resp)
+}
+
+fn no_worker() -> ApiError {
+    ApiError::new(
+        http::StatusCode::SERVICE_UNAVAILABLE,
+        "service_unavailable",
+        Some("no_worker_available"),
+        "no healthy worker is available for this model; retry later",
+    )
+}
+
+/// Records a proxied response's milestones in load accounting and metrics.
+struct Observer {
+    worker: Arc<Worker>,
+    guard: crate::fleet::LoadGuard,
+    metrics: Metrics,
+    model: String,
+    status: http::StatusCode,
+    started: Instant,
+}
+
+impl ResponseObserver for Observer {
+    fn first_token(&mut self) {
+        self.guard.first_token();
+        if self.status.is_success() {
+            self.metrics
+                .ttft
+                .with_label_values(&[&self.model, self.worker.id()])
+                .observe(self.started.elapsed().as_secs_f64());
+        }
+    }
+
+    fn end(&mut self, end: End) {
+        self.guard.finish();
+        let status = match end {
+            End::Complete => self.status.as_str().to_owned(),
+            End::UpstreamError => "upstream_error".to_owned(),
+            End::Cancelled => "cancelled".to_owned(),
+        };
+        self.metrics
+            .requests
+            .with_label_values(&[&self.model, self.worker.id(), &status])
+            .inc();
+        self.metrics
+            .request_duration
+            .with_label_values(&[&self.model])
+            .observe(self.started.elapsed().as_secs_f64());
+    }
+}

@@ -1,0 +1,208 @@
+//! The HTTP face of the router: OpenAI endpoints, operations endpoints, errors in OpenAI's
+//! shape, and the lifecycle (start, graceful shutdown).
+
+mod body;
+mod forward;
+mod ops;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::{get, post};
+use http::StatusCode;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::fleet::{Fleet, health};
+use crate::metrics::Metrics;
+use crate::openai::ApiError;
+use crate::policy::{self, Policy};
+use crate::proxy::Upstream;
+
+/// Everything a request handler needs, shared by all requests.
+pub struct AppState {
+    /// The workers.
+    pub fleet: Arc<Fleet>,
+    /// The routing policy.
+    pub policy: Arc<dyn Policy>,
+    /// The upstream client.
+    pub upstream: Upstream,
+    /// The metrics.
+    pub metrics: Metrics,
+    /// Largest accepted request body.
+    pub max_body_bytes: usize,
+}
+
+impl AppState {
+    /// State for `config`, with a fresh fleet and metrics.
+    pub fn from_config(config: &Config) -> Result<AppState, policy::UnknownPolicy> {
+        Ok(AppState {
+            fleet: Arc::new(Fleet::new(config.workers.clone())),
+            policy: policy::by_name(&config.policy, config.seed)?,
+            upstream: Upstream::new(config.proxy.clone()),
+            metrics: Metrics::new(),
+            max_body_bytes: config.max_body_bytes,
+        })
+    }
+}
+
+/// The axum application.
+pub fn app(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v1/completions", post(forward::completions))
+        .route("/v1/chat/completions", post(forward::chat_completions))
+        .route("/v1/models", get(ops::models))
+        .route("/health", get(ops::health))
+        .route("/ready", get(ops::ready))
+        .route("/metrics", get(ops::metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state)
+}
+
+async fn not_found(uri: http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        Some("not_found"),
+        format!("no route for `{}`", uri.path()),
+    )
+}
+
+async fn method_not_allowed(method: http::Method, uri: http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        Some("method_not_allowed"),
+        format!("method {method} is not allowed on `{}`", uri.path()),
+    )
+}
+
+/// A running router.
+pub struct RouterHandle {
+    /// The address it listens on.
+    pub addr: SocketAddr,
+    /// Its shared state (fleet, metrics).
+    pub state: Arc<AppState>,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RouterHandle {
+    /// Starts graceful shutdown and waits for it to complete.
+    pub async fn shutdown(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
+    }
+
+    /// A token that, when cancelled, begins graceful shutdown.
+    pub fn stop_token(&self) -> CancellationToken {
+        self.stop.clone()
+    }
+
+    /// Waits until the router has stopped.
+    pub async fn wait(self) {
+        let _ = self.task.await;
+    }
+}
+
+/// Starts a router for `config` on `listener`, with health checks; returns at once.
+pub fn start(config: &Config, listener: TcpListener) -> anyhow::Result<RouterHandle> {
+    let state = Arc::new(AppState::from_config(config)?);
+    start_with_state(state, config, listener)
+}
+
+/// Starts a router with prepared `state` (tests, `demo`) on `listener`.
+pub fn start_with_state(
+    state: Arc<AppState>,
+    config: &Config,
+    listener: TcpListener,
+) -> anyhow::Result<RouterHandle> {
+    let addr = listener.local_addr()?;
+    let stop = CancellationToken::new();
+    let health_task = health::spawn(
+        Arc::clone(&state.fleet),
+        config.health.clone(),
+        stop.clone(),
+    );
+    let app = app(Arc::clone(&state));
+    let grace = config.shutdown_grace;
+    let stop_serving = stop.clone();
+    let task = tokio::spawn(async move {
+        serve_until(listener, app, stop_serving, grace).await;
+        health_task.abort();
+    });
+    Ok(RouterHandle {
+        addr,
+        state,
+        stop,
+        task,
+    })
+}
+
+async fn serve_until(listener: TcpListener, app: Router, stop: CancellationToken, grace: Duration) {
+    let graceful =
+        axum::serve(listener, app).with_graceful_shutdown(stop.clone().cancelled_owned());
+    let deadline = async {
+        stop.cancelled().await;
+        tokio::time::sleep(grace).await;
+    };
+    tokio::select! {
+        r = graceful => {
+            if let Err(e) = r {
+                tracing::error!(error = %e, "server error");
+            }
+        }
+        _ = deadline => {
+            tracing::warn!(?grace, "shutdown grace period over; closing remaining connections");
+        }
+    }
+}
+
+/// `kvroute serve`: runs until SIGTERM or ctrl-c, then drains.
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
+    let handle = start(&config, listener)?;
+    tracing::info!(
+        addr = %handle.addr,
+        policy = %config.policy,
+        workers = config.workers.len(),
+        "kvroute is serving"
+    );
+    let stop = handle.stop_token();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutdown requested; draining in-flight requests");
+        stop.cancel();
+    });
+    handle.wait().await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Resolves on ctrl-c or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}

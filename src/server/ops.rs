@@ -1,0 +1,65 @@
+//! Operations endpoints: liveness, readiness, metrics, and the model list.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use http::StatusCode;
+use serde_json::json;
+
+use super::AppState;
+use crate::openai::ApiError;
+
+/// `GET /health`: the process is alive.
+pub(super) async fn health() -> Json<serde_json::Value> {
+    Json(json!({"status": "ok"}))
+}
+
+/// `GET /ready`: at least one worker can take requests.
+pub(super) async fn ready(State(state): State<Arc<AppState>>) -> Response {
+    if state.fleet.any_routable() {
+        Json(json!({"status": "ready"})).into_response()
+    } else {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "service_unavailable",
+            Some("not_ready"),
+            "no healthy worker serving a model is available",
+        )
+        .into_response()
+    }
+}
+
+/// `GET /metrics`: Prometheus text. Fleet gauges are read from the live counters at scrape
+/// time, so they can never drift from what routing sees.
+pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let m = &state.metrics;
+    m.in_flight.reset();
+    m.worker_healthy.reset();
+    for w in state.fleet.workers().iter() {
+        let load = w.load.snapshot();
+        m.in_flight
+            .with_label_values(&[w.id()])
+            .set(i64::try_from(load.in_flight).unwrap_or(i64::MAX));
+        m.worker_healthy
+            .with_label_values(&[w.id()])
+            .set(i64::from(w.is_healthy()));
+    }
+    (
+        [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        m.render(),
+    )
+        .into_response()
+}
+
+/// `GET /v1/models`: the union of the workers' models, in OpenAI's list shape.
+pub(super) async fn models(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
+    let data: Vec<_> = state
+        .fleet
+        .models()
+        .into_iter()
+        .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "kvroute"}))
+        .collect();
+    Json(json!({"object": "list", "data": data}))
+}
