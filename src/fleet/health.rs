@@ -75,14 +75,14 @@ pub async fn check_worker(
         get(client, worker, &config.path, config.timeout).await,
         Some((status, _)) if status.is_success()
     );
-    if ok && worker.spec.models.is_empty() {
-        if let Some((status, body)) = get(client, worker, "/v1/models", config.timeout).await
-            && status.is_success()
-        {
-            match parse_models(&body) {
-                Some(models) => worker.set_discovered_models(models),
-                None => tracing::warn!(worker = worker.id(), "unparseable /v1/models answer"),
-            }
+    if ok
+        && worker.spec.models.is_empty()
+        && let Some((status, body)) = get(client, worker, "/v1/models", config.timeout).await
+        && status.is_success()
+    {
+        match parse_models(&body) {
+            Some(models) => worker.set_discovered_models(models),
+            None => tracing::warn!(worker = worker.id(), "unparseable /v1/models answer"),
         }
     }
     let was = worker.set_healthy(ok);

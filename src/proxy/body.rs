@@ -110,6 +110,12 @@ impl<O: ResponseObserver + Unpin> Body for ObservedBody<O> {
                 {
                     this.mark_first_token();
                 }
+                // A body of known length is complete with its last byte; hyper may never
+                // poll it again to see the end.
+                if this.inner.is_end_stream() {
+                    this.mark_first_token();
+                    this.finish(End::Complete);
+                }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => {
@@ -134,7 +140,7 @@ impl<O: ResponseObserver + Unpin> Body for ObservedBody<O> {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.ended && self.pending_error.is_none()
+        (self.ended || self.inner.is_end_stream()) && self.pending_error.is_none()
     }
 
     fn size_hint(&self) -> SizeHint {

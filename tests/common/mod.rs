@@ -1,0 +1,313 @@
+//! Test backends: small OpenAI-style servers on 127.0.0.1 that record what they receive and
+//! misbehave on request, plus helpers to start a router in front of them.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use kvroute::config::Config;
+use kvroute::server::RouterHandle;
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+
+/// One request a backend received.
+#[derive(Clone, Debug)]
+pub struct Received {
+    pub path: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+/// How a backend behaves; change it at any time.
+#[derive(Clone, Debug)]
+pub struct Behavior {
+    /// Answer every completion with this status and an error body.
+    pub fail_status: Option<u16>,
+    /// Content chunks per stream.
+    pub chunks: usize,
+    /// Pause before each content chunk.
+    pub chunk_delay: Duration,
+    /// Before the last chunk, wait until the test calls `release()`.
+    pub hold_last_chunk: bool,
+    /// Stream the first chunk, then break the connection.
+    pub break_mid_stream: bool,
+    /// Status of GET /health.
+    pub health_status: u16,
+}
+
+impl Default for Behavior {
+    fn default() -> Self {
+        Behavior {
+            fail_status: None,
+            chunks: 3,
+            chunk_delay: Duration::ZERO,
+            hold_last_chunk: false,
+            break_mid_stream: false,
+            health_status: 200,
+        }
+    }
+}
+
+pub struct BackendState {
+    pub name: String,
+    pub models: Vec<String>,
+    pub received: Mutex<Vec<Received>>,
+    pub behavior: Mutex<Behavior>,
+    pub gate: Notify,
+    /// Streams whose body was dropped before it was finished (client or router hung up).
+    pub streams_cancelled: AtomicUsize,
+    pub streams_completed: AtomicUsize,
+}
+
+/// A running test backend.
+pub struct Backend {
+    pub addr: SocketAddr,
+    pub state: Arc<BackendState>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Backend {
+    pub async fn start(name: &str, models: &[&str]) -> Backend {
+        let state = Arc::new(BackendState {
+            name: name.into(),
+            models: models.iter().map(|m| m.to_string()).collect(),
+            received: Mutex::new(Vec::new()),
+            behavior: Mutex::new(Behavior::default()),
+            gate: Notify::new(),
+            streams_cancelled: AtomicUsize::new(0),
+            streams_completed: AtomicUsize::new(0),
+        });
+        let app = Router::new()
+            .route("/v1/completions", post(completion))
+            .route("/v1/chat/completions", post(completion))
+            .route("/v1/models", get(models_list))
+            .route("/health", get(health))
+            .with_state(Arc::clone(&state));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Backend { addr, state, task }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn set(&self, f: impl FnOnce(&mut Behavior)) {
+        f(&mut self.state.behavior.lock().unwrap());
+    }
+
+    pub fn received(&self) -> Vec<Received> {
+        self.state.received.lock().unwrap().clone()
+    }
+
+    pub fn count(&self) -> usize {
+        self.state.received.lock().unwrap().len()
+    }
+
+    pub fn release(&self) {
+        self.state.gate.notify_waiters();
+        self.state.gate.notify_one();
+    }
+
+    pub fn stop(&self) {
+        self.task.abort();
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn health(State(s): State<Arc<BackendState>>) -> StatusCode {
+    let code = s.behavior.lock().unwrap().health_status;
+    StatusCode::from_u16(code).unwrap()
+}
+
+async fn models_list(State(s): State<Arc<BackendState>>) -> Response {
+    let data: Vec<_> = s
+        .models
+        .iter()
+        .map(|m| serde_json::json!({"id": m, "object": "model"}))
+        .collect();
+    axum::Json(serde_json::json!({"object": "list", "data": data})).into_response()
+}
+
+/// Counts a stream as cancelled unless it was marked complete.
+struct StreamGuard {
+    state: Arc<BackendState>,
+    done: bool,
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        if self.done {
+            self.state.streams_completed.fetch_add(1, Ordering::SeqCst);
+        } else {
+            self.state.streams_cancelled.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+async fn completion(
+    State(s): State<Arc<BackendState>>,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    s.received.lock().unwrap().push(Received {
+        path: uri.path().to_string(),
+        headers: headers.clone(),
+        body: body.clone(),
+    });
+    let b = s.behavior.lock().unwrap().clone();
+    if let Some(code) = b.fail_status {
+        return (
+            StatusCode::from_u16(code).unwrap(),
+            [("content-type", "application/json")],
+            format!(
+                "{{\"error\":{{\"message\":\"{} failed\",\"type\":\"server_error\"}}}}",
+                s.name
+            ),
+        )
+            .into_response();
+    }
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    let chat = uri.path().contains("chat");
+    let stream = v.get("stream").and_then(|x| x.as_bool()).unwrap_or(false);
+    if !stream {
+        let text = "hello ".repeat(b.chunks);
+        let body = if chat {
+            serde_json::json!({"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":text},"finish_reason":"stop"}],"backend": s.name})
+        } else {
+            serde_json::json!({"id":"x","object":"text_completion","choices":[{"index":0,"text":text,"finish_reason":"stop"}],"backend": s.name})
+        };
+        return axum::Json(body).into_response();
+    }
+    let state = Arc::clone(&s);
+    let stream = async_stream(state, b, chat);
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .header("x-backend", s.name.clone())
+        .body(Body::from_stream(stream))
+        .unwrap()
+}
+
+fn async_stream(
+    s: Arc<BackendState>,
+    b: Behavior,
+    chat: bool,
+) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(1);
+    tokio::spawn(async move {
+        let mut guard = StreamGuard {
+            state: Arc::clone(&s),
+            done: false,
+        };
+        let chunk = |i: usize| -> Bytes {
+            let ev = if chat {
+                serde_json::json!({"choices":[{"index":0,"delta":{"content":format!("tok{i} ")}}]})
+            } else {
+                serde_json::json!({"choices":[{"index":0,"text":format!("tok{i} ")}]})
+            };
+            Bytes::from(format!("data: {ev}\n\n"))
+        };
+        if chat {
+            let role = serde_json::json!({"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]});
+            if tx
+                .send(Ok(Bytes::from(format!("data: {role}\n\n"))))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+        for i in 0..b.chunks {
+            if !b.chunk_delay.is_zero() {
+                tokio::time::sleep(b.chunk_delay).await;
+            }
+            if b.hold_last_chunk && i + 1 == b.chunks {
+                tokio::select! {
+                    _ = s.gate.notified() => {}
+                    _ = tx.closed() => return,
+                }
+            }
+            if tx.send(Ok(chunk(i))).await.is_err() {
+                return;
+            }
+            if b.break_mid_stream {
+                let _ = tx.send(Err(std::io::Error::other("backend died"))).await;
+                return;
+            }
+        }
+        if tx
+            .send(Ok(Bytes::from_static(b"data: [DONE]\n\n")))
+            .await
+            .is_ok()
+        {
+            guard.done = true;
+        }
+    });
+    futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|x| (x, rx)) })
+}
+
+/// Config for a router in front of `workers` (`(url, models)`), plus extra TOML.
+pub fn router_config(policy: &str, workers: &[(String, Vec<&str>)], extra: &str) -> Config {
+    let mut text = format!("policy = \"{policy}\"\nshutdown_grace_s = 1.0\n{extra}\n");
+    for (i, (url, models)) in workers.iter().enumerate() {
+        let models: Vec<String> = models.iter().map(|m| format!("\"{m}\"")).collect();
+        text.push_str(&format!(
+            "[[workers]]\nid = \"w{i}\"\nurl = \"{url}\"\nmodels = [{}]\n",
+            models.join(",")
+        ));
+    }
+    Config::from_toml(&text, Path::new("test")).unwrap()
+}
+
+/// Starts a router on an ephemeral port.
+pub async fn start_router(config: &Config) -> RouterHandle {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    kvroute::server::start(config, listener).unwrap()
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap()
+}
+
+/// Polls `cond` every 10 ms for up to 5 s.
+pub async fn eventually(mut cond: impl FnMut() -> bool) -> bool {
+    for _ in 0..500 {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    cond()
+}
+
+/// Asserts an OpenAI-shaped error with `status`; returns the error object.
+pub async fn assert_openai_error(resp: reqwest::Response, status: u16) -> serde_json::Value {
+    assert_eq!(resp.status().as_u16(), status);
+    let v: serde_json::Value = resp.json().await.expect("error body is JSON");
+    let e = v.get("error").expect("has an `error` object").clone();
+    assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{e}");
+    assert!(e["type"].is_string(), "{e}");
+    assert!(e.get("param").is_some() && e.get("code").is_some(), "{e}");
+    e
+}
