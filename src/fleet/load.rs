@@ -15,6 +15,7 @@ pub struct Load {
     in_flight: AtomicU64,
     queued_prefill_tokens: AtomicU64,
     decoding: AtomicU64,
+    active_prompt_tokens: AtomicU64,
 }
 
 /// A consistent-enough copy of [`Load`] for one routing decision.
@@ -26,6 +27,8 @@ pub struct LoadSnapshot {
     pub queued_prefill_tokens: u64,
     /// Routed requests past their first token.
     pub decoding: u64,
+    /// Prompt tokens of all routed, unfinished requests (their KV footprint, roughly).
+    pub active_prompt_tokens: u64,
 }
 
 impl Load {
@@ -35,16 +38,21 @@ impl Load {
             in_flight: self.in_flight.load(Ordering::Relaxed),
             queued_prefill_tokens: self.queued_prefill_tokens.load(Ordering::Relaxed),
             decoding: self.decoding.load(Ordering::Relaxed),
+            active_prompt_tokens: self.active_prompt_tokens.load(Ordering::Relaxed),
         }
     }
 
-    /// Counts a request routed here with `prefill_tokens` still to compute.
-    pub fn admit(self: &Arc<Self>, prefill_tokens: u64) -> LoadGuard {
+    /// Counts a request of `prompt_tokens` routed here with `prefill_tokens` of them still to
+    /// compute (the rest is expected from the worker's prefix cache).
+    pub fn admit(self: &Arc<Self>, prompt_tokens: u64, prefill_tokens: u64) -> LoadGuard {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.active_prompt_tokens
+            .fetch_add(prompt_tokens, Ordering::Relaxed);
         self.queued_prefill_tokens
             .fetch_add(prefill_tokens, Ordering::Relaxed);
         LoadGuard {
             load: Arc::clone(self),
+            prompt_tokens,
             prefill_tokens,
             stage: Stage::Prefill,
         }
@@ -62,6 +70,7 @@ enum Stage {
 #[derive(Debug)]
 pub struct LoadGuard {
     load: Arc<Load>,
+    prompt_tokens: u64,
     prefill_tokens: u64,
     stage: Stage,
 }
@@ -91,6 +100,9 @@ impl LoadGuard {
             }
             Stage::Done => return,
         }
+        self.load
+            .active_prompt_tokens
+            .fetch_sub(self.prompt_tokens, Ordering::Relaxed);
         self.load.in_flight.fetch_sub(1, Ordering::Relaxed);
         self.stage = Stage::Done;
     }
@@ -109,13 +121,14 @@ mod tests {
     #[test]
     fn guard_moves_through_stages_and_releases_everything() {
         let load = Arc::new(Load::default());
-        let mut g = load.admit(100);
+        let mut g = load.admit(160, 100);
         assert_eq!(
             load.snapshot(),
             LoadSnapshot {
                 in_flight: 1,
                 queued_prefill_tokens: 100,
-                decoding: 0
+                decoding: 0,
+                active_prompt_tokens: 160,
             }
         );
         g.first_token();
@@ -125,7 +138,8 @@ mod tests {
             LoadSnapshot {
                 in_flight: 1,
                 queued_prefill_tokens: 0,
-                decoding: 1
+                decoding: 1,
+                active_prompt_tokens: 160,
             }
         );
         drop(g);
@@ -135,8 +149,8 @@ mod tests {
     #[test]
     fn dropping_before_first_token_releases_prefill() {
         let load = Arc::new(Load::default());
-        let a = load.admit(10);
-        let mut b = load.admit(5);
+        let a = load.admit(10, 10);
+        let mut b = load.admit(5, 5);
         b.finish();
         assert_eq!(load.snapshot().queued_prefill_tokens, 10);
         drop(a);

@@ -5,17 +5,24 @@
 //! same implementation runs in the live router and in `sim`'s virtual time. State a policy
 //! keeps (a round-robin cursor, a seeded RNG, calibrated rates) lives behind `&self`.
 
+pub mod cache_aware;
+pub mod calibration;
+pub mod dynamo_cost;
+pub mod kv_aware;
 pub mod least_request;
 pub mod power_of_two;
 pub mod random;
 pub mod round_robin;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use thiserror::Error;
 
 use crate::fleet::LoadSnapshot;
 
+pub use cache_aware::{CacheAware, CacheAwareConfig};
+pub use dynamo_cost::DynamoCost;
+pub use kv_aware::{KvAware, KvAwareConfig};
 pub use least_request::LeastRequest;
 pub use power_of_two::PowerOfTwo;
 pub use random::Random;
@@ -103,17 +110,66 @@ pub trait Policy: Send + Sync {
 pub struct UnknownPolicy(pub String);
 
 /// Every policy name accepted by [`by_name`].
-pub const POLICY_NAMES: &[&str] = &["round_robin", "random", "least_request", "power_of_two"];
+pub const POLICY_NAMES: &[&str] = &[
+    "kv_aware",
+    "round_robin",
+    "random",
+    "least_request",
+    "power_of_two",
+    "cache_aware",
+    "dynamo_cost",
+];
 
-/// Builds the policy called `name`; `seed` makes random choices reproducible.
+/// Settings of the policies that have any.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PolicySettings {
+    /// Seed for random choices (reproducible runs).
+    pub seed: u64,
+    /// `kv_aware`'s cost model.
+    pub kv_aware: KvAwareConfig,
+    /// `cache_aware`'s thresholds.
+    pub cache_aware: CacheAwareConfig,
+    /// `dynamo_cost`'s overlap weight.
+    pub dynamo_overlap_weight: Option<f64>,
+}
+
+/// Builds the policy called `name` with default settings; `seed` makes random choices
+/// reproducible.
 pub fn by_name(name: &str, seed: u64) -> Result<Arc<dyn Policy>, UnknownPolicy> {
+    build(
+        name,
+        &PolicySettings {
+            seed,
+            ..Default::default()
+        },
+    )
+}
+
+/// Builds the policy called `name` with `settings`.
+pub fn build(name: &str, settings: &PolicySettings) -> Result<Arc<dyn Policy>, UnknownPolicy> {
+    let seed = settings.seed;
     Ok(match name {
+        "kv_aware" => Arc::new(KvAware::new(settings.kv_aware, seed)),
+        "cache_aware" => Arc::new(CacheAware::new(settings.cache_aware)),
+        "dynamo_cost" => Arc::new(DynamoCost::new(
+            settings
+                .dynamo_overlap_weight
+                .unwrap_or(dynamo_cost::DEFAULT_OVERLAP_WEIGHT),
+        )),
         "round_robin" => Arc::new(RoundRobin::default()),
         "random" => Arc::new(Random::new(seed)),
         "least_request" => Arc::new(LeastRequest::default()),
         "power_of_two" => Arc::new(PowerOfTwo::new(seed)),
         other => return Err(UnknownPolicy(other.to_string())),
     })
+}
+
+/// Locks a policy's internal state; a panic elsewhere cannot leave a policy unusable.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
 }
 
 #[cfg(test)]

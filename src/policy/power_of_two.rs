@@ -37,10 +37,7 @@ impl Policy for PowerOfTwo {
             1 => Some(RouteDecision::pick(0, 1)),
             _ => {
                 let (a, b) = {
-                    let mut g = match self.rng.lock() {
-                        Ok(g) => g,
-                        Err(p) => p.into_inner(),
-                    };
+                    let mut g = super::lock(&self.rng);
                     let a = g.random_range(0..n);
                     let b = (a + g.random_range(1..n)) % n;
                     (a, b)

@@ -22,15 +22,6 @@ impl Random {
     }
 }
 
-/// A uniform index below `n` from a shared RNG, tolerating a poisoned lock.
-pub(crate) fn uniform(rng: &Mutex<StdRng>, n: usize) -> usize {
-    let mut g = match rng.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    };
-    g.random_range(0..n)
-}
-
 impl Policy for Random {
     fn name(&self) -> &'static str {
         "random"
@@ -40,7 +31,7 @@ impl Policy for Random {
         if candidates.is_empty() {
             return None;
         }
-        let i = uniform(&self.rng, candidates.len());
+        let i = super::lock(&self.rng).random_range(0..candidates.len());
         Some(RouteDecision::pick(i, candidates.len()))
     }
 }

@@ -112,9 +112,12 @@ async fn forward(
                 .observe(decision_started.elapsed().as_secs_f64());
         }
         let worker = Arc::clone(workers[decision.chosen]);
-        let guard = worker
-            .load
-            .admit(u64::from(route.blocks) * u64::from(route.block_size));
+        let cached =
+            u64::from(candidates[decision.chosen].overlap_blocks) * u64::from(route.block_size);
+        let guard = worker.load.admit(
+            route.prompt_tokens,
+            route.prompt_tokens.saturating_sub(cached),
+        );
         Some(Attempt { worker, guard })
     };
     let (attempt, upstream) = state

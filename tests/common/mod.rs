@@ -266,7 +266,12 @@ fn async_stream(
 
 /// Config for a router in front of `workers` (`(url, models)`), plus extra TOML.
 pub fn router_config(policy: &str, workers: &[(String, Vec<&str>)], extra: &str) -> Config {
-    let mut text = format!("policy = \"{policy}\"\nshutdown_grace_s = 1.0\n{extra}\n");
+    let grace = if extra.contains("shutdown_grace_s") {
+        ""
+    } else {
+        "shutdown_grace_s = 1.0\n"
+    };
+    let mut text = format!("policy = \"{policy}\"\n{grace}{extra}\n");
     for (i, (url, models)) in workers.iter().enumerate() {
         let models: Vec<String> = models.iter().map(|m| format!("\"{m}\"")).collect();
         text.push_str(&format!(

@@ -1,0 +1,44 @@
+//! Routing decision time per policy with 16 candidate workers.
+//!
+//! Run: `cargo bench --bench policy`
+
+use std::hint::black_box;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use kvroute::fleet::LoadSnapshot;
+use kvroute::policy::{Candidate, POLICY_NAMES, RouteRequest, by_name};
+
+fn candidates(n: usize) -> Vec<Candidate> {
+    (0..n)
+        .map(|i| Candidate {
+            id: format!("worker-{i}").into(),
+            slot: i as u32,
+            load: LoadSnapshot {
+                in_flight: (i * 7 % 13) as u64,
+                queued_prefill_tokens: (i * 1000 % 7000) as u64,
+                decoding: (i % 5) as u64,
+            },
+            overlap_blocks: (i * 37 % 400) as u32,
+        })
+        .collect()
+}
+
+fn bench(c: &mut Criterion) {
+    let cands = candidates(16);
+    let req = RouteRequest {
+        prompt_tokens: 8000,
+        blocks: 500,
+        block_size: 16,
+    };
+    let mut group = c.benchmark_group("decision_16_workers");
+    for name in POLICY_NAMES {
+        let policy = by_name(name, 1).expect("known policy");
+        group.bench_function(*name, |b| {
+            b.iter(|| black_box(policy.choose(black_box(&req), black_box(&cands))))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
