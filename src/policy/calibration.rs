@@ -76,14 +76,14 @@ impl Calibrator {
         }
         let k: [f64; 3] = std::array::from_fn(|i| px[i] / denom);
         let err = ttft_s - (0..3).map(|i| x[i] * self.theta[i]).sum::<f64>();
-        for i in 0..3 {
-            self.theta[i] += k[i] * err;
+        for (t, ki) in self.theta.iter_mut().zip(k) {
+            *t += ki * err;
         }
         // P = (P − k xᵀ P) / λ
         let xp: [f64; 3] = std::array::from_fn(|j| (0..3).map(|i| x[i] * self.p[i][j]).sum());
-        for i in 0..3 {
-            for j in 0..3 {
-                self.p[i][j] = (self.p[i][j] - k[i] * xp[j]) / self.forgetting;
+        for (row, ki) in self.p.iter_mut().zip(k) {
+            for (pij, xpj) in row.iter_mut().zip(xp) {
+                *pij = (*pij - ki * xpj) / self.forgetting;
             }
         }
         if self
