@@ -16,8 +16,12 @@ fn fixtures() -> PathBuf {
 fn qwen3() -> &'static ModelTokens {
     static MODEL: OnceLock<ModelTokens> = OnceLock::new();
     MODEL.get_or_init(|| {
-        ModelTokens::from_hf_dir(&fixtures().join("tokenizers/qwen3"), 16, DEFAULT_CACHE_UNITS)
-            .unwrap()
+        ModelTokens::from_hf_dir(
+            &fixtures().join("tokenizers/qwen3"),
+            16,
+            DEFAULT_CACHE_UNITS,
+        )
+        .unwrap()
     })
 }
 
@@ -80,7 +84,10 @@ fn qwen3_tokenizer_is_segmented() {
 fn thirteen_conversations_with_expectations() {
     let cases = cases();
     assert_eq!(cases.len(), 13);
-    assert!(cases.iter().all(|c| c.expected.is_object()), "missing expectations");
+    assert!(
+        cases.iter().all(|c| c.expected.is_object()),
+        "missing expectations"
+    );
     assert_eq!(cases.iter().filter(|c| !c.ok()).count(), 2);
 }
 
@@ -91,7 +98,12 @@ fn rendered_text_matches_transformers_byte_for_byte() {
         let text = model
             .render_chat(&case.request())
             .unwrap_or_else(|e| panic!("{}: {e}", case.name));
-        assert_eq!(text, case.expected["text"].as_str().unwrap(), "{}", case.name);
+        assert_eq!(
+            text,
+            case.expected["text"].as_str().unwrap(),
+            "{}",
+            case.name
+        );
     }
 }
 
@@ -101,7 +113,12 @@ fn token_ids_match_transformers() {
     for case in cases().iter().filter(|c| c.ok()) {
         let text = model.render_chat(&case.request()).unwrap();
         let expected: Vec<u32> = serde_json::from_value(case.expected["ids"].clone()).unwrap();
-        assert_eq!(model.encode(&text).unwrap(), expected, "{} (cached path)", case.name);
+        assert_eq!(
+            model.encode(&text).unwrap(),
+            expected,
+            "{} (cached path)",
+            case.name
+        );
         assert_eq!(
             model.tokenizer().encode(&text).unwrap(),
             expected,
@@ -116,8 +133,15 @@ fn failing_conversations_are_client_errors() {
     let model = qwen3();
     for case in cases().iter().filter(|c| !c.ok()) {
         let err = model.render_chat(&case.request()).unwrap_err();
-        assert!(matches!(err, TokenError::Template(_)), "{}: {err:?}", case.name);
-        eprintln!("{}: {err} (transformers: {})", case.name, case.expected["error"]);
+        assert!(
+            matches!(err, TokenError::Template(_)),
+            "{}: {err:?}",
+            case.name
+        );
+        eprintln!(
+            "{}: {err} (transformers: {})",
+            case.name, case.expected["error"]
+        );
         assert!(err.is_client_error());
     }
 }
@@ -154,7 +178,10 @@ fn raise_exception_in_a_real_template_shape() {
         {{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}\
         {% endif %}[{{ m.role }}]{{ m.content | trim }}{% endfor %}";
     let t = kvroute::tokens::ChatTemplate::from_source(source, &Value::Null).unwrap();
-    let msgs = vec![json!({"role": "user", "content": "a"}), json!({"role": "user", "content": "b"})];
+    let msgs = vec![
+        json!({"role": "user", "content": "a"}),
+        json!({"role": "user", "content": "b"}),
+    ];
     let err = t
         .render(&ChatRequest {
             messages: &msgs,
@@ -203,5 +230,8 @@ fn builtin_tokenizer_has_no_template() {
             kwargs: None,
         })
         .unwrap();
-    assert_eq!(text, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+    assert_eq!(
+        text,
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    );
 }

@@ -18,8 +18,12 @@ fn fixtures() -> PathBuf {
 fn qwen3() -> &'static ModelTokens {
     static MODEL: OnceLock<ModelTokens> = OnceLock::new();
     MODEL.get_or_init(|| {
-        ModelTokens::from_hf_dir(&fixtures().join("tokenizers/qwen3"), 16, DEFAULT_CACHE_UNITS)
-            .unwrap()
+        ModelTokens::from_hf_dir(
+            &fixtures().join("tokenizers/qwen3"),
+            16,
+            DEFAULT_CACHE_UNITS,
+        )
+        .unwrap()
     })
 }
 
@@ -43,9 +47,36 @@ fn fragments(model: &ModelTokens) -> Vec<String> {
         .collect();
     out.sort();
     for s in [
-        "<|im_", "<|im_end", "|>", "<", ">", "<think", "</think", "\n", "\n\n", "   ", " ", "\t",
-        "Hello", " world", "user", "assistant", "123", "4567", "é", "日本語", "🚀👩\u{200d}💻",
-        "'s", "'ll", "  padded  ", "{\"a\": 1}", "\r\n", "x", "ÅÄÖ", "\u{301}", "e",
+        "<|im_",
+        "<|im_end",
+        "|>",
+        "<",
+        ">",
+        "<think",
+        "</think",
+        "\n",
+        "\n\n",
+        "   ",
+        " ",
+        "\t",
+        "Hello",
+        " world",
+        "user",
+        "assistant",
+        "123",
+        "4567",
+        "é",
+        "日本語",
+        "🚀👩\u{200d}💻",
+        "'s",
+        "'ll",
+        "  padded  ",
+        "{\"a\": 1}",
+        "\r\n",
+        "x",
+        "ÅÄÖ",
+        "\u{301}",
+        "e",
     ] {
         out.push(s.to_owned());
     }
@@ -72,8 +103,16 @@ fn random_texts_encode_identically_cut_and_whole() {
             .collect();
         let expected = full(model, &text);
         // Twice: the second call is served from the cache.
-        assert_eq!(model.encode(&text).unwrap(), expected, "round {round}: {text:?}");
-        assert_eq!(model.encode(&text).unwrap(), expected, "round {round} cached: {text:?}");
+        assert_eq!(
+            model.encode(&text).unwrap(),
+            expected,
+            "round {round}: {text:?}"
+        );
+        assert_eq!(
+            model.encode(&text).unwrap(),
+            expected,
+            "round {round} cached: {text:?}"
+        );
     }
     let stats = model.cache_stats().unwrap();
     assert!(stats.hits > 0 && stats.misses > 0, "{stats:?}");

@@ -73,7 +73,10 @@ impl std::fmt::Debug for ChatTemplate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ChatTemplate")
             .field("has_tool_use", &self.has_tool_use)
-            .field("special_tokens", &self.special_tokens.keys().collect::<Vec<_>>())
+            .field(
+                "special_tokens",
+                &self.special_tokens.keys().collect::<Vec<_>>(),
+            )
             .finish()
     }
 }
@@ -232,7 +235,9 @@ impl ChatTemplate {
             "add_generation_prompt".into(),
             Value::from(req.add_generation_prompt),
         );
-        template.render(Value::from_pairs(ctx)).map_err(render_error)
+        template
+            .render(Value::from_pairs(ctx))
+            .map_err(render_error)
     }
 }
 
@@ -263,7 +268,9 @@ pub(crate) fn json_value(v: &Json) -> Value {
         },
         Json::String(s) => Value::from(s.as_str()),
         Json::Array(items) => Value::from(items.iter().map(json_value).collect::<Vec<_>>()),
-        Json::Object(obj) => Value::from_pairs(obj.iter().map(|(k, v)| (k.as_str(), json_value(v)))),
+        Json::Object(obj) => {
+            Value::from_pairs(obj.iter().map(|(k, v)| (k.as_str(), json_value(v))))
+        }
     }
 }
 
@@ -280,11 +287,15 @@ fn render_error(err: Error) -> TokenError {
         Some(line) => format!(" (chat template line {line})"),
         None => String::new(),
     };
-    TokenError::Template(format!("{}{}{place}", err.kind(), if detail.is_empty() {
-        String::new()
-    } else {
-        format!(": {detail}")
-    }))
+    TokenError::Template(format!(
+        "{}{}{place}",
+        err.kind(),
+        if detail.is_empty() {
+            String::new()
+        } else {
+            format!(": {detail}")
+        }
+    ))
 }
 
 /// The special-token strings of a `tokenizer_config.json`: each may be a string or an
@@ -305,7 +316,11 @@ fn special_tokens_of(config: &Json) -> BTreeMap<String, Value> {
         }
     }
     if let Some(Json::Array(items)) = config.get("additional_special_tokens") {
-        let list: Vec<Value> = items.iter().filter_map(token_str).map(Value::from).collect();
+        let list: Vec<Value> = items
+            .iter()
+            .filter_map(token_str)
+            .map(Value::from)
+            .collect();
         out.insert("additional_special_tokens".to_owned(), Value::from(list));
     }
     out
@@ -436,10 +451,16 @@ mod tests {
         assert_eq!(t.render(&req).unwrap(), "D");
         req.tools = Some(&tools);
         assert_eq!(t.render(&req).unwrap(), "T1");
-        assert!(ChatTemplate::from_tokenizer_config(&json!({})).unwrap().is_none());
         assert!(
-            ChatTemplate::from_tokenizer_config(&json!({"chat_template": [{"name": "x", "template": ""}]}))
-                .is_err()
+            ChatTemplate::from_tokenizer_config(&json!({}))
+                .unwrap()
+                .is_none()
+        );
+        assert!(
+            ChatTemplate::from_tokenizer_config(
+                &json!({"chat_template": [{"name": "x", "template": ""}]})
+            )
+            .is_err()
         );
     }
 

@@ -71,8 +71,7 @@ impl ModelTokens {
     ) -> ModelTokens {
         let pieces = match &tokenizer {
             Tokenizer::Builtin => Err(Unsegmentable("the builtin tokenizer needs no cache".into())),
-            Tokenizer::Hf(t) if cache_units == 0 => {
-                let _ = t;
+            Tokenizer::Hf(_) if cache_units == 0 => {
                 Err(Unsegmentable("the piece cache is disabled".into()))
             }
             Tokenizer::Hf(t) => Segmenter::for_tokenizer(t).map(|segmenter| Pieces {
@@ -92,7 +91,11 @@ impl ModelTokens {
     /// `chat_template.jinja` (transformers 5's layout) or else from `tokenizer_config.json`,
     /// and the special tokens from `tokenizer_config.json`. Missing template files mean the
     /// builtin chat format.
-    pub fn from_hf_dir(dir: &Path, block_size: usize, cache_units: usize) -> Result<ModelTokens, TokenError> {
+    pub fn from_hf_dir(
+        dir: &Path,
+        block_size: usize,
+        cache_units: usize,
+    ) -> Result<ModelTokens, TokenError> {
         let tokenizer = Tokenizer::from_file(&dir.join("tokenizer.json"))?;
         let config_path = dir.join("tokenizer_config.json");
         let config: Json = if config_path.exists() {
@@ -110,7 +113,12 @@ impl ModelTokens {
         } else {
             ChatTemplate::from_tokenizer_config(&config)?
         };
-        Ok(ModelTokens::new(tokenizer, template, block_size, cache_units))
+        Ok(ModelTokens::new(
+            tokenizer,
+            template,
+            block_size,
+            cache_units,
+        ))
     }
 
     /// The tokenizer.
@@ -241,19 +249,31 @@ mod tests {
     fn builtin_prompt_shapes() {
         let m = ModelTokens::builtin(4);
         let text = m
-            .prompt_ids(&view(Endpoint::Completions, json!({"model": "m", "prompt": "a b c"})))
+            .prompt_ids(&view(
+                Endpoint::Completions,
+                json!({"model": "m", "prompt": "a b c"}),
+            ))
             .unwrap();
         assert_eq!(text, m.tokenizer().encode("a b c").unwrap());
         let batch = m
-            .prompt_ids(&view(Endpoint::Completions, json!({"model": "m", "prompt": ["a b c", "z"]})))
+            .prompt_ids(&view(
+                Endpoint::Completions,
+                json!({"model": "m", "prompt": ["a b c", "z"]}),
+            ))
             .unwrap();
         assert_eq!(batch, text);
         let ids = m
-            .prompt_ids(&view(Endpoint::Completions, json!({"model": "m", "prompt": [5, 6, 7]})))
+            .prompt_ids(&view(
+                Endpoint::Completions,
+                json!({"model": "m", "prompt": [5, 6, 7]}),
+            ))
             .unwrap();
         assert_eq!(ids, vec![5, 6, 7]);
         let first = m
-            .prompt_ids(&view(Endpoint::Completions, json!({"model": "m", "prompt": [[1, 2], [3]]})))
+            .prompt_ids(&view(
+                Endpoint::Completions,
+                json!({"model": "m", "prompt": [[1, 2], [3]]}),
+            ))
             .unwrap();
         assert_eq!(first, vec![1, 2]);
         assert!(m.segmenting().is_err());
@@ -272,13 +292,22 @@ mod tests {
             .encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
             .unwrap();
         assert_eq!(ids, expected);
-        assert_eq!(m.block_hashes(&ids, hash_seed("m", None, None)).len(), ids.len() / 4);
+        assert_eq!(
+            m.block_hashes(&ids, hash_seed("m", None, None)).len(),
+            ids.len() / 4
+        );
     }
 
     #[test]
     fn empty_seed_parts_are_absent() {
-        assert_eq!(hash_seed("m", Some(""), Some("")), HashSeed::new("m", None, None));
-        assert_ne!(hash_seed("m", None, Some("t")), HashSeed::new("m", None, None));
+        assert_eq!(
+            hash_seed("m", Some(""), Some("")),
+            HashSeed::new("m", None, None)
+        );
+        assert_ne!(
+            hash_seed("m", None, Some("t")),
+            HashSeed::new("m", None, None)
+        );
     }
 
     #[test]

@@ -91,7 +91,11 @@ impl DumpOptions {
 }
 
 /// The `tojson` filter: `json.dumps(value, ensure_ascii=False, …)`.
-pub fn tojson_filter(value: &Value, indent: Option<Value>, kwargs: Kwargs) -> Result<String, Error> {
+pub fn tojson_filter(
+    value: &Value,
+    indent: Option<Value>,
+    kwargs: Kwargs,
+) -> Result<String, Error> {
     let opts = DumpOptions::from_args(indent, &kwargs)?;
     dumps(value, &opts)
 }
@@ -318,7 +322,11 @@ fn write_repr(out: &mut String, v: &Value) {
 
 /// `repr(str)`: single quotes unless the text contains `'` and no `"`.
 fn write_py_str_literal(out: &mut String, s: &str) {
-    let quote = if s.contains('\'') && !s.contains('"') { '"' } else { '\'' };
+    let quote = if s.contains('\'') && !s.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
     out.push(quote);
     for c in s.chars() {
         match c {

@@ -69,8 +69,14 @@ impl Segmenter {
             return why("padding is configured");
         }
         for (part, json) in [
-            ("pre_tokenizer", serde_json::to_string(&tokenizer.get_pre_tokenizer())),
-            ("normalizer", serde_json::to_string(&tokenizer.get_normalizer())),
+            (
+                "pre_tokenizer",
+                serde_json::to_string(&tokenizer.get_pre_tokenizer()),
+            ),
+            (
+                "normalizer",
+                serde_json::to_string(&tokenizer.get_normalizer()),
+            ),
         ] {
             let json = json.map_err(|e| Unsegmentable(format!("cannot inspect {part}: {e}")))?;
             if json.contains("\"prepend_scheme\":\"first\"") {
@@ -277,7 +283,11 @@ impl SegmentCache {
             }
             ids
         };
-        let counter = if found.is_some() { &self.hits } else { &self.misses };
+        let counter = if found.is_some() {
+            &self.hits
+        } else {
+            &self.misses
+        };
         counter.fetch_add(1, Ordering::Relaxed);
         found
     }

@@ -9,11 +9,27 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 const MONTHS: [&str; 12] = [
-    "January", "February", "March", "April", "May", "June", "July", "August", "September",
-    "October", "November", "December",
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
 ];
 const WEEKDAYS: [&str; 7] = [
-    "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday",
+    "Monday",
+    "Tuesday",
+    "Wednesday",
+    "Thursday",
+    "Friday",
+    "Saturday",
+    "Sunday",
 ];
 
 /// A calendar instant in UTC.
@@ -88,7 +104,11 @@ impl DateTime {
             }
             let month = MONTHS[(self.month - 1) as usize];
             let weekday = WEEKDAYS[self.weekday as usize];
-            let hour12 = if self.hour % 12 == 0 { 12 } else { self.hour % 12 };
+            let hour12 = if self.hour.is_multiple_of(12) {
+                12
+            } else {
+                self.hour % 12
+            };
             match chars.next() {
                 Some('Y') => out.push_str(&self.year.to_string()),
                 Some('y') => out.push_str(&format!("{:02}", self.year.rem_euclid(100))),
@@ -105,10 +125,9 @@ impl DateTime {
                 Some('b') | Some('h') => out.push_str(&month[..3]),
                 Some('A') => out.push_str(weekday),
                 Some('a') => out.push_str(&weekday[..3]),
-                Some('F') => out.push_str(&format!(
-                    "{}-{:02}-{:02}",
-                    self.year, self.month, self.day
-                )),
+                Some('F') => {
+                    out.push_str(&format!("{}-{:02}-{:02}", self.year, self.month, self.day))
+                }
                 Some('T') => out.push_str(&format!(
                     "{:02}:{:02}:{:02}",
                     self.hour, self.minute, self.second
@@ -143,6 +162,9 @@ mod tests {
         assert_eq!(t.format("%A %B %j %I%p %%"), "Thursday February 060 01PM %");
         let epoch = DateTime::from_unix(0);
         assert_eq!(epoch.format("%F %T %a"), "1970-01-01 00:00:00 Thu");
-        assert_eq!(DateTime::from_unix(-1).format("%F %T"), "1969-12-31 23:59:59");
+        assert_eq!(
+            DateTime::from_unix(-1).format("%F %T"),
+            "1969-12-31 23:59:59"
+        );
     }
 }
