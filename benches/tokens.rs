@@ -130,8 +130,23 @@ fn benches(c: &mut Criterion) {
     g.bench_function("encode_whole_cold", |b| {
         b.iter(|| model.tokenizer().encode(black_box(&text)).expect("encodes"))
     });
-    // Every piece new: the cost of cutting plus caching when nothing was seen before.
     let n = AtomicU64::new(1_000);
+    // Unique texts, so nothing in the tokenizer can have seen them either.
+    g.bench_function("encode_whole_cold_unique_text", |b| {
+        b.iter_batched(
+            || {
+                let k = n.fetch_add(1, Ordering::Relaxed);
+                text.replacen(
+                    "<|im_start|>system\n",
+                    &format!("<|im_start|>system\n{k}"),
+                    1,
+                )
+            },
+            |t| model.tokenizer().encode(&t).expect("encodes"),
+            BatchSize::SmallInput,
+        )
+    });
+    // Every piece new: the cost of cutting plus caching when nothing was seen before.
     g.bench_function("prompt_ids_cold_all_pieces_miss", |b| {
         b.iter_batched(
             || {
