@@ -1,8 +1,17 @@
 //! From a request to token ids and block hashes: tokenizers per model, chat templates, and
 //! kvroute's chained block hashes.
 
+pub mod builtin_chat;
+pub mod chat_template;
 pub mod hash;
+pub mod model;
+mod pyjson;
+pub mod segment;
+mod strftime;
 pub mod tokenizer;
 
+pub use chat_template::{ChatRequest, ChatTemplate};
 pub use hash::{BlockHash, HashSeed, block_hashes, chain_hash};
+pub use model::ModelTokens;
+pub use segment::{SegmentCache, Segmenter};
 pub use tokenizer::{TokenError, Tokenizer};

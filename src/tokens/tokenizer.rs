@@ -22,6 +22,20 @@ pub enum TokenError {
     /// The tokenizer failed on this input.
     #[error("tokenization failed: {0}")]
     Encode(String),
+    /// A model's chat template does not compile or is malformed (a configuration error).
+    #[error("invalid chat template: {0}")]
+    InvalidTemplate(String),
+    /// Rendering the chat template failed on this request (including the template's own
+    /// `raise_exception`): the client's fault, an HTTP 400 with this message.
+    #[error("{0}")]
+    Template(String),
+}
+
+impl TokenError {
+    /// Whether the request caused the error (HTTP 400) rather than the router's setup.
+    pub fn is_client_error(&self) -> bool {
+        matches!(self, TokenError::Template(_) | TokenError::Encode(_))
+    }
 }
 
 /// Size of the builtin tokenizer's vocabulary; ids are in `0..BUILTIN_VOCAB`.

@@ -1,0 +1,318 @@
+//! Everything kvroute knows about one model's tokens: its tokenizer, chat template, block size
+//! and the cache of already-tokenized pieces — and the one call the request path needs, from a
+//! request to token ids.
+//!
+//! A `ModelTokens` is built once per served model and shared behind an `Arc` by every request
+//! (it is `Send + Sync`; the piece cache locks one of 16 shards for a few hundred
+//! nanoseconds per piece). Tokenizing is CPU work of up to milliseconds: callers on an async
+//! runtime should run [`ModelTokens::prompt_ids`] on a blocking thread.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use serde_json::Value as Json;
+
+use super::builtin_chat;
+use super::chat_template::{ChatRequest, ChatTemplate};
+use super::hash::{BlockHash, HashSeed, block_hashes};
+use super::segment::{CacheStats, Piece, SegmentCache, Segmenter, Unsegmentable};
+use super::tokenizer::{TokenError, Tokenizer};
+use crate::openai::{Input, Prompt, RequestView};
+
+/// Default bound of the piece cache, in 4-byte units (≈ 32 MB, ≈ 4 M tokens of text).
+pub const DEFAULT_CACHE_UNITS: usize = 8 << 20;
+
+/// A model's tokenizer, chat template and block size.
+pub struct ModelTokens {
+    tokenizer: Tokenizer,
+    template: Option<ChatTemplate>,
+    block_size: usize,
+    pieces: Result<Pieces, Unsegmentable>,
+}
+
+/// Segmenting and its cache, when the tokenizer allows it.
+struct Pieces {
+    segmenter: Segmenter,
+    cache: SegmentCache,
+}
+
+impl std::fmt::Debug for ModelTokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelTokens")
+            .field("tokenizer", &self.tokenizer)
+            .field("template", &self.template.is_some())
+            .field("block_size", &self.block_size)
+            .field("segmenting", &self.pieces.as_ref().map(|_| ()))
+            .finish()
+    }
+}
+
+impl ModelTokens {
+    /// The file-free `builtin` tokenizer with the builtin chat format.
+    pub fn builtin(block_size: usize) -> ModelTokens {
+        ModelTokens {
+            tokenizer: Tokenizer::builtin(),
+            template: None,
+            block_size,
+            // The builtin tokenizer is cheaper than a cache lookup.
+            pieces: Err(Unsegmentable("the builtin tokenizer needs no cache".into())),
+        }
+    }
+
+    /// A model from a tokenizer and an optional chat template (the builtin chat format is
+    /// used without one). For a Hugging Face tokenizer, segmenting with a cache of
+    /// `cache_units` (see [`SegmentCache`]) is enabled when it is provably exact;
+    /// [`ModelTokens::segmenting`] tells why not otherwise.
+    pub fn new(
+        tokenizer: Tokenizer,
+        template: Option<ChatTemplate>,
+        block_size: usize,
+        cache_units: usize,
+    ) -> ModelTokens {
+        let pieces = match &tokenizer {
+            Tokenizer::Builtin => Err(Unsegmentable("the builtin tokenizer needs no cache".into())),
+            Tokenizer::Hf(_) if cache_units == 0 => {
+                Err(Unsegmentable("the piece cache is disabled".into()))
+            }
+            Tokenizer::Hf(t) => Segmenter::for_tokenizer(t).map(|segmenter| Pieces {
+                segmenter,
+                cache: SegmentCache::new(cache_units),
+            }),
+        };
+        ModelTokens {
+            tokenizer,
+            template,
+            block_size,
+            pieces,
+        }
+    }
+
+    /// Loads a Hugging Face model directory: `tokenizer.json`, the chat template from
+    /// `chat_template.jinja` (transformers 5's layout) or else from `tokenizer_config.json`,
+    /// and the special tokens from `tokenizer_config.json`. Missing template files mean the
+    /// builtin chat format.
+    pub fn from_hf_dir(
+        dir: &Path,
+        block_size: usize,
+        cache_units: usize,
+    ) -> Result<ModelTokens, TokenError> {
+        let tokenizer = Tokenizer::from_file(&dir.join("tokenizer.json"))?;
+        let config_path = dir.join("tokenizer_config.json");
+        let config: Json = if config_path.exists() {
+            read_json(&config_path)?
+        } else {
+            Json::Null
+        };
+        let jinja_path = dir.join("chat_template.jinja");
+        let template = if jinja_path.exists() {
+            let source = std::fs::read_to_string(&jinja_path).map_err(|e| TokenError::Load {
+                path: jinja_path.display().to_string(),
+                reason: e.to_string(),
+            })?;
+            Some(ChatTemplate::from_source(&source, &config)?)
+        } else {
+            ChatTemplate::from_tokenizer_config(&config)?
+        };
+        Ok(ModelTokens::new(
+            tokenizer,
+            template,
+            block_size,
+            cache_units,
+        ))
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// The chat template, if the model has one.
+    pub fn template(&self) -> Option<&ChatTemplate> {
+        self.template.as_ref()
+    }
+
+    /// The engine's KV block size in tokens.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// `Ok` when texts are cut at added tokens and pieces cached; otherwise why every text is
+    /// encoded whole (worth a log line at startup).
+    pub fn segmenting(&self) -> Result<(), &Unsegmentable> {
+        self.pieces.as_ref().map(|_| ())
+    }
+
+    /// Statistics of the piece cache, when segmenting.
+    pub fn cache_stats(&self) -> Option<CacheStats> {
+        self.pieces.as_ref().ok().map(|p| p.cache.stats())
+    }
+
+    /// The prompt text of a chat request, as the engine renders it.
+    pub fn render_chat(&self, req: &ChatRequest<'_>) -> Result<String, TokenError> {
+        match &self.template {
+            Some(t) => t.render(req),
+            None => Ok(builtin_chat::render(req)),
+        }
+    }
+
+    /// Token ids of `text` without special tokens added — identical to
+    /// [`Tokenizer::encode`], but pieces between added tokens seen before cost a lookup.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenError> {
+        let Ok(pieces) = &self.pieces else {
+            return self.tokenizer.encode(text);
+        };
+        let mut ids = Vec::with_capacity(text.len() / 3 + 8);
+        for piece in pieces.segmenter.split(text) {
+            match piece {
+                Piece::Marker(id) => ids.push(id),
+                Piece::Text(t) => match pieces.cache.get(t) {
+                    Some(cached) => ids.extend_from_slice(&cached),
+                    None => {
+                        let fresh: Arc<[u32]> = self.tokenizer.encode(t)?.into();
+                        ids.extend_from_slice(&fresh);
+                        pieces.cache.insert(t, fresh);
+                    }
+                },
+            }
+        }
+        Ok(ids)
+    }
+
+    /// The token ids routing uses for a request.
+    ///
+    /// - completion text: encoded; a batch of texts (or of token lists): the **first** prompt
+    ///   only — a batch is routed as a whole to one worker, and its first prompt's prefix is
+    ///   what that worker will look up first;
+    /// - completion token ids: as given;
+    /// - chat: rendered with the chat template, then encoded without adding special tokens
+    ///   (templates emit their own BOS).
+    pub fn prompt_ids(&self, view: &RequestView) -> Result<Vec<u32>, TokenError> {
+        match &view.input {
+            Input::Prompt(Prompt::Text(text)) => self.encode(text),
+            Input::Prompt(Prompt::Texts(texts)) => match texts.first() {
+                Some(text) => self.encode(text),
+                None => Ok(Vec::new()),
+            },
+            Input::Prompt(Prompt::Tokens(ids)) => Ok(ids.clone()),
+            Input::Prompt(Prompt::TokenBatches(batches)) => {
+                Ok(batches.first().cloned().unwrap_or_default())
+            }
+            Input::Messages(messages) => {
+                let text = self.render_chat(&ChatRequest {
+                    messages,
+                    tools: view.tools.as_ref(),
+                    add_generation_prompt: view.add_generation_prompt,
+                    kwargs: view.chat_template_kwargs.as_ref(),
+                })?;
+                self.encode(&text)
+            }
+        }
+    }
+
+    /// Chained hashes of the full blocks of `ids`.
+    pub fn block_hashes(&self, ids: &[u32], seed: HashSeed) -> Vec<BlockHash> {
+        block_hashes(seed, ids, self.block_size)
+    }
+}
+
+/// The hash seed of a request: the served model's name, the LoRA adapter (if the request
+/// names one) and the tenant-namespaced cache salt. Empty strings count as absent, so
+/// `"cache_salt": ""` shares the unsalted cache just as the engine treats it.
+pub fn hash_seed(model: &str, lora: Option<&str>, cache_salt: Option<&str>) -> HashSeed {
+    HashSeed::new(
+        model,
+        lora.filter(|s| !s.is_empty()),
+        cache_salt.filter(|s| !s.is_empty()),
+    )
+}
+
+fn read_json(path: &Path) -> Result<Json, TokenError> {
+    let err = |reason: String| TokenError::Load {
+        path: path.display().to_string(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    serde_json::from_str(&text).map_err(|e| err(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::openai::Endpoint;
+    use serde_json::json;
+
+    fn view(endpoint: Endpoint, body: Json) -> RequestView {
+        RequestView::parse(endpoint, &body).unwrap()
+    }
+
+    #[test]
+    fn builtin_prompt_shapes() {
+        let m = ModelTokens::builtin(4);
+        let text = m
+            .prompt_ids(&view(
+                Endpoint::Completions,
+                json!({"model": "m", "prompt": "a b c"}),
+            ))
+            .unwrap();
+        assert_eq!(text, m.tokenizer().encode("a b c").unwrap());
+        let batch = m
+            .prompt_ids(&view(
+                Endpoint::Completions,
+                json!({"model": "m", "prompt": ["a b c", "z"]}),
+            ))
+            .unwrap();
+        assert_eq!(batch, text);
+        let ids = m
+            .prompt_ids(&view(
+                Endpoint::Completions,
+                json!({"model": "m", "prompt": [5, 6, 7]}),
+            ))
+            .unwrap();
+        assert_eq!(ids, vec![5, 6, 7]);
+        let first = m
+            .prompt_ids(&view(
+                Endpoint::Completions,
+                json!({"model": "m", "prompt": [[1, 2], [3]]}),
+            ))
+            .unwrap();
+        assert_eq!(first, vec![1, 2]);
+        assert!(m.segmenting().is_err());
+    }
+
+    #[test]
+    fn builtin_chat_is_rendered_then_encoded() {
+        let m = ModelTokens::builtin(4);
+        let v = view(
+            Endpoint::ChatCompletions,
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+        );
+        let ids = m.prompt_ids(&v).unwrap();
+        let expected = m
+            .tokenizer()
+            .encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+            .unwrap();
+        assert_eq!(ids, expected);
+        assert_eq!(
+            m.block_hashes(&ids, hash_seed("m", None, None)).len(),
+            ids.len() / 4
+        );
+    }
+
+    #[test]
+    fn empty_seed_parts_are_absent() {
+        assert_eq!(
+            hash_seed("m", Some(""), Some("")),
+            HashSeed::new("m", None, None)
+        );
+        assert_ne!(
+            hash_seed("m", None, Some("t")),
+            HashSeed::new("m", None, None)
+        );
+    }
+
+    #[test]
+    fn shared_across_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<ModelTokens>();
+    }
+}
