@@ -5,16 +5,20 @@
 //! the person reading the message is an operator at a deploy, not the author of this code.
 //! Unknown keys are errors: a misspelt key silently ignored is a production incident later.
 
+mod file;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Args;
 use serde::Deserialize;
+
+use file::FileConfig;
 use thiserror::Error;
 
 use crate::fleet::{BaseUrl, HealthConfig, WorkerSpec};
-use crate::policy::POLICY_NAMES;
+use crate::policy::{KvAwareConfig, POLICY_NAMES, PolicySettings};
 use crate::proxy::ProxyConfig;
 
 /// A configuration problem, phrased for the operator.
@@ -85,52 +89,6 @@ pub struct ServeArgs {
     pub log_format: Option<LogFormat>,
 }
 
-/// The file's shape. `deny_unknown_fields` everywhere: typos are errors.
-#[derive(Deserialize, Debug, Default)]
-#[serde(deny_unknown_fields)]
-struct FileConfig {
-    listen: Option<String>,
-    policy: Option<String>,
-    seed: Option<u64>,
-    log_format: Option<LogFormat>,
-    max_body_bytes: Option<u64>,
-    shutdown_grace_s: Option<f64>,
-    #[serde(default)]
-    proxy: FileProxy,
-    #[serde(default)]
-    health: FileHealth,
-    #[serde(default)]
-    workers: Vec<FileWorker>,
-}
-
-#[derive(Deserialize, Debug, Default)]
-#[serde(deny_unknown_fields)]
-struct FileProxy {
-    connect_timeout_s: Option<f64>,
-    first_byte_timeout_s: Option<f64>,
-    retries: Option<u32>,
-    pool_max_idle_per_host: Option<usize>,
-}
-
-#[derive(Deserialize, Debug, Default)]
-#[serde(deny_unknown_fields)]
-struct FileHealth {
-    path: Option<String>,
-    interval_s: Option<f64>,
-    timeout_s: Option<f64>,
-}
-
-#[derive(Deserialize, Debug)]
-#[serde(deny_unknown_fields)]
-struct FileWorker {
-    id: Option<String>,
-    url: String,
-    #[serde(default)]
-    models: Vec<String>,
-    kv_events: Option<String>,
-    kv_replay: Option<String>,
-}
-
 /// The validated configuration of `kvroute serve`.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -152,6 +110,83 @@ pub struct Config {
     pub health: HealthConfig,
     /// The workers.
     pub workers: Vec<WorkerSpec>,
+    /// Per-model tokenization settings; models not listed use the builtin tokenizer.
+    pub models: Vec<ModelConfig>,
+    /// KV block size of engines serving models not listed in `models`.
+    pub default_block_size: u32,
+    /// Memory for cached token ids of repeated prompt segments, per model, in bytes.
+    pub token_cache_bytes: u64,
+    /// `kv_aware`'s cost model.
+    pub kv_aware: KvAwareConfig,
+    /// Index bounds.
+    pub index: IndexSettings,
+}
+
+/// Where a model's tokenizer comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TokenizerSource {
+    /// The file-free builtin tokenizer (what `kvroute engine` uses by default).
+    Builtin,
+    /// A directory with `tokenizer.json` (and `tokenizer_config.json` / `chat_template.jinja`
+    /// for chat), or a `tokenizer.json` file.
+    Path(PathBuf),
+}
+
+/// How one model's prompts become tokens and blocks.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    /// The model name as clients send it.
+    pub name: String,
+    /// Its tokenizer.
+    pub tokenizer: TokenizerSource,
+    /// KV block size of its engines (vLLM `--block-size`, SGLang `--page-size`).
+    pub block_size: u32,
+}
+
+/// Bounds of the KV index.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct IndexSettings {
+    /// Most (block, worker) entries kept from KV events.
+    pub max_entries: usize,
+    /// How long a routed block is assumed cached on a worker without events.
+    pub approx_ttl: Duration,
+    /// Most predicted blocks kept per worker.
+    pub approx_capacity_blocks: usize,
+}
+
+impl Default for IndexSettings {
+    fn default() -> Self {
+        IndexSettings {
+            max_entries: 1 << 24,
+            approx_ttl: Duration::from_secs(120),
+            approx_capacity_blocks: 1 << 16,
+        }
+    }
+}
+
+impl Config {
+    /// The settings the policies are built with.
+    pub fn policy_settings(&self) -> PolicySettings {
+        PolicySettings {
+            seed: self.seed,
+            kv_aware: self.kv_aware,
+            ..Default::default()
+        }
+    }
+
+    /// The settings of `model`: its own entry, or the builtin tokenizer with the default block
+    /// size.
+    pub fn model(&self, name: &str) -> ModelConfig {
+        self.models
+            .iter()
+            .find(|m| m.name == name)
+            .cloned()
+            .unwrap_or_else(|| ModelConfig {
+                name: name.to_string(),
+                tokenizer: TokenizerSource::Builtin,
+                block_size: self.default_block_size,
+            })
+    }
 }
 
 /// Default listen address.
@@ -276,6 +311,81 @@ impl Config {
                 parse_worker_flag(flag).map_err(|m| invalid(format!("--worker #{}", i + 1), m))?,
             );
         }
+        let default_block_size = file.tokens.default_block_size.unwrap_or(16);
+        block_size_ok("tokens.default_block_size", default_block_size)?;
+        let mut models = Vec::new();
+        for (i, m) in file.models.into_iter().enumerate() {
+            let key = format!("models[{i}]");
+            if m.name.is_empty() {
+                return Err(invalid(format!("{key}.name"), "must not be empty"));
+            }
+            if models.iter().any(|x: &ModelConfig| x.name == m.name) {
+                return Err(invalid(
+                    format!("{key}.name"),
+                    format!("model `{}` is listed twice", m.name),
+                ));
+            }
+            let tokenizer = match m.tokenizer.as_deref() {
+                None | Some("builtin") => TokenizerSource::Builtin,
+                Some(path) => {
+                    let p = PathBuf::from(path);
+                    if !p.exists() {
+                        return Err(invalid(
+                            format!("{key}.tokenizer"),
+                            format!("`{path}` does not exist; give a directory with tokenizer.json, a tokenizer.json file, or \"builtin\""),
+                        ));
+                    }
+                    TokenizerSource::Path(p)
+                }
+            };
+            let block_size = m.block_size.unwrap_or(default_block_size);
+            block_size_ok(&format!("{key}.block_size"), block_size)?;
+            models.push(ModelConfig {
+                name: m.name,
+                tokenizer,
+                block_size,
+            });
+        }
+        let token_cache_bytes = file.tokens.cache_mb.unwrap_or(32) << 20;
+
+        let kd = KvAwareConfig::default();
+        let ka = &file.kv_aware;
+        let kv_aware = KvAwareConfig {
+            prefill_rate_tokens_per_s: positive(
+                "kv_aware.prefill_rate_tokens_per_s",
+                ka.prefill_rate_tokens_per_s,
+                kd.prefill_rate_tokens_per_s,
+            )?,
+            step_cost_s: non_negative("kv_aware.step_cost_s", ka.step_cost_s, kd.step_cost_s)?,
+            overhead_s: non_negative("kv_aware.overhead_s", ka.overhead_s, kd.overhead_s)?,
+            calibrate: ka.calibrate.unwrap_or(kd.calibrate),
+            forgetting: ka.forgetting.unwrap_or(kd.forgetting),
+            temperature: non_negative("kv_aware.temperature", ka.temperature, kd.temperature)?,
+        };
+        if !(0.9..=1.0).contains(&kv_aware.forgetting) {
+            return Err(invalid(
+                "kv_aware.forgetting",
+                "must be between 0.9 and 1.0 (0.995 weighs the last few hundred requests)",
+            ));
+        }
+        let id = IndexSettings::default();
+        let index = IndexSettings {
+            max_entries: file.index.max_entries.unwrap_or(id.max_entries),
+            approx_ttl: seconds(
+                "index.approx_ttl_s",
+                file.index.approx_ttl_s,
+                id.approx_ttl.as_secs_f64(),
+                0.001,
+            )?,
+            approx_capacity_blocks: file
+                .index
+                .approx_capacity_blocks
+                .unwrap_or(id.approx_capacity_blocks),
+        };
+        if index.max_entries < 1024 {
+            return Err(invalid("index.max_entries", "must be at least 1024"));
+        }
+
         let mut seen = std::collections::HashSet::new();
         for w in &workers {
             if !seen.insert(w.id.clone()) {
@@ -295,8 +405,39 @@ impl Config {
             proxy,
             health,
             workers,
+            models,
+            default_block_size,
+            token_cache_bytes,
+            kv_aware,
+            index,
         })
     }
+}
+
+fn block_size_ok(key: &str, bs: u32) -> Result<(), ConfigError> {
+    if bs == 0 || bs > 4096 {
+        return Err(invalid(
+            key,
+            format!("{bs} is not a KV block size; use the engine's (vLLM default 16)"),
+        ));
+    }
+    Ok(())
+}
+
+fn positive(key: &str, v: Option<f64>, default: f64) -> Result<f64, ConfigError> {
+    let x = v.unwrap_or(default);
+    if !(x.is_finite() && x > 0.0) {
+        return Err(invalid(key, format!("{x} must be a positive number")));
+    }
+    Ok(x)
+}
+
+fn non_negative(key: &str, v: Option<f64>, default: f64) -> Result<f64, ConfigError> {
+    let x = v.unwrap_or(default);
+    if !(x.is_finite() && x >= 0.0) {
+        return Err(invalid(key, format!("{x} must be zero or more")));
+    }
+    Ok(x)
 }
 
 fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
@@ -471,7 +612,7 @@ mod tests {
 
     #[test]
     fn example_config_loads() {
-        let text = include_str!("../config/kvroute.example.toml");
+        let text = include_str!("../../config/kvroute.example.toml");
         let c = load(text).unwrap();
         assert!(!c.workers.is_empty());
     }

@@ -1,0 +1,94 @@
+//! The shape of the TOML file. `deny_unknown_fields` everywhere: a typo is an error.
+
+use serde::Deserialize;
+
+use super::LogFormat;
+
+/// The file's shape. `deny_unknown_fields` everywhere: typos are errors.
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FileConfig {
+    pub(super) listen: Option<String>,
+    pub(super) policy: Option<String>,
+    pub(super) seed: Option<u64>,
+    pub(super) log_format: Option<LogFormat>,
+    pub(super) max_body_bytes: Option<u64>,
+    pub(super) shutdown_grace_s: Option<f64>,
+    #[serde(default)]
+    pub(super) proxy: FileProxy,
+    #[serde(default)]
+    pub(super) health: FileHealth,
+    #[serde(default)]
+    pub(super) workers: Vec<FileWorker>,
+    #[serde(default)]
+    pub(super) models: Vec<FileModel>,
+    #[serde(default)]
+    pub(super) tokens: FileTokens,
+    #[serde(default)]
+    pub(super) kv_aware: FileKvAware,
+    #[serde(default)]
+    pub(super) index: FileIndex,
+}
+
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FileProxy {
+    pub(super) connect_timeout_s: Option<f64>,
+    pub(super) first_byte_timeout_s: Option<f64>,
+    pub(super) retries: Option<u32>,
+    pub(super) pool_max_idle_per_host: Option<usize>,
+}
+
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FileHealth {
+    pub(super) path: Option<String>,
+    pub(super) interval_s: Option<f64>,
+    pub(super) timeout_s: Option<f64>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FileWorker {
+    pub(super) id: Option<String>,
+    pub(super) url: String,
+    #[serde(default)]
+    pub(super) models: Vec<String>,
+    pub(super) kv_events: Option<String>,
+    pub(super) kv_replay: Option<String>,
+}
+
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FileModel {
+    pub(super) name: String,
+    pub(super) tokenizer: Option<String>,
+    pub(super) block_size: Option<u32>,
+}
+
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FileTokens {
+    pub(super) default_block_size: Option<u32>,
+    pub(super) cache_mb: Option<u64>,
+}
+
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FileKvAware {
+    pub(super) prefill_rate_tokens_per_s: Option<f64>,
+    pub(super) step_cost_s: Option<f64>,
+    pub(super) overhead_s: Option<f64>,
+    pub(super) calibrate: Option<bool>,
+    pub(super) forgetting: Option<f64>,
+    pub(super) temperature: Option<f64>,
+}
+
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FileIndex {
+    pub(super) max_entries: Option<usize>,
+    pub(super) approx_ttl_s: Option<f64>,
+    pub(super) approx_capacity_blocks: Option<usize>,
+}
