@@ -1,6 +1,15 @@
 //! The engines' KV-cache event protocol: wire types, decoding of every released layout,
 //! encoding (for the simulated engine), the ZeroMQ subscriber with replay, and the publisher.
+//!
+//! Pure parts ([`decode`], [`encode`], [`sequence`]) are separate from the socket parts
+//! ([`subscriber`], [`publisher`]), so the layout logic is tested without ZeroMQ.
 
+pub mod decode;
+pub mod encode;
+mod fields;
+mod msgpack;
 pub mod wire;
 
+pub use decode::{DecodeError, decode_batch};
+pub use encode::{Layout, encode_batch};
 pub use wire::{BlockRemoved, BlockStored, EngineHash, EventBatch, KvEvent};
