@@ -85,7 +85,12 @@ fn check_event(name: &str, got: &KvEvent, want: &Value) {
     let ctx = |field: &str| format!("{name}: {field}");
     match (got, want["type"].as_str().unwrap()) {
         (KvEvent::Stored(s), "BlockStored") => {
-            assert_eq!(s.block_hashes, hashes(&want["block_hashes"]), "{}", ctx("hashes"));
+            assert_eq!(
+                s.block_hashes,
+                hashes(&want["block_hashes"]),
+                "{}",
+                ctx("hashes")
+            );
             let parent = &want["parent_block_hash"];
             let parent = (!parent.is_null()).then(|| hash(parent));
             assert_eq!(s.parent_block_hash, parent, "{}", ctx("parent"));
@@ -99,9 +104,19 @@ fn check_event(name: &str, got: &KvEvent, want: &Value) {
             assert_eq!(s.block_size as u64, want["block_size"].as_u64().unwrap());
             assert_eq!(s.lora_id, opt_int(want, "lora_id"), "{}", ctx("lora_id"));
             assert_eq!(s.medium, opt_str(want, "medium"), "{}", ctx("medium"));
-            assert_eq!(s.lora_name, opt_str(want, "lora_name"), "{}", ctx("lora_name"));
+            assert_eq!(
+                s.lora_name,
+                opt_str(want, "lora_name"),
+                "{}",
+                ctx("lora_name")
+            );
             assert_eq!(s.cache_salt, opt_str(want, "cache_salt"), "{}", ctx("salt"));
-            assert_eq!(s.group_idx, opt_int(want, "group_idx"), "{}", ctx("group_idx"));
+            assert_eq!(
+                s.group_idx,
+                opt_int(want, "group_idx"),
+                "{}",
+                ctx("group_idx")
+            );
             assert_eq!(
                 s.kv_cache_spec_kind,
                 opt_str(want, "kv_cache_spec_kind"),
@@ -110,9 +125,19 @@ fn check_event(name: &str, got: &KvEvent, want: &Value) {
             );
         }
         (KvEvent::Removed(r), "BlockRemoved") => {
-            assert_eq!(r.block_hashes, hashes(&want["block_hashes"]), "{}", ctx("hashes"));
+            assert_eq!(
+                r.block_hashes,
+                hashes(&want["block_hashes"]),
+                "{}",
+                ctx("hashes")
+            );
             assert_eq!(r.medium, opt_str(want, "medium"), "{}", ctx("medium"));
-            assert_eq!(r.group_idx, opt_int(want, "group_idx"), "{}", ctx("group_idx"));
+            assert_eq!(
+                r.group_idx,
+                opt_int(want, "group_idx"),
+                "{}",
+                ctx("group_idx")
+            );
         }
         (KvEvent::AllCleared, "AllBlocksCleared") => {}
         (got, want) => panic!("{name}: decoded {got:?}, fixture says {want}"),
@@ -179,7 +204,13 @@ fn every_fixture_round_trips_through_every_layout() {
         let batch = decode_batch(&f.payload).unwrap();
         for layout in Layout::ALL {
             let back = decode_batch(&encode_batch(&batch, layout)).unwrap();
-            assert_eq!(back, layout.represent(&batch), "{} via {}", f.name, layout.name());
+            assert_eq!(
+                back,
+                layout.represent(&batch),
+                "{} via {}",
+                f.name,
+                layout.name()
+            );
         }
     }
 }
@@ -188,8 +219,15 @@ fn every_fixture_round_trips_through_every_layout() {
 fn fixture_replay_frame_layout_matches_the_layout_table() {
     for f in fixtures() {
         let layout = layout_of(f.json["schema"].as_str().unwrap());
-        let frames = f.json["encoding"]["replay_reply_frames"].as_array().unwrap();
-        assert_eq!(layout.replay_reply_has_topic(), frames.len() == 3, "{}", f.name);
+        let frames = f.json["encoding"]["replay_reply_frames"]
+            .as_array()
+            .unwrap();
+        assert_eq!(
+            layout.replay_reply_has_topic(),
+            frames.len() == 3,
+            "{}",
+            f.name
+        );
         assert_eq!(f.json["zmq_frames"]["topic"], "kv-events");
     }
 }
@@ -224,7 +262,11 @@ fn vllm_salt_in_extra_keys_of_the_first_block_is_read() {
 fn truncated_fixtures_are_errors_not_panics() {
     for f in fixtures() {
         for cut in 0..f.payload.len() {
-            assert!(decode_batch(&f.payload[..cut]).is_err(), "{} cut at {cut}", f.name);
+            assert!(
+                decode_batch(&f.payload[..cut]).is_err(),
+                "{} cut at {cut}",
+                f.name
+            );
         }
     }
 }

@@ -406,7 +406,10 @@ mod tests {
         let mut p = vec![0xc4, 32];
         p.extend((0u8..32).collect::<Vec<_>>());
         let h = read_hash(&mut Reader::new(&p)).unwrap();
-        assert_eq!(h, EngineHash(u64::from_be_bytes([24, 25, 26, 27, 28, 29, 30, 31])));
+        assert_eq!(
+            h,
+            EngineHash(u64::from_be_bytes([24, 25, 26, 27, 28, 29, 30, 31]))
+        );
         let h = read_hash(&mut Reader::new(&[0xc4, 2, 1, 2])).unwrap();
         assert_eq!(h, EngineHash(0x0102));
     }

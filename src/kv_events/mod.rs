@@ -8,8 +8,17 @@ pub mod decode;
 pub mod encode;
 mod fields;
 mod msgpack;
+pub mod publisher;
+pub mod replay;
+pub mod sequence;
+pub mod subscriber;
 pub mod wire;
 
 pub use decode::{DecodeError, decode_batch};
 pub use encode::{Layout, encode_batch};
+pub use publisher::{Publisher, PublisherConfig, PublisherError};
+pub use subscriber::{
+    DropReason, Subscriber, SubscriberConfig, SubscriberError, SubscriberEvent, SubscriberHandle,
+    SubscriberStats, WorkerEvent,
+};
 pub use wire::{BlockRemoved, BlockStored, EngineHash, EventBatch, KvEvent};

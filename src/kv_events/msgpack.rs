@@ -288,7 +288,8 @@ impl Writer {
     /// field count, so a struct with more than 15 fields always gets map16.
     pub(crate) fn map16(&mut self, len: usize) {
         self.buf.push(0xde);
-        self.buf.extend_from_slice(&(len.min(u16::MAX as usize) as u16).to_be_bytes());
+        self.buf
+            .extend_from_slice(&(len.min(u16::MAX as usize) as u16).to_be_bytes());
     }
 
     pub(crate) fn str(&mut self, s: &str) {
@@ -365,7 +366,10 @@ mod tests {
             (&[0xcc, 0xc8], 200),
             (&[0xcd, 0x07, 0xd0], 2000),
             (&[0xce, 0, 1, 0, 0], 65536),
-            (&[0xcf, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff], u64::MAX as i128),
+            (
+                &[0xcf, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff],
+                u64::MAX as i128,
+            ),
             (&[0xd0, 0x80], -128),
             (&[0xd1, 0xff, 0x00], -256),
             (&[0xd2, 0xff, 0xff, 0xff, 0xfe], -2),
@@ -379,7 +383,9 @@ mod tests {
     #[test]
     fn skip_handles_nesting_and_stops_at_the_next_value() {
         // [[1, {"a": [nil]}], "x"] followed by 7
-        let bytes = [0x92, 0x92, 0x01, 0x81, 0xa1, b'a', 0x91, 0xc0, 0xa1, b'x', 0x07];
+        let bytes = [
+            0x92, 0x92, 0x01, 0x81, 0xa1, b'a', 0x91, 0xc0, 0xa1, b'x', 0x07,
+        ];
         let mut r = Reader::new(&bytes);
         r.skip().unwrap();
         assert_eq!(r.int().unwrap(), 7);
@@ -387,7 +393,25 @@ mod tests {
 
     #[test]
     fn writer_round_trips_ints_at_every_width() {
-        for v in [0i64, 5, 127, 128, 255, 256, 65535, 65536, -1, -32, -33, -128, -129, -32768, -32769, i64::MIN, i64::MAX] {
+        for v in [
+            0i64,
+            5,
+            127,
+            128,
+            255,
+            256,
+            65535,
+            65536,
+            -1,
+            -32,
+            -33,
+            -128,
+            -129,
+            -32768,
+            -32769,
+            i64::MIN,
+            i64::MAX,
+        ] {
             let mut w = Writer::with_capacity(9);
             w.int(v);
             assert_eq!(Reader::new(&w.buf).int().unwrap(), v as i128);
