@@ -166,10 +166,7 @@ impl Layout {
                     lora_name: opt(self.has("lora_name"), &s.lora_name),
                     cache_salt: match self.is_sglang() {
                         true => opt(self.has("cache_salt"), &s.cache_salt),
-                        false => opt(
-                            self.has("extra_keys") && s.parent_block_hash.is_none(),
-                            &s.cache_salt,
-                        ),
+                        false => opt(vllm_carries_salt(self, s), &s.cache_salt),
                     },
                     group_idx: s.group_idx.filter(|_| self.has("group_idx")),
                     kv_cache_spec_kind: opt(self.has("kv_cache_spec_kind"), &s.kv_cache_spec_kind),
@@ -189,6 +186,15 @@ impl Layout {
             dp_rank: batch.dp_rank.filter(|_| self != Layout::Vllm0_9_0),
         }
     }
+}
+
+/// vLLM puts a non-empty salt in the extra keys of a request's first block: only a chain
+/// without parent and with at least one block can carry it.
+fn vllm_carries_salt(layout: Layout, s: &BlockStored) -> bool {
+    layout.has("extra_keys")
+        && s.parent_block_hash.is_none()
+        && !s.block_hashes.is_empty()
+        && s.cache_salt.as_deref().is_some_and(|salt| !salt.is_empty())
 }
 
 /// Encodes a batch as `layout`'s release would publish it (the payload, ZMQ frame 3).
@@ -282,17 +288,14 @@ fn tokens(w: &mut Writer, t: &[u32]) {
 
 /// vLLM's `extra_keys`: one entry per block, `(lora_name?, cache_salt?)` or nil; the salt only
 /// on the request's first block (a chain without parent).
-fn extra_keys(w: &mut Writer, s: &BlockStored) {
+fn extra_keys(w: &mut Writer, s: &BlockStored, with_salt: bool) {
     if s.block_hashes.is_empty() {
         w.nil();
         return;
     }
     w.array(s.block_hashes.len());
     for i in 0..s.block_hashes.len() {
-        let salt = s
-            .cache_salt
-            .as_deref()
-            .filter(|_| i == 0 && s.parent_block_hash.is_none());
+        let salt = s.cache_salt.as_deref().filter(|_| i == 0 && with_salt);
         let keys: Vec<&str> = s.lora_name.as_deref().into_iter().chain(salt).collect();
         if keys.is_empty() {
             w.nil();
@@ -340,7 +343,7 @@ fn vllm_stored(w: &mut Writer, s: &BlockStored, layout: Layout) {
             "lora_id" => opt_int(w, s.lora_id),
             "medium" => opt_str(w, s.medium.as_deref()),
             "lora_name" => opt_str(w, s.lora_name.as_deref()),
-            "extra_keys" => extra_keys(w, s),
+            "extra_keys" => extra_keys(w, s, vllm_carries_salt(layout, s)),
             "group_idx" => opt_int(w, s.group_idx),
             "kv_cache_spec_kind" => opt_str(w, s.kv_cache_spec_kind.as_deref()),
             _ => w.nil(),

@@ -141,12 +141,7 @@ fn read_map_event(r: &mut Reader<'_>) -> Result<KvEvent, DecodeError> {
     let tag = find_tag(r, len)?;
     let mut fields = Fields::default();
     for _ in 0..len {
-        let key = if r.peek()? == Kind::Str {
-            r.str()?
-        } else {
-            r.skip()?;
-            ""
-        };
+        let key = map_key(r)?.unwrap_or("");
         let field = match (tag, key) {
             (_, "type") | (Tag::Cleared | Tag::Unknown(_), _) => Field::Ignored,
             _ => field_named(key),
@@ -160,20 +155,25 @@ fn read_map_event(r: &mut Reader<'_>) -> Result<KvEvent, DecodeError> {
 fn find_tag<'a>(r: &Reader<'a>, len: usize) -> Result<Tag<'a>, DecodeError> {
     let mut scan = r.clone();
     for _ in 0..len {
-        let is_type = scan.peek()? == Kind::Str && scan.str()? == "type";
-        if !is_type {
-            if scan.peek()? != Kind::Str {
-                scan.skip()?;
-            }
-            scan.skip()?;
-            continue;
+        if map_key(&mut scan)? == Some("type") {
+            return Ok(Tag::from_name(scan.str()?));
         }
-        return Ok(Tag::from_name(scan.str()?));
+        scan.skip()?;
     }
     Err(DecodeError::MissingField {
         event: "event",
         field: "type",
     })
+}
+
+/// Reads a map key: a string, or `None` after skipping a key of another type.
+fn map_key<'a>(r: &mut Reader<'a>) -> Result<Option<&'a str>, DecodeError> {
+    if r.peek()? == Kind::Str {
+        Ok(Some(r.str()?))
+    } else {
+        r.skip()?;
+        Ok(None)
+    }
 }
 
 fn read_field<'a>(
@@ -285,8 +285,7 @@ fn read_tokens(r: &mut Reader<'_>) -> Result<Vec<u32>, DecodeError> {
     let n = r.array_len()?;
     let mut out = Vec::with_capacity(n.min(r.remaining()));
     for _ in 0..n {
-        let t = u32::try_from(r.int()?).map_err(|_| DecodeError::OutOfRange("token id"))?;
-        out.push(t);
+        out.push(r.u32()?);
     }
     Ok(out)
 }
@@ -315,11 +314,7 @@ fn read_metadata<'a>(r: &mut Reader<'a>, out: &mut Fields<'a>) -> Result<(), Dec
     match r.peek()? {
         Kind::Map => {
             for _ in 0..r.map_len()? {
-                let is_salt = r.peek()? == Kind::Str && r.str()? == "cache_salt";
-                if !is_salt && r.peek()? != Kind::Str {
-                    r.skip()?;
-                }
-                if is_salt {
+                if map_key(r)? == Some("cache_salt") {
                     out.cache_salt = lenient_str(r)?;
                 } else {
                     r.skip()?;
@@ -412,6 +407,32 @@ mod tests {
         );
         let h = read_hash(&mut Reader::new(&[0xc4, 2, 1, 2])).unwrap();
         assert_eq!(h, EngineHash(0x0102));
+    }
+
+    #[test]
+    fn map_events_with_the_type_last_and_sglang_metadata() {
+        // {"block_hashes": [1], 7: "x", "metadata": {"a": [1], "cache_salt": "t"},
+        //  "token_ids": [], "block_size": 16, "type": "BlockStored"}
+        let mut p = vec![0x86, 0xac];
+        p.extend_from_slice(b"block_hashes");
+        p.extend_from_slice(&[0x91, 0x01, 0x07, 0xa1, b'x', 0xa8]);
+        p.extend_from_slice(b"metadata");
+        p.extend_from_slice(&[0x82, 0xa1, b'a', 0x91, 0x01, 0xaa]);
+        p.extend_from_slice(b"cache_salt");
+        p.extend_from_slice(&[0xa1, b't', 0xa9]);
+        p.extend_from_slice(b"token_ids");
+        p.extend_from_slice(&[0x90, 0xaa]);
+        p.extend_from_slice(b"block_size");
+        p.extend_from_slice(&[0x10, 0xa4]);
+        p.extend_from_slice(b"type");
+        p.push(0xab);
+        p.extend_from_slice(b"BlockStored");
+        let KvEvent::Stored(s) = read_event(&mut Reader::new(&p)).unwrap() else {
+            panic!("not a BlockStored");
+        };
+        assert_eq!(s.block_hashes, vec![EngineHash(1)]);
+        assert_eq!(s.cache_salt.as_deref(), Some("t"));
+        assert_eq!(s.block_size, 16);
     }
 
     #[test]

@@ -52,6 +52,7 @@ impl<'a> Reader<'a> {
         self.buf.len().saturating_sub(self.pos)
     }
 
+    #[inline]
     fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
         let end = self.pos.checked_add(n).ok_or(DecodeError::Truncated)?;
         let bytes = self.buf.get(self.pos..end).ok_or(DecodeError::Truncated)?;
@@ -59,10 +60,12 @@ impl<'a> Reader<'a> {
         Ok(bytes)
     }
 
+    #[inline]
     fn byte(&mut self) -> Result<u8, DecodeError> {
         Ok(self.take(1)?[0])
     }
 
+    #[inline]
     fn be<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
         let mut out = [0u8; N];
         out.copy_from_slice(self.take(N)?);
@@ -82,6 +85,7 @@ impl<'a> Reader<'a> {
     }
 
     /// The kind of the next value, without consuming it.
+    #[inline]
     pub(crate) fn peek(&self) -> Result<Kind, DecodeError> {
         let m = *self.buf.get(self.pos).ok_or(DecodeError::Truncated)?;
         Ok(match m {
@@ -99,6 +103,7 @@ impl<'a> Reader<'a> {
     }
 
     /// Consumes a nil if one is next; tells whether it did.
+    #[inline]
     pub(crate) fn eat_nil(&mut self) -> Result<bool, DecodeError> {
         if self.peek()? == Kind::Nil {
             self.pos += 1;
@@ -109,6 +114,7 @@ impl<'a> Reader<'a> {
     }
 
     /// Reads an array header and returns its element count.
+    #[inline]
     pub(crate) fn array_len(&mut self) -> Result<usize, DecodeError> {
         match self.byte()? {
             m @ 0x90..=0x9f => Ok((m & 0x0f) as usize),
@@ -129,6 +135,7 @@ impl<'a> Reader<'a> {
     }
 
     /// Reads a UTF-8 string, borrowed from the payload.
+    #[inline]
     pub(crate) fn str(&mut self) -> Result<&'a str, DecodeError> {
         let len = match self.byte()? {
             m @ 0xa0..=0xbf => (m & 0x1f) as usize,
@@ -152,6 +159,7 @@ impl<'a> Reader<'a> {
     }
 
     /// Reads any msgpack integer, widened so that both u64 and i64 fit.
+    #[inline]
     pub(crate) fn int(&mut self) -> Result<i128, DecodeError> {
         let m = self.byte()?;
         Ok(match m {
@@ -167,6 +175,28 @@ impl<'a> Reader<'a> {
             0xd3 => i64::from_be_bytes(self.be()?) as i128,
             _ => return Err(self.mismatch("integer")),
         })
+    }
+
+    /// Reads a non-negative integer that fits in a u32 (a token id): the hot loop of the
+    /// decoder, so the common encodings are matched first without widening.
+    #[inline]
+    pub(crate) fn u32(&mut self) -> Result<u32, DecodeError> {
+        match self.buf.get(self.pos) {
+            Some(&m) if m < 0x80 => {
+                self.pos += 1;
+                Ok(m as u32)
+            }
+            Some(0xcc) => Ok(self.be::<2>()?[1] as u32),
+            Some(0xcd) => {
+                let [_, a, b] = self.be::<3>()?;
+                Ok(u16::from_be_bytes([a, b]) as u32)
+            }
+            Some(0xce) => {
+                let [_, a, b, c, d] = self.be::<5>()?;
+                Ok(u32::from_be_bytes([a, b, c, d]))
+            }
+            _ => u32::try_from(self.int()?).map_err(|_| DecodeError::OutOfRange("token id")),
+        }
     }
 
     /// Reads a float, or an integer as a float (a timestamp may arrive as either).
@@ -292,6 +322,7 @@ impl Writer {
             .extend_from_slice(&(len.min(u16::MAX as usize) as u16).to_be_bytes());
     }
 
+    #[inline]
     pub(crate) fn str(&mut self, s: &str) {
         let len = s.len();
         if len < 32 {
@@ -317,6 +348,7 @@ impl Writer {
         self.buf.extend_from_slice(&v.to_be_bytes());
     }
 
+    #[inline]
     pub(crate) fn uint(&mut self, v: u64) {
         if v < 128 {
             self.buf.push(v as u8);
@@ -334,6 +366,7 @@ impl Writer {
         }
     }
 
+    #[inline]
     pub(crate) fn int(&mut self, v: i64) {
         if v >= 0 {
             self.uint(v as u64);
