@@ -58,7 +58,6 @@ pub(super) struct FileWorker {
     pub(super) kv_replay: Option<String>,
 }
 
-
 #[derive(Deserialize, Debug)]
 #[serde(deny_unknown_fields)]
 pub(super) struct FileModel {

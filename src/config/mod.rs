@@ -332,7 +332,9 @@ impl Config {
                     if !p.exists() {
                         return Err(invalid(
                             format!("{key}.tokenizer"),
-                            format!("`{path}` does not exist; give a directory with tokenizer.json, a tokenizer.json file, or \"builtin\""),
+                            format!(
+                                "`{path}` does not exist; give a directory with tokenizer.json, a tokenizer.json file, or \"builtin\""
+                            ),
                         ));
                     }
                     TokenizerSource::Path(p)

@@ -1,0 +1,109 @@
+//! The tokenization settings of every model the router serves.
+//!
+//! Configured models are loaded once at start (a Hugging Face tokenizer takes ~0.4 s to
+//! load, and a broken file must stop the router at deploy time, not fail requests later).
+//! A model nobody configured — discovered from a worker at run time — gets the builtin
+//! tokenizer with the default block size on first use.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, RwLock};
+
+use super::model::ModelTokens;
+use super::tokenizer::{TokenError, Tokenizer};
+use crate::config::{Config, TokenizerSource};
+
+/// Per-model [`ModelTokens`], shared by all requests.
+#[derive(Debug)]
+pub struct ModelRegistry {
+    models: RwLock<HashMap<String, Arc<ModelTokens>>>,
+    default_block_size: usize,
+}
+
+impl ModelRegistry {
+    /// Loads every model listed in `config`.
+    pub fn load(config: &Config) -> Result<ModelRegistry, TokenError> {
+        let cache_units = usize::try_from(config.token_cache_bytes / 4).unwrap_or(usize::MAX);
+        let mut models = HashMap::new();
+        for m in &config.models {
+            let bs = m.block_size as usize;
+            let tokens = match &m.tokenizer {
+                TokenizerSource::Builtin => ModelTokens::builtin(bs),
+                TokenizerSource::Path(p) if p.is_dir() => {
+                    ModelTokens::from_hf_dir(p, bs, cache_units)?
+                }
+                TokenizerSource::Path(p) => from_tokenizer_file(p, bs, cache_units)?,
+            };
+            if let Err(why) = tokens.segmenting() {
+                tracing::info!(model = %m.name, reason = %why.0, "repeated prompt segments are not cached");
+            }
+            models.insert(m.name.clone(), Arc::new(tokens));
+        }
+        Ok(ModelRegistry {
+            models: RwLock::new(models),
+            default_block_size: config.default_block_size as usize,
+        })
+    }
+
+    /// The settings of `model` (builtin ones for a model not configured).
+    pub fn get(&self, model: &str) -> Arc<ModelTokens> {
+        if let Ok(m) = self.models.read()
+            && let Some(t) = m.get(model)
+        {
+            return Arc::clone(t);
+        }
+        let builtin = Arc::new(ModelTokens::builtin(self.default_block_size));
+        match self.models.write() {
+            Ok(mut m) => Arc::clone(m.entry(model.to_string()).or_insert(builtin)),
+            Err(_) => builtin,
+        }
+    }
+}
+
+/// A bare `tokenizer.json`, with a `tokenizer_config.json` beside it used for the chat
+/// template when present.
+fn from_tokenizer_file(
+    path: &Path,
+    bs: usize,
+    cache_units: usize,
+) -> Result<ModelTokens, TokenError> {
+    match path.parent() {
+        Some(dir)
+            if dir.join("tokenizer_config.json").exists() && path.ends_with("tokenizer.json") =>
+        {
+            ModelTokens::from_hf_dir(dir, bs, cache_units)
+        }
+        _ => Ok(ModelTokens::new(
+            Tokenizer::from_file(path)?,
+            None,
+            bs,
+            cache_units,
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configured_and_unconfigured_models() {
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/tokenizers/qwen3"
+        );
+        let text = format!(
+            "[tokens]\ndefault_block_size = 32\n[[models]]\nname = \"qwen\"\ntokenizer = \"{dir}\"\nblock_size = 16\n"
+        );
+        let config = Config::from_toml(&text, Path::new("t")).unwrap();
+        let r = ModelRegistry::load(&config).unwrap();
+        let q = r.get("qwen");
+        assert_eq!(q.block_size(), 16);
+        assert!(matches!(q.tokenizer(), Tokenizer::Hf(_)));
+        assert!(q.template().is_some());
+        let other = r.get("other");
+        assert_eq!(other.block_size(), 32);
+        assert!(matches!(other.tokenizer(), Tokenizer::Builtin));
+        assert!(Arc::ptr_eq(&other, &r.get("other")));
+    }
+}
