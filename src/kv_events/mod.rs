@@ -1,6 +1,24 @@
 //! The engines' KV-cache event protocol: wire types, decoding of every released layout,
 //! encoding (for the simulated engine), the ZeroMQ subscriber with replay, and the publisher.
+//!
+//! Pure parts ([`decode`], [`encode`], [`sequence`]) are separate from the socket parts
+//! ([`subscriber`], [`publisher`]), so the layout logic is tested without ZeroMQ.
 
+pub mod decode;
+pub mod encode;
+mod fields;
+mod msgpack;
+pub mod publisher;
+pub mod replay;
+pub mod sequence;
+pub mod subscriber;
 pub mod wire;
 
+pub use decode::{DecodeError, decode_batch};
+pub use encode::{Layout, encode_batch};
+pub use publisher::{Publisher, PublisherConfig, PublisherError};
+pub use subscriber::{
+    DropReason, Subscriber, SubscriberConfig, SubscriberError, SubscriberEvent, SubscriberHandle,
+    SubscriberStats, WorkerEvent,
+};
 pub use wire::{BlockRemoved, BlockStored, EngineHash, EventBatch, KvEvent};
