@@ -11,6 +11,7 @@ use super::core::EngineConfig;
 use super::events::{KvEventSink, NoEvents};
 use super::server::{ServeConfig, start};
 use super::timing::StepTiming;
+use crate::kv_events::{Layout, Publisher, PublisherConfig};
 use crate::tokens::Tokenizer;
 
 /// Flags of `kvroute engine`; every one has a default.
@@ -28,9 +29,17 @@ pub struct EngineArgs {
     /// ZeroMQ ROUTER endpoint the engine binds for replay requests.
     #[arg(long, default_value = "tcp://127.0.0.1:5558")]
     pub kv_replay_endpoint: String,
-    /// Wire layout of KV events, by release (e.g. vllm-0.33, vllm-0.23).
+    /// Wire layout of KV events, by release: vllm-0.33 (newest), vllm-0.30, vllm-0.24,
+    /// vllm-0.22, vllm-0.20, vllm-0.14, vllm-0.10.2, vllm-0.9.1, vllm-0.9.0, sglang-0.4.7,
+    /// sglang-0.5.20, sglang-0.5.22.
     #[arg(long, default_value = "vllm-0.33")]
     pub kv_events_layout: String,
+    /// Topic frame of KV-event messages (vLLM's default is empty).
+    #[arg(long, default_value = "")]
+    pub kv_events_topic: String,
+    /// Batches kept for replay (vLLM's `buffer_steps`).
+    #[arg(long, default_value_t = 10_000)]
+    pub kv_replay_buffer: usize,
     /// Tokens per KV block.
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
@@ -92,6 +101,8 @@ impl Default for EngineArgs {
             kv_events_endpoint: "tcp://127.0.0.1:5557".into(),
             kv_replay_endpoint: "tcp://127.0.0.1:5558".into(),
             kv_events_layout: "vllm-0.33".into(),
+            kv_events_topic: String::new(),
+            kv_replay_buffer: 10_000,
             block_size: c.block_size,
             num_blocks: c.num_blocks,
             max_num_seqs: c.max_num_seqs,
@@ -144,18 +155,30 @@ impl EngineArgs {
         Ok(Tokenizer::from_file(&PathBuf::from(&self.tokenizer))?)
     }
 
-    /// The KV-event sink these flags describe.
-    ///
-    /// The ZeroMQ publisher (`crate::kv_events::publisher`) is being built on another branch;
-    /// until it is merged, events are dropped here and this is the one place to wire it.
+    /// The KV-event publisher these flags describe: a ZeroMQ PUB bound at
+    /// `--kv-events-endpoint` and a replay ROUTER at `--kv-replay-endpoint` (`none` disables
+    /// either).
     pub fn event_sink(&self) -> anyhow::Result<Box<dyn KvEventSink>> {
-        if self.kv_events_endpoint != "none" {
-            tracing::warn!(
-                endpoint = %self.kv_events_endpoint,
-                "KV-event publishing is not available in this build; events are dropped"
-            );
+        if self.kv_events_endpoint == "none" {
+            return Ok(Box::new(NoEvents));
         }
-        Ok(Box::new(NoEvents))
+        let layout = Layout::from_name(&self.kv_events_layout).with_context(|| {
+            let names: Vec<&str> = Layout::ALL.iter().map(|l| l.name()).collect();
+            format!(
+                "unknown --kv-events-layout {:?}; known: {}",
+                self.kv_events_layout,
+                names.join(", ")
+            )
+        })?;
+        let mut config = PublisherConfig::new(&self.kv_events_endpoint).with_layout(layout);
+        if self.kv_replay_endpoint != "none" {
+            config = config.with_replay(&self.kv_replay_endpoint);
+        }
+        config.topic = self.kv_events_topic.clone();
+        config.buffer_len = self.kv_replay_buffer.max(1);
+        let publisher = Publisher::bind(config)
+            .with_context(|| format!("cannot publish KV events on {}", self.kv_events_endpoint))?;
+        Ok(Box::new(publisher))
     }
 
     /// The full in-process configuration.
@@ -207,6 +230,22 @@ mod tests {
         let parsed = Cli::parse_from(["engine"]).engine;
         assert_eq!(parsed, EngineArgs::default());
         assert_eq!(parsed.engine_config(), EngineConfig::default());
+        assert!(Layout::from_name(&parsed.kv_events_layout).is_some());
+    }
+
+    #[test]
+    fn unknown_layout_is_a_clear_error() {
+        let a = EngineArgs {
+            kv_events_layout: "vllm-9".into(),
+            ..EngineArgs::default()
+        };
+        let e = a.event_sink().err().unwrap().to_string();
+        assert!(e.contains("vllm-0.33"), "{e}");
+        let none = EngineArgs {
+            kv_events_endpoint: "none".into(),
+            ..EngineArgs::default()
+        };
+        assert!(none.event_sink().is_ok());
     }
 
     #[test]

@@ -6,7 +6,7 @@
 
 use tokio::sync::mpsc;
 
-use crate::kv_events::{EventBatch, KvEvent};
+use crate::kv_events::{EventBatch, KvEvent, Publisher};
 
 /// A destination for batches of KV events, in the order the engine produced them.
 pub trait KvEventSink: Send + 'static {
@@ -30,6 +30,14 @@ impl KvEventSink for ChannelSink {
     fn publish(&mut self, batch: EventBatch) {
         // A closed receiver means nobody listens any more; the engine keeps serving.
         let _ = self.0.send(batch);
+    }
+}
+
+/// vLLM's wire format on ZeroMQ: PUB with sequence numbers, ROUTER replay.
+impl KvEventSink for Publisher {
+    fn publish(&mut self, batch: EventBatch) {
+        // The publisher numbers, encodes and hands the payload to its socket thread.
+        Publisher::publish(self, &batch);
     }
 }
 
