@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
 use thiserror::Error;
+use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -131,6 +132,13 @@ pub async fn start(config: ServeConfig, listener: TcpListener) -> Result<EngineH
     });
     let app = router(state);
     let stop = shutdown.clone();
+    // One SSE chunk per token is a stream of tiny writes: without TCP_NODELAY, Nagle's
+    // algorithm and delayed ACKs hold each one for tens of milliseconds.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+        }
+    });
     let server = tokio::spawn(async move {
         axum::serve(listener, app)
             .with_graceful_shutdown(stop.cancelled_owned())
