@@ -83,7 +83,11 @@ fn replay(s: &Setup, start: u64) -> Vec<(u64, Vec<u8>)> {
     loop {
         let frames = dealer.recv_multipart(0).expect("replay reply within 5 s");
         // ["", topic, seq, payload] (vLLM >= 0.26) or ["", seq, payload] (older).
-        assert!(frames.len() == 4 || frames.len() == 3, "{} frames", frames.len());
+        assert!(
+            frames.len() == 4 || frames.len() == 3,
+            "{} frames",
+            frames.len()
+        );
         assert!(frames[0].is_empty(), "delimiter frame");
         let n = frames.len();
         let seq = i64::from_be_bytes(frames[n - 2].as_slice().try_into().unwrap());
@@ -124,12 +128,20 @@ impl<'a> Feed<'a> {
                 self.next += 1;
                 return m;
             }
-            assert!(m.0 > self.next, "sequence went backwards: {} < {}", m.0, self.next);
+            assert!(
+                m.0 > self.next,
+                "sequence went backwards: {} < {}",
+                m.0,
+                self.next
+            );
             self.pending = replay(self.setup, self.next)
                 .into_iter()
                 .filter(|(q, _)| *q <= m.0)
                 .collect();
-            let m = self.pending.pop_front().expect("replay has the missed batches");
+            let m = self
+                .pending
+                .pop_front()
+                .expect("replay has the missed batches");
             assert_eq!(m.0, self.next);
             self.next += 1;
             m
@@ -226,8 +238,14 @@ async fn events_track_the_cache_with_sequence_and_replay() {
         })
         .collect();
     assert_eq!(kinds, vec!["removed", "removed", "stored"]);
-    let KvEvent::Removed(r0) = &batches[1].events[0] else { unreachable!() };
-    assert_eq!(r0.block_hashes, vec![first.block_hashes[1]], "A's tail block goes first");
+    let KvEvent::Removed(r0) = &batches[1].events[0] else {
+        unreachable!()
+    };
+    assert_eq!(
+        r0.block_hashes,
+        vec![first.block_hashes[1]],
+        "A's tail block goes first"
+    );
     for batch in &batches {
         model.apply(batch);
     }
@@ -237,8 +255,14 @@ async fn events_track_the_cache_with_sequence_and_replay() {
     let stored_b: Vec<Vec<u32>> = model.stored[2..].iter().map(|(_, t)| t.clone()).collect();
     assert_eq!(stored_b, b_blocks);
     // Engine hashes are opaque ids, not kvroute's own hashes.
-    let ours = kvroute::tokens::block_hashes(kvroute::tokens::HashSeed::new(MODEL, None, None), &b, 16);
-    assert!(model.stored.iter().all(|(h, _)| ours.iter().all(|o| o.0 != h.0)));
+    let ours =
+        kvroute::tokens::block_hashes(kvroute::tokens::HashSeed::new(MODEL, None, None), &b, 16);
+    assert!(
+        model
+            .stored
+            .iter()
+            .all(|(h, _)| ours.iter().all(|o| o.0 != h.0))
+    );
 
     // A again: evicted, nothing cached; this stores A's blocks and evicts B's LRU blocks.
     let v = complete(&s.engine, &a).await;
@@ -250,7 +274,10 @@ async fn events_track_the_cache_with_sequence_and_replay() {
     let r = timeout(
         WAIT,
         reqwest::Client::new()
-            .post(format!("http://{}/reset_prefix_cache", s.engine.local_addr()))
+            .post(format!(
+                "http://{}/reset_prefix_cache",
+                s.engine.local_addr()
+            ))
             .send(),
     )
     .await

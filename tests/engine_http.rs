@@ -46,7 +46,13 @@ fn sse_data(body: &str) -> Vec<String> {
 
 async fn metrics(h: &EngineHandle) -> String {
     let fut = reqwest::get(url(h, "/metrics"));
-    timeout(WAIT, fut).await.unwrap().unwrap().text().await.unwrap()
+    timeout(WAIT, fut)
+        .await
+        .unwrap()
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
 }
 
 fn metric(text: &str, name: &str) -> f64 {
@@ -101,14 +107,24 @@ async fn text_prompts_are_tokenized_like_the_router() {
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["count"], expected);
     assert_eq!(v["tokens"].as_array().unwrap().len(), expected);
-    let r = post(&h, "/v1/completions", json!({"model": MODEL, "prompt": text, "max_tokens": 2})).await;
+    let r = post(
+        &h,
+        "/v1/completions",
+        json!({"model": MODEL, "prompt": text, "max_tokens": 2}),
+    )
+    .await;
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["usage"]["prompt_tokens"], expected);
     // Chat: the engine's prompt count equals what /tokenize says for the same messages.
     let messages = json!([{"role": "user", "content": "hello there, engine"}]);
     let r = post(&h, "/tokenize", json!({"messages": messages})).await;
     let count = r.json::<Value>().await.unwrap()["count"].clone();
-    let r = post(&h, "/v1/chat/completions", json!({"model": MODEL, "messages": messages, "max_tokens": 3})).await;
+    let r = post(
+        &h,
+        "/v1/chat/completions",
+        json!({"model": MODEL, "messages": messages, "max_tokens": 3}),
+    )
+    .await;
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["object"], "chat.completion");
     assert_eq!(v["usage"]["prompt_tokens"], count);
@@ -127,7 +143,12 @@ async fn streaming_sends_one_chunk_per_token_then_done() {
     )
     .await;
     assert_eq!(r.status(), 200);
-    assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+    assert!(
+        r.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
     let body = timeout(WAIT, r.text()).await.unwrap().unwrap();
     let data = sse_data(&body);
     assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
@@ -200,19 +221,43 @@ async fn errors_are_openai_shaped() {
     let cases = [
         (json!({"model": "other", "prompt": "x"}), 404, Some("model")),
         (json!({"model": MODEL}), 400, Some("prompt")),
-        (json!({"model": MODEL, "prompt": "x", "max_tokens": 0}), 400, Some("max_tokens")),
-        (json!({"model": MODEL, "prompt": [1], "max_tokens": 10_000_000}), 400, Some("max_tokens")),
-        (json!({"model": MODEL, "prompt": "", "max_tokens": 1}), 400, Some("prompt")),
-        (json!({"model": MODEL, "prompt": "x", "n": 2}), 400, Some("n")),
+        (
+            json!({"model": MODEL, "prompt": "x", "max_tokens": 0}),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            json!({"model": MODEL, "prompt": [1], "max_tokens": 10_000_000}),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            json!({"model": MODEL, "prompt": "", "max_tokens": 1}),
+            400,
+            Some("prompt"),
+        ),
+        (
+            json!({"model": MODEL, "prompt": "x", "n": 2}),
+            400,
+            Some("n"),
+        ),
     ];
     for (body, status, param) in cases {
         let r = post(&h, "/v1/completions", body.clone()).await;
         assert_eq!(r.status(), status, "{body}");
         let v: Value = r.json().await.unwrap();
-        assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{body}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{body}"
+        );
         assert_eq!(v["error"]["param"].as_str(), param, "{body}");
     }
-    let r = timeout(WAIT, reqwest::get(url(&h, "/v2/nothing"))).await.unwrap().unwrap();
+    let r = timeout(WAIT, reqwest::get(url(&h, "/v2/nothing")))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(r.status(), 404);
     assert!(r.json::<Value>().await.unwrap()["error"].is_object());
     h.shutdown().await.unwrap();
@@ -221,9 +266,17 @@ async fn errors_are_openai_shaped() {
 #[tokio::test]
 async fn models_health_and_metrics() {
     let h = engine(50.0).await;
-    let r = timeout(WAIT, reqwest::get(url(&h, "/health"))).await.unwrap().unwrap();
+    let r = timeout(WAIT, reqwest::get(url(&h, "/health")))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(r.status(), 200);
-    let v: Value = reqwest::get(url(&h, "/v1/models")).await.unwrap().json().await.unwrap();
+    let v: Value = reqwest::get(url(&h, "/v1/models"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(v["data"][0]["id"], MODEL);
     assert_eq!(v["data"][0]["max_model_len"], 16_384 * 16);
     let m = metrics(&h).await;
@@ -238,7 +291,8 @@ async fn models_health_and_metrics() {
         "vllm:e2e_request_latency_seconds",
     ] {
         assert!(
-            m.lines().any(|l| l.starts_with(name) && l.contains("model_name=\"sim-model\"")),
+            m.lines()
+                .any(|l| l.starts_with(name) && l.contains("model_name=\"sim-model\"")),
             "{name} missing"
         );
     }
@@ -267,14 +321,18 @@ async fn client_disconnect_aborts_the_request() {
         if metric(&m, "vllm:num_requests_running") == 0.0 {
             assert_eq!(metric(&m, "vllm:kv_cache_usage_perc"), 0.0);
             assert!(
-                m.lines().any(|l| l.starts_with("vllm:request_success_total")
-                    && l.contains("finished_reason=\"abort\"")
-                    && l.ends_with(" 1")),
+                m.lines()
+                    .any(|l| l.starts_with("vllm:request_success_total")
+                        && l.contains("finished_reason=\"abort\"")
+                        && l.ends_with(" 1")),
                 "{m}"
             );
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "request not aborted");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "request not aborted"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     h.shutdown().await.unwrap();

@@ -80,6 +80,9 @@ mod tests {
         let toks: Vec<u32> = (0..16).collect();
         let a = h.hash(s, None, &toks);
         assert_eq!(a, h.hash(s, None, &toks));
-        assert_ne!(h.hash(s, Some(a), &toks), h.hash(s, Some(EngineHash(1)), &toks));
+        assert_ne!(
+            h.hash(s, Some(a), &toks),
+            h.hash(s, Some(EngineHash(1)), &toks)
+        );
     }
 }

@@ -31,7 +31,8 @@ fn drain(e: &mut EngineCore, mut now: f64) -> Vec<StepOutcome> {
 fn hand_computed_timeline() {
     let mut e = EngineCore::new(config(64, 10)).unwrap();
     let t = e.config().timing;
-    e.add_request(RequestId(1), (0..25).collect(), 2, 1.0).unwrap();
+    e.add_request(RequestId(1), (0..25).collect(), 2, 1.0)
+        .unwrap();
     let steps = drain(&mut e, 1.0);
     assert_eq!(steps.len(), 4);
     let prefill: Vec<usize> = steps.iter().map(|s| s.work.prefill_tokens).collect();
@@ -43,14 +44,20 @@ fn hand_computed_timeline() {
     assert!(steps[..2].iter().all(|s| s.tokens.is_empty()));
     assert_eq!(steps[2].tokens.len(), 1);
     let fin = &steps[3].finished[0];
-    assert_eq!((fin.prompt_tokens, fin.output_tokens, fin.cached_tokens), (25, 2, 0));
+    assert_eq!(
+        (fin.prompt_tokens, fin.output_tokens, fin.cached_tokens),
+        (25, 2, 0)
+    );
     assert_eq!(fin.queue_time(), Some(0.0));
     assert!(close(fin.ttft().unwrap(), steps[2].end - 1.0));
     assert!(close(fin.e2e(), steps[3].end - 1.0));
     assert_eq!(fin.reason, FinishReason::Length);
     assert_eq!(e.kv_usage(), 0.0);
     let c = e.counters();
-    assert_eq!((c.steps, c.prefill_tokens, c.generated_tokens, c.finished), (4, 25, 2, 1));
+    assert_eq!(
+        (c.steps, c.prefill_tokens, c.generated_tokens, c.finished),
+        (4, 25, 2, 1)
+    );
 }
 
 #[test]
@@ -72,7 +79,8 @@ fn repeated_prompt_hits_cache_and_is_faster() {
 #[test]
 fn events_describe_the_cache() {
     let mut e = EngineCore::new(config(8, 100)).unwrap();
-    e.add_request(RequestId(1), (0..6).collect(), 3, 0.0).unwrap();
+    e.add_request(RequestId(1), (0..6).collect(), 3, 0.0)
+        .unwrap();
     let steps = drain(&mut e, 0.0);
     let events: Vec<KvEvent> = steps.into_iter().flat_map(|s| s.kv_events).collect();
     // Prompt block [0..4] at admission; [4,5,o0,o1] once the second output is scheduled.
@@ -111,7 +119,10 @@ fn deterministic_given_a_seed() {
     };
     assert_eq!(run(3), run(3));
     let tokens = |o: Vec<StepOutcome>| -> Vec<u32> {
-        o.into_iter().flat_map(|s| s.tokens).map(|t| t.token).collect()
+        o.into_iter()
+            .flat_map(|s| s.tokens)
+            .map(|t| t.token)
+            .collect()
     };
     assert_ne!(tokens(run(3)), tokens(run(4)));
 }
@@ -121,8 +132,13 @@ fn preemption_is_counted_and_work_completes() {
     // 6 blocks of 4 tokens; three requests that together outgrow the cache.
     let mut e = EngineCore::new(config(6, 100)).unwrap();
     for id in 0..3u64 {
-        e.add_request(RequestId(id), (0..7).map(|t| t + 100 * id as u32).collect(), 6, 0.0)
-            .unwrap();
+        e.add_request(
+            RequestId(id),
+            (0..7).map(|t| t + 100 * id as u32).collect(),
+            6,
+            0.0,
+        )
+        .unwrap();
     }
     let steps = drain(&mut e, 0.0);
     let finished: Vec<_> = steps.iter().flat_map(|s| &s.finished).collect();
@@ -132,14 +148,18 @@ fn preemption_is_counted_and_work_completes() {
     assert!(c.preemptions > 0);
     assert_eq!(
         c.preemptions,
-        finished.iter().map(|f| u64::from(f.preemptions)).sum::<u64>()
+        finished
+            .iter()
+            .map(|f| u64::from(f.preemptions))
+            .sum::<u64>()
     );
 }
 
 #[test]
 fn abort_frees_blocks() {
     let mut e = EngineCore::new(config(16, 100)).unwrap();
-    e.add_request(RequestId(1), (0..20).collect(), 30, 0.0).unwrap();
+    e.add_request(RequestId(1), (0..20).collect(), 30, 0.0)
+        .unwrap();
     e.step(0.0);
     assert!(e.kv_usage() > 0.0);
     let st = e.abort(RequestId(1), 1.0).unwrap();

@@ -114,9 +114,7 @@ fn prompt_tokens(state: &AppState, view: &RequestView) -> Result<Vec<u32>, ApiEr
             [t] => t.clone(),
             _ => return Err(batch_error()),
         },
-        Input::Messages(m) => {
-            chat_prompt_tokens(&state.tokenizer, m, view.add_generation_prompt)?
-        }
+        Input::Messages(m) => chat_prompt_tokens(&state.tokenizer, m, view.add_generation_prompt)?,
     };
     if tokens.is_empty() {
         return Err(ApiError::invalid(
@@ -231,7 +229,10 @@ async fn collect(shape: ResponseShape, mut stream: RequestStream) -> Result<Resp
                 )
                     .into_response();
                 let h = resp.headers_mut();
-                for (name, v) in [(TTFT_HEADER, stats.ttft()), (QUEUE_HEADER, stats.queue_time())] {
+                for (name, v) in [
+                    (TTFT_HEADER, stats.ttft()),
+                    (QUEUE_HEADER, stats.queue_time()),
+                ] {
                     if let Some(v) = v
                         && let Ok(hv) = HeaderValue::from_str(&format!("{v:.9}"))
                     {
@@ -435,7 +436,8 @@ mod tests {
         assert_eq!(&with[..without.len()], &without[..]);
         assert_eq!(
             without,
-            t.encode("<|im_start|>user\nhello there<|im_end|>\n").unwrap()
+            t.encode("<|im_start|>user\nhello there<|im_end|>\n")
+                .unwrap()
         );
     }
 }

@@ -100,7 +100,15 @@ fn refcounts_and_free_order() {
     let mut b = BlockTable::default();
     c.allocate(&mut b, &hits, 8, 1, s.view()).unwrap();
     assert_eq!(b.blocks(), &[0, 1, 3]);
-    assert_eq!((c.ref_count(0), c.ref_count(1), c.ref_count(2), c.ref_count(3)), (2, 2, 1, 1));
+    assert_eq!(
+        (
+            c.ref_count(0),
+            c.ref_count(1),
+            c.ref_count(2),
+            c.ref_count(3)
+        ),
+        (2, 2, 1, 1)
+    );
     c.free(&mut a);
     assert_eq!((c.ref_count(0), c.ref_count(1), c.ref_count(2)), (1, 1, 0));
     assert_eq!(c.free_order().collect::<Vec<_>>(), vec![4, 5, 2]);
@@ -164,7 +172,11 @@ fn hits_on_free_blocks_count_against_free_space() {
     let mut u = BlockTable::default();
     c.allocate(&mut u, &hits, 8, 1, s.view()).unwrap();
     assert_eq!(c.num_free(), 0);
-    assert!(c.take_events().iter().all(|e| matches!(e, KvEvent::Stored(_))));
+    assert!(
+        c.take_events()
+            .iter()
+            .all(|e| matches!(e, KvEvent::Stored(_)))
+    );
 }
 
 #[test]

@@ -18,8 +18,8 @@ const TTFT_BUCKETS: &[f64] = &[
     20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
 ];
 const LATENCY_BUCKETS: &[f64] = &[
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-    240.0, 480.0, 960.0, 1920.0, 7680.0,
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
 ];
 
 /// The metrics of one engine.
@@ -139,9 +139,11 @@ impl EngineMetrics {
         self.waiting.set(core.num_waiting() as i64);
         self.kv_usage.set(core.kv_usage());
         let now = core.counters();
-        self.queries.inc_by(now.queried_tokens - before.queried_tokens);
+        self.queries
+            .inc_by(now.queried_tokens - before.queried_tokens);
         self.hits.inc_by(now.hit_tokens - before.hit_tokens);
-        self.preemptions.inc_by(now.preemptions - before.preemptions);
+        self.preemptions
+            .inc_by(now.preemptions - before.preemptions);
         self.prompt_tokens
             .inc_by(now.prefill_tokens - before.prefill_tokens);
         self.generation_tokens
@@ -201,8 +203,16 @@ mod tests {
         ] {
             assert!(text.contains(name), "{name} missing");
         }
-        assert!(text.contains("vllm:prefix_cache_queries_total{engine=\"0\",model_name=\"my-model\"} 40"));
-        assert!(text.contains("vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"my-model\"} 0"));
-        assert!(text.contains("vllm:time_to_first_token_seconds_count{engine=\"0\",model_name=\"my-model\"} 1"));
+        assert!(
+            text.contains(
+                "vllm:prefix_cache_queries_total{engine=\"0\",model_name=\"my-model\"} 40"
+            )
+        );
+        assert!(
+            text.contains("vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"my-model\"} 0")
+        );
+        assert!(text.contains(
+            "vllm:time_to_first_token_seconds_count{engine=\"0\",model_name=\"my-model\"} 1"
+        ));
     }
 }

@@ -161,8 +161,14 @@ mod tests {
         assert!(c.role_chunk().is_none());
         let chat = ResponseShape::new(Endpoint::ChatCompletions, 1, 5, "m");
         assert!(chat.id.starts_with("chatcmpl-"));
-        assert_eq!(chat.full("x", "length", u)["choices"][0]["message"]["content"], "x");
-        assert_eq!(chat.role_chunk().unwrap()["choices"][0]["delta"]["role"], "assistant");
+        assert_eq!(
+            chat.full("x", "length", u)["choices"][0]["message"]["content"],
+            "x"
+        );
+        assert_eq!(
+            chat.role_chunk().unwrap()["choices"][0]["delta"]["role"],
+            "assistant"
+        );
         let t = chat.token_chunk(" w", Some("length"));
         assert_eq!(t["object"], "chat.completion.chunk");
         assert_eq!(t["choices"][0]["delta"]["content"], " w");

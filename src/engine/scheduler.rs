@@ -166,10 +166,7 @@ impl Scheduler {
             if n == 0 {
                 continue;
             }
-            loop {
-                let Some(req) = self.requests.get_mut(&id) else {
-                    break;
-                };
+            while let Some(req) = self.requests.get_mut(&id) {
                 let computed = req.num_computed;
                 let (table, seq) = req.parts();
                 if cache.allocate(table, &[], computed, n, seq).is_ok() {

@@ -4,7 +4,9 @@ use crate::engine::block_hash::EngineHasher;
 const BS: usize = 4;
 
 fn req(id: u64, prompt_len: usize, max_output: usize) -> Request {
-    let prompt = (0..prompt_len as u32).map(|t| t + 1000 * id as u32).collect();
+    let prompt = (0..prompt_len as u32)
+        .map(|t| t + 1000 * id as u32)
+        .collect();
     Request::new(
         RequestId(id),
         prompt,
@@ -133,20 +135,28 @@ fn preempts_newest_by_recompute_when_blocks_run_out() {
     let b = s.schedule(&mut cache, 0.0);
     assert_eq!(b.preempted, vec![RequestId(2)]);
     assert_eq!(plan(&b), vec![(1, 1, true)]);
-    assert!(b.admitted.is_empty(), "no admission in a step that preempted");
+    assert!(
+        b.admitted.is_empty(),
+        "no admission in a step that preempted"
+    );
     let r2 = s.get(RequestId(2)).unwrap();
-    assert_eq!((r2.num_computed, r2.num_tokens(), r2.preemptions), (0, 9, 1));
+    assert_eq!(
+        (r2.num_computed, r2.num_tokens(), r2.preemptions),
+        (0, 9, 1)
+    );
     assert_eq!(s.waiting().collect::<Vec<_>>(), vec![RequestId(2)]);
     // 2's blocks were freed tail first; 1 took 2's second (cached) block and evicted it.
     let ev = cache.take_events();
     let req2_hashes = s.get(RequestId(2)).unwrap().hashes.clone();
     assert_eq!(
         ev,
-        vec![crate::kv_events::KvEvent::Removed(crate::kv_events::BlockRemoved {
-            block_hashes: vec![req2_hashes[1]],
-            medium: Some("GPU".into()),
-            group_idx: None,
-        })]
+        vec![crate::kv_events::KvEvent::Removed(
+            crate::kv_events::BlockRemoved {
+                block_hashes: vec![req2_hashes[1]],
+                medium: Some("GPU".into()),
+                group_idx: None,
+            }
+        )]
     );
     apply(&mut s, &b);
     // Next step: 2 would reuse its first block (free, cached) but needs 2 more: 1 free block.
@@ -181,5 +191,8 @@ fn removing_frees_blocks_from_any_queue() {
     assert!(s.remove(RequestId(2), &mut cache).is_some());
     assert!(s.remove(RequestId(1), &mut cache).is_some());
     assert!(s.remove(RequestId(1), &mut cache).is_none());
-    assert_eq!((cache.num_free(), s.num_running(), s.num_waiting()), (8, 0, 0));
+    assert_eq!(
+        (cache.num_free(), s.num_running(), s.num_waiting()),
+        (8, 0, 0)
+    );
 }

@@ -83,7 +83,11 @@ impl StepTiming {
         if work.decode_seqs > 0 {
             ms += self.decode_ms(work.kv_usage);
         }
-        let speedup = if self.speedup > 0.0 { self.speedup } else { 1.0 };
+        let speedup = if self.speedup > 0.0 {
+            self.speedup
+        } else {
+            1.0
+        };
         ms / 1000.0 / speedup
     }
 }
