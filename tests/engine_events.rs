@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use kvroute::engine::{EngineConfig, EngineHandle, ServeConfig, StepTiming, start};
 use kvroute::kv_events::{
-    EngineHash, EventBatch, KvEvent, Publisher, PublisherConfig, decode_batch,
+    EngineHash, EventBatch, KvEvent, Layout, Publisher, PublisherConfig, decode_batch, encode_batch,
 };
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
@@ -222,6 +222,10 @@ async fn events_track_the_cache_with_sequence_and_replay() {
     live.push(feed.next());
 
     let batches: Vec<EventBatch> = live.iter().map(|(_, p)| decode_batch(p).unwrap()).collect();
+    // Payloads are exactly vLLM 0.33's encoding of their content (the default layout).
+    for ((_, payload), batch) in live.iter().zip(&batches) {
+        assert_eq!(&encode_batch(batch, Layout::Vllm0_33), payload);
+    }
     let KvEvent::Stored(first) = &batches[0].events[0] else {
         panic!("{:?}", batches[0])
     };
@@ -338,7 +342,6 @@ fn free_port() -> u16 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_flags_pick_an_older_array_layout() {
     use kvroute::engine::EngineArgs;
-    use kvroute::kv_events::{Layout, encode_batch};
     let args = EngineArgs {
         kv_events_endpoint: format!("tcp://127.0.0.1:{}", free_port()),
         kv_replay_endpoint: format!("tcp://127.0.0.1:{}", free_port()),

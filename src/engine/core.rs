@@ -170,7 +170,7 @@ pub struct StepOutcome {
     /// Requests that completed (their last token is in `tokens`).
     pub finished: Vec<RequestStats>,
     /// Requests preempted while planning the step.
-    pub preempted: Vec<crate::engine::RequestId>,
+    pub preempted: Vec<RequestId>,
     /// KV-cache events, in order.
     pub kv_events: Vec<KvEvent>,
 }

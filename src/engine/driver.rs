@@ -209,10 +209,14 @@ impl Driver {
             let before = self.core.counters();
             let out = self.core.step(t);
             if out.num_scheduled == 0 {
-                // Nothing fits right now (cannot persist: admission guarantees every request
-                // fits alone); wait for a command rather than spin.
                 self.publish(out.kv_events);
                 self.metrics.observe_core(&self.core, &before);
+                if !out.preempted.is_empty() {
+                    // Preemption freed blocks; the next step can admit.
+                    continue;
+                }
+                // Nothing fits right now (cannot persist: admission guarantees every request
+                // fits alone); wait for a command rather than spin.
                 tokio::select! {
                     cmd = rx.recv() => match cmd {
                         Some(cmd) => { t = self.now(); self.handle(cmd, t); }

@@ -20,6 +20,7 @@ use axum::routing::{get, post};
 use futures_util::stream::{self, Stream};
 use serde_json::{Value, json};
 
+use super::core::AddError;
 use super::driver::{EngineClient, RequestEvent, RequestStream, SubmitError};
 use super::metrics::EngineMetrics;
 use super::request::RequestStats;
@@ -191,7 +192,7 @@ async fn generate(
         .submit(prompt, max_tokens, salt)
         .await
         .map_err(|e| match e {
-            SubmitError::Rejected(e) => ApiError::invalid(e.to_string(), Some("max_tokens")),
+            SubmitError::Rejected(e) => rejected(&e),
             SubmitError::Stopped => unavailable(),
         })?;
     let shape = ResponseShape::new(
@@ -205,6 +206,23 @@ async fn generate(
     } else {
         collect(shape, stream).await
     }
+}
+
+/// The 400 for a request the engine refused, naming the parameter at fault.
+fn rejected(e: &AddError) -> ApiError {
+    let param = match e {
+        AddError::EmptyPrompt => "prompt",
+        AddError::NoOutput | AddError::TooLong { .. } => "max_tokens",
+        AddError::Duplicate(_) => {
+            return ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                None,
+                e.to_string(),
+            );
+        }
+    };
+    ApiError::invalid(e.to_string(), Some(param))
 }
 
 fn usage_of(stats: &RequestStats) -> Usage {
