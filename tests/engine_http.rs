@@ -15,14 +15,19 @@ const MODEL: &str = "sim-model";
 const WAIT: Duration = Duration::from_secs(20);
 
 async fn engine(speedup: f64) -> EngineHandle {
-    let mut config = ServeConfig::new(MODEL);
-    config.core = EngineConfig {
+    engine_with(EngineConfig {
         timing: StepTiming {
             speedup,
             ..StepTiming::default()
         },
         ..EngineConfig::default()
-    };
+    })
+    .await
+}
+
+async fn engine_with(core: EngineConfig) -> EngineHandle {
+    let mut config = ServeConfig::new(MODEL);
+    config.core = core;
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     start(config, listener).await.unwrap()
 }
@@ -335,5 +340,38 @@ async fn client_disconnect_aborts_the_request() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    h.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn concurrent_requests_survive_preemption() {
+    // 8 blocks of 16 tokens; four requests of 20 + 40 tokens need 16 blocks together.
+    let h = engine_with(EngineConfig {
+        num_blocks: 8,
+        timing: StepTiming {
+            speedup: 100.0,
+            ..StepTiming::default()
+        },
+        ..EngineConfig::default()
+    })
+    .await;
+    let requests = (0..4u32).map(|i| {
+        let prompt: Vec<u32> = (0..20).map(|t| t + 100 * i).collect();
+        post(
+            &h,
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": prompt, "max_tokens": 40}),
+        )
+    });
+    for r in futures_util::future::join_all(requests).await {
+        assert_eq!(r.status(), 200);
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["usage"]["completion_tokens"], 40);
+        assert_eq!(v["usage"]["prompt_tokens"], 20);
+    }
+    let m = metrics(&h).await;
+    assert!(metric(&m, "vllm:num_preemptions_total") > 0.0);
+    assert_eq!(metric(&m, "vllm:num_requests_running"), 0.0);
+    assert_eq!(metric(&m, "vllm:kv_cache_usage_perc"), 0.0);
     h.shutdown().await.unwrap();
 }
