@@ -1,0 +1,38 @@
+//! The simulated engine: a stand-in for a GPU replica that behaves like vLLM where a router
+//! can see it.
+//!
+//! Nobody can judge a router without replicas that behave like real ones, and tests, demos and
+//! benchmarks here have no GPU. The engine is split so the same model serves everywhere:
+//!
+//! - the **model core** ([`EngineCore`]: [`scheduler`], [`kv_cache`], [`timing`]) is a pure
+//!   state machine driven by a clock it is given, so `sim` runs it in virtual time;
+//! - the **real-time face** ([`driver`], [`http`], [`server`]) runs that core on a tokio task
+//!   behind the OpenAI API, exposes vLLM's metrics and publishes KV events in vLLM's wire
+//!   format through a [`events::KvEventSink`].
+
+pub mod block_hash;
+pub mod cli;
+pub mod core;
+pub mod driver;
+pub mod events;
+pub mod free_queue;
+pub mod http;
+pub mod kv_cache;
+pub mod metrics;
+pub mod request;
+pub mod responses;
+pub mod scheduler;
+pub mod server;
+pub mod timing;
+
+pub use block_hash::EngineHasher;
+pub use cli::{EngineArgs, run};
+pub use core::{
+    AddError, ConfigError, EngineConfig, EngineCore, EngineCounters, StepOutcome, TokenEvent,
+};
+pub use driver::{EngineClient, RequestEvent, RequestStream};
+pub use events::{ChannelSink, KvEventSink, NoEvents};
+pub use kv_cache::KvCache;
+pub use request::{FinishReason, RequestId, RequestStats};
+pub use server::{EngineHandle, ServeConfig, StartError, start};
+pub use timing::{StepTiming, StepWork};

@@ -1,0 +1,257 @@
+//! Which requests run in the next step and how many tokens each gets: vLLM V1's scheduler.
+//!
+//! Each step has a token budget (`max_num_batched_tokens`). Running requests are served first,
+//! decodes before prefill chunks, so a long prompt never stalls token streams (vLLM V1 walks
+//! its running list in arrival order, which is nearly the same; the decode-first order makes
+//! the guarantee explicit). A prompt larger than the remaining budget gets a chunk (chunked
+//! prefill) and continues next step. Then, if nothing was preempted this step, waiting
+//! requests are admitted in FIFO order while the budget, `max_num_seqs` and free KV blocks
+//! allow, each adopting its longest cached prefix.
+//!
+//! When a running request needs a block and none is free, the newest running request is
+//! preempted by recompute (vLLM's policy): its blocks are freed and it goes back to the front
+//! of the waiting queue with no computed tokens, keeping the tokens it already generated.
+
+use std::collections::VecDeque;
+
+use super::kv_cache::{IdMap, KvCache};
+use super::request::{Request, RequestId};
+
+/// Limits of one step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SchedulerLimits {
+    /// Most sequences in the running set.
+    pub max_num_seqs: usize,
+    /// Most new tokens per step, over all requests.
+    pub max_num_batched_tokens: usize,
+}
+
+/// One request's share of a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Scheduled {
+    /// The request.
+    pub id: RequestId,
+    /// New tokens computed for it this step.
+    pub num_new_tokens: usize,
+    /// Whether this is a single decode token (else a prefill chunk).
+    pub decode: bool,
+}
+
+/// The plan of one step.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Batch {
+    /// Requests and their token counts, running ones first.
+    pub scheduled: Vec<Scheduled>,
+    /// Requests preempted while planning this step.
+    pub preempted: Vec<RequestId>,
+    /// Requests admitted from the waiting queue this step.
+    pub admitted: Vec<RequestId>,
+    /// Prompt tokens looked up in the prefix cache by admitted requests.
+    pub queried_tokens: usize,
+    /// Of those, tokens found cached.
+    pub hit_tokens: usize,
+    /// Full blocks looked up by admitted requests.
+    pub queried_blocks: usize,
+    /// Of those, blocks found cached.
+    pub hit_blocks: usize,
+}
+
+impl Batch {
+    /// Whether nothing runs.
+    pub fn is_empty(&self) -> bool {
+        self.scheduled.is_empty()
+    }
+}
+
+/// Waiting and running queues over the engine's live requests.
+#[derive(Debug)]
+pub struct Scheduler {
+    limits: SchedulerLimits,
+    waiting: VecDeque<RequestId>,
+    running: Vec<RequestId>,
+    requests: IdMap<RequestId, Request>,
+}
+
+impl Scheduler {
+    /// An empty scheduler.
+    pub fn new(limits: SchedulerLimits) -> Self {
+        Scheduler {
+            limits,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            requests: IdMap::default(),
+        }
+    }
+
+    /// Queues a new request at the back of the waiting queue.
+    pub fn add(&mut self, req: Request) {
+        self.waiting.push_back(req.id);
+        self.requests.insert(req.id, req);
+    }
+
+    /// Whether `id` is live.
+    pub fn contains(&self, id: RequestId) -> bool {
+        self.requests.contains_key(&id)
+    }
+
+    /// A live request.
+    pub fn get(&self, id: RequestId) -> Option<&Request> {
+        self.requests.get(&id)
+    }
+
+    /// A live request, mutably.
+    pub fn get_mut(&mut self, id: RequestId) -> Option<&mut Request> {
+        self.requests.get_mut(&id)
+    }
+
+    /// Removes a request from the queues and frees its blocks.
+    pub fn remove(&mut self, id: RequestId, cache: &mut KvCache) -> Option<Request> {
+        let mut req = self.requests.remove(&id)?;
+        if let Some(i) = self.running.iter().position(|&r| r == id) {
+            self.running.remove(i);
+        } else if let Some(i) = self.waiting.iter().position(|&r| r == id) {
+            self.waiting.remove(i);
+        }
+        cache.free(&mut req.table);
+        Some(req)
+    }
+
+    /// Requests in the running set.
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Requests waiting (new or preempted).
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Running request ids, oldest first.
+    pub fn running(&self) -> &[RequestId] {
+        &self.running
+    }
+
+    /// Waiting request ids, next to admit first.
+    pub fn waiting(&self) -> impl Iterator<Item = RequestId> + '_ {
+        self.waiting.iter().copied()
+    }
+
+    /// Plans one step starting at `now`, allocating KV blocks for everything scheduled.
+    pub fn schedule(&mut self, cache: &mut KvCache, now: f64) -> Batch {
+        let mut batch = Batch::default();
+        let mut budget = self.limits.max_num_batched_tokens;
+        self.schedule_running(cache, &mut budget, &mut batch);
+        if batch.preempted.is_empty() {
+            self.schedule_waiting(cache, now, &mut budget, &mut batch);
+        }
+        batch
+    }
+
+    fn schedule_running(&mut self, cache: &mut KvCache, budget: &mut usize, batch: &mut Batch) {
+        let mut order: Vec<RequestId> = Vec::with_capacity(self.running.len());
+        order.extend(self.running.iter().filter(|id| self.is_decoding(**id)));
+        order.extend(self.running.iter().filter(|id| !self.is_decoding(**id)));
+        for id in order {
+            if *budget == 0 {
+                break;
+            }
+            if batch.preempted.contains(&id) {
+                continue;
+            }
+            let Some(req) = self.requests.get_mut(&id) else {
+                continue;
+            };
+            let decode = req.is_decoding();
+            let n = (req.num_tokens() - req.num_computed).min(*budget);
+            if n == 0 {
+                continue;
+            }
+            while let Some(req) = self.requests.get_mut(&id) {
+                let computed = req.num_computed;
+                let (table, seq) = req.parts();
+                if cache.allocate(table, &[], computed, n, seq).is_ok() {
+                    batch.scheduled.push(Scheduled {
+                        id,
+                        num_new_tokens: n,
+                        decode,
+                    });
+                    *budget -= n;
+                    break;
+                }
+                let Some(victim) = self.running.pop() else {
+                    break;
+                };
+                self.preempt(victim, cache);
+                batch.preempted.push(victim);
+                if let Some(i) = batch.scheduled.iter().position(|s| s.id == victim) {
+                    *budget += batch.scheduled.remove(i).num_new_tokens;
+                }
+                if victim == id {
+                    // vLLM stops serving running requests once the current one is preempted.
+                    return;
+                }
+            }
+        }
+    }
+
+    fn schedule_waiting(
+        &mut self,
+        cache: &mut KvCache,
+        now: f64,
+        budget: &mut usize,
+        batch: &mut Batch,
+    ) {
+        while *budget > 0 && self.running.len() < self.limits.max_num_seqs {
+            let Some(&id) = self.waiting.front() else {
+                break;
+            };
+            let Some(req) = self.requests.get_mut(&id) else {
+                self.waiting.pop_front();
+                continue;
+            };
+            let num_tokens = req.num_tokens();
+            let hits = cache.cached_prefix(&req.hashes, num_tokens);
+            let cached = hits.len() * cache.block_size();
+            let n = (num_tokens - cached).min(*budget);
+            let (table, seq) = req.parts();
+            if cache.allocate(table, &hits, cached, n, seq).is_err() {
+                break;
+            }
+            req.num_computed = cached;
+            if req.first_scheduled.is_none() {
+                req.first_scheduled = Some(now);
+                req.cached_tokens = cached;
+            }
+            batch.queried_tokens += num_tokens;
+            batch.hit_tokens += cached;
+            batch.queried_blocks += num_tokens / cache.block_size();
+            batch.hit_blocks += hits.len();
+            batch.scheduled.push(Scheduled {
+                id,
+                num_new_tokens: n,
+                decode: false,
+            });
+            batch.admitted.push(id);
+            *budget -= n;
+            self.waiting.pop_front();
+            self.running.push(id);
+        }
+    }
+
+    fn is_decoding(&self, id: RequestId) -> bool {
+        self.requests.get(&id).is_some_and(Request::is_decoding)
+    }
+
+    fn preempt(&mut self, id: RequestId, cache: &mut KvCache) {
+        if let Some(req) = self.requests.get_mut(&id) {
+            cache.free(&mut req.table);
+            req.num_computed = 0;
+            req.preemptions += 1;
+        }
+        self.waiting.push_front(id);
+    }
+}
+
+#[cfg(test)]
+#[path = "scheduler_tests.rs"]
+mod tests;
