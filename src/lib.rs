@@ -4,6 +4,7 @@
 //! `policy` is pure so the same code runs live and in `sim`.
 
 pub mod config;
+pub mod demo;
 pub mod engine;
 pub mod fleet;
 pub mod kv_events;

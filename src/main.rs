@@ -18,6 +18,10 @@ struct Cli {
 enum Command {
     /// Route OpenAI requests to a fleet of vLLM / SGLang workers.
     Serve(ServeArgs),
+    /// Run one simulated vLLM-like engine (OpenAI API, KV events, vLLM metrics).
+    Engine(kvroute::engine::EngineArgs),
+    /// Run simulated engines and a router in front of them, all on loopback.
+    Demo(kvroute::demo::DemoArgs),
 }
 
 fn init_logging(format: LogFormat) {
@@ -48,6 +52,14 @@ fn main() -> std::process::ExitCode {
                 let config = Config::load(&args)?;
                 init_logging(config.log_format);
                 kvroute::server::run(config).await
+            }
+            Command::Engine(args) => {
+                init_logging(LogFormat::Text);
+                kvroute::engine::run(args).await
+            }
+            Command::Demo(args) => {
+                init_logging(LogFormat::Text);
+                kvroute::demo::run(args).await
             }
         }
     });

@@ -12,7 +12,8 @@ use super::events::{KvEventSink, NoEvents};
 use super::server::{ServeConfig, start};
 use super::timing::StepTiming;
 use crate::kv_events::{Layout, Publisher, PublisherConfig};
-use crate::tokens::Tokenizer;
+use crate::tokens::model::DEFAULT_CACHE_UNITS;
+use crate::tokens::{ModelTokens, Tokenizer};
 
 /// Flags of `kvroute engine`; every one has a default.
 #[derive(Args, Clone, Debug, PartialEq)]
@@ -147,12 +148,33 @@ impl EngineArgs {
         }
     }
 
-    /// Loads the tokenizer named by `--tokenizer`.
-    pub fn load_tokenizer(&self) -> anyhow::Result<Tokenizer> {
+    /// Loads the tokenizer named by `--tokenizer`: `builtin`, a Hugging Face model directory
+    /// (tokenizer.json with tokenizer_config.json or chat_template.jinja), or a tokenizer.json
+    /// file (with its directory's tokenizer_config.json when present).
+    pub fn load_tokens(&self) -> anyhow::Result<ModelTokens> {
+        let block_size = self.block_size;
         if self.tokenizer == "builtin" {
-            return Ok(Tokenizer::builtin());
+            return Ok(ModelTokens::builtin(block_size));
         }
-        Ok(Tokenizer::from_file(&PathBuf::from(&self.tokenizer))?)
+        let path = PathBuf::from(&self.tokenizer);
+        let dir = if path.is_dir() {
+            Some(path.clone())
+        } else if path.ends_with("tokenizer.json") {
+            path.parent()
+                .filter(|d| d.join("tokenizer_config.json").exists())
+                .map(PathBuf::from)
+        } else {
+            None
+        };
+        Ok(match dir {
+            Some(d) => ModelTokens::from_hf_dir(&d, block_size, DEFAULT_CACHE_UNITS)?,
+            None => ModelTokens::new(
+                Tokenizer::from_file(&path)?,
+                None,
+                block_size,
+                DEFAULT_CACHE_UNITS,
+            ),
+        })
     }
 
     /// The KV-event publisher these flags describe: a ZeroMQ PUB bound at
@@ -186,7 +208,7 @@ impl EngineArgs {
         Ok(ServeConfig {
             model: self.model.clone(),
             core: self.engine_config(),
-            tokenizer: Arc::new(self.load_tokenizer()?),
+            tokens: Arc::new(self.load_tokens()?),
             default_max_tokens: self.default_max_tokens,
             events: self.event_sink()?,
         })

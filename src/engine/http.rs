@@ -25,8 +25,8 @@ use super::driver::{EngineClient, RequestEvent, RequestStream, SubmitError};
 use super::metrics::EngineMetrics;
 use super::request::RequestStats;
 use super::responses::{ResponseShape, Usage, token_text};
-use crate::openai::{ApiError, Endpoint, Input, Prompt, RequestView, content_text};
-use crate::tokens::Tokenizer;
+use crate::openai::{ApiError, Endpoint, Input, Prompt, RequestView};
+use crate::tokens::{ModelTokens, TokenError};
 
 /// Response header: the engine's time to first token for this request, seconds.
 pub const TTFT_HEADER: &str = "x-engine-ttft-seconds";
@@ -39,8 +39,8 @@ pub struct AppState {
     pub client: EngineClient,
     /// Served model name.
     pub model: String,
-    /// Tokenizer of the model.
-    pub tokenizer: Arc<Tokenizer>,
+    /// Tokenizer and chat template of the model (shared with the router's code).
+    pub tokens: Arc<ModelTokens>,
     /// Output length when the request gives no `max_tokens`.
     pub default_max_tokens: usize,
     /// Longest prompt + output.
@@ -65,36 +65,15 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-/// Chat messages → prompt token ids.
-///
-/// A plain ChatML rendering through the model's tokenizer. The lead will switch this to the
-/// shared chat-template renderer in `crate::tokens` (`ChatTemplate`/`ModelTokens`) once it
-/// lands, so the engine and the router render chats identically; keep this the only place
-/// that knows how a chat becomes tokens.
-pub fn chat_prompt_tokens(
-    tokenizer: &Tokenizer,
-    messages: &[Value],
-    add_generation_prompt: bool,
-) -> Result<Vec<u32>, ApiError> {
-    let mut text = String::new();
-    for m in messages {
-        let role = m.get("role").and_then(Value::as_str).unwrap_or("user");
-        text.push_str("<|im_start|>");
-        text.push_str(role);
-        text.push('\n');
-        text.push_str(&content_text(m.get("content")));
-        text.push_str("<|im_end|>\n");
-    }
-    if add_generation_prompt {
-        text.push_str("<|im_start|>assistant\n");
-    }
-    encode(tokenizer, &text)
+/// A tokenization failure as the client sees it: the request's fault (a template that raised,
+/// text the tokenizer rejects) is a 400.
+fn token_error(e: TokenError) -> ApiError {
+    ApiError::invalid(e.to_string(), Some("prompt"))
 }
 
-fn encode(tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>, ApiError> {
-    tokenizer
-        .encode(text)
-        .map_err(|e| ApiError::invalid(e.to_string(), Some("prompt")))
+/// Prompt text → token ids, through the same [`ModelTokens`] the router uses.
+fn encode(tokens: &ModelTokens, text: &str) -> Result<Vec<u32>, ApiError> {
+    tokens.encode(text).map_err(token_error)
 }
 
 fn prompt_tokens(state: &AppState, view: &RequestView) -> Result<Vec<u32>, ApiError> {
@@ -105,17 +84,17 @@ fn prompt_tokens(state: &AppState, view: &RequestView) -> Result<Vec<u32>, ApiEr
         )
     };
     let tokens = match &view.input {
-        Input::Prompt(Prompt::Text(t)) => encode(&state.tokenizer, t)?,
+        Input::Prompt(Prompt::Text(t)) => encode(&state.tokens, t)?,
         Input::Prompt(Prompt::Tokens(t)) => t.clone(),
         Input::Prompt(Prompt::Texts(ts)) => match ts.as_slice() {
-            [t] => encode(&state.tokenizer, t)?,
+            [t] => encode(&state.tokens, t)?,
             _ => return Err(batch_error()),
         },
         Input::Prompt(Prompt::TokenBatches(bs)) => match bs.as_slice() {
             [t] => t.clone(),
             _ => return Err(batch_error()),
         },
-        Input::Messages(m) => chat_prompt_tokens(&state.tokenizer, m, view.add_generation_prompt)?,
+        Input::Messages(_) => state.tokens.prompt_ids(view).map_err(token_error)?,
     };
     if tokens.is_empty() {
         return Err(ApiError::invalid(
@@ -383,15 +362,10 @@ fn tokenize_inner(state: &AppState, body: &Bytes) -> Result<Response, ApiError> 
             body["model"] = Value::String(state.model.clone());
         }
         let view = RequestView::parse(Endpoint::ChatCompletions, &body)?;
-        match &view.input {
-            Input::Messages(m) => {
-                chat_prompt_tokens(&state.tokenizer, m, view.add_generation_prompt)?
-            }
-            Input::Prompt(_) => Vec::new(),
-        }
+        state.tokens.prompt_ids(&view).map_err(token_error)?
     } else {
         match v.get("prompt") {
-            Some(Value::String(p)) => encode(&state.tokenizer, p)?,
+            Some(Value::String(p)) => encode(&state.tokens, p)?,
             _ => {
                 return Err(ApiError::invalid(
                     "`prompt` must be a string (or send `messages`)",
@@ -445,17 +419,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn chat_rendering_is_chatml_through_the_tokenizer() {
-        let t = Tokenizer::builtin();
-        let msgs = vec![json!({"role": "user", "content": "hello there"})];
-        let with = chat_prompt_tokens(&t, &msgs, true).unwrap();
-        let without = chat_prompt_tokens(&t, &msgs, false).unwrap();
-        assert!(with.len() > without.len());
-        assert_eq!(&with[..without.len()], &without[..]);
-        assert_eq!(
-            without,
-            t.encode("<|im_start|>user\nhello there<|im_end|>\n")
-                .unwrap()
-        );
+    fn chat_prompts_render_with_the_shared_chat_format() {
+        let tokens = ModelTokens::builtin(16);
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": "hello there"}]});
+        let view = RequestView::parse(Endpoint::ChatCompletions, &body).unwrap();
+        let ids = tokens.prompt_ids(&view).unwrap();
+        let text = tokens
+            .render_chat(&crate::tokens::ChatRequest {
+                messages: match &view.input {
+                    Input::Messages(m) => m,
+                    Input::Prompt(_) => unreachable!(),
+                },
+                tools: None,
+                add_generation_prompt: true,
+                kwargs: None,
+            })
+            .unwrap();
+        assert!(text.contains("hello there"));
+        assert_eq!(ids, tokens.encode(&text).unwrap());
     }
 }

@@ -19,7 +19,7 @@ use super::driver::{self, EngineClient};
 use super::events::{KvEventSink, NoEvents};
 use super::http::{AppState, router};
 use super::metrics::EngineMetrics;
-use crate::tokens::Tokenizer;
+use crate::tokens::ModelTokens;
 
 /// Everything one engine instance needs.
 pub struct ServeConfig {
@@ -27,8 +27,8 @@ pub struct ServeConfig {
     pub model: String,
     /// The model core.
     pub core: EngineConfig,
-    /// Tokenizer of the model.
-    pub tokenizer: Arc<Tokenizer>,
+    /// Tokenizer and chat template of the model.
+    pub tokens: Arc<ModelTokens>,
     /// Output length when a request gives no `max_tokens`.
     pub default_max_tokens: usize,
     /// Where KV events go.
@@ -41,7 +41,7 @@ impl ServeConfig {
         ServeConfig {
             model: model.into(),
             core: EngineConfig::default(),
-            tokenizer: Arc::new(Tokenizer::builtin()),
+            tokens: Arc::new(ModelTokens::builtin(EngineConfig::default().block_size)),
             default_max_tokens: 16,
             events: Box::new(NoEvents),
         }
@@ -124,7 +124,7 @@ pub async fn start(config: ServeConfig, listener: TcpListener) -> Result<EngineH
     let state = Arc::new(AppState {
         client: client.clone(),
         model: config.model,
-        tokenizer: config.tokenizer,
+        tokens: config.tokens,
         default_max_tokens: config.default_max_tokens,
         max_model_len,
         metrics: metrics.clone(),

@@ -1,0 +1,184 @@
+//! `kvroute demo`: a whole serving stack in one process, for trying kvroute without GPUs.
+//!
+//! N simulated engines (each a vLLM-like replica with its own KV cache and a KV-event
+//! publisher on loopback) and a router in front of them, wired exactly as an operator would
+//! wire real replicas: the router learns each engine's URL, model and event endpoints.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use clap::Args;
+use tokio::net::TcpListener;
+
+use crate::config::{Config, ConfigError};
+use crate::engine::{EngineArgs, EngineHandle};
+use crate::fleet::{BaseUrl, WorkerSpec};
+use crate::kv_events::{Publisher, PublisherConfig};
+use crate::server::RouterHandle;
+
+/// `kvroute demo` flags.
+#[derive(Args, Debug, Clone)]
+pub struct DemoArgs {
+    /// Number of simulated engines.
+    #[arg(long, default_value_t = 4)]
+    pub engines: usize,
+    /// Router address.
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    pub listen: SocketAddr,
+    /// First engine HTTP port; engine i listens on this + i (0: any free port).
+    #[arg(long, default_value_t = 8101)]
+    pub engine_base_port: u16,
+    /// Model name the engines serve.
+    #[arg(long, default_value = "kvroute/sim")]
+    pub model: String,
+    /// Routing policy.
+    #[arg(long, default_value = "kv_aware")]
+    pub policy: String,
+    /// Divide every simulated step time by this (faster than a real GPU).
+    #[arg(long, default_value_t = 1.0)]
+    pub speedup: f64,
+    /// KV blocks per engine.
+    #[arg(long, default_value_t = 16_384)]
+    pub num_blocks: u32,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// `builtin`, or a Hugging Face tokenizer directory / tokenizer.json used by the engines and
+    /// the router alike.
+    #[arg(long, default_value = "builtin")]
+    pub tokenizer: String,
+}
+
+impl Default for DemoArgs {
+    fn default() -> Self {
+        DemoArgs {
+            engines: 4,
+            listen: SocketAddr::from(([127, 0, 0, 1], 8000)),
+            engine_base_port: 8101,
+            model: "kvroute/sim".into(),
+            policy: "kv_aware".into(),
+            speedup: 1.0,
+            num_blocks: 16_384,
+            block_size: 16,
+            tokenizer: "builtin".into(),
+        }
+    }
+}
+
+/// A running demo stack.
+pub struct Demo {
+    /// The router.
+    pub router: RouterHandle,
+    /// The engines, in worker order.
+    pub engines: Vec<EngineHandle>,
+}
+
+impl Demo {
+    /// Stops the router, then the engines.
+    pub async fn shutdown(self) {
+        self.router.shutdown().await;
+        for e in self.engines {
+            if let Err(err) = e.shutdown().await {
+                tracing::warn!(error = %err, "engine did not stop cleanly");
+            }
+        }
+    }
+}
+
+/// Starts the engines and the router; returns once all listen.
+pub async fn start(args: &DemoArgs) -> anyhow::Result<Demo> {
+    if args.engines == 0 {
+        anyhow::bail!("--engines must be at least 1");
+    }
+    let mut engines = Vec::new();
+    let mut workers = Vec::new();
+    for i in 0..args.engines {
+        let engine_args = EngineArgs {
+            model: args.model.clone(),
+            kv_events_endpoint: "none".into(),
+            block_size: args.block_size,
+            num_blocks: args.num_blocks,
+            speedup: args.speedup,
+            seed: i as u64,
+            tokenizer: args.tokenizer.clone(),
+            ..EngineArgs::default()
+        };
+        let mut serve = engine_args.serve_config()?;
+        let publisher = Publisher::bind(
+            PublisherConfig::new("tcp://127.0.0.1:*").with_replay("tcp://127.0.0.1:*"),
+        )?;
+        let events = publisher.endpoint().to_string();
+        let replay = publisher.replay_endpoint().map(str::to_owned);
+        serve.events = Box::new(publisher);
+        let port = match args.engine_base_port {
+            0 => 0,
+            p => p
+                .checked_add(i as u16)
+                .ok_or_else(|| anyhow::anyhow!("engine port out of range"))?,
+        };
+        let listener = TcpListener::bind((args.listen.ip(), port))
+            .await
+            .map_err(|e| anyhow::anyhow!("engine {i}: cannot listen on port {port}: {e}"))?;
+        let engine = crate::engine::start(serve, listener).await?;
+        let addr = engine.local_addr();
+        workers.push(WorkerSpec {
+            id: format!("engine-{i}"),
+            url: BaseUrl::parse(&format!("http://{addr}")).map_err(anyhow::Error::msg)?,
+            models: vec![args.model.clone()],
+            kv_events: Some(events),
+            kv_replay: replay,
+        });
+        engines.push(engine);
+    }
+    let config = demo_config(args, workers)?;
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
+    let router = crate::server::start(&config, listener)?;
+    Ok(Demo { router, engines })
+}
+
+fn demo_config(args: &DemoArgs, workers: Vec<WorkerSpec>) -> Result<Config, ConfigError> {
+    let tokenizer = if args.tokenizer == "builtin" {
+        "builtin".to_string()
+    } else {
+        args.tokenizer.replace('\\', "\\\\").replace('"', "\\\"")
+    };
+    let text = format!(
+        "listen = \"{}\"\npolicy = \"{}\"\nshutdown_grace_s = 5.0\n[health]\ninterval_s = 1.0\n[[models]]\nname = \"{}\"\ntokenizer = \"{}\"\nblock_size = {}\n",
+        args.listen, args.policy, args.model, tokenizer, args.block_size
+    );
+    let mut config = Config::from_toml(&text, Path::new("demo"))?;
+    config.workers = workers;
+    Ok(config)
+}
+
+/// `kvroute demo`: runs until ctrl-c or SIGTERM.
+pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
+    let demo = start(&args).await?;
+    let addr = demo.router.addr;
+    println!(
+        "kvroute demo: {} simulated engines behind the router",
+        demo.engines.len()
+    );
+    for (i, e) in demo.engines.iter().enumerate() {
+        println!("  engine-{i}: http://{}", e.local_addr());
+    }
+    println!("router: http://{addr}  (policy {})", args.policy);
+    println!();
+    println!("Send a request:");
+    println!(
+        "  curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\": \"{}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}], \"max_tokens\": 16}}'",
+        args.model
+    );
+    println!("Read metrics:   curl -s http://{addr}/metrics | grep kvroute_");
+    println!(
+        "Explain a route: curl -s http://{addr}/debug/route -d '{{\"model\": \"{}\", \"prompt\": \"Hello\"}}'",
+        args.model
+    );
+    println!("Stop with ctrl-c.");
+    crate::server::shutdown_signal().await;
+    println!("stopping…");
+    demo.shutdown().await;
+    Ok(())
+}
