@@ -6,3 +6,4 @@
 pub mod kv_events;
 pub mod openai;
 pub mod tokens;
+pub mod index;

@@ -1,0 +1,402 @@
+//! A compact open-addressing hash table keyed by already-random `u64`s.
+//!
+//! Both of the index's big maps are keyed by hashes (kvroute block hashes, mixed engine ids), so
+//! hashing them again would be wasted work, and a general-purpose map spends memory on control
+//! bytes and a 50 %-ish average load after doubling. This table is an *ordered* linear-probing
+//! table (Amble & Knuth's ordered hash table, i.e. Robin Hood hashing with a monotone home):
+//!
+//! - the home slot of key `k` is `k * capacity >> 64` ("fastrange"), so any capacity works and
+//!   the table grows by 1.5× instead of 2×, keeping the load between ~57 % and 85 %;
+//! - because the home is monotone in the key, the slots are sorted by key: a search stops at the
+//!   first larger key or empty slot, so misses (most index probes) cost one or two slots;
+//! - deletion shifts the following run back (no tombstones), so the table never degrades under
+//!   the store/remove churn of KV events;
+//! - there is no wrap-around: a short slack region after the last home slot absorbs the final
+//!   run, and an insert that would run past it grows the table.
+//!
+//! Key 0 marks an empty slot; a real key 0 lives in a side slot.
+
+use std::mem::size_of;
+
+/// Maximum load before growing, as a fraction `LOAD_NUM / LOAD_DEN`.
+const LOAD_NUM: usize = 17;
+const LOAD_DEN: usize = 20;
+/// Slots after the last home slot that absorb the table's final run.
+const SLACK: usize = 64;
+/// Smallest home range; keeps tiny tables from growing at every insert.
+const MIN_CAPACITY: usize = 16;
+
+#[derive(Clone, Copy)]
+struct Slot<V> {
+    key: u64,
+    val: V,
+}
+
+/// A map from non-uniformly-distributed-safe `u64` keys to small `Copy` values.
+///
+/// Callers must pass keys that are already well mixed (hash outputs, or ids passed through
+/// [`mix`]); sequential keys would all share one home slot.
+#[derive(Clone)]
+pub(crate) struct Table<V: Copy + Default> {
+    slots: Vec<Slot<V>>,
+    /// Number of home slots (`slots.len() - SLACK`).
+    capacity: usize,
+    len: usize,
+    zero: Option<V>,
+}
+
+/// A bijective mix of an arbitrary `u64` id (e.g. an engine's block id, which may be a small
+/// sequential number) into a well-spread key. Being a bijection, equal keys mean equal ids.
+pub(crate) fn mix(id: u64) -> u64 {
+    // Multiplication by an odd constant is invertible mod 2^64; the xor-shift moves the
+    // well-mixed high bits into the low ones so both ends of the word are spread.
+    let x = id.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    x ^ (x >> 32)
+}
+
+impl<V: Copy + Default> Default for Table<V> {
+    fn default() -> Self {
+        Self::with_capacity(0)
+    }
+}
+
+impl<V: Copy + Default> Table<V> {
+    /// A table that holds `n` entries without growing.
+    pub(crate) fn with_capacity(n: usize) -> Self {
+        let capacity = (n * LOAD_DEN / LOAD_NUM + 1).max(MIN_CAPACITY);
+        Table {
+            slots: vec![
+                Slot {
+                    key: 0,
+                    val: V::default()
+                };
+                capacity + SLACK
+            ],
+            capacity,
+            len: 0,
+            zero: None,
+        }
+    }
+
+    /// Number of entries.
+    pub(crate) fn len(&self) -> usize {
+        self.len + usize::from(self.zero.is_some())
+    }
+
+    /// Whether the table is empty.
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes of heap memory the table holds.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.slots.capacity() * size_of::<Slot<V>>()
+    }
+
+    #[inline]
+    fn home(&self, key: u64) -> usize {
+        ((key as u128 * self.capacity as u128) >> 64) as usize
+    }
+
+    /// Hints the CPU to fetch the cache line where `key`'s search starts.
+    #[inline]
+    pub(crate) fn prefetch(&self, key: u64) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let pos = self.home(key);
+            if let Some(slot) = self.slots.get(pos) {
+                use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+                // SAFETY: SSE is part of the x86_64 baseline, and a prefetch is only a cache
+                // hint that never faults; the pointer is valid anyway.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>((slot as *const Slot<V>).cast::<i8>()) };
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = key;
+    }
+
+    /// The value stored for `key`.
+    #[inline]
+    pub(crate) fn get(&self, key: u64) -> Option<V> {
+        if key == 0 {
+            return self.zero;
+        }
+        let mut pos = self.home(key);
+        loop {
+            let slot = self.slots.get(pos)?;
+            if slot.key == key {
+                return Some(slot.val);
+            }
+            // Empty (0 wraps to MAX) or a larger key: sorted order says `key` is absent.
+            if slot.key.wrapping_sub(1) >= key {
+                return None;
+            }
+            pos += 1;
+        }
+    }
+
+    /// Mutable access to the value stored for `key`.
+    pub(crate) fn get_mut(&mut self, key: u64) -> Option<&mut V> {
+        if key == 0 {
+            return self.zero.as_mut();
+        }
+        let mut pos = self.home(key);
+        loop {
+            let k = self.slots.get(pos)?.key;
+            if k == key {
+                return Some(&mut self.slots[pos].val);
+            }
+            if k.wrapping_sub(1) >= key {
+                return None;
+            }
+            pos += 1;
+        }
+    }
+
+    /// The value for `key`, inserting `V::default()` first if absent.
+    pub(crate) fn get_or_default(&mut self, key: u64) -> &mut V {
+        if key == 0 {
+            return self.zero.get_or_insert_with(V::default);
+        }
+        if self.len + 1 > self.capacity * LOAD_NUM / LOAD_DEN {
+            self.grow();
+        }
+        loop {
+            match self.find_or_make_slot(key) {
+                Some(pos) => return &mut self.slots[pos].val,
+                None => self.grow(),
+            }
+        }
+    }
+
+    /// Stores `val` for `key`, returning the previous value.
+    pub(crate) fn insert(&mut self, key: u64, val: V) -> Option<V> {
+        if key == 0 {
+            return self.zero.replace(val);
+        }
+        let before = self.len;
+        let slot = self.get_or_default(key);
+        let old = std::mem::replace(slot, val);
+        (self.len == before).then_some(old)
+    }
+
+    /// Position of `key`, inserting a default entry in sorted position if absent; `None` when
+    /// the run would spill past the slack region (the caller grows and retries).
+    fn find_or_make_slot(&mut self, key: u64) -> Option<usize> {
+        let mut pos = self.home(key);
+        loop {
+            let k = self.slots.get(pos)?.key;
+            if k == key {
+                return Some(pos);
+            }
+            if k.wrapping_sub(1) >= key {
+                break;
+            }
+            pos += 1;
+        }
+        // Shift the rest of the run one slot right to open `pos`.
+        let mut end = pos;
+        while self.slots.get(end)?.key != 0 {
+            end += 1;
+        }
+        self.slots.copy_within(pos..end, pos + 1);
+        self.slots[pos] = Slot {
+            key,
+            val: V::default(),
+        };
+        self.len += 1;
+        Some(pos)
+    }
+
+    /// Removes `key`, returning its value.
+    pub(crate) fn remove(&mut self, key: u64) -> Option<V> {
+        if key == 0 {
+            return self.zero.take();
+        }
+        let mut pos = self.home(key);
+        loop {
+            let k = self.slots.get(pos)?.key;
+            if k == key {
+                let val = self.slots[pos].val;
+                self.remove_at(pos);
+                return Some(val);
+            }
+            if k.wrapping_sub(1) >= key {
+                return None;
+            }
+            pos += 1;
+        }
+    }
+
+    /// Removes the entry at `pos`, pulling back the entries after it that sit past their home.
+    fn remove_at(&mut self, pos: usize) {
+        let mut i = pos;
+        loop {
+            let next = i + 1;
+            let movable = self
+                .slots
+                .get(next)
+                .is_some_and(|s| s.key != 0 && self.home(s.key) < next);
+            if !movable {
+                self.slots[i].key = 0;
+                break;
+            }
+            self.slots[i] = self.slots[next];
+            i = next;
+        }
+        self.len -= 1;
+    }
+
+    /// Removes the first entry at or after slot `hand` (wrapping around), returning it and the
+    /// position to continue a sweep from. Used for eviction: sweeping positions visits entries
+    /// in key order, which for hash keys is an unbiased, allocation-free victim order.
+    pub(crate) fn remove_next(&mut self, hand: usize) -> Option<(u64, V, usize)> {
+        let n = self.slots.len();
+        let start = hand.min(n);
+        let found = (start..n)
+            .chain(0..start)
+            .find(|&i| self.slots[i].key != 0);
+        match found {
+            Some(pos) => {
+                let Slot { key, val } = self.slots[pos];
+                self.remove_at(pos);
+                Some((key, val, pos))
+            }
+            None => self.zero.take().map(|v| (0, v, 0)),
+        }
+    }
+
+    /// All entries, in key order (the zero key first).
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (u64, V)> + '_ {
+        self.zero.map(|v| (0, v)).into_iter().chain(
+            self.slots
+                .iter()
+                .filter(|s| s.key != 0)
+                .map(|s| (s.key, s.val)),
+        )
+    }
+
+    /// Rebuilds at 1.5× the home range (or larger if the slack overflowed).
+    fn grow(&mut self) {
+        let target = (self.capacity + self.capacity / 2).max(MIN_CAPACITY);
+        self.rebuild(target);
+    }
+
+    /// Returns memory after mass removals (a worker cleared): rebuilds when under a quarter full.
+    pub(crate) fn shrink_if_sparse(&mut self) {
+        if self.capacity > 1024 && self.len * 4 < self.capacity {
+            let target = (self.len * LOAD_DEN / LOAD_NUM * 3 / 2).max(MIN_CAPACITY);
+            self.rebuild(target);
+        }
+    }
+
+    fn rebuild(&mut self, mut capacity: usize) {
+        loop {
+            let mut next = Table {
+                slots: vec![
+                    Slot {
+                        key: 0,
+                        val: V::default()
+                    };
+                    capacity + SLACK
+                ],
+                capacity,
+                len: 0,
+                zero: self.zero,
+            };
+            // Old slots are sorted, so each key lands at the end of its run: no shifting.
+            let fits = self.slots.iter().filter(|s| s.key != 0).all(|s| {
+                next.find_or_make_slot(s.key)
+                    .map(|pos| next.slots[pos].val = s.val)
+                    .is_some()
+            });
+            if fits {
+                *self = next;
+                return;
+            }
+            capacity += capacity / 2;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn insert_get_remove_agree_with_a_std_map() {
+        let mut t: Table<u64> = Table::default();
+        let mut m = HashMap::new();
+        let mut x = 1u64;
+        for i in 0..20_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let key = if i % 97 == 0 { 0 } else { x % 50_000 };
+            let key = mix(key);
+            if i % 3 == 0 {
+                assert_eq!(t.remove(key), m.remove(&key));
+            } else {
+                assert_eq!(t.insert(key, i), m.insert(key, i));
+            }
+            assert_eq!(t.len(), m.len());
+        }
+        for (k, v) in &m {
+            assert_eq!(t.get(*k), Some(*v));
+        }
+        let mut listed: Vec<_> = t.iter().collect();
+        listed.sort_unstable();
+        let mut expected: Vec<_> = m.iter().map(|(k, v)| (*k, *v)).collect();
+        expected.sort_unstable();
+        assert_eq!(listed, expected);
+    }
+
+    #[test]
+    fn sequential_ids_are_spread_by_mix() {
+        let mut t: Table<u32> = Table::default();
+        for i in 0..10_000u64 {
+            t.insert(mix(i), i as u32);
+        }
+        for i in 0..10_000u64 {
+            assert_eq!(t.get(mix(i)), Some(i as u32));
+        }
+        assert_eq!(t.get(mix(10_001)), None);
+        // Grew by the load bound (≥ 50 % full), not by runs overflowing the slack.
+        assert!(t.heap_bytes() < 10_000 * 16 * 2, "{}", t.heap_bytes());
+    }
+
+    #[test]
+    fn remove_next_sweeps_every_entry() {
+        let mut t: Table<u8> = Table::default();
+        for i in 1..=100u64 {
+            t.insert(mix(i), 1);
+        }
+        let mut hand = 0;
+        let mut n = 0;
+        while let Some((_, _, h)) = t.remove_next(hand) {
+            hand = h;
+            n += 1;
+        }
+        assert_eq!(n, 100);
+        assert!(t.is_empty());
+    }
+
+    #[test]
+    fn shrink_returns_memory_and_keeps_entries() {
+        let mut t: Table<u64> = Table::default();
+        for i in 0..100_000u64 {
+            t.insert(mix(i), i);
+        }
+        let big = t.heap_bytes();
+        for i in 100..100_000u64 {
+            t.remove(mix(i));
+        }
+        t.shrink_if_sparse();
+        assert!(t.heap_bytes() < big / 10);
+        for i in 0..100u64 {
+            assert_eq!(t.get(mix(i)), Some(i));
+        }
+    }
+}

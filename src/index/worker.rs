@@ -1,0 +1,70 @@
+//! Worker identity inside the index.
+//!
+//! The index never sees worker URLs or names: `fleet` assigns each worker (or each data-parallel
+//! rank of a worker) a dense small integer when it joins and reuses freed ones. Dense ids let the
+//! index keep "which workers hold this block" as a bitset of one machine word per 64 workers
+//! instead of a list, which is what keeps an entry at 16 bytes and a lookup branch-light.
+
+use std::fmt;
+
+/// A worker's dense index, assigned by `fleet` (0, 1, 2, … reusing freed numbers).
+///
+/// Workers 0–63 are stored inline in the index's main table; higher ids are correct but cost
+/// one more table per 64 workers, so `fleet` should hand out the lowest free number.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Default)]
+pub struct WorkerIdx(pub u32);
+
+impl WorkerIdx {
+    /// Which 64-worker page holds this worker's bit.
+    pub(crate) fn page(self) -> usize {
+        (self.0 / 64) as usize
+    }
+
+    /// This worker's bit inside its page.
+    pub(crate) fn bit(self) -> u64 {
+        1u64 << (self.0 % 64)
+    }
+
+    /// The worker that owns bit `bit` (0–63) of page `page`.
+    pub(crate) fn from_page_bit(page: usize, bit: u32) -> Self {
+        WorkerIdx(page as u32 * 64 + bit)
+    }
+}
+
+impl fmt::Display for WorkerIdx {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "w{}", self.0)
+    }
+}
+
+/// Iterates the workers whose bits are set in `bits` of page `page`, lowest first.
+pub(crate) fn workers_in(page: usize, mut bits: u64) -> impl Iterator<Item = WorkerIdx> {
+    std::iter::from_fn(move || {
+        if bits == 0 {
+            return None;
+        }
+        let b = bits.trailing_zeros();
+        bits &= bits - 1;
+        Some(WorkerIdx::from_page_bit(page, b))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_and_bit_round_trip() {
+        for id in [0u32, 1, 63, 64, 65, 127, 128, 1000] {
+            let w = WorkerIdx(id);
+            let got: Vec<_> = workers_in(w.page(), w.bit()).collect();
+            assert_eq!(got, vec![w]);
+        }
+    }
+
+    #[test]
+    fn workers_in_lists_all_set_bits_in_order() {
+        let got: Vec<_> = workers_in(1, 0b1011).map(|w| w.0).collect();
+        assert_eq!(got, vec![64, 65, 67]);
+    }
+}
