@@ -2,9 +2,9 @@
 //! per-worker map from engine block ids to kvroute hashes.
 //!
 //! Layout (per (block, worker) pair, see `benches/index.rs` for measured bytes):
-//! - `pages[p]`: kvroute hash → bitset of workers `64p..64p+63` holding it. One 16-byte slot
-//!   per block, shared by every worker holding it, so the common case (≤ 64 workers) is one
-//!   probe per block per lookup.
+//! - `pages[p]`: kvroute hash → set of workers `32p..32p+31` holding it. One 12-byte slot per
+//!   block, shared by every worker holding it, so with ≤ 32 workers a lookup makes one probe
+//!   per block.
 //! - `workers[w].engine`: mixed engine id → kvroute hash, 16 bytes per pair; needed because
 //!   BlockRemoved and the parent of BlockStored name blocks by the engine's opaque id.
 //!
@@ -15,13 +15,13 @@
 
 use super::overlaps::Overlaps;
 use super::table::{Table, mix};
-use super::worker::{WorkerIdx, workers_in};
+use super::worker::{Bits, PAGE_WORKERS, WorkerIdx, workers_in};
 use crate::kv_events::EngineHash;
 use crate::tokens::BlockHash;
 
 /// How far ahead a lookup prefetches table slots. Probes are independent (the hashes are
 /// known up front), so keeping several cache misses in flight hides most of their latency.
-const PREFETCH_AHEAD: usize = 8;
+const PREFETCH_AHEAD: usize = 16;
 
 #[derive(Clone, Default)]
 struct WorkerBlocks {
@@ -34,7 +34,7 @@ struct WorkerBlocks {
 /// Which worker holds which block; not synchronised (see [`super::KvIndex`]).
 #[derive(Clone, Default)]
 pub(crate) struct BlockMap {
-    pages: Vec<Table<u64>>,
+    pages: Vec<Table<Bits>>,
     workers: Vec<WorkerBlocks>,
     /// Total (block, worker) pairs: the sum of the engine maps' sizes.
     entries: usize,
@@ -102,32 +102,68 @@ impl BlockMap {
         if self.pages.len() <= page {
             self.pages.resize_with(page + 1, Table::default);
         }
-        *self.pages[page].get_or_default(block.0) |= worker.bit();
+        self.pages[page].upsert(block.0, |bits| bits | worker.bit());
         effect
     }
 
-    /// Drops `worker`'s block with engine id `id`.
-    pub(crate) fn remove(&mut self, worker: WorkerIdx, id: EngineHash) -> Effect {
-        let Some(wb) = self.workers.get_mut(worker.0 as usize) else {
-            return Effect {
-                unknown: 1,
-                ..Effect::default()
-            };
-        };
-        match wb.engine.remove(mix(id.0)) {
-            Some(block) => {
-                self.entries -= 1;
-                self.unset(worker, BlockHash(block));
-                Effect {
-                    removed: 1,
-                    ..Effect::default()
-                }
-            }
-            None => Effect {
-                unknown: 1,
-                ..Effect::default()
-            },
+    /// Records a run of `worker`'s blocks (engine ids and kvroute hashes, pairwise), fetching
+    /// the table slots of later blocks while earlier ones are inserted: the inserts are
+    /// independent, so their cache misses overlap instead of adding up.
+    pub(crate) fn store_run(
+        &mut self,
+        worker: WorkerIdx,
+        ids: &[EngineHash],
+        blocks: &[BlockHash],
+    ) -> u64 {
+        let page = worker.page();
+        if self.pages.len() <= page {
+            self.pages.resize_with(page + 1, Table::default);
         }
+        self.worker_mut(worker);
+        let mut added = 0;
+        for (i, (id, block)) in ids.iter().zip(blocks).enumerate() {
+            if let (Some(a), Some(b)) = (ids.get(i + PREFETCH_AHEAD), blocks.get(i + PREFETCH_AHEAD))
+            {
+                self.workers[worker.0 as usize].engine.prefetch(mix(a.0));
+                self.pages[page].prefetch(b.0);
+            }
+            added += self.store(worker, *id, *block).added;
+        }
+        added
+    }
+
+    /// Removes a run of `worker`'s engine ids, resolving them all first (prefetching ahead)
+    /// and then clearing the blocks (prefetching ahead again).
+    pub(crate) fn remove_run(&mut self, worker: WorkerIdx, ids: &[EngineHash]) -> Effect {
+        let mut effect = Effect::default();
+        let Some(wb) = self.workers.get_mut(worker.0 as usize) else {
+            effect.unknown = ids.len() as u64;
+            return effect;
+        };
+        let mut gone = Vec::with_capacity(ids.len());
+        for (i, id) in ids.iter().enumerate() {
+            if let Some(a) = ids.get(i + PREFETCH_AHEAD) {
+                wb.engine.prefetch(mix(a.0));
+            }
+            match wb.engine.remove(mix(id.0)) {
+                Some(block) => gone.push(block),
+                None => effect.unknown += 1,
+            }
+        }
+        effect.removed = gone.len() as u64;
+        self.entries -= gone.len();
+        if let Some(table) = self.pages.get(worker.page()) {
+            for b in gone.iter().skip(1).take(PREFETCH_AHEAD) {
+                table.prefetch(*b);
+            }
+        }
+        for (i, block) in gone.iter().enumerate() {
+            if let (Some(table), Some(b)) = (self.pages.get(worker.page()), gone.get(i + PREFETCH_AHEAD)) {
+                table.prefetch(*b);
+            }
+            self.unset(worker, BlockHash(*block));
+        }
+        effect
     }
 
     /// Clears `worker`'s bit for `block`, dropping the block when nobody holds it any more.
@@ -135,12 +171,7 @@ impl BlockMap {
         let Some(table) = self.pages.get_mut(worker.page()) else {
             return;
         };
-        if let Some(bits) = table.get_mut(block.0) {
-            *bits &= !worker.bit();
-            if *bits == 0 {
-                table.remove(block.0);
-            }
-        }
+        table.modify(block.0, |bits| Some(bits & !worker.bit()).filter(|b| *b != 0));
     }
 
     /// Drops every entry of `worker`; returns how many.
@@ -208,7 +239,7 @@ impl BlockMap {
     }
 }
 
-fn lookup_page(table: &Table<u64>, page: usize, blocks: &[BlockHash], out: &mut Overlaps) {
+fn lookup_page(table: &Table<Bits>, page: usize, blocks: &[BlockHash], out: &mut Overlaps) {
     let Some(first) = blocks.first() else {
         return;
     };
@@ -219,7 +250,7 @@ fn lookup_page(table: &Table<u64>, page: usize, blocks: &[BlockHash], out: &mut 
     for b in blocks.iter().skip(1).take(PREFETCH_AHEAD) {
         table.prefetch(b.0);
     }
-    let mut lost = [0u32; 64];
+    let mut lost = [0u32; PAGE_WORKERS as usize];
     let mut i = 1;
     while i < blocks.len() {
         if let Some(ahead) = blocks.get(i + PREFETCH_AHEAD) {
@@ -276,7 +307,7 @@ mod tests {
     }
 
     #[test]
-    fn workers_beyond_64_are_exact() {
+    fn workers_beyond_one_page_are_exact() {
         let mut m = BlockMap::default();
         let c = chain(5);
         for w in [0u32, 63, 64, 130] {
@@ -297,8 +328,8 @@ mod tests {
             m.store(WorkerIdx(2), EngineHash(i as u64), *b);
             m.store(WorkerIdx(3), EngineHash(i as u64), *b);
         }
-        assert_eq!(m.remove(WorkerIdx(2), EngineHash(1)).removed, 1);
-        assert_eq!(m.remove(WorkerIdx(2), EngineHash(1)).unknown, 1);
+        assert_eq!(m.remove_run(WorkerIdx(2), &[EngineHash(1)]).removed, 1);
+        assert_eq!(m.remove_run(WorkerIdx(2), &[EngineHash(1)]).unknown, 1);
         assert_eq!(m.lookup(&c).get(WorkerIdx(2)), 1);
         assert_eq!(m.clear_worker(WorkerIdx(3)), 4);
         assert_eq!(m.lookup(&c).get(WorkerIdx(3)), 0);

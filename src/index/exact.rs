@@ -15,12 +15,13 @@
 
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use super::blocks::{BlockMap, Effect};
+use super::blocks::BlockMap;
 use super::overlaps::Overlaps;
 use super::stats::{IndexStats, StatsSnapshot};
 use super::worker::WorkerIdx;
 use crate::kv_events::{BlockRemoved, BlockStored, EngineHash, EventBatch, KvEvent};
-use crate::tokens::{BlockHash, HashSeed, chain_hash};
+use super::rehash::chain_hash_small;
+use crate::tokens::{BlockHash, HashSeed};
 
 /// Most blocks applied per write-lock hold.
 pub const WRITE_CHUNK: usize = 128;
@@ -204,7 +205,7 @@ impl KvIndex {
         hashes.clear();
         let mut prev = parent;
         for tokens in s.token_ids.chunks_exact(bs).take(n) {
-            let h = chain_hash(seed, prev, tokens);
+            let h = chain_hash_small(seed, prev, tokens);
             hashes.push(h);
             prev = Some(h);
         }
@@ -218,11 +219,7 @@ impl KvIndex {
                 // The worker was cleared meanwhile: these blocks belong to its previous life.
                 break;
             }
-            let mut added = 0;
-            for (id, block) in ids.iter().zip(blocks) {
-                added += st.map.store(worker, *id, *block).added;
-            }
-            applied.stored += added;
+            applied.stored += st.map.store_run(worker, ids, blocks);
             self.enforce_bound(&mut st);
         }
         true
@@ -231,12 +228,7 @@ impl KvIndex {
     fn remove(&self, worker: WorkerIdx, r: &BlockRemoved, applied: &mut Applied) {
         for ids in r.block_hashes.chunks(WRITE_CHUNK) {
             let mut st = self.write();
-            let mut effect = Effect::default();
-            for id in ids {
-                let e = st.map.remove(worker, *id);
-                effect.removed += e.removed;
-                effect.unknown += e.unknown;
-            }
+            let effect = st.map.remove_run(worker, ids);
             applied.removed += effect.removed;
             IndexStats::add(&self.stats.removals_unknown, effect.unknown);
             self.publish_entries(&st);

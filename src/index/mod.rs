@@ -17,6 +17,7 @@ mod blocks;
 mod exact;
 mod holdings;
 mod overlaps;
+mod rehash;
 mod stats;
 mod table;
 mod worker;

@@ -23,10 +23,14 @@ const LOAD_NUM: usize = 17;
 const LOAD_DEN: usize = 20;
 /// Slots after the last home slot that absorb the table's final run.
 const SLACK: usize = 64;
+/// Cache lines [`Table::prefetch`] fetches from a key's home slot on.
+const PREFETCH_LINES: usize = 2;
 /// Smallest home range; keeps tiny tables from growing at every insert.
 const MIN_CAPACITY: usize = 16;
 
+/// Packed to 4-byte alignment so a `u32` value makes a 12-byte slot instead of 16.
 #[derive(Clone, Copy)]
+#[repr(C, packed(4))]
 struct Slot<V> {
     key: u64,
     val: V,
@@ -60,18 +64,51 @@ impl<V: Copy + Default> Default for Table<V> {
     }
 }
 
+/// Tables at least this large ask the kernel for transparent huge pages.
+const HUGE_PAGE_TABLE: usize = 4 << 20;
+const HUGE_PAGE: usize = 2 << 20;
+
+/// `n` empty slots. Large tables are probed at random, so with 4 KiB pages nearly every probe
+/// also misses the TLB; 2 MiB pages (where the kernel allows them) remove most of those misses.
+fn empty_slots<V: Copy + Default>(n: usize) -> Vec<Slot<V>> {
+    let mut slots = Vec::with_capacity(n);
+    let bytes = n * size_of::<Slot<V>>();
+    if bytes >= HUGE_PAGE_TABLE {
+        advise_huge_pages(slots.as_ptr() as usize, bytes);
+    }
+    slots.resize(
+        n,
+        Slot {
+            key: 0,
+            val: V::default(),
+        },
+    );
+    slots
+}
+
+#[cfg(target_os = "linux")]
+fn advise_huge_pages(addr: usize, bytes: usize) {
+    let start = addr.next_multiple_of(HUGE_PAGE);
+    let end = (addr + bytes) / HUGE_PAGE * HUGE_PAGE;
+    if end > start {
+        // SAFETY: the range lies inside an allocation we own and have not touched yet;
+        // MADV_HUGEPAGE only changes how the kernel backs it and cannot fail in a way that
+        // affects memory safety (an error just leaves 4 KiB pages).
+        unsafe {
+            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn advise_huge_pages(_addr: usize, _bytes: usize) {}
+
 impl<V: Copy + Default> Table<V> {
     /// A table that holds `n` entries without growing.
     pub(crate) fn with_capacity(n: usize) -> Self {
         let capacity = (n * LOAD_DEN / LOAD_NUM + 1).max(MIN_CAPACITY);
         Table {
-            slots: vec![
-                Slot {
-                    key: 0,
-                    val: V::default()
-                };
-                capacity + SLACK
-            ],
+            slots: empty_slots(capacity + SLACK),
             capacity,
             len: 0,
             zero: None,
@@ -99,17 +136,21 @@ impl<V: Copy + Default> Table<V> {
         ((key as u128 * self.capacity as u128) >> 64) as usize
     }
 
-    /// Hints the CPU to fetch the cache line where `key`'s search starts.
+    /// Hints the CPU to fetch the cache lines where `key`'s search (or insertion, which runs
+    /// on to the end of the run) will look.
     #[inline]
     pub(crate) fn prefetch(&self, key: u64) {
         #[cfg(target_arch = "x86_64")]
         {
+            use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
             let pos = self.home(key);
-            if let Some(slot) = self.slots.get(pos) {
-                use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-                // SAFETY: SSE is part of the x86_64 baseline, and a prefetch is only a cache
-                // hint that never faults; the pointer is valid anyway.
-                unsafe { _mm_prefetch::<_MM_HINT_T0>((slot as *const Slot<V>).cast::<i8>()) };
+            for line in 0..PREFETCH_LINES {
+                let at = pos + line * 64 / size_of::<Slot<V>>();
+                if let Some(slot) = self.slots.get(at) {
+                    // SAFETY: SSE is part of the x86_64 baseline, and a prefetch is only a
+                    // cache hint that never faults; the pointer is valid anyway.
+                    unsafe { _mm_prefetch::<_MM_HINT_T0>((slot as *const Slot<V>).cast::<i8>()) };
+                }
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -129,42 +170,57 @@ impl<V: Copy + Default> Table<V> {
                 return Some(slot.val);
             }
             // Empty (0 wraps to MAX) or a larger key: sorted order says `key` is absent.
-            if slot.key.wrapping_sub(1) >= key {
+            if { slot.key }.wrapping_sub(1) >= key {
                 return None;
             }
             pos += 1;
         }
     }
 
-    /// Mutable access to the value stored for `key`.
-    pub(crate) fn get_mut(&mut self, key: u64) -> Option<&mut V> {
+    /// Replaces the value of `key` with `f(value)`, or removes the entry when `f` returns
+    /// `None`; returns the new value (`None` if absent or removed).
+    pub(crate) fn modify(&mut self, key: u64, f: impl FnOnce(V) -> Option<V>) -> Option<V> {
         if key == 0 {
-            return self.zero.as_mut();
+            let new = f(self.zero?);
+            self.zero = new;
+            return new;
         }
         let mut pos = self.home(key);
         loop {
-            let k = self.slots.get(pos)?.key;
-            if k == key {
-                return Some(&mut self.slots[pos].val);
+            let slot = *self.slots.get(pos)?;
+            if slot.key == key {
+                let new = f(slot.val);
+                match new {
+                    Some(v) => self.slots[pos].val = v,
+                    None => self.remove_at(pos),
+                }
+                return new;
             }
-            if k.wrapping_sub(1) >= key {
+            if { slot.key }.wrapping_sub(1) >= key {
                 return None;
             }
             pos += 1;
         }
     }
 
-    /// The value for `key`, inserting `V::default()` first if absent.
-    pub(crate) fn get_or_default(&mut self, key: u64) -> &mut V {
+    /// Sets the value of `key` to `f(old or V::default())`, inserting it if absent; returns
+    /// the previous value.
+    pub(crate) fn upsert(&mut self, key: u64, f: impl FnOnce(V) -> V) -> Option<V> {
         if key == 0 {
-            return self.zero.get_or_insert_with(V::default);
+            let old = self.zero;
+            self.zero = Some(f(old.unwrap_or_default()));
+            return old;
         }
         if self.len + 1 > self.capacity * LOAD_NUM / LOAD_DEN {
             self.grow();
         }
         loop {
             match self.find_or_make_slot(key) {
-                Some(pos) => return &mut self.slots[pos].val,
+                Some((pos, existed)) => {
+                    let old = self.slots[pos].val;
+                    self.slots[pos].val = f(old);
+                    return existed.then_some(old);
+                }
                 None => self.grow(),
             }
         }
@@ -172,23 +228,18 @@ impl<V: Copy + Default> Table<V> {
 
     /// Stores `val` for `key`, returning the previous value.
     pub(crate) fn insert(&mut self, key: u64, val: V) -> Option<V> {
-        if key == 0 {
-            return self.zero.replace(val);
-        }
-        let before = self.len;
-        let slot = self.get_or_default(key);
-        let old = std::mem::replace(slot, val);
-        (self.len == before).then_some(old)
+        self.upsert(key, |_| val)
     }
 
-    /// Position of `key`, inserting a default entry in sorted position if absent; `None` when
-    /// the run would spill past the slack region (the caller grows and retries).
-    fn find_or_make_slot(&mut self, key: u64) -> Option<usize> {
+    /// Position of `key` and whether it existed, inserting a default entry in sorted position
+    /// if absent; `None` when the run would spill past the slack region (the caller grows and
+    /// retries).
+    fn find_or_make_slot(&mut self, key: u64) -> Option<(usize, bool)> {
         let mut pos = self.home(key);
         loop {
             let k = self.slots.get(pos)?.key;
             if k == key {
-                return Some(pos);
+                return Some((pos, true));
             }
             if k.wrapping_sub(1) >= key {
                 break;
@@ -206,7 +257,7 @@ impl<V: Copy + Default> Table<V> {
             val: V::default(),
         };
         self.len += 1;
-        Some(pos)
+        Some((pos, false))
     }
 
     /// Removes `key`, returning its value.
@@ -294,13 +345,7 @@ impl<V: Copy + Default> Table<V> {
     fn rebuild(&mut self, mut capacity: usize) {
         loop {
             let mut next = Table {
-                slots: vec![
-                    Slot {
-                        key: 0,
-                        val: V::default()
-                    };
-                    capacity + SLACK
-                ],
+                slots: empty_slots(capacity + SLACK),
                 capacity,
                 len: 0,
                 zero: self.zero,
@@ -308,7 +353,7 @@ impl<V: Copy + Default> Table<V> {
             // Old slots are sorted, so each key lands at the end of its run: no shifting.
             let fits = self.slots.iter().filter(|s| s.key != 0).all(|s| {
                 next.find_or_make_slot(s.key)
-                    .map(|pos| next.slots[pos].val = s.val)
+                    .map(|(pos, _)| next.slots[pos].val = s.val)
                     .is_some()
             });
             if fits {
