@@ -22,6 +22,9 @@ use crate::tokens::BlockHash;
 /// How far ahead a lookup prefetches table slots. Probes are independent (the hashes are
 /// known up front), so keeping several cache misses in flight hides most of their latency.
 const PREFETCH_AHEAD: usize = 16;
+/// Cache lines prefetched per lookup probe and per insertion or removal.
+const LOOKUP_LINES: usize = 1;
+const UPDATE_LINES: usize = 2;
 
 #[derive(Clone, Default)]
 struct WorkerBlocks {
@@ -124,8 +127,10 @@ impl BlockMap {
         for (i, (id, block)) in ids.iter().zip(blocks).enumerate() {
             if let (Some(a), Some(b)) = (ids.get(i + PREFETCH_AHEAD), blocks.get(i + PREFETCH_AHEAD))
             {
-                self.workers[worker.0 as usize].engine.prefetch(mix(a.0));
-                self.pages[page].prefetch(b.0);
+                self.workers[worker.0 as usize]
+                    .engine
+                    .prefetch(mix(a.0), UPDATE_LINES);
+                self.pages[page].prefetch(b.0, UPDATE_LINES);
             }
             added += self.store(worker, *id, *block).added;
         }
@@ -143,7 +148,7 @@ impl BlockMap {
         let mut gone = Vec::with_capacity(ids.len());
         for (i, id) in ids.iter().enumerate() {
             if let Some(a) = ids.get(i + PREFETCH_AHEAD) {
-                wb.engine.prefetch(mix(a.0));
+                wb.engine.prefetch(mix(a.0), UPDATE_LINES);
             }
             match wb.engine.remove(mix(id.0)) {
                 Some(block) => gone.push(block),
@@ -154,12 +159,12 @@ impl BlockMap {
         self.entries -= gone.len();
         if let Some(table) = self.pages.get(worker.page()) {
             for b in gone.iter().skip(1).take(PREFETCH_AHEAD) {
-                table.prefetch(*b);
+                table.prefetch(*b, UPDATE_LINES);
             }
         }
         for (i, block) in gone.iter().enumerate() {
             if let (Some(table), Some(b)) = (self.pages.get(worker.page()), gone.get(i + PREFETCH_AHEAD)) {
-                table.prefetch(*b);
+                table.prefetch(*b, UPDATE_LINES);
             }
             self.unset(worker, BlockHash(*block));
         }
@@ -248,13 +253,13 @@ fn lookup_page(table: &Table<Bits>, page: usize, blocks: &[BlockHash], out: &mut
         return;
     }
     for b in blocks.iter().skip(1).take(PREFETCH_AHEAD) {
-        table.prefetch(b.0);
+        table.prefetch(b.0, LOOKUP_LINES);
     }
     let mut lost = [0u32; PAGE_WORKERS as usize];
     let mut i = 1;
     while i < blocks.len() {
         if let Some(ahead) = blocks.get(i + PREFETCH_AHEAD) {
-            table.prefetch(ahead.0);
+            table.prefetch(ahead.0, LOOKUP_LINES);
         }
         let bits = table.get(blocks[i].0).unwrap_or(0);
         let gone = active & !bits;

@@ -23,8 +23,6 @@ const LOAD_NUM: usize = 17;
 const LOAD_DEN: usize = 20;
 /// Slots after the last home slot that absorb the table's final run.
 const SLACK: usize = 64;
-/// Cache lines [`Table::prefetch`] fetches from a key's home slot on.
-const PREFETCH_LINES: usize = 2;
 /// Smallest home range; keeps tiny tables from growing at every insert.
 const MIN_CAPACITY: usize = 16;
 
@@ -136,15 +134,15 @@ impl<V: Copy + Default> Table<V> {
         ((key as u128 * self.capacity as u128) >> 64) as usize
     }
 
-    /// Hints the CPU to fetch the cache lines where `key`'s search (or insertion, which runs
-    /// on to the end of the run) will look.
+    /// Hints the CPU to fetch `lines` cache lines from `key`'s home slot on: one covers most
+    /// searches, an insertion runs on to the end of the run and wants more.
     #[inline]
-    pub(crate) fn prefetch(&self, key: u64) {
+    pub(crate) fn prefetch(&self, key: u64, lines: usize) {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
             let pos = self.home(key);
-            for line in 0..PREFETCH_LINES {
+            for line in 0..lines {
                 let at = pos + line * 64 / size_of::<Slot<V>>();
                 if let Some(slot) = self.slots.get(at) {
                     // SAFETY: SSE is part of the x86_64 baseline, and a prefetch is only a
@@ -154,7 +152,7 @@ impl<V: Copy + Default> Table<V> {
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
-        let _ = key;
+        let _ = (key, lines);
     }
 
     /// The value stored for `key`.
@@ -343,24 +341,29 @@ impl<V: Copy + Default> Table<V> {
     }
 
     fn rebuild(&mut self, mut capacity: usize) {
-        loop {
+        'retry: loop {
+            let mut slots = empty_slots::<V>(capacity + SLACK);
             let mut next = Table {
-                slots: empty_slots(capacity + SLACK),
+                slots: Vec::new(),
                 capacity,
-                len: 0,
+                len: self.len,
                 zero: self.zero,
             };
-            // Old slots are sorted, so each key lands at the end of its run: no shifting.
-            let fits = self.slots.iter().filter(|s| s.key != 0).all(|s| {
-                next.find_or_make_slot(s.key)
-                    .map(|(pos, _)| next.slots[pos].val = s.val)
-                    .is_some()
-            });
-            if fits {
-                *self = next;
-                return;
+            // Old slots are in key order, and so are homes in the new table: each key goes to
+            // its home or just after the previous key, a single linear pass.
+            let mut free = 0;
+            for s in self.slots.iter().filter(|s| s.key != 0) {
+                let pos = next.home(s.key).max(free);
+                let Some(slot) = slots.get_mut(pos) else {
+                    capacity += capacity / 2;
+                    continue 'retry;
+                };
+                *slot = *s;
+                free = pos + 1;
             }
-            capacity += capacity / 2;
+            next.slots = slots;
+            *self = next;
+            return;
         }
     }
 }
