@@ -3,7 +3,7 @@
 //! See `ARCHITECTURE.md` for the flows and the module map. Lower modules never import `server`;
 //! `policy` is pure so the same code runs live and in `sim`.
 
+pub mod index;
 pub mod kv_events;
 pub mod openai;
 pub mod tokens;
-pub mod index;

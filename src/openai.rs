@@ -191,7 +191,10 @@ fn opt_bool(obj: &serde_json::Map<String, Value>, key: &str) -> Result<Option<bo
     match obj.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(_) => Err(ApiError::invalid(format!("`{key}` must be a boolean"), Some(key))),
+        Some(_) => Err(ApiError::invalid(
+            format!("`{key}` must be a boolean"),
+            Some(key),
+        )),
     }
 }
 
@@ -224,7 +227,10 @@ fn parse_prompt(v: Option<&Value>) -> Result<Prompt, ApiError> {
         Some(Value::String(s)) => Ok(Prompt::Text(s.clone())),
         Some(Value::Array(items)) => {
             let Some(first) = items.first() else {
-                return Err(ApiError::invalid("`prompt` must not be empty", Some("prompt")));
+                return Err(ApiError::invalid(
+                    "`prompt` must not be empty",
+                    Some("prompt"),
+                ));
             };
             match first {
                 Value::String(_) => items
@@ -300,9 +306,9 @@ fn parse_messages(v: Option<&Value>) -> Result<Vec<Value>, ApiError> {
             None | Some(Value::Null) | Some(Value::String(_)) => {}
             Some(Value::Array(parts)) => {
                 for (j, p) in parts.iter().enumerate() {
-                    let ok = p.as_object().is_some_and(|o| {
-                        o.get("type").is_some_and(Value::is_string)
-                    });
+                    let ok = p
+                        .as_object()
+                        .is_some_and(|o| o.get("type").is_some_and(Value::is_string));
                     if !ok {
                         return Err(ApiError::invalid(
                             format!("`messages[{i}].content[{j}]` must be an object with a `type`"),
@@ -424,7 +430,13 @@ impl ApiError {
 
 impl std::fmt::Display for ApiError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} ({}): {}", self.status.as_u16(), self.kind, self.message)
+        write!(
+            f,
+            "{} ({}): {}",
+            self.status.as_u16(),
+            self.kind,
+            self.message
+        )
     }
 }
 
@@ -458,14 +470,29 @@ mod tests {
             _ => panic!("not a prompt"),
         };
         assert_eq!(p(json!("hi")), Prompt::Text("hi".into()));
-        assert_eq!(p(json!(["a", "b"])), Prompt::Texts(vec!["a".into(), "b".into()]));
+        assert_eq!(
+            p(json!(["a", "b"])),
+            Prompt::Texts(vec!["a".into(), "b".into()])
+        );
         assert_eq!(p(json!([1, 2])), Prompt::Tokens(vec![1, 2]));
-        assert_eq!(p(json!([[1], [2, 3]])), Prompt::TokenBatches(vec![vec![1], vec![2, 3]]));
+        assert_eq!(
+            p(json!([[1], [2, 3]])),
+            Prompt::TokenBatches(vec![vec![1], vec![2, 3]])
+        );
     }
 
     #[test]
     fn bad_prompts_are_400_on_prompt() {
-        for v in [json!(null), json!(3), json!([]), json!(["a", 1]), json!([-1]), json!([[]]), json!([4294967296u64]), json!([{}])] {
+        for v in [
+            json!(null),
+            json!(3),
+            json!([]),
+            json!(["a", 1]),
+            json!([-1]),
+            json!([[]]),
+            json!([4294967296u64]),
+            json!([{}]),
+        ] {
             let e = parse(Endpoint::Completions, json!({"model":"m","prompt":v})).unwrap_err();
             assert_eq!(e.status, StatusCode::BAD_REQUEST, "{v}");
             assert_eq!(e.param.as_deref(), Some("prompt"), "{v}");
@@ -474,7 +501,11 @@ mod tests {
 
     #[test]
     fn model_is_required() {
-        for body in [json!({"prompt":"x"}), json!({"model":"","prompt":"x"}), json!({"model":5,"prompt":"x"})] {
+        for body in [
+            json!({"prompt":"x"}),
+            json!({"model":"","prompt":"x"}),
+            json!({"model":5,"prompt":"x"}),
+        ] {
             let e = parse(Endpoint::Completions, body).unwrap_err();
             assert_eq!(e.param.as_deref(), Some("model"));
         }
@@ -489,19 +520,39 @@ mod tests {
         )
         .unwrap();
         assert!(ok.stream);
-        for m in [json!(null), json!([]), json!("x"), json!([{"content":"x"}]), json!([{"role":"user","content":5}]), json!([{"role":"user","content":[1]}])] {
-            let e = parse(Endpoint::ChatCompletions, json!({"model":"m","messages":m})).unwrap_err();
+        for m in [
+            json!(null),
+            json!([]),
+            json!("x"),
+            json!([{"content":"x"}]),
+            json!([{"role":"user","content":5}]),
+            json!([{"role":"user","content":[1]}]),
+        ] {
+            let e =
+                parse(Endpoint::ChatCompletions, json!({"model":"m","messages":m})).unwrap_err();
             assert_eq!(e.param.as_deref(), Some("messages"), "{m}");
         }
     }
 
     #[test]
     fn stream_with_n_and_absurd_max_tokens_rejected() {
-        let e = parse(Endpoint::Completions, json!({"model":"m","prompt":"x","stream":true,"n":2})).unwrap_err();
+        let e = parse(
+            Endpoint::Completions,
+            json!({"model":"m","prompt":"x","stream":true,"n":2}),
+        )
+        .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("n"));
-        let e = parse(Endpoint::Completions, json!({"model":"m","prompt":"x","max_tokens":1u64<<40})).unwrap_err();
+        let e = parse(
+            Endpoint::Completions,
+            json!({"model":"m","prompt":"x","max_tokens":1u64<<40}),
+        )
+        .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("max_tokens"));
-        let e = parse(Endpoint::Completions, json!({"model":"m","prompt":"x","max_tokens":"5"})).unwrap_err();
+        let e = parse(
+            Endpoint::Completions,
+            json!({"model":"m","prompt":"x","max_tokens":"5"}),
+        )
+        .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("max_tokens"));
     }
 
@@ -520,7 +571,9 @@ mod tests {
     fn content_text_joins_parts() {
         assert_eq!(content_text(Some(&json!("a"))), "a");
         assert_eq!(
-            content_text(Some(&json!([{"type":"text","text":"a"},{"type":"image_url"},{"type":"text","text":"b"}]))),
+            content_text(Some(
+                &json!([{"type":"text","text":"a"},{"type":"image_url"},{"type":"text","text":"b"}])
+            )),
             "a\nb"
         );
         assert_eq!(content_text(None), "");

@@ -52,7 +52,11 @@ fn a_chain_continues_from_its_parents_kvroute_hash() {
     let toks = tokens(5, 100);
     // Engine ids are arbitrary: the index maps them, never interprets them.
     idx.apply(W0, &batch(vec![stored(10..13, None, &toks[..12])]), &seeds);
-    let a = idx.apply(W0, &batch(vec![stored(20..22, Some(12), &toks[12..])]), &seeds);
+    let a = idx.apply(
+        W0,
+        &batch(vec![stored(20..22, Some(12), &toks[12..])]),
+        &seeds,
+    );
     assert_eq!((a.events, a.stored, a.unplaced), (1, 2, 0));
     let req = request(&toks);
     assert_eq!(idx.lookup(&req).get(W0), 5);
@@ -92,7 +96,10 @@ fn removal_cuts_the_leading_run_at_the_first_missing_block() {
     // about positions): W1 holds 3..6 as a run.
     assert_eq!(idx.lookup(&req[3..]).get(W1), 3);
     let s = idx.stats();
-    assert_eq!((s.blocks_removed, s.removals_unknown, s.entries), (1, 1, 11));
+    assert_eq!(
+        (s.blocks_removed, s.removals_unknown, s.entries),
+        (1, 1, 11)
+    );
 }
 
 #[test]
@@ -110,7 +117,11 @@ fn all_blocks_cleared_and_clear_worker_drop_only_that_worker() {
     assert_eq!(idx.entries(), 3);
     assert_eq!(idx.stats().workers_cleared, 2);
     // Engine ids of a cleared worker are forgotten: its next chain must start fresh.
-    let a = idx.apply(W1, &batch(vec![stored(13..14, Some(12), &toks[..4])]), &seeds);
+    let a = idx.apply(
+        W1,
+        &batch(vec![stored(13..14, Some(12), &toks[..4])]),
+        &seeds,
+    );
     assert_eq!(a.unplaced, 1);
 }
 
@@ -246,10 +257,7 @@ fn max_entries_evicts_and_counts() {
     // Evictions come from the largest workers, so all four keep a share.
     for w in 0..4u32 {
         let req = request(&tokens(300, w * 10_000));
-        let held = req
-            .iter()
-            .filter(|b| idx.holds(WorkerIdx(w), **b))
-            .count();
+        let held = req.iter().filter(|b| idx.holds(WorkerIdx(w), **b)).count();
         assert!((100..=300).contains(&held), "worker {w}: {held}");
     }
 }
@@ -286,7 +294,11 @@ fn lookups_run_while_events_are_applied() {
                     let gone: Vec<u64> = (round * 1000..round * 1000 + 200).collect();
                     idx.apply(WorkerIdx(w), &batch(vec![removed(&gone)]), &seeds);
                 }
-                idx.apply(WorkerIdx(w), &batch(vec![stored(0..200, None, &toks)]), &seeds);
+                idx.apply(
+                    WorkerIdx(w),
+                    &batch(vec![stored(0..200, None, &toks)]),
+                    &seeds,
+                );
             })
         })
         .collect();

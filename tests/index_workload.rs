@@ -4,9 +4,7 @@
 use std::time::Duration;
 
 use kvroute::index::workload::{Workload, WorkloadConfig, engine_id, seed};
-use kvroute::index::{
-    ApproxConfig, ApproxIndex, Holdings, IndexConfig, KvIndex, WorkerIdx,
-};
+use kvroute::index::{ApproxConfig, ApproxIndex, Holdings, IndexConfig, KvIndex, WorkerIdx};
 use kvroute::tokens::HashSeed;
 
 fn seeds(_: Option<&str>, _: Option<&str>) -> HashSeed {
@@ -24,7 +22,10 @@ fn index_matches_the_engines_after_the_workload() {
     assert_eq!(s.entries as usize, w.live_pairs());
     assert_eq!(s.blocks_stored, w.blocks_stored);
     assert_eq!(s.blocks_removed, w.blocks_removed);
-    assert_eq!((s.blocks_unplaced, s.removals_unknown, s.evictions), (0, 0, 0));
+    assert_eq!(
+        (s.blocks_unplaced, s.removals_unknown, s.evictions),
+        (0, 0, 0)
+    );
     // Every engine id the engines still hold maps to the block they hold.
     for (i, held) in w.held.iter().enumerate() {
         let worker = WorkerIdx(i as u32);
@@ -39,7 +40,11 @@ fn index_matches_the_engines_after_the_workload() {
         let o = idx.lookup(&buf);
         for worker in 0..w.config.workers {
             let worker = WorkerIdx(worker);
-            assert_eq!(o.get(worker), w.expected_overlap(&buf, worker), "lookup {i}");
+            assert_eq!(
+                o.get(worker),
+                w.expected_overlap(&buf, worker),
+                "lookup {i}"
+            );
         }
         hits += usize::from(!o.is_empty());
     }
@@ -78,5 +83,8 @@ fn holdings_merge_exact_and_predicted_blocks_per_position() {
         h.lookup(&blocks, Duration::from_secs(2)).get(worker) as usize,
         blocks.len()
     );
-    assert_eq!(h.lookup(&blocks, Duration::from_secs(40)).get(worker) as usize, exact);
+    assert_eq!(
+        h.lookup(&blocks, Duration::from_secs(40)).get(worker) as usize,
+        exact
+    );
 }

@@ -171,7 +171,7 @@ impl ApproxIndex {
         let now = nanos(now);
         let mut out = exact.clone();
         for (i, p) in self.read().iter().enumerate() {
-            if p.expiry.len() == 0 {
+            if p.expiry.is_empty() {
                 continue;
             }
             let w = WorkerIdx(i as u32);

@@ -22,6 +22,8 @@ use crate::tokens::BlockHash;
 /// How far ahead a lookup prefetches table slots. Probes are independent (the hashes are
 /// known up front), so keeping several cache misses in flight hides most of their latency.
 const PREFETCH_AHEAD: usize = 16;
+/// Lookups do less work per block than updates, so they run further ahead.
+const LOOKUP_AHEAD: usize = 16;
 /// Cache lines prefetched per lookup probe and per insertion or removal.
 const LOOKUP_LINES: usize = 1;
 const UPDATE_LINES: usize = 2;
@@ -125,7 +127,8 @@ impl BlockMap {
         self.worker_mut(worker);
         let mut added = 0;
         for (i, (id, block)) in ids.iter().zip(blocks).enumerate() {
-            if let (Some(a), Some(b)) = (ids.get(i + PREFETCH_AHEAD), blocks.get(i + PREFETCH_AHEAD))
+            if let (Some(a), Some(b)) =
+                (ids.get(i + PREFETCH_AHEAD), blocks.get(i + PREFETCH_AHEAD))
             {
                 self.workers[worker.0 as usize]
                     .engine
@@ -163,7 +166,9 @@ impl BlockMap {
             }
         }
         for (i, block) in gone.iter().enumerate() {
-            if let (Some(table), Some(b)) = (self.pages.get(worker.page()), gone.get(i + PREFETCH_AHEAD)) {
+            if let (Some(table), Some(b)) =
+                (self.pages.get(worker.page()), gone.get(i + PREFETCH_AHEAD))
+            {
                 table.prefetch(*b, UPDATE_LINES);
             }
             self.unset(worker, BlockHash(*block));
@@ -176,7 +181,9 @@ impl BlockMap {
         let Some(table) = self.pages.get_mut(worker.page()) else {
             return;
         };
-        table.modify(block.0, |bits| Some(bits & !worker.bit()).filter(|b| *b != 0));
+        table.modify(block.0, |bits| {
+            Some(bits & !worker.bit()).filter(|b| *b != 0)
+        });
     }
 
     /// Drops every entry of `worker`; returns how many.
@@ -202,7 +209,8 @@ impl BlockMap {
     pub(crate) fn evict_to(&mut self, target: usize) -> usize {
         let mut evicted = 0;
         while self.entries > target {
-            let Some(victim) = (0..self.workers.len()).max_by_key(|&i| self.workers[i].engine.len())
+            let Some(victim) =
+                (0..self.workers.len()).max_by_key(|&i| self.workers[i].engine.len())
             else {
                 break;
             };
@@ -219,7 +227,7 @@ impl BlockMap {
                 evicted += 1;
                 self.unset(worker, BlockHash(block));
             }
-            if self.workers[victim].engine.len() == 0 && self.entries > target {
+            if self.workers[victim].engine.is_empty() && self.entries > target {
                 // Defensive: a worker with no entries cannot be the largest unless all are empty.
                 break;
             }
@@ -252,13 +260,13 @@ fn lookup_page(table: &Table<Bits>, page: usize, blocks: &[BlockHash], out: &mut
     if active == 0 {
         return;
     }
-    for b in blocks.iter().skip(1).take(PREFETCH_AHEAD) {
+    for b in blocks.iter().skip(1).take(LOOKUP_AHEAD) {
         table.prefetch(b.0, LOOKUP_LINES);
     }
     let mut lost = [0u32; PAGE_WORKERS as usize];
     let mut i = 1;
     while i < blocks.len() {
-        if let Some(ahead) = blocks.get(i + PREFETCH_AHEAD) {
+        if let Some(ahead) = blocks.get(i + LOOKUP_AHEAD) {
             table.prefetch(ahead.0, LOOKUP_LINES);
         }
         let bits = table.get(blocks[i].0).unwrap_or(0);

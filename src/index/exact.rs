@@ -17,10 +17,10 @@ use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::blocks::BlockMap;
 use super::overlaps::Overlaps;
+use super::rehash::chain_hash_small;
 use super::stats::{IndexStats, StatsSnapshot};
 use super::worker::WorkerIdx;
 use crate::kv_events::{BlockRemoved, BlockStored, EngineHash, EventBatch, KvEvent};
-use super::rehash::chain_hash_small;
 use crate::tokens::{BlockHash, HashSeed};
 
 /// Most blocks applied per write-lock hold.

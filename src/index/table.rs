@@ -119,7 +119,6 @@ impl<V: Copy + Default> Table<V> {
     }
 
     /// Whether the table is empty.
-    #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -303,9 +302,7 @@ impl<V: Copy + Default> Table<V> {
     pub(crate) fn remove_next(&mut self, hand: usize) -> Option<(u64, V, usize)> {
         let n = self.slots.len();
         let start = hand.min(n);
-        let found = (start..n)
-            .chain(0..start)
-            .find(|&i| self.slots[i].key != 0);
+        let found = (start..n).chain(0..start).find(|&i| self.slots[i].key != 0);
         match found {
             Some(pos) => {
                 let Slot { key, val } = self.slots[pos];

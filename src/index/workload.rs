@@ -70,7 +70,7 @@ impl WorkloadConfig {
             evict_fraction: 0.2,
             lookups: 100_000,
             miss_blocks: 400,
-            seed: 0x6b76_726f_7574_65,
+            seed: 0x006b_7672_6f75_7465,
         }
     }
 
@@ -157,7 +157,8 @@ impl EngineCache {
     fn insert(&mut self, block: BlockHash, parent: Option<BlockHash>, now: u64) {
         if let Some(p) = parent.and_then(|p| self.nodes.get_mut(&p)) {
             if p.children == 0 {
-                self.leaves.remove(&(p.last_used, parent.unwrap_or_default()));
+                self.leaves
+                    .remove(&(p.last_used, parent.unwrap_or_default()));
             }
             p.children += 1;
         }
@@ -198,7 +199,10 @@ impl EngineCache {
 /// The engine's own id for a block: opaque, different per worker (like vLLM's per-process hash
 /// seed), stable for the same content on the same worker.
 pub fn engine_id(worker: WorkerIdx, block: BlockHash) -> EngineHash {
-    EngineHash(xxh3_64_with_seed(&block.0.to_le_bytes(), u64::from(worker.0) + 1))
+    EngineHash(xxh3_64_with_seed(
+        &block.0.to_le_bytes(),
+        u64::from(worker.0) + 1,
+    ))
 }
 
 fn random_tokens(rng: &mut SmallRng, n: usize) -> Vec<u32> {
@@ -241,8 +245,9 @@ impl Workload {
             .map(|t| block_hashes(seed, t, bs))
             .collect();
         let cdf = zipf_cdf(config.roots, config.zipf_s);
-        let mut engines: Vec<EngineCache> =
-            (0..config.workers).map(|_| EngineCache::default()).collect();
+        let mut engines: Vec<EngineCache> = (0..config.workers)
+            .map(|_| EngineCache::default())
+            .collect();
         let mut w = Workload {
             batches: Vec::new(),
             held: Vec::new(),
@@ -302,7 +307,8 @@ impl Workload {
                 ..BlockStored::default()
             };
             w.blocks_stored += stored.block_hashes.len() as u64;
-            w.batches.push((worker, batch(vec![KvEvent::Stored(stored)])));
+            w.batches
+                .push((worker, batch(vec![KvEvent::Stored(stored)])));
             w.request_roots.push(root as u32);
             w.suffix_hashes.push(suffix);
             if (req + 1) % config.evict_every == 0 {

@@ -75,7 +75,9 @@ impl KvEvent {
     /// the only ones that save prefill for a routed request.
     pub fn is_device_prefix(&self) -> bool {
         fn gpu(medium: &Option<String>) -> bool {
-            medium.as_deref().is_none_or(|m| m.eq_ignore_ascii_case("GPU"))
+            medium
+                .as_deref()
+                .is_none_or(|m| m.eq_ignore_ascii_case("GPU"))
         }
         fn group0(g: &Option<i64>) -> bool {
             g.is_none_or(|g| g == 0)

@@ -100,7 +100,11 @@ fn builtin_encode(text: &str) -> Vec<u32> {
             while i < bytes.len() && char_at(text, i).is_whitespace() {
                 let w = char_at(text, i);
                 // Leave a final space to lead the next word, as BPE does.
-                if w == ' ' && i + 1 < bytes.len() && char_at(text, i + 1).is_alphanumeric() && i > start {
+                if w == ' '
+                    && i + 1 < bytes.len()
+                    && char_at(text, i + 1).is_alphanumeric()
+                    && i > start
+                {
                     break;
                 }
                 i += w.len_utf8();
