@@ -7,6 +7,7 @@ pub mod config;
 pub mod demo;
 pub mod engine;
 pub mod fleet;
+pub mod index;
 pub mod kv_events;
 pub mod metrics;
 pub mod openai;

@@ -1,0 +1,172 @@
+//! Index benchmark on the workload of issue 4 (see `kvroute::index::workload`), reporting the
+//! figures compared with NVIDIA Dynamo's indexers: blocks applied per second on one thread,
+//! lookup latency percentiles over 100,000 lookups, and bytes per (block, worker) pair; then
+//! criterion micro-benchmarks of single operations.
+//!
+//! Run: `cargo bench --bench index` (add `-- --report-only` to skip criterion).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::hint::black_box;
+use std::sync::atomic::{AtomicIsize, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+use criterion::Criterion;
+use hdrhistogram::Histogram;
+use kvroute::index::workload::{Workload, WorkloadConfig, seed};
+use kvroute::index::{IndexConfig, KvIndex};
+use kvroute::tokens::HashSeed;
+
+/// Counts live heap bytes, so the index's footprint is measured, not estimated.
+struct Counting;
+
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        LIVE.fetch_add(l.size() as isize, Relaxed);
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        LIVE.fetch_sub(l.size() as isize, Relaxed);
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+        LIVE.fetch_add(new as isize - l.size() as isize, Relaxed);
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { System.realloc(p, l, new) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+fn seeds(_: Option<&str>, _: Option<&str>) -> HashSeed {
+    seed()
+}
+
+/// CPU time of this thread: on a machine shared with other jobs, wall time also counts the
+/// time the scheduler gave to someone else.
+fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer for the duration of the call.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// Applies every batch to a fresh index; returns it with the wall and CPU time taken.
+fn build(w: &Workload) -> (KvIndex, Duration, Duration) {
+    let idx = KvIndex::new(IndexConfig::default());
+    let (t, cpu) = (Instant::now(), thread_cpu_time());
+    for (worker, b) in &w.batches {
+        idx.apply(*worker, b, &seeds);
+    }
+    (idx, t.elapsed(), thread_cpu_time() - cpu)
+}
+
+fn main() {
+    let report_only = std::env::args().any(|a| a == "--report-only");
+    let t = Instant::now();
+    let w = Workload::generate(WorkloadConfig::issue4());
+    let blocks = w.blocks_stored + w.blocks_removed;
+    println!(
+        "workload: {} batches, {} blocks stored, {} removed, {} live pairs (generated in {:.1?})",
+        w.batches.len(),
+        w.blocks_stored,
+        w.blocks_removed,
+        w.live_pairs(),
+        t.elapsed()
+    );
+
+    let (mut best, mut best_cpu) = (Duration::MAX, Duration::MAX);
+    for _ in 0..3 {
+        let (idx, wall, cpu) = build(&w);
+        drop(idx);
+        best = best.min(wall);
+        best_cpu = best_cpu.min(cpu);
+    }
+    println!(
+        "apply (1 thread, best of 3, stored + removed blocks, tokens rehashed): {blocks} blocks \
+         in {:.1?} wall = {:.1} M blocks/s; {:.1?} thread CPU = {:.1} M blocks/s",
+        best,
+        blocks as f64 / best.as_secs_f64() / 1e6,
+        best_cpu,
+        blocks as f64 / best_cpu.as_secs_f64() / 1e6,
+    );
+
+    let before = LIVE.load(Relaxed);
+    let (idx, _, _) = build(&w);
+    let live = (LIVE.load(Relaxed) - before) as f64;
+    let entries = idx.entries();
+    assert_eq!(entries, w.live_pairs(), "index disagrees with the engines");
+    println!(
+        "memory: {entries} (block, worker) pairs, {:.1} MB live heap = {:.1} bytes/pair \
+         (table capacity {:.1} bytes/pair)",
+        live / 1e6,
+        live / entries as f64,
+        idx.heap_bytes() as f64 / entries as f64
+    );
+
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 10_000_000, 3).expect("bounds");
+    let mut buf = Vec::new();
+    let (mut probed, mut hits) = (0usize, 0usize);
+    for i in 0..w.lookups() {
+        w.lookup_into(i, &mut buf);
+        let t = Instant::now();
+        let o = idx.lookup(black_box(&buf));
+        let ns = t.elapsed().as_nanos() as u64;
+        hist.saturating_record(ns.max(1));
+        probed += buf.len();
+        hits += usize::from(!o.is_empty());
+        black_box(o);
+    }
+    println!(
+        "lookup ({} lookups, {:.0} blocks avg, {:.0} % hit some worker): \
+         median {:.2} µs, p90 {:.2} µs, p99 {:.2} µs, p99.9 {:.2} µs, max {:.2} µs",
+        w.lookups(),
+        probed as f64 / w.lookups() as f64,
+        100.0 * hits as f64 / w.lookups() as f64,
+        hist.value_at_quantile(0.5) as f64 / 1e3,
+        hist.value_at_quantile(0.9) as f64 / 1e3,
+        hist.value_at_quantile(0.99) as f64 / 1e3,
+        hist.value_at_quantile(0.999) as f64 / 1e3,
+        hist.max() as f64 / 1e3,
+    );
+
+    if report_only {
+        return;
+    }
+    let mut c = Criterion::default()
+        .configure_from_args()
+        .sample_size(20)
+        .measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_secs(1));
+    let mut g = c.benchmark_group("index");
+    let mut i = 0;
+    g.bench_function("lookup_workload_mix", |b| {
+        b.iter_batched_ref(
+            || {
+                i = (i + 1) % w.lookups();
+                let mut v = Vec::new();
+                w.lookup_into(i, &mut v);
+                v
+            },
+            |v| idx.lookup(v),
+            criterion::BatchSize::SmallInput,
+        )
+    });
+    // A full request batch of the workload applied to the loaded index, then removed again so
+    // the index stays the same size across iterations.
+    let (worker, stored) = w.batches[w.batches.len() / 2].clone();
+    g.bench_function("apply_one_request", |b| {
+        b.iter(|| {
+            idx.apply(worker, &stored, &seeds);
+        })
+    });
+    g.finish();
+    c.final_summary();
+}

@@ -1,0 +1,268 @@
+//! Approximate holdings: what the router predicts a worker caches because it routed a request
+//! there, for workers that publish no KV events (and, alongside events, for requests still in
+//! prefill, whose blocks the engine has not announced yet).
+//!
+//! A prediction is only a guess (the engine may evict, or never finish the prefill), so each
+//! one expires after a TTL and each worker keeps at most `capacity` predicted blocks, dropping
+//! the oldest first. Time is passed in, never read, so `sim` drives it in virtual time.
+
+use std::collections::VecDeque;
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Duration;
+
+use super::overlaps::Overlaps;
+use super::table::Table;
+use super::worker::WorkerIdx;
+use crate::tokens::BlockHash;
+
+/// Configuration of an [`ApproxIndex`].
+#[derive(Clone, Debug)]
+pub struct ApproxConfig {
+    /// How long a routed block is assumed to stay cached.
+    pub ttl: Duration,
+    /// Most predicted blocks kept per worker (oldest dropped first).
+    pub capacity_per_worker: usize,
+}
+
+impl Default for ApproxConfig {
+    fn default() -> Self {
+        ApproxConfig {
+            ttl: Duration::from_secs(120),
+            capacity_per_worker: 1 << 16,
+        }
+    }
+}
+
+/// Predicted blocks of one worker.
+#[derive(Default)]
+struct Predicted {
+    /// Block hash → expiry (nanoseconds on the caller's clock).
+    expiry: Table<u64>,
+    /// Blocks in recording order with the expiry they were recorded with; an entry whose
+    /// expiry no longer matches the table was re-recorded later and is stale.
+    order: VecDeque<(u64, u64)>,
+}
+
+impl Predicted {
+    fn record(&mut self, blocks: &[BlockHash], expires: u64, capacity: usize) {
+        for b in blocks {
+            self.expiry.insert(b.0, expires);
+            self.order.push_back((b.0, expires));
+        }
+        while self.expiry.len() > capacity {
+            if !self.pop_oldest() {
+                break;
+            }
+        }
+        // Re-recorded blocks leave stale queue entries; compact before they dominate.
+        if self.order.len() > 2 * capacity + 64 {
+            let expiry = &self.expiry;
+            self.order.retain(|(k, e)| expiry.get(*k) == Some(*e));
+        }
+    }
+
+    /// Drops the oldest live entry; `false` when the queue is empty.
+    fn pop_oldest(&mut self) -> bool {
+        while let Some((k, e)) = self.order.pop_front() {
+            if self.expiry.get(k) == Some(e) {
+                self.expiry.remove(k);
+                return true;
+            }
+        }
+        false
+    }
+
+    fn expire(&mut self, now: u64) {
+        while let Some(&(k, e)) = self.order.front() {
+            if e > now {
+                break;
+            }
+            self.order.pop_front();
+            if self.expiry.get(k) == Some(e) {
+                self.expiry.remove(k);
+            }
+        }
+    }
+
+    fn holds(&self, block: BlockHash, now: u64) -> bool {
+        self.expiry.get(block.0).is_some_and(|e| e > now)
+    }
+}
+
+fn nanos(t: Duration) -> u64 {
+    u64::try_from(t.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Blocks the router predicts workers hold because it routed requests to them.
+#[derive(Default)]
+pub struct ApproxIndex {
+    config: ApproxConfig,
+    workers: RwLock<Vec<Predicted>>,
+}
+
+impl ApproxIndex {
+    /// An empty set of predictions.
+    pub fn new(config: ApproxConfig) -> Self {
+        ApproxIndex {
+            config,
+            workers: RwLock::default(),
+        }
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, Vec<Predicted>> {
+        self.workers.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, Vec<Predicted>> {
+        self.workers.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records that a request with `blocks` was routed to `worker` at `now` (any monotonic
+    /// clock, as a duration since its epoch). Also expires old predictions of that worker.
+    pub fn record_routed(&self, worker: WorkerIdx, blocks: &[BlockHash], now: Duration) {
+        let now = nanos(now);
+        let expires = now.saturating_add(nanos(self.config.ttl));
+        let mut workers = self.write();
+        let i = worker.0 as usize;
+        if workers.len() <= i {
+            workers.resize_with(i + 1, Predicted::default);
+        }
+        workers[i].expire(now);
+        workers[i].record(blocks, expires, self.config.capacity_per_worker);
+    }
+
+    /// Drops expired predictions of every worker (call periodically; lookups already ignore
+    /// them, this only returns memory).
+    pub fn purge(&self, now: Duration) {
+        let now = nanos(now);
+        for p in self.write().iter_mut() {
+            p.expire(now);
+        }
+    }
+
+    /// Drops every prediction of `worker`.
+    pub fn clear_worker(&self, worker: WorkerIdx) {
+        if let Some(p) = self.write().get_mut(worker.0 as usize) {
+            *p = Predicted::default();
+        }
+    }
+
+    /// Predicted blocks currently kept for `worker` (including expired ones not yet purged).
+    pub fn len(&self, worker: WorkerIdx) -> usize {
+        self.read()
+            .get(worker.0 as usize)
+            .map_or(0, |p| p.expiry.len())
+    }
+
+    /// Per worker, the number of leading `blocks` predicted to be held at `now`.
+    pub fn lookup(&self, blocks: &[BlockHash], now: Duration) -> Overlaps {
+        self.lookup_with(blocks, now, &Overlaps::new(), |_, _| false)
+    }
+
+    /// Per worker, the leading blocks held by the union of `exact` holdings (counts from an
+    /// exact lookup, with `exact_holds` answering single blocks beyond them) and predictions.
+    pub(crate) fn lookup_with(
+        &self,
+        blocks: &[BlockHash],
+        now: Duration,
+        exact: &Overlaps,
+        exact_holds: impl Fn(WorkerIdx, BlockHash) -> bool,
+    ) -> Overlaps {
+        let now = nanos(now);
+        let mut out = exact.clone();
+        for (i, p) in self.read().iter().enumerate() {
+            if p.expiry.is_empty() {
+                continue;
+            }
+            let w = WorkerIdx(i as u32);
+            let mut n = exact.get(w) as usize;
+            while let Some(b) = blocks.get(n) {
+                if !(p.holds(*b, now) || exact_holds(w, *b)) {
+                    break;
+                }
+                n += 1;
+            }
+            out.raise(w, n as u32);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn blocks(start: u64, n: u64) -> Vec<BlockHash> {
+        (start..start + n)
+            .map(|i| BlockHash(i.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1))
+            .collect()
+    }
+
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
+    #[test]
+    fn routed_blocks_count_as_leading_until_the_ttl() {
+        let a = ApproxIndex::new(ApproxConfig {
+            ttl: secs(10),
+            capacity_per_worker: 1000,
+        });
+        let req = blocks(0, 8);
+        a.record_routed(WorkerIdx(3), &req[..5], secs(100));
+        assert_eq!(a.lookup(&req, secs(105)).get(WorkerIdx(3)), 5);
+        assert_eq!(a.lookup(&req, secs(105)).get(WorkerIdx(0)), 0);
+        assert_eq!(a.lookup(&req, secs(110)).get(WorkerIdx(3)), 0);
+        a.purge(secs(111));
+        assert_eq!(a.len(WorkerIdx(3)), 0);
+    }
+
+    #[test]
+    fn re_routing_refreshes_the_ttl() {
+        let a = ApproxIndex::new(ApproxConfig {
+            ttl: secs(10),
+            capacity_per_worker: 1000,
+        });
+        let req = blocks(0, 4);
+        a.record_routed(WorkerIdx(0), &req, secs(0));
+        a.record_routed(WorkerIdx(0), &req, secs(8));
+        // The first recording's queue entries expire at 10 but must not drop the refreshed ones.
+        a.record_routed(WorkerIdx(0), &blocks(100, 1), secs(12));
+        assert_eq!(a.lookup(&req, secs(15)).get(WorkerIdx(0)), 4);
+        assert_eq!(a.lookup(&req, secs(18)).get(WorkerIdx(0)), 0);
+    }
+
+    #[test]
+    fn capacity_drops_the_oldest_predictions() {
+        let a = ApproxIndex::new(ApproxConfig {
+            ttl: secs(1000),
+            capacity_per_worker: 10,
+        });
+        let old = blocks(0, 6);
+        let new = blocks(50, 6);
+        a.record_routed(WorkerIdx(1), &old, secs(1));
+        a.record_routed(WorkerIdx(1), &new, secs(2));
+        assert_eq!(a.len(WorkerIdx(1)), 10);
+        assert_eq!(a.lookup(&new, secs(3)).get(WorkerIdx(1)), 6);
+        // The two oldest blocks went first, so the old request lost its leading blocks.
+        assert_eq!(a.lookup(&old, secs(3)).get(WorkerIdx(1)), 0);
+        assert_eq!(a.lookup(&old[2..], secs(3)).get(WorkerIdx(1)), 4);
+    }
+
+    #[test]
+    fn leading_blocks_only() {
+        let a = ApproxIndex::new(ApproxConfig::default());
+        let req = blocks(0, 6);
+        a.record_routed(WorkerIdx(0), &[req[0], req[1], req[3]], secs(0));
+        assert_eq!(a.lookup(&req, secs(1)).get(WorkerIdx(0)), 2);
+    }
+
+    #[test]
+    fn clear_worker_forgets_predictions() {
+        let a = ApproxIndex::new(ApproxConfig::default());
+        let req = blocks(0, 3);
+        a.record_routed(WorkerIdx(2), &req, secs(0));
+        a.clear_worker(WorkerIdx(2));
+        assert!(a.lookup(&req, secs(0)).is_empty());
+    }
+}

@@ -1,0 +1,92 @@
+//! The answer of a lookup: per worker, how many leading blocks of a request it holds.
+
+use super::worker::WorkerIdx;
+
+/// Per worker, the number of leading blocks of a request it holds (only workers holding at
+/// least one), sorted by worker.
+///
+/// "Leading" is the only count that saves prefill: an engine reuses a cached prefix, so a
+/// worker holding blocks 0–9 and 20–29 of a request saves 10 blocks, not 20.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Overlaps {
+    counts: Vec<(WorkerIdx, u32)>,
+}
+
+impl Overlaps {
+    /// No worker holds anything.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Leading blocks held by `worker` (0 if none).
+    pub fn get(&self, worker: WorkerIdx) -> u32 {
+        self.counts
+            .binary_search_by_key(&worker, |(w, _)| *w)
+            .map_or(0, |i| self.counts[i].1)
+    }
+
+    /// Raises `worker`'s count to at least `blocks`.
+    pub fn raise(&mut self, worker: WorkerIdx, blocks: u32) {
+        if blocks == 0 {
+            return;
+        }
+        match self.counts.binary_search_by_key(&worker, |(w, _)| *w) {
+            Ok(i) => self.counts[i].1 = self.counts[i].1.max(blocks),
+            Err(i) => self.counts.insert(i, (worker, blocks)),
+        }
+    }
+
+    /// Workers with a non-zero count and their counts, by worker.
+    pub fn iter(&self) -> impl Iterator<Item = (WorkerIdx, u32)> + '_ {
+        self.counts.iter().copied()
+    }
+
+    /// Number of workers holding at least the first block.
+    pub fn len(&self) -> usize {
+        self.counts.len()
+    }
+
+    /// Whether no worker holds even the first block.
+    pub fn is_empty(&self) -> bool {
+        self.counts.is_empty()
+    }
+
+    /// The largest count (0 when empty).
+    pub fn max(&self) -> u32 {
+        self.counts.iter().map(|(_, n)| *n).max().unwrap_or(0)
+    }
+
+    /// Appends a count for a worker larger than every worker already present (the lookup
+    /// produces workers in order; `raise` keeps the order otherwise).
+    pub(crate) fn push_sorted(&mut self, worker: WorkerIdx, blocks: u32) {
+        debug_assert!(self.counts.last().is_none_or(|(w, _)| *w < worker));
+        if blocks > 0 {
+            self.counts.push((worker, blocks));
+        }
+    }
+
+    /// Restores worker order after counts were pushed page by page out of order.
+    pub(crate) fn sort(&mut self) {
+        self.counts.sort_unstable_by_key(|(w, _)| *w);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raise_keeps_the_maximum_and_worker_order() {
+        let mut o = Overlaps::new();
+        o.raise(WorkerIdx(5), 3);
+        o.raise(WorkerIdx(1), 7);
+        o.raise(WorkerIdx(5), 2);
+        o.raise(WorkerIdx(9), 0);
+        assert_eq!(
+            o.iter().collect::<Vec<_>>(),
+            vec![(WorkerIdx(1), 7), (WorkerIdx(5), 3)]
+        );
+        assert_eq!(o.get(WorkerIdx(9)), 0);
+        assert_eq!(o.max(), 7);
+    }
+}
