@@ -4,7 +4,8 @@
 //! routers in one process — tests, `kvroute demo` — never mix their numbers.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 /// Buckets for latencies from sub-millisecond to minutes.
@@ -39,6 +40,19 @@ pub struct Metrics {
     pub upstream_errors: IntCounterVec,
     /// `kvroute_worker_healthy{worker}`: 1 when the worker may receive requests.
     pub worker_healthy: IntGaugeVec,
+    /// `kvroute_prefix_hit_blocks_total{worker}`: prompt blocks the chosen worker held.
+    pub prefix_hit_blocks: IntCounterVec,
+    /// `kvroute_prefix_queried_blocks_total{worker}`: prompt blocks routed to the worker.
+    pub prefix_queried_blocks: IntCounterVec,
+    /// `kvroute_index_entries`: (block, worker) entries in the event-fed index.
+    pub index_entries: IntGauge,
+    /// `kvroute_index_events_total{outcome}`: KV events applied or skipped by the index.
+    pub index_events: IntCounterVec,
+    /// `kvroute_index_evictions_total`: entries evicted to stay within `index.max_entries`.
+    pub index_evictions: IntCounter,
+    /// `kvroute_kv_events_total{worker,kind}`: per-worker event-stream counters (batches,
+    /// undecodable, gaps, restarts, replays_ok, replays_failed, dropped).
+    pub kv_stream: IntCounterVec,
 }
 
 impl Metrics {
@@ -112,6 +126,39 @@ impl Metrics {
             &["worker"],
         )
         .expect("static metric definition");
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            IntCounterVec::new(Opts::new(name, help), labels).expect("static metric definition")
+        };
+        let prefix_hit_blocks = counter(
+            "kvroute_prefix_hit_blocks_total",
+            "Prompt blocks the chosen worker already held (block-weighted hits).",
+            &["worker"],
+        );
+        let prefix_queried_blocks = counter(
+            "kvroute_prefix_queried_blocks_total",
+            "Prompt blocks of requests routed to the worker (block-weighted queries).",
+            &["worker"],
+        );
+        let index_entries = IntGauge::new(
+            "kvroute_index_entries",
+            "(block, worker) entries in the event-fed KV index.",
+        )
+        .expect("static metric definition");
+        let index_events = counter(
+            "kvroute_index_events_total",
+            "KV events applied to or skipped by the index.",
+            &["outcome"],
+        );
+        let index_evictions = IntCounter::new(
+            "kvroute_index_evictions_total",
+            "Index entries evicted to stay within index.max_entries.",
+        )
+        .expect("static metric definition");
+        let kv_stream = counter(
+            "kvroute_kv_events_total",
+            "Per-worker KV-event stream counters: batches, undecodable, gaps, restarts, replays, drops.",
+            &["worker", "kind"],
+        );
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(request_duration.clone()),
@@ -121,6 +168,12 @@ impl Metrics {
             Box::new(retries.clone()),
             Box::new(upstream_errors.clone()),
             Box::new(worker_healthy.clone()),
+            Box::new(prefix_hit_blocks.clone()),
+            Box::new(prefix_queried_blocks.clone()),
+            Box::new(index_entries.clone()),
+            Box::new(index_events.clone()),
+            Box::new(index_evictions.clone()),
+            Box::new(kv_stream.clone()),
         ] {
             registry.register(c).expect("metric names are unique");
         }
@@ -134,6 +187,12 @@ impl Metrics {
             retries,
             upstream_errors,
             worker_healthy,
+            prefix_hit_blocks,
+            prefix_queried_blocks,
+            index_entries,
+            index_events,
+            index_evictions,
+            kv_stream,
         }
     }
 
@@ -156,6 +215,15 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Metrics::new()
+    }
+}
+
+/// Raises a counter to `value`, a cumulative count kept elsewhere (index or subscriber
+/// atomics), so it can be exported as a true Prometheus counter at scrape time.
+pub fn sync_counter(counter: &prometheus::IntCounter, value: u64) {
+    let current = counter.get();
+    if value > current {
+        counter.inc_by(value - current);
     }
 }
 

@@ -192,7 +192,7 @@ impl Config {
 /// Default listen address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8000";
 /// Default policy.
-pub const DEFAULT_POLICY: &str = "least_request";
+pub const DEFAULT_POLICY: &str = "kv_aware";
 /// Default request body limit: 32 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: u64 = 32 << 20;
 

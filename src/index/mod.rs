@@ -15,6 +15,7 @@
 mod approx;
 mod blocks;
 mod exact;
+mod feed;
 mod holdings;
 mod overlaps;
 mod rehash;
@@ -25,6 +26,7 @@ pub mod workload;
 
 pub use approx::{ApproxConfig, ApproxIndex};
 pub use exact::{Applied, IndexConfig, KvIndex, SeedFor, WRITE_CHUNK};
+pub use feed::WorkerFeed;
 pub use holdings::Holdings;
 pub use overlaps::Overlaps;
 pub use stats::{IndexStats, StatsSnapshot};

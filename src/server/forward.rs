@@ -8,12 +8,13 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderMap, HeaderValue};
 
-use super::AppState;
 use super::body::read_limited;
+use super::{AppState, route};
 use crate::fleet::Worker;
+use crate::index::WorkerIdx;
 use crate::metrics::Metrics;
 use crate::openai::{ApiError, Endpoint, RequestView};
-use crate::policy::{Candidate, RouteRequest};
+use crate::policy::{Observation, Policy};
 use crate::proxy::{self, Attempt, End, ObservedBody, ResponseObserver};
 
 /// Header naming the worker that served a response.
@@ -84,40 +85,50 @@ async fn forward(
         });
     }
 
-    let route = RouteRequest::default();
-    let policy = Arc::clone(&state.policy);
     let decision_started = Instant::now();
+    let analysis = route::analyse(state, &view).await?;
     let mut first_pick = true;
+    let mut routed: Option<Routed> = None;
     let metrics = &state.metrics;
     let pick = |tried: &[u32]| -> Option<Attempt> {
-        let workers: Vec<&Arc<Worker>> = eligible
-            .iter()
-            .filter(|w| !tried.contains(&w.slot) && w.is_healthy())
-            .collect();
-        let candidates: Vec<Candidate> = workers
-            .iter()
-            .map(|w| Candidate {
-                id: w.id().into(),
-                slot: w.slot,
-                load: w.load.snapshot(),
-                overlap_blocks: 0,
-            })
-            .collect();
-        let decision = policy.choose(&route, &candidates)?;
+        let (workers, candidates) = route::candidates(&eligible, &analysis, tried);
+        let decision = route::choose(state, &analysis, &candidates)?;
+        let chosen = &candidates[decision.chosen];
+        let worker = Arc::clone(workers[decision.chosen]);
         if first_pick {
             first_pick = false;
             metrics
                 .decision
-                .with_label_values(&[policy.name(), "total"])
+                .with_label_values(&[state.policy.name(), "total"])
                 .observe(decision_started.elapsed().as_secs_f64());
         }
-        let worker = Arc::clone(workers[decision.chosen]);
-        let cached =
-            u64::from(candidates[decision.chosen].overlap_blocks) * u64::from(route.block_size);
-        let guard = worker.load.admit(
-            route.prompt_tokens,
-            route.prompt_tokens.saturating_sub(cached),
-        );
+        let uncached = route::uncached_tokens(&analysis, chosen);
+        if analysis.request.blocks > 0 {
+            metrics
+                .prefix_queried_blocks
+                .with_label_values(&[worker.id()])
+                .inc_by(u64::from(analysis.request.blocks));
+            metrics
+                .prefix_hit_blocks
+                .with_label_values(&[worker.id()])
+                .inc_by(u64::from(
+                    chosen.overlap_blocks.min(analysis.request.blocks),
+                ));
+            if !state.has_feed(worker.slot) {
+                state.holdings.approx.record_routed(
+                    WorkerIdx(worker.slot),
+                    &analysis.hashes,
+                    state.now(),
+                );
+            }
+        }
+        routed = Some(Routed {
+            uncached_tokens: uncached,
+            queued_tokens: chosen.load.queued_prefill_tokens,
+            decoding: chosen.load.decoding,
+            at: Instant::now(),
+        });
+        let guard = worker.load.admit(analysis.request.prompt_tokens, uncached);
         Some(Attempt { worker, guard })
     };
     let (attempt, upstream) = state
@@ -135,6 +146,8 @@ async fn forward(
         worker: Arc::clone(&attempt.worker),
         guard: attempt.guard,
         metrics: state.metrics.clone(),
+        policy: Arc::clone(&state.policy),
+        routed,
         model: view.model,
         status: parts.status,
         started,
@@ -154,11 +167,23 @@ fn no_worker() -> ApiError {
     )
 }
 
-/// Records a proxied response's milestones in load accounting and metrics.
+/// What the router predicted when it sent the request, for calibration at first token.
+#[derive(Clone, Copy, Debug)]
+struct Routed {
+    uncached_tokens: u64,
+    queued_tokens: u64,
+    decoding: u64,
+    at: Instant,
+}
+
+/// Records a proxied response's milestones in load accounting, metrics and the policy's
+/// calibration.
 struct Observer {
     worker: Arc<Worker>,
     guard: crate::fleet::LoadGuard,
     metrics: Metrics,
+    policy: Arc<dyn Policy>,
+    routed: Option<Routed>,
     model: String,
     status: http::StatusCode,
     started: Instant,
@@ -172,6 +197,15 @@ impl ResponseObserver for Observer {
                 .ttft
                 .with_label_values(&[&self.model, self.worker.id()])
                 .observe(self.started.elapsed().as_secs_f64());
+            if let Some(r) = self.routed.take() {
+                self.policy.observe(&Observation {
+                    slot: self.worker.slot,
+                    uncached_tokens: r.uncached_tokens,
+                    queued_tokens: r.queued_tokens,
+                    decoding: r.decoding,
+                    ttft_s: r.at.elapsed().as_secs_f64(),
+                });
+            }
         }
     }
 

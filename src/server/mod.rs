@@ -2,12 +2,15 @@
 //! shape, and the lifecycle (start, graceful shutdown).
 
 mod body;
+mod debug;
 mod forward;
 mod ops;
+mod route;
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::routing::{get, post};
@@ -16,11 +19,16 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::fleet::{Fleet, health};
+use crate::fleet::{Fleet, Worker, health};
+use crate::index::{
+    ApproxConfig, ApproxIndex, Holdings, IndexConfig, KvIndex, WorkerFeed, WorkerIdx,
+};
+use crate::kv_events::SubscriberConfig;
 use crate::metrics::Metrics;
 use crate::openai::ApiError;
 use crate::policy::{self, Policy};
 use crate::proxy::Upstream;
+use crate::tokens::ModelRegistry;
 
 /// Everything a request handler needs, shared by all requests.
 pub struct AppState {
@@ -34,18 +42,97 @@ pub struct AppState {
     pub metrics: Metrics,
     /// Largest accepted request body.
     pub max_body_bytes: usize,
+    /// Tokenizers, chat templates and block sizes per model.
+    pub tokens: ModelRegistry,
+    /// Who holds which block: event-fed and predicted.
+    pub holdings: Arc<Holdings>,
+    /// KV-event feeds, by worker slot.
+    feeds: Mutex<HashMap<u32, WorkerFeed>>,
+    /// Origin of the index's clock (approximate entries expire on it).
+    started: Instant,
 }
 
 impl AppState {
-    /// State for `config`, with a fresh fleet and metrics.
-    pub fn from_config(config: &Config) -> Result<AppState, policy::UnknownPolicy> {
+    /// State for `config`: fleet, policy, tokenizers (loaded now), an empty index, metrics.
+    pub fn from_config(config: &Config) -> anyhow::Result<AppState> {
+        let holdings = Holdings::new(
+            KvIndex::new(IndexConfig {
+                max_entries: config.index.max_entries,
+            }),
+            ApproxIndex::new(ApproxConfig {
+                ttl: config.index.approx_ttl,
+                capacity_per_worker: config.index.approx_capacity_blocks,
+            }),
+        );
         Ok(AppState {
             fleet: Arc::new(Fleet::new(config.workers.clone())),
-            policy: policy::by_name(&config.policy, config.seed)?,
+            policy: policy::build(&config.policy, &config.policy_settings())?,
             upstream: Upstream::new(config.proxy.clone()),
             metrics: Metrics::new(),
             max_body_bytes: config.max_body_bytes,
+            tokens: ModelRegistry::load(config)?,
+            holdings: Arc::new(holdings),
+            feeds: Mutex::new(HashMap::new()),
+            started: Instant::now(),
         })
+    }
+
+    /// The index's clock: time since the router started.
+    pub fn now(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Subscribes to the KV events of every worker that publishes them and has none yet.
+    /// Must be called on a Tokio runtime.
+    pub fn start_feeds(&self) {
+        for w in self.fleet.workers().iter() {
+            self.start_feed(w);
+        }
+    }
+
+    fn start_feed(&self, w: &Arc<Worker>) {
+        let Some(endpoint) = &w.spec.kv_events else {
+            return;
+        };
+        let Ok(mut feeds) = self.feeds.lock() else {
+            return;
+        };
+        if feeds.contains_key(&w.slot) {
+            return;
+        }
+        let mut sub = SubscriberConfig::new(w.id(), endpoint.clone());
+        if let Some(replay) = &w.spec.kv_replay {
+            sub = sub.with_replay(replay.clone());
+        }
+        // Engine events do not name the model: a worker's blocks are hashed for its first
+        // model, which is every worker's case in a single-model fleet.
+        let model = w.models().into_iter().next().unwrap_or_default();
+        match WorkerFeed::start(Arc::clone(&self.holdings), WorkerIdx(w.slot), model, sub) {
+            Ok(feed) => {
+                feeds.insert(w.slot, feed);
+            }
+            Err(e) => tracing::error!(worker = w.id(), error = %e, "cannot subscribe to KV events"),
+        }
+    }
+
+    /// Whether the worker in `slot` has a KV-event feed.
+    pub fn has_feed(&self, slot: u32) -> bool {
+        self.feeds
+            .lock()
+            .map(|f| f.contains_key(&slot))
+            .unwrap_or(false)
+    }
+
+    /// Counters of every feed, by worker slot, for metrics.
+    fn feed_stats(&self) -> Vec<(u32, Arc<crate::kv_events::SubscriberStats>)> {
+        self.feeds
+            .lock()
+            .map(|f| {
+                f.iter()
+                    .filter_map(|(slot, feed)| feed.stats().map(|s| (*slot, Arc::clone(s))))
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 }
 
@@ -58,6 +145,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/health", get(ops::health))
         .route("/ready", get(ops::ready))
         .route("/metrics", get(ops::metrics))
+        .route("/debug/route", post(debug::route))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
@@ -122,6 +210,7 @@ pub fn start_with_state(
     listener: TcpListener,
 ) -> anyhow::Result<RouterHandle> {
     let addr = listener.local_addr()?;
+    state.start_feeds();
     let stop = CancellationToken::new();
     let health_task = health::spawn(
         Arc::clone(&state.fleet),

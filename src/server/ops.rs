@@ -9,6 +9,7 @@ use http::StatusCode;
 use serde_json::json;
 
 use super::AppState;
+use crate::metrics::sync_counter;
 use crate::openai::ApiError;
 
 /// `GET /health`: the process is alive.
@@ -37,7 +38,40 @@ pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let m = &state.metrics;
     m.in_flight.reset();
     m.worker_healthy.reset();
-    for w in state.fleet.workers().iter() {
+    let workers = state.fleet.workers();
+    let index = state.holdings.exact.stats();
+    m.index_entries
+        .set(i64::try_from(index.entries).unwrap_or(i64::MAX));
+    sync_counter(
+        &m.index_events.with_label_values(&["applied"]),
+        index.events_applied,
+    );
+    sync_counter(
+        &m.index_events.with_label_values(&["skipped"]),
+        index.events_skipped,
+    );
+    sync_counter(&m.index_evictions, index.evictions);
+    for (slot, stats) in state.feed_stats() {
+        let Some(w) = workers.iter().find(|w| w.slot == slot) else {
+            continue;
+        };
+        let r = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        for (kind, value) in [
+            ("batches", r(&stats.batches)),
+            ("events", r(&stats.events)),
+            ("undecodable", r(&stats.undecodable)),
+            ("malformed", r(&stats.malformed_messages)),
+            ("unknown_events", r(&stats.unknown_events)),
+            ("gaps", r(&stats.gaps)),
+            ("restarts", r(&stats.restarts)),
+            ("replays_ok", r(&stats.replays_ok)),
+            ("replays_failed", r(&stats.replays_failed)),
+            ("dropped", r(&stats.dropped)),
+        ] {
+            sync_counter(&m.kv_stream.with_label_values(&[w.id(), kind]), value);
+        }
+    }
+    for w in workers.iter() {
         let load = w.load.snapshot();
         m.in_flight
             .with_label_values(&[w.id()])

@@ -1,0 +1,91 @@
+//! Feeding one worker's KV events into the index.
+//!
+//! A [`WorkerFeed`] owns the worker's ZeroMQ subscriber (a thread, see
+//! `kv_events::subscriber`) and a task that applies what it receives: batches in sequence
+//! order, and a full clear of the worker's entries whenever the subscriber says the stream
+//! cannot be trusted (publisher restart, unrecoverable gap). Stale entries are worse than none:
+//! they route requests to a worker for a prefix it no longer holds.
+//!
+//! Dropping the feed stops both and clears the worker's entries, so a removed worker leaves
+//! nothing behind.
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+use super::holdings::Holdings;
+use super::worker::WorkerIdx;
+use crate::kv_events::{
+    Subscriber, SubscriberConfig, SubscriberError, SubscriberEvent, SubscriberHandle,
+    SubscriberStats,
+};
+use crate::tokens::model::hash_seed;
+
+/// Events queued between the subscriber thread and the applying task; beyond it the thread
+/// waits (ZeroMQ then buffers, since the receive high-water mark is unbounded).
+const QUEUE: usize = 4096;
+
+/// A running event feed for one worker.
+pub struct WorkerFeed {
+    worker: WorkerIdx,
+    holdings: Arc<Holdings>,
+    subscriber: Option<SubscriberHandle>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl WorkerFeed {
+    /// Subscribes to the worker's events and applies them to `holdings`; block chains are
+    /// seeded for `model` (with the salt and LoRA name each event carries). Must be called on
+    /// a Tokio runtime.
+    pub fn start(
+        holdings: Arc<Holdings>,
+        worker: WorkerIdx,
+        model: String,
+        config: SubscriberConfig,
+    ) -> Result<WorkerFeed, SubscriberError> {
+        let (tx, mut rx) = mpsc::channel(QUEUE);
+        let subscriber = Subscriber::spawn(config, tx)?;
+        let index = Arc::clone(&holdings);
+        let task = tokio::spawn(async move {
+            let seeds = move |salt: Option<&str>, lora: Option<&str>| hash_seed(&model, lora, salt);
+            while let Some(msg) = rx.recv().await {
+                match msg.event {
+                    SubscriberEvent::Batch { batch, .. } => {
+                        index.exact.apply(worker, &batch, &seeds);
+                    }
+                    SubscriberEvent::Reset { last_seq, seq } => {
+                        tracing::info!(worker = %msg.worker, last_seq, seq, "KV-event publisher restarted; worker starts cold");
+                        index.exact.clear_worker(worker);
+                    }
+                    SubscriberEvent::Dropped { from, to, reason } => {
+                        tracing::warn!(worker = %msg.worker, from, to, ?reason, "KV events lost; dropping the worker's index entries");
+                        index.exact.clear_worker(worker);
+                    }
+                    SubscriberEvent::Undecodable { seq, error } => {
+                        tracing::warn!(worker = %msg.worker, seq, %error, "undecodable KV-event batch skipped");
+                    }
+                }
+            }
+        });
+        Ok(WorkerFeed {
+            worker,
+            holdings,
+            subscriber: Some(subscriber),
+            task,
+        })
+    }
+
+    /// The subscriber's counters.
+    pub fn stats(&self) -> Option<&Arc<SubscriberStats>> {
+        self.subscriber.as_ref().map(SubscriberHandle::stats)
+    }
+}
+
+impl Drop for WorkerFeed {
+    fn drop(&mut self) {
+        // Stop the thread first so nothing is applied after the clear.
+        self.subscriber.take();
+        self.task.abort();
+        self.holdings.exact.clear_worker(self.worker);
+    }
+}

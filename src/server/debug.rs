@@ -1,0 +1,79 @@
+//! `POST /debug/route`: the decision a request would get, without sending it.
+//!
+//! Operators ask "why did this go there?". The answer runs the very code a live request runs
+//! (tokenize, look up, score) and shows every candidate's inputs and predicted time to first
+//! token. Nothing is admitted, recorded or forwarded.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use http::HeaderMap;
+use serde_json::json;
+
+use super::body::read_limited;
+use super::{AppState, route};
+use crate::openai::{ApiError, Endpoint, RequestView};
+
+/// `POST /debug/route` with a completion or chat body (`messages` selects chat).
+pub(super) async fn route(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    explain(&state, &headers, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn explain(
+    state: &Arc<AppState>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let bytes = read_limited(headers, body, state.max_body_bytes).await?;
+    let json: serde_json::Value = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}"), None))?;
+    let endpoint = if json.get("messages").is_some() {
+        Endpoint::ChatCompletions
+    } else {
+        Endpoint::Completions
+    };
+    let view = RequestView::parse(endpoint, &json)?;
+    let eligible = state.fleet.eligible(&view.model);
+    if eligible.is_empty() && !state.fleet.knows_model(&view.model) {
+        return Err(ApiError::model_not_found(&view.model));
+    }
+    let analysis = route::analyse(state, &view).await?;
+    let (workers, candidates) = route::candidates(&eligible, &analysis, &[]);
+    let decision = state.policy.choose(&analysis.request, &candidates);
+    let listed: Vec<_> = candidates
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            json!({
+                "worker": c.id.as_ref(),
+                "overlap_blocks": c.overlap_blocks,
+                "cached_tokens": u64::from(c.overlap_blocks) * u64::from(analysis.request.block_size),
+                "queued_tokens": c.load.queued_prefill_tokens,
+                "in_flight": c.load.in_flight,
+                "decoding": c.load.decoding,
+                "active_prompt_tokens": c.load.active_prompt_tokens,
+                "kv_events": state.has_feed(workers[i].slot),
+                "predicted_ttft_s": decision.as_ref().and_then(|d| d.predicted_ttft_s.get(i).copied().flatten()),
+            })
+        })
+        .collect();
+    Ok(Json(json!({
+        "worker": decision.as_ref().map(|d| candidates[d.chosen].id.as_ref()),
+        "policy": state.policy.name(),
+        "model": view.model,
+        "prompt_tokens": analysis.request.prompt_tokens,
+        "block_size": analysis.request.block_size,
+        "blocks": analysis.request.blocks,
+        "candidates": listed,
+    }))
+    .into_response())
+}
