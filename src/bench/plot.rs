@@ -68,7 +68,7 @@ pub fn in_flight_over_time(
         horizon = horizon.max(end);
         by_worker.entry(w).or_default().push((start, end));
     }
-    if !(step_s > 0.0) {
+    if step_s.is_nan() || step_s <= 0.0 {
         return Vec::new();
     }
     let steps = (horizon / step_s).ceil() as usize + 1;

@@ -94,12 +94,14 @@ impl StreamTally {
         if event_has_content(v) {
             self.token(at_s);
         }
-        if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
-            if let Ok(u) = Usage::deserialize(u) {
-                self.completion_tokens = u.completion_tokens.or(self.completion_tokens);
-                if let Some(c) = u.prompt_tokens_details.and_then(|d| d.cached_tokens) {
-                    self.cached_tokens = Some(c);
-                }
+        if let Some(Ok(u)) = v
+            .get("usage")
+            .filter(|u| !u.is_null())
+            .map(Usage::deserialize)
+        {
+            self.completion_tokens = u.completion_tokens.or(self.completion_tokens);
+            if let Some(c) = u.prompt_tokens_details.and_then(|d| d.cached_tokens) {
+                self.cached_tokens = Some(c);
             }
         }
         if let Some(e) = v.get("error").filter(|e| !e.is_null()) {
