@@ -167,3 +167,11 @@ fn input_cap_on_mooncake_keeps_sharing() {
         assert_eq!(b.hash_ids.len(), b.input_tokens.div_ceil(512) as usize);
     }
 }
+
+#[test]
+fn block_size_can_be_overridden() {
+    let t = fixture().with_block_tokens(64).unwrap();
+    assert!(t.requests.iter().all(|r| r.block_tokens == 64));
+    assert_eq!(t.requests[0].hash_ids, fixture().requests[0].hash_ids);
+    assert!(fixture().with_block_tokens(0).is_err());
+}

@@ -16,7 +16,7 @@ use super::replay::{ReplayConfig, completions_url, replay};
 use super::report::{ClientOverhead, RunResult, Slo, Summary, compare};
 use super::synthesis::PromptSynth;
 use super::synthetic::{SyntheticKind, SyntheticSpec};
-use super::trace::Trace;
+use super::trace::{MOONCAKE_BLOCK_TOKENS, Trace};
 
 /// `kvroute bench …`: either a run (the flags below) or a subcommand.
 #[derive(Args, Debug, Clone)]
@@ -71,6 +71,9 @@ pub struct BenchArgs {
     /// A Mooncake JSONL trace (timestamp ms, input_length, output_length, hash_ids).
     #[arg(long, value_name = "FILE", conflicts_with = "synthetic")]
     pub trace: Option<PathBuf>,
+    /// Tokens per block id of the trace file (Mooncake: 512).
+    #[arg(long, default_value_t = 512, value_name = "N")]
+    pub trace_block_tokens: u32,
     /// A synthetic workload instead of a trace.
     #[arg(long, value_enum, value_name = "KIND")]
     pub synthetic: Option<SyntheticChoice>,
@@ -188,13 +191,17 @@ fn parse_vocab(s: &str) -> Result<(u32, u32), String> {
 }
 
 impl BenchArgs {
-    /// The workload these flags describe, after every transform.
+    /// The workload these flags describe, after every transform, applied in this order:
+    /// window, first N, speed-up, input cap.
     pub fn workload(&self) -> anyhow::Result<(Trace, String)> {
         let (mut trace, mut label) = match (&self.trace, self.synthetic) {
-            (Some(path), None) => (
-                Trace::from_mooncake_file(path)?,
-                format!("trace {}", path.display()),
-            ),
+            (Some(path), None) => {
+                let mut trace = Trace::from_mooncake_file(path)?;
+                if self.trace_block_tokens != MOONCAKE_BLOCK_TOKENS {
+                    trace = trace.with_block_tokens(self.trace_block_tokens)?;
+                }
+                (trace, format!("trace {}", path.display()))
+            }
             (None, Some(kind)) => {
                 let spec = self.synthetic_spec(kind);
                 (spec.generate()?, format!("synthetic {spec:?}"))
@@ -372,4 +379,64 @@ fn write_outputs(out: &Path, result: &RunResult, markdown: &str) -> anyhow::Resu
         load.display()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{Parser, Subcommand};
+
+    /// The shape `src/main.rs` wires it into.
+    #[derive(Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        command: Command,
+    }
+
+    #[derive(Subcommand)]
+    enum Command {
+        Bench(BenchCli),
+    }
+
+    fn parse(args: &[&str]) -> Result<BenchCli, clap::Error> {
+        Cli::try_parse_from(args).map(|c| match c.command {
+            Command::Bench(b) => b,
+        })
+    }
+
+    #[test]
+    fn run_flags_and_compare_subcommand_parse() {
+        let b = parse(&[
+            "kvroute",
+            "bench",
+            "--target",
+            "http://h:1",
+            "--synthetic",
+            "multi-turn",
+            "--turns",
+            "3",
+            "--window",
+            "10:20",
+            "--speedup",
+            "2",
+            "--slo-ttft",
+            "0.5",
+        ])
+        .unwrap();
+        assert!(b.command.is_none());
+        assert_eq!(b.run.synthetic, Some(SyntheticChoice::MultiTurn));
+        assert_eq!(b.run.window, Some((10.0, 20.0)));
+        assert_eq!(b.run.vocab, (1000, 30000));
+        let (trace, label) = b.run.workload().unwrap();
+        assert!(label.contains("window 10:20"), "{label}");
+        assert!(trace.requests.iter().all(|r| r.arrival_s < 5.0 + 1e-9));
+
+        let c = parse(&["kvroute", "bench", "compare", "a.json", "b.json"]).unwrap();
+        match c.command {
+            Some(BenchCommand::Compare(args)) => assert_eq!(args.results.len(), 2),
+            None => panic!("compare not parsed"),
+        }
+        assert!(parse(&["kvroute", "bench", "compare"]).is_err());
+        assert!(parse(&["kvroute", "bench", "--vocab", "9:3"]).is_err());
+    }
 }

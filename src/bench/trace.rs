@@ -212,6 +212,25 @@ impl Trace {
         Ok(Trace { requests })
     }
 
+    /// The same requests with blocks of `block_tokens` tokens, for traces written with another
+    /// block size than Mooncake's 512 (ids keep their meaning; only their length changes).
+    pub fn with_block_tokens(&self, block_tokens: u32) -> Result<Trace, TraceError> {
+        if block_tokens == 0 {
+            return Err(TraceError::Transform(
+                "block size must be at least 1 token".to_string(),
+            ));
+        }
+        let requests = self
+            .requests
+            .iter()
+            .map(|r| TraceRequest {
+                block_tokens,
+                ..r.clone()
+            })
+            .collect();
+        Ok(Trace { requests })
+    }
+
     /// Total prompt tokens over all requests.
     pub fn total_input_tokens(&self) -> u64 {
         self.requests
