@@ -2,7 +2,6 @@
 //! recorded per request, and the per-worker counts add up.
 
 #[path = "common/mod.rs"]
-#[allow(dead_code)]
 mod common;
 
 use std::time::Duration;
