@@ -3,6 +3,7 @@
 //! See `ARCHITECTURE.md` for the flows and the module map. Lower modules never import `server`;
 //! `policy` is pure so the same code runs live and in `sim`.
 
+pub mod bench;
 pub mod config;
 pub mod demo;
 pub mod engine;

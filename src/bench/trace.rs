@@ -1,0 +1,295 @@
+//! Workloads as data: a `Trace` is a list of requests with arrival times, prompt and output
+//! lengths and the ids of the prompt's blocks.
+//!
+//! Block ids are what make a trace useful for a KV-cache router: two requests that share their
+//! first k ids share the first k × `block_tokens` prompt tokens, so they could share KV cache.
+//! The ids carry no content (Mooncake anonymises prompts); `synthesis` turns them into tokens.
+//!
+//! The same `Trace` feeds the real-time replay (`bench`) and the virtual-time simulation
+//! (`sim`), so every transform here is pure and keeps the trace sorted by arrival.
+//!
+//! Ordering: the parser accepts timestamps in any order and sorts the requests by arrival
+//! (stable, so equal timestamps keep file order). Traces merged from several sources are
+//! often slightly out of order, and replay only needs the order of arrivals, not of lines.
+//! Negative or non-finite timestamps are rejected.
+
+use std::io::BufRead;
+use std::path::Path;
+
+use serde::Deserialize;
+use thiserror::Error;
+
+/// Block size of the Mooncake traces, in tokens.
+pub const MOONCAKE_BLOCK_TOKENS: u32 = 512;
+
+/// One request of a workload.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TraceRequest {
+    /// Arrival time in seconds from the start of the trace.
+    pub arrival_s: f64,
+    /// Prompt length in tokens.
+    pub input_tokens: u32,
+    /// Number of tokens to generate.
+    pub output_tokens: u32,
+    /// Ids of the prompt's blocks of `block_tokens` tokens, in order; the last may be partial.
+    /// Equal ids at the same position mean equal content.
+    pub hash_ids: Vec<u64>,
+    /// Tokens per block of `hash_ids`.
+    pub block_tokens: u32,
+}
+
+/// A workload: requests sorted by arrival time.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Trace {
+    /// The requests, by non-decreasing `arrival_s`.
+    pub requests: Vec<TraceRequest>,
+}
+
+/// Why a trace could not be read.
+#[derive(Debug, Error)]
+pub enum TraceError {
+    /// The file could not be opened or read.
+    #[error("cannot read trace {path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// One line is not a valid request.
+    #[error("trace line {line}: {reason}")]
+    Line {
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A transform was given a parameter it cannot use.
+    #[error("invalid trace transform: {0}")]
+    Transform(String),
+}
+
+/// One Mooncake JSONL line, as written; unknown extra fields are ignored (other trace
+/// producers add some).
+#[derive(Deserialize)]
+struct MooncakeLine {
+    timestamp: f64,
+    input_length: u32,
+    output_length: u32,
+    hash_ids: Vec<u64>,
+}
+
+impl Trace {
+    /// A trace of `requests`, sorted by arrival (stable).
+    pub fn new(mut requests: Vec<TraceRequest>) -> Trace {
+        requests.sort_by(|a, b| a.arrival_s.total_cmp(&b.arrival_s));
+        Trace { requests }
+    }
+
+    /// Reads a Mooncake JSONL file (`timestamp` ms, `input_length`, `output_length`,
+    /// `hash_ids` of 512-token blocks). Blank lines are skipped; unknown fields are ignored.
+    pub fn from_mooncake_file(path: &Path) -> Result<Trace, TraceError> {
+        let io = |source| TraceError::Io {
+            path: path.display().to_string(),
+            source,
+        };
+        let file = std::fs::File::open(path).map_err(io)?;
+        Self::from_mooncake_reader(std::io::BufReader::new(file)).map_err(|e| match e {
+            TraceError::Io { source, .. } => io(source),
+            other => other,
+        })
+    }
+
+    /// Reads Mooncake JSONL from a reader; see [`Trace::from_mooncake_file`].
+    pub fn from_mooncake_reader(reader: impl BufRead) -> Result<Trace, TraceError> {
+        let mut requests = Vec::new();
+        for (i, line) in reader.lines().enumerate() {
+            let line = line.map_err(|source| TraceError::Io {
+                path: "<reader>".to_string(),
+                source,
+            })?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            requests.push(parse_mooncake_line(&line, i + 1)?);
+        }
+        Ok(Trace::new(requests))
+    }
+
+    /// Reads Mooncake JSONL from a string; see [`Trace::from_mooncake_file`].
+    pub fn from_mooncake_str(text: &str) -> Result<Trace, TraceError> {
+        Self::from_mooncake_reader(text.as_bytes())
+    }
+
+    /// Number of requests.
+    pub fn len(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// Whether the trace has no request.
+    pub fn is_empty(&self) -> bool {
+        self.requests.is_empty()
+    }
+
+    /// Time from the first to the last arrival, in seconds.
+    pub fn duration_s(&self) -> f64 {
+        match (self.requests.first(), self.requests.last()) {
+            (Some(a), Some(b)) => b.arrival_s - a.arrival_s,
+            _ => 0.0,
+        }
+    }
+
+    /// The requests arriving in `[start_s, end_s)`, re-based so the window starts at 0.
+    pub fn window(&self, start_s: f64, end_s: f64) -> Result<Trace, TraceError> {
+        if !(start_s.is_finite() && end_s.is_finite() && start_s >= 0.0 && end_s > start_s) {
+            return Err(TraceError::Transform(format!(
+                "window {start_s}:{end_s} must satisfy 0 <= start < end"
+            )));
+        }
+        let requests = self
+            .requests
+            .iter()
+            .filter(|r| r.arrival_s >= start_s && r.arrival_s < end_s)
+            .map(|r| TraceRequest {
+                arrival_s: r.arrival_s - start_s,
+                ..r.clone()
+            })
+            .collect();
+        Ok(Trace { requests })
+    }
+
+    /// The first `n` requests.
+    pub fn head(&self, n: usize) -> Trace {
+        Trace {
+            requests: self.requests.iter().take(n).cloned().collect(),
+        }
+    }
+
+    /// The same requests arriving `factor` times faster: every inter-arrival time is divided
+    /// by `factor` (so arrival times, measured from the first request, are too).
+    pub fn speed_up(&self, factor: f64) -> Result<Trace, TraceError> {
+        if !(factor.is_finite() && factor > 0.0) {
+            return Err(TraceError::Transform(format!(
+                "speed-up factor {factor} must be a positive number"
+            )));
+        }
+        let origin = self.requests.first().map_or(0.0, |r| r.arrival_s);
+        let requests = self
+            .requests
+            .iter()
+            .map(|r| TraceRequest {
+                arrival_s: origin + (r.arrival_s - origin) / factor,
+                ..r.clone()
+            })
+            .collect();
+        Ok(Trace { requests })
+    }
+
+    /// Caps every prompt at `max_tokens`, keeping its exact prefix: the prompt is cut, and so
+    /// are the block ids beyond it, so shared prefixes stay shared. A cut that falls inside a
+    /// block keeps that block's id (its content is a prefix of the full block's content).
+    pub fn cap_input(&self, max_tokens: u32) -> Result<Trace, TraceError> {
+        if max_tokens == 0 {
+            return Err(TraceError::Transform(
+                "input-length cap must be at least 1 token".to_string(),
+            ));
+        }
+        let requests = self
+            .requests
+            .iter()
+            .map(|r| {
+                if r.input_tokens <= max_tokens {
+                    return r.clone();
+                }
+                let blocks = max_tokens.div_ceil(r.block_tokens.max(1)) as usize;
+                TraceRequest {
+                    input_tokens: max_tokens,
+                    hash_ids: r.hash_ids.iter().take(blocks).copied().collect(),
+                    ..r.clone()
+                }
+            })
+            .collect();
+        Ok(Trace { requests })
+    }
+
+    /// The same requests with blocks of `block_tokens` tokens, for traces written with another
+    /// block size than Mooncake's 512 (ids keep their meaning; only their length changes).
+    pub fn with_block_tokens(&self, block_tokens: u32) -> Result<Trace, TraceError> {
+        if block_tokens == 0 {
+            return Err(TraceError::Transform(
+                "block size must be at least 1 token".to_string(),
+            ));
+        }
+        let requests = self
+            .requests
+            .iter()
+            .map(|r| TraceRequest {
+                block_tokens,
+                ..r.clone()
+            })
+            .collect();
+        Ok(Trace { requests })
+    }
+
+    /// Total prompt tokens over all requests.
+    pub fn total_input_tokens(&self) -> u64 {
+        self.requests
+            .iter()
+            .map(|r| u64::from(r.input_tokens))
+            .sum()
+    }
+}
+
+/// Parses one Mooncake line; `line_no` is 1-based, for the error message.
+fn parse_mooncake_line(text: &str, line_no: usize) -> Result<TraceRequest, TraceError> {
+    let err = |reason: String| TraceError::Line {
+        line: line_no,
+        reason,
+    };
+    // serde's message names the missing or mistyped field and its column.
+    let parsed: MooncakeLine = serde_json::from_str(text).map_err(|e| err(e.to_string()))?;
+    if !parsed.timestamp.is_finite() || parsed.timestamp < 0.0 {
+        return Err(err(format!(
+            "timestamp {} must be a non-negative number of milliseconds",
+            parsed.timestamp
+        )));
+    }
+    Ok(TraceRequest {
+        arrival_s: parsed.timestamp / 1000.0,
+        input_tokens: parsed.input_length,
+        output_tokens: parsed.output_length,
+        hash_ids: parsed.hash_ids,
+        block_tokens: MOONCAKE_BLOCK_TOKENS,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sorts_out_of_order_lines_stably() {
+        let t = Trace::from_mooncake_str(
+            "{\"timestamp\": 2000, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}\n\
+             {\"timestamp\": 1000, \"input_length\": 2, \"output_length\": 1, \"hash_ids\": [2]}\n\
+             {\"timestamp\": 1000, \"input_length\": 3, \"output_length\": 1, \"hash_ids\": [3]}\n",
+        )
+        .unwrap();
+        let order: Vec<u32> = t.requests.iter().map(|r| r.input_tokens).collect();
+        assert_eq!(order, vec![2, 3, 1]);
+        assert_eq!(t.requests[0].arrival_s, 1.0);
+    }
+
+    #[test]
+    fn extra_fields_are_ignored_but_missing_ones_named() {
+        let ok = Trace::from_mooncake_str(
+            "{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [], \"x\": 1}",
+        );
+        assert_eq!(ok.unwrap().len(), 1);
+        let e =
+            Trace::from_mooncake_str("{\"timestamp\": 0, \"input_length\": 1, \"hash_ids\": []}")
+                .unwrap_err()
+                .to_string();
+        assert!(e.contains("line 1") && e.contains("output_length"), "{e}");
+    }
+}
