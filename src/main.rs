@@ -22,6 +22,8 @@ enum Command {
     Engine(kvroute::engine::EngineArgs),
     /// Run simulated engines and a router in front of them, all on loopback.
     Demo(kvroute::demo::DemoArgs),
+    /// Replay a workload against an OpenAI endpoint (`bench compare` for tables).
+    Bench(kvroute::bench::BenchCli),
 }
 
 fn init_logging(format: LogFormat) {
@@ -57,6 +59,7 @@ fn main() -> std::process::ExitCode {
                 init_logging(LogFormat::Text);
                 kvroute::engine::run(args).await
             }
+            Command::Bench(args) => kvroute::bench::run(args).await,
             Command::Demo(args) => {
                 init_logging(LogFormat::Text);
                 kvroute::demo::run(args).await
