@@ -57,6 +57,10 @@ impl WorkerFeed {
                         tracing::info!(worker = %msg.worker, last_seq, seq, "KV-event publisher restarted; worker starts cold");
                         index.exact.clear_worker(worker);
                     }
+                    SubscriberEvent::Disconnected => {
+                        tracing::info!(worker = %msg.worker, "KV-event publisher disconnected; worker starts cold");
+                        index.exact.clear_worker(worker);
+                    }
                     SubscriberEvent::Dropped { from, to, reason } => {
                         tracing::warn!(worker = %msg.worker, from, to, ?reason, "KV events lost; dropping the worker's index entries");
                         index.exact.clear_worker(worker);

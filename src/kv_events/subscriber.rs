@@ -98,6 +98,11 @@ pub enum SubscriberEvent {
         /// The first number seen from the new one.
         seq: u64,
     },
+    /// The connection to the publisher dropped. Whatever comes next may be a new process
+    /// whose sequence numbers happen to continue the old ones, so the stream cannot be
+    /// trusted: clear this worker's entries. On reconnection the subscriber replays what the
+    /// publisher still buffers, then follows live batches.
+    Disconnected,
     /// Batches `from..to` are lost: clear this worker's entries. Batches from `to` follow.
     Dropped {
         /// First lost sequence number.
@@ -148,7 +153,12 @@ pub struct SubscriberStats {
     pub replays_failed: AtomicU64,
     /// `Dropped` messages sent (the worker's entries must be cleared).
     pub dropped: AtomicU64,
+    /// Connections to the publisher that dropped.
+    pub disconnects: AtomicU64,
 }
+
+/// Distinct inproc names for socket monitors in this process.
+static MONITORS: AtomicU64 = AtomicU64::new(0);
 
 fn bump(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Ordering::Relaxed);
@@ -191,6 +201,20 @@ impl Subscriber {
         sub.set_rcvhwm(0).map_err(connect_err)?;
         sub.set_subscribe(config.topic.as_bytes())
             .map_err(connect_err)?;
+        // A dropped TCP connection is the only sign of a publisher restart whose new sequence
+        // numbers happen to continue the old ones; watch for it.
+        let monitor_endpoint = format!(
+            "inproc://kv-sub-monitor-{}",
+            MONITORS.fetch_add(1, Ordering::Relaxed)
+        );
+        sub.monitor(
+            &monitor_endpoint,
+            zmq::SocketEvent::DISCONNECTED.to_raw() as i32,
+        )
+        .map_err(connect_err)?;
+        let monitor = zmq_context().socket(zmq::PAIR).map_err(connect_err)?;
+        monitor.set_linger(0).map_err(connect_err)?;
+        monitor.connect(&monitor_endpoint).map_err(connect_err)?;
         sub.connect(&config.endpoint).map_err(connect_err)?;
 
         let stop = Arc::new(AtomicBool::new(false));
@@ -204,7 +228,7 @@ impl Subscriber {
         };
         let thread = std::thread::Builder::new()
             .name(format!("kv-sub-{}", worker.config.worker))
-            .spawn(move || worker.run(sub))?;
+            .spawn(move || worker.run(sub, monitor))?;
         Ok(SubscriberHandle {
             stop,
             stats,
@@ -255,10 +279,14 @@ struct Worker {
 struct Closed;
 
 impl Worker {
-    fn run(&mut self, sub: zmq::Socket) {
+    fn run(&mut self, sub: zmq::Socket, monitor: zmq::Socket) {
         let timeout = self.config.poll_interval.as_millis().max(1) as i64;
         while !self.stop.load(Ordering::Relaxed) && !self.tx.is_closed() {
-            match sub.poll(zmq::POLLIN, timeout) {
+            let mut items = [
+                sub.as_poll_item(zmq::POLLIN),
+                monitor.as_poll_item(zmq::POLLIN),
+            ];
+            match zmq::poll(&mut items, timeout) {
                 Ok(0) => continue,
                 Ok(_) => {}
                 Err(e) => {
@@ -267,13 +295,30 @@ impl Worker {
                     continue;
                 }
             }
-            // Drain what is queued before polling again.
-            while let Ok(frames) = sub.recv_multipart(zmq::DONTWAIT) {
-                if self.on_message(frames).is_err() {
+            let (data, disconnected) = (items[0].is_readable(), items[1].is_readable());
+            // Drain what is queued before the disconnect, then handle it.
+            if data {
+                while let Ok(frames) = sub.recv_multipart(zmq::DONTWAIT) {
+                    if self.on_message(frames).is_err() {
+                        return;
+                    }
+                }
+            }
+            if disconnected {
+                while monitor.recv_multipart(zmq::DONTWAIT).is_ok() {}
+                if self.on_disconnect().is_err() {
                     return;
                 }
             }
         }
+    }
+
+    /// The publisher went away: forget its sequence and tell the consumer to clear.
+    fn on_disconnect(&mut self) -> Result<(), Closed> {
+        bump(&self.stats.disconnects, 1);
+        tracing::info!(worker = %self.config.worker, "kv-events publisher disconnected; clearing worker");
+        self.tracker = SequenceTracker::default();
+        self.send(SubscriberEvent::Disconnected)
     }
 
     fn on_message(&mut self, frames: Vec<Vec<u8>>) -> Result<(), Closed> {

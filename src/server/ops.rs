@@ -67,6 +67,7 @@ pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
             ("replays_ok", r(&stats.replays_ok)),
             ("replays_failed", r(&stats.replays_failed)),
             ("dropped", r(&stats.dropped)),
+            ("disconnects", r(&stats.disconnects)),
         ] {
             sync_counter(&m.kv_stream.with_label_values(&[w.id(), kind]), value);
         }
