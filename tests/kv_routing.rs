@@ -327,22 +327,6 @@ async fn a_restarted_engines_blocks_vanish() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     s.engines[idx] = Some(fresh);
-    let m = s
-        .http
-        .get(s.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    eprintln!(
-        "{}",
-        m.lines()
-            .filter(|l| l.contains("kv_events_total"))
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
     assert_eq!(
         s.overlap(&system, &warm).await,
         0,

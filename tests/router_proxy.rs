@@ -302,10 +302,20 @@ async fn bad_requests_get_openai_errors() {
 #[tokio::test]
 async fn no_eligible_or_reachable_worker() {
     let b = Backend::start("a", &["m"]).await;
-    let r = start_router(&router_config("round_robin", &[(b.url(), vec!["m"])], "")).await;
+    b.set(|x| x.health_status = 503);
+    let r = start_router(&router_config(
+        "round_robin",
+        &[(b.url(), vec!["m"])],
+        "[health]\ninterval_s = 0.05",
+    ))
+    .await;
     let c = client();
     let url = format!("http://{}/v1/completions", r.addr);
-    r.state.fleet.get("w0").unwrap().set_healthy(false);
+    let w0 = r.state.fleet.get("w0").unwrap();
+    assert!(
+        eventually(|| !w0.is_healthy()).await,
+        "failing health check marks it down"
+    );
     let e = assert_openai_error(
         c.post(&url)
             .json(&serde_json::json!({"model":"m","prompt":"x"}))
