@@ -24,8 +24,7 @@ use crate::tokens::BlockHash;
 const PREFETCH_AHEAD: usize = 16;
 /// Lookups do less work per block than updates, so they run further ahead.
 const LOOKUP_AHEAD: usize = 16;
-/// Cache lines prefetched per lookup probe and per insertion or removal.
-const LOOKUP_LINES: usize = 1;
+/// Cache lines prefetched per insertion or removal (a lookup prefetches one).
 const UPDATE_LINES: usize = 2;
 
 #[derive(Clone)]
@@ -267,20 +266,28 @@ fn lookup_page(table: &Table<Bits>, page: usize, blocks: &[BlockHash], out: &mut
     let Some(first) = blocks.first() else {
         return;
     };
-    let mut active = table.get(first.0).unwrap_or(0);
-    if active == 0 {
+    let held = table.get(first.0).unwrap_or(0);
+    if held == 0 {
         return;
     }
-    for b in blocks.iter().skip(1).take(LOOKUP_AHEAD) {
-        table.prefetch(b.0, LOOKUP_LINES);
+    // Home slots of the next LOOKUP_AHEAD blocks, computed once: prefetched now, probed later.
+    let mut homes = [0usize; LOOKUP_AHEAD];
+    for (i, b) in blocks.iter().enumerate().skip(1).take(LOOKUP_AHEAD) {
+        let h = table.home(b.0);
+        homes[i % LOOKUP_AHEAD] = h;
+        table.prefetch_slot(h);
     }
+    let mut active = held;
     let mut lost = [0u32; PAGE_WORKERS as usize];
     let mut i = 1;
     while i < blocks.len() {
+        let home = homes[i % LOOKUP_AHEAD];
         if let Some(ahead) = blocks.get(i + LOOKUP_AHEAD) {
-            table.prefetch(ahead.0, LOOKUP_LINES);
+            let h = table.home(ahead.0);
+            homes[i % LOOKUP_AHEAD] = h;
+            table.prefetch_slot(h);
         }
-        let bits = table.get(blocks[i].0).unwrap_or(0);
+        let bits = table.get_from(home, blocks[i].0).unwrap_or(0);
         let gone = active & !bits;
         if gone != 0 {
             for w in workers_in(0, gone) {
@@ -296,7 +303,6 @@ fn lookup_page(table: &Table<Bits>, page: usize, blocks: &[BlockHash], out: &mut
     for w in workers_in(0, active) {
         lost[w.0 as usize] = blocks.len() as u32;
     }
-    let held = table.get(first.0).unwrap_or(0);
     for w in workers_in(0, held) {
         out.push_sorted(WorkerIdx::from_page_bit(page, w.0), lost[w.0 as usize]);
     }

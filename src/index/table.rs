@@ -161,8 +161,9 @@ impl<V: Value> Table<V> {
         self.slots.capacity() * size_of::<Slot<V>>()
     }
 
+    /// The slot where the search for `key` starts.
     #[inline]
-    fn home(&self, key: u64) -> usize {
+    pub(crate) fn home(&self, key: u64) -> usize {
         ((key as u128 * self.capacity as u128) >> 64) as usize
     }
 
@@ -187,13 +188,32 @@ impl<V: Value> Table<V> {
         let _ = (key, lines);
     }
 
+    /// Hints the CPU to fetch the cache line of slot `pos` (a [`Table::home`]).
+    #[inline]
+    pub(crate) fn prefetch_slot(&self, pos: usize) {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(slot) = self.slots.get(pos) {
+            use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+            // SAFETY: as in `prefetch`.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>((slot as *const Slot<V>).cast::<i8>()) };
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = pos;
+    }
+
     /// The value stored for `key`.
     #[inline]
     pub(crate) fn get(&self, key: u64) -> Option<V> {
+        self.get_from(self.home(key), key)
+    }
+
+    /// The value stored for `key`, whose [`Table::home`] the caller already computed.
+    #[inline]
+    pub(crate) fn get_from(&self, home: usize, key: u64) -> Option<V> {
         if key == 0 {
             return self.zero;
         }
-        let mut pos = self.home(key);
+        let mut pos = home;
         loop {
             let slot = self.slots.get(pos)?;
             if slot.key == key {
