@@ -130,7 +130,7 @@ impl KvIndex {
     /// LoRA name to its hash seed (see [`SeedFor`]).
     pub fn apply(&self, worker: WorkerIdx, batch: &EventBatch, seeds: &impl SeedFor) -> Applied {
         let mut applied = Applied::default();
-        let mut scratch = Vec::new();
+        let mut scratch = Vec::with_capacity(512);
         for event in &batch.events {
             if !event.is_device_prefix() {
                 applied.skipped += 1;
