@@ -4,7 +4,10 @@
 use clap::Parser;
 
 #[derive(Parser)]
-#[command(name = "simulate", about = "Virtual-time simulation of routing policies")]
+#[command(
+    name = "simulate",
+    about = "Virtual-time simulation of routing policies"
+)]
 struct Cli {
     #[command(flatten)]
     args: kvroute::sim::SimulateArgs,

@@ -14,7 +14,9 @@ const SHARED: &str = "synthetic = \"shared-prefix\"\nrequests = 150\nrate = 40.0
 
 #[test]
 fn same_seed_gives_identical_results_json_and_files() {
-    let a = args(&format!("{SHARED}policies = \"kv_aware,random,power_of_two,cache_aware\"\n"));
+    let a = args(&format!(
+        "{SHARED}policies = \"kv_aware,random,power_of_two,cache_aware\"\n"
+    ));
     let (trace, _) = a.workload().unwrap();
     let d1 = tempfile::tempdir().unwrap();
     let d2 = tempfile::tempdir().unwrap();
@@ -25,7 +27,12 @@ fn same_seed_gives_identical_results_json_and_files() {
     let j1 = std::fs::read_to_string(d1.path().join("results.json")).unwrap();
     let j2 = std::fs::read_to_string(d2.path().join("results.json")).unwrap();
     assert_eq!(j1, j2);
-    for f in ["summary.md", "ttft_cdf.svg", "load_kv_aware.svg", "load_random.svg"] {
+    for f in [
+        "summary.md",
+        "ttft_cdf.svg",
+        "load_kv_aware.svg",
+        "load_random.svg",
+    ] {
         assert!(d1.path().join(f).is_file(), "{f} missing");
     }
 
@@ -50,7 +57,11 @@ fn results_json_has_every_documented_key_and_the_oracle_bounds_every_policy() {
     let text = std::fs::read_to_string(dir.path().join("results.json")).unwrap();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     let policies = v["policies"].as_object().unwrap();
-    assert_eq!(v.as_object().unwrap().len(), 1, "top level is exactly `policies`");
+    assert_eq!(
+        v.as_object().unwrap().len(),
+        1,
+        "top level is exactly `policies`"
+    );
     let names: Vec<&str> = policies.keys().map(String::as_str).collect();
     assert_eq!(
         names,
@@ -82,12 +93,21 @@ fn results_json_has_every_documented_key_and_the_oracle_bounds_every_policy() {
         }
         assert_eq!(p["requests"].as_u64(), Some(150));
         let mean = p["ttft_s"]["mean"].as_f64().unwrap();
-        assert!(oracle_mean <= mean + 1e-12, "{name}: {mean} < oracle {oracle_mean}");
+        assert!(
+            oracle_mean <= mean + 1e-12,
+            "{name}: {mean} < oracle {oracle_mean}"
+        );
         let p99 = p["e2e_s"]["p99"].as_f64().unwrap();
-        assert!(p99 >= p["ttft_s"]["p99"].as_f64().unwrap() - 1e-12, "{name}");
+        assert!(
+            p99 >= p["ttft_s"]["p99"].as_f64().unwrap() - 1e-12,
+            "{name}"
+        );
     }
     let md = std::fs::read_to_string(dir.path().join("summary.md")).unwrap();
-    assert!(md.contains("| kv_aware |") && md.contains("| oracle |"), "{md}");
+    assert!(
+        md.contains("| kv_aware |") && md.contains("| oracle |"),
+        "{md}"
+    );
 }
 
 #[test]

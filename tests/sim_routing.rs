@@ -37,7 +37,12 @@ fn kv_aware_beats_round_robin_on_shared_prefixes() {
     let kv = result("kv_aware");
     let rr = result("round_robin");
     assert_eq!(kv.errors + rr.errors, 0);
-    assert!(kv.hit_rate > rr.hit_rate + 0.1, "hit rate {} vs {}", kv.hit_rate, rr.hit_rate);
+    assert!(
+        kv.hit_rate > rr.hit_rate + 0.1,
+        "hit rate {} vs {}",
+        kv.hit_rate,
+        rr.hit_rate
+    );
     assert!(
         kv.ttft_s.mean < rr.ttft_s.mean,
         "mean TTFT {} vs {}",
@@ -73,7 +78,10 @@ fn a_restarted_worker_keeps_no_index_entries_for_its_old_blocks() {
     assert!(held > 0);
     // Restart worker 0 after all traffic (the trace lasts ~2 s): nothing of it remains, and
     // worker 1 is untouched.
-    let (held, other, run) = hashes_held(vec![FleetChange::Restart { worker: 0, at: 500.0 }]);
+    let (held, other, run) = hashes_held(vec![FleetChange::Restart {
+        worker: 0,
+        at: 500.0,
+    }]);
     assert_eq!(held, 0);
     assert!(other > 0);
     assert!(run.records.iter().all(|r| r.error.is_none()));
@@ -90,14 +98,24 @@ fn a_restart_mid_run_fails_in_flight_requests_and_a_joining_worker_gets_traffic(
         ],
         ..SimConfig::default()
     };
-    let run = Simulation::new(&trace, &config, "least_request").unwrap().run();
+    let run = Simulation::new(&trace, &config, "least_request")
+        .unwrap()
+        .run();
     let restarted = run
         .records
         .iter()
         .filter(|r| r.error.as_deref() == Some("worker restarted"))
         .count();
     assert!(restarted > 0);
-    assert!(run.records.iter().any(|r| r.worker == Some(2) && r.arrival >= 3.0));
-    assert!(run.records.iter().all(|r| r.worker != Some(2) || r.arrival >= 3.0));
+    assert!(
+        run.records
+            .iter()
+            .any(|r| r.worker == Some(2) && r.arrival >= 3.0)
+    );
+    assert!(
+        run.records
+            .iter()
+            .all(|r| r.worker != Some(2) || r.arrival >= 3.0)
+    );
     assert_eq!(run.workers, 3);
 }

@@ -252,7 +252,9 @@ impl SimulateArgs {
                 (spec.generate()?, format!("synthetic {kind:?}"))
             }
             (Some(_), Some(_)) => bail!("give either --trace or --synthetic, not both"),
-            (None, None) => bail!("give a workload: --trace FILE, --synthetic KIND or --scenario NAME"),
+            (None, None) => {
+                bail!("give a workload: --trace FILE, --synthetic KIND or --scenario NAME")
+            }
         };
         if let Some((a, b)) = self.window {
             trace = trace.window(a, b)?;

@@ -31,7 +31,10 @@ pub struct Outcome {
 pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
     let Some(name) = args.scenario.clone() else {
         let (trace, label) = args.workload()?;
-        let header = format!("# kvroute simulate: {label}\n\n{}\n", describe(&args, &trace));
+        let header = format!(
+            "# kvroute simulate: {label}\n\n{}\n",
+            describe(&args, &trace)
+        );
         run_one(&args, &trace, &header, args.out.as_deref())?;
         return Ok(());
     };
@@ -102,7 +105,8 @@ pub fn run_one(
     let timed = simulate_all(trace, &config, &names, args.jobs.max(1))?;
     let started = Instant::now();
     let o = oracle(trace, &config);
-    let mut wall_s: Vec<(String, f64)> = timed.iter().map(|(r, t)| (r.policy.clone(), *t)).collect();
+    let mut wall_s: Vec<(String, f64)> =
+        timed.iter().map(|(r, t)| (r.policy.clone(), *t)).collect();
     wall_s.push(("oracle".to_string(), started.elapsed().as_secs_f64()));
     let runs: Vec<PolicyRun> = timed.into_iter().map(|(r, _)| r).collect();
     let results = Results::new(&runs, &o, config.slo);

@@ -174,7 +174,10 @@ mod tests {
         assert!(c.validate().is_ok());
         c.changes.push(FleetChange::Restart { worker: 9, at: 1.0 });
         assert!(c.validate().unwrap_err().to_string().contains("worker 9"));
-        c.changes = vec![FleetChange::Join { at: 1.0 }, FleetChange::Restart { worker: 4, at: 2.0 }];
+        c.changes = vec![
+            FleetChange::Join { at: 1.0 },
+            FleetChange::Restart { worker: 4, at: 2.0 },
+        ];
         assert!(c.validate().is_ok());
         assert_eq!(c.max_workers(), 5);
         c.workers = 0;

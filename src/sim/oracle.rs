@@ -17,8 +17,8 @@ use std::collections::HashSet;
 
 use crate::bench::trace::Trace;
 use crate::engine::{AddError, EngineConfig};
-use crate::tokens::model::hash_seed;
 use crate::tokens::block_hashes;
+use crate::tokens::model::hash_seed;
 
 use super::config::SimConfig;
 use super::record::SimRecord;

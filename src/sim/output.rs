@@ -5,7 +5,9 @@ use std::path::Path;
 
 use anyhow::Context;
 
-use crate::bench::plot::{Series, in_flight_over_time, load_chart, ttft_cdf_chart};
+use crate::bench::plot::{
+    ChartSpec, Series, cdf_points, in_flight_over_time, line_chart, load_chart,
+};
 
 use super::results::{PolicyResult, Results};
 use super::simulation::PolicyRun;
@@ -20,6 +22,23 @@ pub fn load_series(run: &PolicyRun, points: usize) -> Vec<Series> {
     let horizon = intervals.iter().map(|i| i.2).fold(0.0, f64::max);
     let step = (horizon / points.max(1) as f64).max(1e-3);
     in_flight_over_time(intervals, step)
+}
+
+/// The TTFT CDF of `run` in milliseconds, thinned to about `points` points (keeping the
+/// last, so the curve reaches 1) to keep committed SVGs small.
+pub fn ttft_cdf(name: &str, run: &PolicyRun, points: usize) -> Series {
+    let all = cdf_points(run.records.iter().filter_map(|x| x.ttft()).map(|s| s * 1e3));
+    let every = all.len().div_ceil(points.max(1)).max(1);
+    let last = all.len().saturating_sub(1);
+    Series {
+        name: name.to_string(),
+        points: all
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| i % every == 0 || *i == last)
+            .map(|(_, p)| p)
+            .collect(),
+    }
 }
 
 /// The Markdown table of `results` (policies in run order, oracle last); `wall_s` gives the
@@ -83,15 +102,14 @@ pub fn write_all(
     let md = dir.join("summary.md");
     let text = format!("{header}\n{}", summary_table(results, wall_s));
     std::fs::write(&md, text).with_context(|| format!("cannot write {}", md.display()))?;
-    let mut cdf: Vec<(String, Vec<f64>)> = runs
-        .iter()
-        .map(|r| (r.policy.clone(), r.records.iter().filter_map(|x| x.ttft()).collect()))
-        .collect();
-    cdf.push((
-        "oracle".to_string(),
-        oracle.records.iter().filter_map(|x| x.ttft()).collect(),
-    ));
-    ttft_cdf_chart(&dir.join("ttft_cdf.svg"), &cdf)?;
+    let mut cdf: Vec<Series> = runs.iter().map(|r| ttft_cdf(&r.policy, r, 500)).collect();
+    cdf.push(ttft_cdf("oracle", oracle, 500));
+    let spec = ChartSpec {
+        title: "Time to first token (CDF)",
+        x_label: "TTFT (ms)",
+        y_label: "fraction of requests",
+    };
+    line_chart(&dir.join("ttft_cdf.svg"), &spec, &cdf)?;
     for run in runs {
         load_chart(
             &dir.join(format!("load_{}.svg", run.policy)),

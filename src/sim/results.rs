@@ -95,11 +95,7 @@ impl PolicyResult {
             prefill_tokens: c.prefill_tokens,
             evictions: c.evictions,
             per_worker_requests,
-            makespan_s: run
-                .records
-                .iter()
-                .filter_map(|r| r.end)
-                .fold(0.0, f64::max),
+            makespan_s: run.records.iter().filter_map(|r| r.end).fold(0.0, f64::max),
         }
     }
 }

@@ -81,7 +81,9 @@ impl SimRouter {
         SimRouter {
             policy,
             holdings,
-            loads: (0..max_workers).map(|_| Arc::new(Load::default())).collect(),
+            loads: (0..max_workers)
+                .map(|_| Arc::new(Load::default()))
+                .collect(),
             ids: (0..max_workers).map(|i| format!("w{i}").into()).collect(),
             eligible: vec![false; max_workers as usize],
             mode,

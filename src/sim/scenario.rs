@@ -22,7 +22,10 @@ pub const SUITE: &[(&str, &str)] = &[
         "shared-prefix",
         include_str!("../../benches/scenarios/shared-prefix.toml"),
     ),
-    ("unique", include_str!("../../benches/scenarios/unique.toml")),
+    (
+        "unique",
+        include_str!("../../benches/scenarios/unique.toml"),
+    ),
     (
         "multi-turn",
         include_str!("../../benches/scenarios/multi-turn.toml"),
@@ -39,7 +42,10 @@ pub const SUITE: &[(&str, &str)] = &[
         "cold-join",
         include_str!("../../benches/scenarios/cold-join.toml"),
     ),
-    ("restart", include_str!("../../benches/scenarios/restart.toml")),
+    (
+        "restart",
+        include_str!("../../benches/scenarios/restart.toml"),
+    ),
 ];
 
 #[derive(Deserialize)]
@@ -168,6 +174,11 @@ mod tests {
         assert_eq!(s.args.restart_at, vec![(0, 3.0)]);
         assert!(s.command().starts_with("kvroute simulate"));
         assert!(Scenario::parse("y", "description = \"d\"\n[flags]\nnope = 1\n").is_err());
-        assert!(Scenario::load("no-such").unwrap_err().to_string().contains("shared-prefix"));
+        assert!(
+            Scenario::load("no-such")
+                .unwrap_err()
+                .to_string()
+                .contains("shared-prefix")
+        );
     }
 }

@@ -54,8 +54,16 @@ pub struct PolicyRun {
 enum Event {
     Arrival(usize),
     Kick(u32),
-    StepEnd { worker: u32, life: u32 },
-    KvEvents { worker: u32, life: u32, ts: f64, events: Vec<KvEvent> },
+    StepEnd {
+        worker: u32,
+        life: u32,
+    },
+    KvEvents {
+        worker: u32,
+        life: u32,
+        ts: f64,
+        events: Vec<KvEvent>,
+    },
     Change(usize),
 }
 
@@ -246,7 +254,10 @@ impl<'t> Simulation<'t> {
         let slot = routed.slot;
         let w = &mut self.workers[slot as usize];
         let output = req.output_tokens.max(1) as usize;
-        match w.engine.add_request(RequestId(i as u64), prompt, output, now) {
+        match w
+            .engine
+            .add_request(RequestId(i as u64), prompt, output, now)
+        {
             Ok(()) => {
                 w.requests.insert(i);
                 self.routed[i] = Some(routed);
