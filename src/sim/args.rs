@@ -16,7 +16,7 @@ use crate::bench::synthesis::PromptSynth;
 use crate::bench::synthetic::{SyntheticKind, SyntheticSpec};
 use crate::bench::trace::{MOONCAKE_BLOCK_TOKENS, Trace};
 use crate::engine::{EngineConfig, StepTiming};
-use crate::policy::{POLICY_NAMES, PolicySettings};
+use crate::policy::{KvAwareConfig, POLICY_NAMES, PolicySettings};
 
 use super::config::{FleetChange, IndexMode, SimConfig};
 
@@ -148,6 +148,13 @@ pub struct SimulateArgs {
     /// Engine floor of a decode step, ms.
     #[arg(long, default_value_t = 1.0)]
     pub min_decode_ms: f64,
+    /// kv_aware: initial prefill rate of a worker, tokens per second (the live router's
+    /// `kv_aware` config; calibration refines it per worker from observed TTFTs).
+    #[arg(long, value_name = "TOKENS_PER_S")]
+    pub kv_aware_prefill_rate: Option<f64>,
+    /// kv_aware: do not re-fit the cost model's rates from observed TTFTs.
+    #[arg(long)]
+    pub kv_aware_no_calibrate: bool,
     /// TTFT target in seconds, for SLO attainment.
     #[arg(long, value_name = "SECONDS")]
     pub slo_ttft: Option<f64>,
@@ -327,6 +334,20 @@ impl SimulateArgs {
         }
     }
 
+    /// The policies' settings: the live router's defaults, seeded, with the kv_aware overrides.
+    pub fn policy_settings(&self) -> PolicySettings {
+        let mut kv_aware = KvAwareConfig::default();
+        if let Some(rate) = self.kv_aware_prefill_rate {
+            kv_aware.prefill_rate_tokens_per_s = rate;
+        }
+        kv_aware.calibrate = !self.kv_aware_no_calibrate;
+        PolicySettings {
+            seed: self.seed,
+            kv_aware,
+            ..PolicySettings::default()
+        }
+    }
+
     /// The simulation configuration of these flags (validated).
     pub fn sim_config(&self) -> anyhow::Result<SimConfig> {
         let mut changes: Vec<FleetChange> = self
@@ -349,10 +370,7 @@ impl SimulateArgs {
                 IndexChoice::Approx => IndexMode::Approx,
             },
             changes,
-            policy: PolicySettings {
-                seed: self.seed,
-                ..PolicySettings::default()
-            },
+            policy: self.policy_settings(),
             model: "kvroute/sim".to_string(),
             synth: PromptSynth::new(self.vocab.0, self.vocab.1, self.seed),
             slo: Slo {
