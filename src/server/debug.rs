@@ -83,6 +83,7 @@ async fn explain(
                 "active_prompt_tokens": c.load.active_prompt_tokens,
                 "kv_events": state.has_feed(workers[i].slot),
                 "predicted_ttft_s": decision.as_ref().and_then(|d| d.predicted_ttft_s.get(i).copied().flatten()),
+                "cost_s": decision.as_ref().and_then(|d| d.cost.get(i).copied().flatten()),
             })
         })
         .collect();
