@@ -131,6 +131,7 @@ impl Upstream {
         let mut last_error: Option<ApiError> = None;
         self.budget.record_request(Instant::now());
         let mut retry_reason: Option<&'static str> = None;
+        let mut last_answer: Option<(Attempt, Response<Incoming>)> = None;
         for attempt_no in 0..=self.config.retries {
             if attempt_no > 0 {
                 if !self.budget.try_retry(Instant::now()) {
@@ -151,9 +152,18 @@ impl Upstream {
                 .send(&attempt.worker, path, &headers, body.clone())
                 .await
             {
-                Ok(resp) => return Ok((attempt, resp)),
-                Err(Failure::Status(resp)) if last_chance => return Ok((attempt, resp)),
+                Ok(resp) => {
+                    attempt.worker.breaker.record_success();
+                    return Ok((attempt, resp));
+                }
+                Err(Failure::Status(resp)) if last_chance => {
+                    attempt.worker.breaker.record_failure(Instant::now());
+                    return Ok((attempt, resp));
+                }
                 Err(failure) => {
+                    if attempt.worker.breaker.record_failure(Instant::now()) {
+                        tracing::warn!(worker = %worker_id, "circuit opened after consecutive failures");
+                    }
                     let (kind, message, reason) = match &failure {
                         Failure::Connect(e) => ("connect", e.clone(), "connect"),
                         Failure::NoResponse(e) => ("no_response", e.clone(), "no_response"),
@@ -179,11 +189,19 @@ impl Upstream {
                         Some("upstream_unavailable"),
                         format!("worker `{worker_id}` failed: {message}"),
                     ));
+                    // Kept so that, if no retry follows, the client sees the worker's own error.
+                    last_answer = match failure {
+                        Failure::Status(resp) => Some((attempt, resp)),
+                        _ => None,
+                    };
                     if !last_chance {
                         retry_reason = Some(reason);
                     }
                 }
             }
+        }
+        if let Some(answer) = last_answer {
+            return Ok(answer);
         }
         Err(last_error.unwrap_or_else(|| {
             ApiError::new(

@@ -175,6 +175,11 @@ async fn forward(
         let guard = worker.load.admit(analysis.request.prompt_tokens, uncached);
         Some(Attempt { worker, guard })
     };
+    // The client's key is the router's credential, not the worker's: never pass it on.
+    let mut headers = headers;
+    if state.keys.enabled() {
+        headers.remove(http::header::AUTHORIZATION);
+    }
     let (attempt, upstream) = state
         .upstream
         .forward(endpoint.path(), &headers, bytes.clone(), metrics, pick)
