@@ -36,6 +36,12 @@ pub struct Metrics {
     pub decision: HistogramVec,
     /// `kvroute_retries_total{reason}`: requests sent again to another worker.
     pub retries: IntCounterVec,
+    /// `kvroute_retries_denied_total`: retries refused because the retry budget was spent.
+    pub retries_denied: IntCounter,
+    /// `kvroute_rejected_total{reason}`: requests refused at admission (429).
+    pub rejected: IntCounterVec,
+    /// `kvroute_worker_circuit_state{worker}`: 0 closed, 1 open, 2 half-open.
+    pub circuit_state: IntGaugeVec,
     /// `kvroute_upstream_errors_total{worker,kind}`: failures talking to a worker.
     pub upstream_errors: IntCounterVec,
     /// `kvroute_worker_healthy{worker}`: 1 when the worker may receive requests.
@@ -159,6 +165,24 @@ impl Metrics {
             "Per-worker KV-event stream counters: batches, undecodable, gaps, restarts, replays, drops.",
             &["worker", "kind"],
         );
+        let retries_denied = IntCounter::new(
+            "kvroute_retries_denied_total",
+            "Retries refused because the retry budget was spent.",
+        )
+        .expect("static metric definition");
+        let rejected = counter(
+            "kvroute_rejected_total",
+            "Requests refused at admission with 429, by reason.",
+            &["reason"],
+        );
+        let circuit_state = IntGaugeVec::new(
+            Opts::new(
+                "kvroute_worker_circuit_state",
+                "Circuit breaker state per worker: 0 closed, 1 open, 2 half-open.",
+            ),
+            &["worker"],
+        )
+        .expect("static metric definition");
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(request_duration.clone()),
@@ -174,6 +198,9 @@ impl Metrics {
             Box::new(index_events.clone()),
             Box::new(index_evictions.clone()),
             Box::new(kv_stream.clone()),
+            Box::new(retries_denied.clone()),
+            Box::new(rejected.clone()),
+            Box::new(circuit_state.clone()),
         ] {
             registry.register(c).expect("metric names are unique");
         }
@@ -193,6 +220,9 @@ impl Metrics {
             index_events,
             index_evictions,
             kv_stream,
+            retries_denied,
+            rejected,
+            circuit_state,
         }
     }
 

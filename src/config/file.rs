@@ -28,6 +28,11 @@ pub(super) struct FileConfig {
     pub(super) kv_aware: FileKvAware,
     #[serde(default)]
     pub(super) index: FileIndex,
+    #[serde(default)]
+    pub(super) limits: FileLimits,
+    #[serde(default)]
+    pub(super) tenants: Vec<FileTenant>,
+    pub(super) admin: Option<FileAdmin>,
 }
 
 #[derive(Deserialize, Debug, Default)]
@@ -37,6 +42,13 @@ pub(super) struct FileProxy {
     pub(super) first_byte_timeout_s: Option<f64>,
     pub(super) retries: Option<u32>,
     pub(super) pool_max_idle_per_host: Option<usize>,
+    pub(super) idle_timeout_s: Option<f64>,
+    pub(super) total_timeout_s: Option<f64>,
+    pub(super) body_read_timeout_s: Option<f64>,
+    pub(super) retry_budget_ratio: Option<f64>,
+    pub(super) retry_budget_min_per_s: Option<f64>,
+    pub(super) breaker_failures: Option<u32>,
+    pub(super) breaker_open_s: Option<f64>,
 }
 
 #[derive(Deserialize, Debug, Default)]
@@ -45,6 +57,8 @@ pub(super) struct FileHealth {
     pub(super) path: Option<String>,
     pub(super) interval_s: Option<f64>,
     pub(super) timeout_s: Option<f64>,
+    pub(super) unhealthy_threshold: Option<u32>,
+    pub(super) healthy_threshold: Option<u32>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -64,6 +78,7 @@ pub(super) struct FileModel {
     pub(super) name: String,
     pub(super) tokenizer: Option<String>,
     pub(super) block_size: Option<u32>,
+    pub(super) forward_cache_salt: Option<bool>,
 }
 
 #[derive(Deserialize, Debug, Default)]
@@ -90,4 +105,27 @@ pub(super) struct FileIndex {
     pub(super) max_entries: Option<usize>,
     pub(super) approx_ttl_s: Option<f64>,
     pub(super) approx_capacity_blocks: Option<usize>,
+}
+
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FileLimits {
+    pub(super) max_concurrency: Option<usize>,
+    pub(super) max_queue: Option<usize>,
+    pub(super) queue_timeout_s: Option<f64>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FileTenant {
+    pub(super) name: String,
+    pub(super) api_key_sha256: String,
+    pub(super) models: Option<Vec<String>>,
+    pub(super) max_concurrency: Option<usize>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FileAdmin {
+    pub(super) api_key_sha256: String,
 }

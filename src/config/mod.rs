@@ -17,9 +17,9 @@ use serde::Deserialize;
 use file::FileConfig;
 use thiserror::Error;
 
-use crate::fleet::{BaseUrl, HealthConfig, WorkerSpec};
+use crate::fleet::{BaseUrl, BreakerConfig, HealthConfig, WorkerSpec};
 use crate::policy::{KvAwareConfig, POLICY_NAMES, PolicySettings};
-use crate::proxy::ProxyConfig;
+use crate::proxy::{ProxyConfig, RetryBudgetConfig};
 
 /// A configuration problem, phrased for the operator.
 #[derive(Debug, Error)]
@@ -120,6 +120,78 @@ pub struct Config {
     pub kv_aware: KvAwareConfig,
     /// Index bounds.
     pub index: IndexSettings,
+    /// Per-worker circuit breakers.
+    pub breaker: BreakerConfig,
+    /// Longest a client may take to send its request body.
+    pub body_read_timeout: Duration,
+    /// Admission limits.
+    pub limits: Limits,
+    /// API keys and their tenants; empty means no authentication.
+    pub tenants: Vec<TenantConfig>,
+    /// SHA-256 of the admin API key, if the admin API is enabled.
+    pub admin_key_sha256: Option<[u8; 32]>,
+}
+
+/// Admission limits: beyond `max_concurrency` requests in flight, up to `max_queue` wait for
+/// at most `queue_timeout`; the rest are refused with 429.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Limits {
+    /// Requests in flight through the router at once.
+    pub max_concurrency: usize,
+    /// Requests waiting for a slot at once.
+    pub max_queue: usize,
+    /// Longest wait for a slot.
+    pub queue_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_concurrency: 4096,
+            max_queue: 4096,
+            queue_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// One tenant: who holds an API key, which models it may use, and its share of capacity.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TenantConfig {
+    /// The tenant's name (logs, metrics, its cache namespace).
+    pub name: String,
+    /// SHA-256 of its API key (the key itself is never stored).
+    pub api_key_sha256: [u8; 32],
+    /// Models it may use; `*` allows all.
+    pub models: Vec<String>,
+    /// Its own concurrency limit, within the router's.
+    pub max_concurrency: Option<usize>,
+}
+
+impl TenantConfig {
+    /// Whether the tenant may use `model`.
+    pub fn allows(&self, model: &str) -> bool {
+        self.models.iter().any(|m| m == "*" || m == model)
+    }
+}
+
+/// Decodes a 64-digit hex SHA-256.
+fn sha256_hex(key: &str, v: &str) -> Result<[u8; 32], ConfigError> {
+    let bad = || {
+        invalid(
+            key,
+            "must be the 64 hex digits of the key's SHA-256 (e.g. `printf %s \"$KEY\" | sha256sum`)",
+        )
+    };
+    let v = v.trim();
+    if v.len() != 64 {
+        return Err(bad());
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte =
+            u8::from_str_radix(v.get(2 * i..2 * i + 2).ok_or_else(bad)?, 16).map_err(|_| bad())?;
+    }
+    Ok(out)
 }
 
 /// Where a model's tokenizer comes from.
@@ -141,6 +213,8 @@ pub struct ModelConfig {
     pub tokenizer: TokenizerSource,
     /// KV block size of its engines (vLLM `--block-size`, SGLang `--page-size`).
     pub block_size: u32,
+    /// Send the tenant's cache salt to the engine as vLLM's `cache_salt` request field.
+    pub forward_cache_salt: bool,
 }
 
 /// Bounds of the KV index.
@@ -185,6 +259,7 @@ impl Config {
                 name: name.to_string(),
                 tokenizer: TokenizerSource::Builtin,
                 block_size: self.default_block_size,
+                forward_cache_salt: true,
             })
     }
 }
@@ -263,7 +338,51 @@ impl Config {
                 .proxy
                 .pool_max_idle_per_host
                 .unwrap_or(defaults.pool_max_idle_per_host),
+            idle_timeout: seconds(
+                "proxy.idle_timeout_s",
+                file.proxy.idle_timeout_s,
+                defaults.idle_timeout.as_secs_f64(),
+                0.001,
+            )?,
+            total_timeout: seconds(
+                "proxy.total_timeout_s",
+                file.proxy.total_timeout_s,
+                defaults.total_timeout.as_secs_f64(),
+                0.001,
+            )?,
+            retry_budget: RetryBudgetConfig {
+                ratio: non_negative(
+                    "proxy.retry_budget_ratio",
+                    file.proxy.retry_budget_ratio,
+                    defaults.retry_budget.ratio,
+                )?,
+                min_per_s: non_negative(
+                    "proxy.retry_budget_min_per_s",
+                    file.proxy.retry_budget_min_per_s,
+                    defaults.retry_budget.min_per_s,
+                )?,
+                ..defaults.retry_budget
+            },
         };
+        let bd = BreakerConfig::default();
+        let breaker = BreakerConfig {
+            failure_threshold: file.proxy.breaker_failures.unwrap_or(bd.failure_threshold),
+            open_for: seconds(
+                "proxy.breaker_open_s",
+                file.proxy.breaker_open_s,
+                bd.open_for.as_secs_f64(),
+                0.001,
+            )?,
+        };
+        if breaker.failure_threshold == 0 {
+            return Err(invalid("proxy.breaker_failures", "must be at least 1"));
+        }
+        let body_read_timeout = seconds(
+            "proxy.body_read_timeout_s",
+            file.proxy.body_read_timeout_s,
+            30.0,
+            0.001,
+        )?;
         if proxy.retries > 5 {
             return Err(invalid(
                 "proxy.retries",
@@ -286,7 +405,21 @@ impl Config {
                 0.001,
             )?,
             path: file.health.path.unwrap_or(hd.path),
+            unhealthy_threshold: file
+                .health
+                .unhealthy_threshold
+                .unwrap_or(hd.unhealthy_threshold),
+            healthy_threshold: file
+                .health
+                .healthy_threshold
+                .unwrap_or(hd.healthy_threshold),
         };
+        if health.unhealthy_threshold == 0 || health.healthy_threshold == 0 {
+            return Err(invalid(
+                "health.unhealthy_threshold",
+                "thresholds must be at least 1",
+            ));
+        }
         if !health.path.starts_with('/') {
             return Err(invalid(
                 "health.path",
@@ -346,6 +479,7 @@ impl Config {
                 name: m.name,
                 tokenizer,
                 block_size,
+                forward_cache_salt: m.forward_cache_salt.unwrap_or(true),
             });
         }
         let token_cache_bytes = file.tokens.cache_mb.unwrap_or(32) << 20;
@@ -388,6 +522,63 @@ impl Config {
             return Err(invalid("index.max_entries", "must be at least 1024"));
         }
 
+        let ld = Limits::default();
+        let limits = Limits {
+            max_concurrency: file.limits.max_concurrency.unwrap_or(ld.max_concurrency),
+            max_queue: file.limits.max_queue.unwrap_or(ld.max_queue),
+            queue_timeout: seconds(
+                "limits.queue_timeout_s",
+                file.limits.queue_timeout_s,
+                ld.queue_timeout.as_secs_f64(),
+                0.0,
+            )?,
+        };
+        if limits.max_concurrency == 0 {
+            return Err(invalid("limits.max_concurrency", "must be at least 1"));
+        }
+        let mut tenants: Vec<TenantConfig> = Vec::new();
+        for (i, t) in file.tenants.into_iter().enumerate() {
+            let key = format!("tenants[{i}]");
+            if t.name.is_empty() || t.name.chars().any(|c| c.is_control()) {
+                return Err(invalid(format!("{key}.name"), "must be a non-empty name"));
+            }
+            if tenants.iter().any(|x| x.name == t.name) {
+                return Err(invalid(
+                    format!("{key}.name"),
+                    format!("tenant `{}` is listed twice", t.name),
+                ));
+            }
+            let digest = sha256_hex(&format!("{key}.api_key_sha256"), &t.api_key_sha256)?;
+            if tenants.iter().any(|x| x.api_key_sha256 == digest) {
+                return Err(invalid(
+                    format!("{key}.api_key_sha256"),
+                    "two tenants share one API key; give each its own",
+                ));
+            }
+            if t.max_concurrency == Some(0) {
+                return Err(invalid(
+                    format!("{key}.max_concurrency"),
+                    "must be at least 1",
+                ));
+            }
+            tenants.push(TenantConfig {
+                name: t.name,
+                api_key_sha256: digest,
+                models: t.models.unwrap_or_else(|| vec!["*".into()]),
+                max_concurrency: t.max_concurrency,
+            });
+        }
+        let admin_key_sha256 = match file.admin {
+            Some(a) => Some(sha256_hex("admin.api_key_sha256", &a.api_key_sha256)?),
+            None => None,
+        };
+        if admin_key_sha256.is_some_and(|a| tenants.iter().any(|t| t.api_key_sha256 == a)) {
+            return Err(invalid(
+                "admin.api_key_sha256",
+                "the admin key must differ from every tenant key",
+            ));
+        }
+
         let mut seen = std::collections::HashSet::new();
         for w in &workers {
             if !seen.insert(w.id.clone()) {
@@ -412,6 +603,11 @@ impl Config {
             token_cache_bytes,
             kv_aware,
             index,
+            breaker,
+            body_read_timeout,
+            limits,
+            tenants,
+            admin_key_sha256,
         })
     }
 }

@@ -26,6 +26,10 @@ pub struct HealthConfig {
     pub timeout: Duration,
     /// Path of the health endpoint on the worker.
     pub path: String,
+    /// Consecutive failed checks that mark a healthy worker down.
+    pub unhealthy_threshold: u32,
+    /// Consecutive passed checks that bring a down worker back.
+    pub healthy_threshold: u32,
 }
 
 impl Default for HealthConfig {
@@ -34,6 +38,8 @@ impl Default for HealthConfig {
             interval: Duration::from_secs(5),
             timeout: Duration::from_secs(2),
             path: "/health".into(),
+            unhealthy_threshold: 2,
+            healthy_threshold: 1,
         }
     }
 }
@@ -85,15 +91,19 @@ pub async fn check_worker(
             None => tracing::warn!(worker = worker.id(), "unparseable /v1/models answer"),
         }
     }
-    let was = worker.set_healthy(ok);
-    if was != ok {
-        if ok {
+    let was = worker.is_healthy();
+    let now = worker.observe_check(ok, config.healthy_threshold, config.unhealthy_threshold);
+    if was != now {
+        if now {
             tracing::info!(worker = worker.id(), "worker is healthy");
         } else {
-            tracing::warn!(worker = worker.id(), "worker failed its health check");
+            tracing::warn!(
+                worker = worker.id(),
+                "worker failed its health checks; marked down"
+            );
         }
     }
-    ok
+    now
 }
 
 async fn get(

@@ -5,6 +5,7 @@
 //! routing decision clones one `Arc` and never holds a lock while it scores, and a worker
 //! added or removed at run time cannot tear a decision in half.
 
+pub mod breaker;
 pub mod health;
 pub mod load;
 pub mod worker;
@@ -12,29 +13,48 @@ pub mod worker;
 use std::collections::BTreeSet;
 use std::sync::{Arc, RwLock};
 
+pub use breaker::{Breaker, BreakerConfig, CircuitState};
 pub use health::HealthConfig;
 pub use load::{Load, LoadGuard, LoadSnapshot};
-pub use worker::{BaseUrl, Worker, WorkerSpec, WorkerUrlError};
+pub use worker::{BaseUrl, DownHook, Worker, WorkerSpec, WorkerUrlError};
 
 /// The set of workers.
-#[derive(Debug)]
 pub struct Fleet {
     workers: RwLock<Arc<[Arc<Worker>]>>,
     next_slot: std::sync::atomic::AtomicU32,
+    breaker: BreakerConfig,
+    on_down: Option<DownHook>,
+}
+
+impl std::fmt::Debug for Fleet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.workers().iter()).finish()
+    }
 }
 
 impl Fleet {
-    /// A fleet of the given workers, in order.
+    /// A fleet of the given workers, in order, with default breakers and no down hook.
     pub fn new(specs: Vec<WorkerSpec>) -> Fleet {
+        Fleet::with(specs, BreakerConfig::default(), None)
+    }
+
+    /// A fleet whose workers use `breaker` and call `on_down` when declared down.
+    pub fn with(
+        specs: Vec<WorkerSpec>,
+        breaker: BreakerConfig,
+        on_down: Option<DownHook>,
+    ) -> Fleet {
         let workers: Vec<Arc<Worker>> = specs
             .into_iter()
             .enumerate()
-            .map(|(i, s)| Arc::new(Worker::new(s, i as u32)))
+            .map(|(i, s)| Arc::new(Worker::with(s, i as u32, breaker, on_down.clone())))
             .collect();
         let n = workers.len() as u32;
         Fleet {
             workers: RwLock::new(workers.into()),
             next_slot: std::sync::atomic::AtomicU32::new(n),
+            breaker,
+            on_down,
         }
     }
 
@@ -46,11 +66,13 @@ impl Fleet {
         }
     }
 
-    /// Healthy workers that serve `model`, in fleet order.
+    /// Workers that may take a new request for `model` now (healthy, not draining, circuit
+    /// not open), in fleet order.
     pub fn eligible(&self, model: &str) -> Vec<Arc<Worker>> {
+        let now = std::time::Instant::now();
         self.workers()
             .iter()
-            .filter(|w| w.is_healthy() && w.serves(model))
+            .filter(|w| w.is_routable(now) && w.serves(model))
             .cloned()
             .collect()
     }
@@ -70,7 +92,7 @@ impl Fleet {
     pub fn any_routable(&self) -> bool {
         self.workers()
             .iter()
-            .any(|w| w.is_healthy() && !w.models().is_empty())
+            .any(|w| w.is_routable(std::time::Instant::now()) && !w.models().is_empty())
     }
 
     /// The worker with `id`, if any.
@@ -87,7 +109,7 @@ impl Fleet {
         let slot = self
             .next_slot
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let w = Arc::new(Worker::new(spec, slot));
+        let w = Arc::new(Worker::with(spec, slot, self.breaker, self.on_down.clone()));
         let mut v: Vec<Arc<Worker>> = guard.iter().cloned().collect();
         v.push(Arc::clone(&w));
         *guard = v.into();

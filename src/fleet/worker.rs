@@ -1,11 +1,13 @@
 //! One upstream replica as the router sees it.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, RwLock};
+use std::time::Instant;
 
 use http::Uri;
 use thiserror::Error;
 
+use super::breaker::{Breaker, BreakerConfig};
 use super::load::Load;
 
 /// Why a worker URL was rejected.
@@ -95,8 +97,11 @@ pub struct WorkerSpec {
     pub kv_replay: Option<String>,
 }
 
+/// Called when a worker is declared down: whatever it cached is presumed lost (a replica
+/// that comes back is a new process with a cold cache).
+pub type DownHook = Arc<dyn Fn(&Worker) + Send + Sync>;
+
 /// A worker in the fleet: its description plus live state.
-#[derive(Debug)]
 pub struct Worker {
     /// What was configured.
     pub spec: WorkerSpec,
@@ -104,20 +109,51 @@ pub struct Worker {
     pub slot: u32,
     /// Router-side load.
     pub load: Arc<Load>,
+    /// Passive failure detection from live traffic.
+    pub breaker: Breaker,
     discovered_models: RwLock<Vec<String>>,
     healthy: AtomicBool,
+    draining: AtomicBool,
+    /// Consecutive health checks that disagreed with the current state.
+    streak: AtomicU32,
+    on_down: Option<DownHook>,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("id", &self.spec.id)
+            .field("slot", &self.slot)
+            .field("healthy", &self.is_healthy())
+            .field("draining", &self.is_draining())
+            .finish()
+    }
 }
 
 impl Worker {
     /// A worker that starts healthy: the first health check corrects that within one interval,
     /// and a failing first request is retried on another worker.
     pub fn new(spec: WorkerSpec, slot: u32) -> Worker {
+        Worker::with(spec, slot, BreakerConfig::default(), None)
+    }
+
+    /// A worker with its breaker settings and the hook to call when it goes down.
+    pub fn with(
+        spec: WorkerSpec,
+        slot: u32,
+        breaker: BreakerConfig,
+        on_down: Option<DownHook>,
+    ) -> Worker {
         Worker {
             spec,
             slot,
             load: Arc::new(Load::default()),
+            breaker: Breaker::new(breaker),
             discovered_models: RwLock::new(Vec::new()),
             healthy: AtomicBool::new(true),
+            draining: AtomicBool::new(false),
+            streak: AtomicU32::new(0),
+            on_down,
         }
     }
 
@@ -160,15 +196,90 @@ impl Worker {
         self.healthy.load(Ordering::Relaxed)
     }
 
-    /// Marks the worker (un)healthy; returns the previous state.
+    /// Marks the worker (un)healthy; returns the previous state. Going down runs the down
+    /// hook (its cached blocks are forgotten).
     pub fn set_healthy(&self, healthy: bool) -> bool {
-        self.healthy.swap(healthy, Ordering::Relaxed)
+        let was = self.healthy.swap(healthy, Ordering::Relaxed);
+        self.streak.store(0, Ordering::Relaxed);
+        if was
+            && !healthy
+            && let Some(hook) = &self.on_down
+        {
+            hook(self);
+        }
+        was
+    }
+
+    /// Records one active health check; the state flips only after `threshold` consecutive
+    /// checks that disagree with it. Returns the state after the check.
+    pub fn observe_check(&self, ok: bool, up_threshold: u32, down_threshold: u32) -> bool {
+        let healthy = self.is_healthy();
+        if ok == healthy {
+            self.streak.store(0, Ordering::Relaxed);
+            return healthy;
+        }
+        let n = self.streak.fetch_add(1, Ordering::Relaxed) + 1;
+        let threshold = if ok { up_threshold } else { down_threshold };
+        if n >= threshold.max(1) {
+            self.set_healthy(ok);
+            if ok {
+                // A worker that comes back gets traffic again at once.
+                self.breaker.reset();
+            }
+            return ok;
+        }
+        healthy
+    }
+
+    /// Whether the worker is being drained (no new requests, in-flight ones finish).
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Starts or stops draining.
+    pub fn set_draining(&self, draining: bool) {
+        self.draining.store(draining, Ordering::Relaxed);
+    }
+
+    /// Whether a new request may be sent here at `now`: healthy, not draining, circuit not
+    /// open.
+    pub fn is_routable(&self, now: Instant) -> bool {
+        self.is_healthy() && !self.is_draining() && self.breaker.allows(now)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn health_flips_after_thresholds_and_down_runs_the_hook() {
+        let downs = Arc::new(AtomicU32::new(0));
+        let d = Arc::clone(&downs);
+        let hook: DownHook = Arc::new(move |_| {
+            d.fetch_add(1, Ordering::Relaxed);
+        });
+        let spec = WorkerSpec {
+            id: "w".into(),
+            url: BaseUrl::parse("http://h:1").unwrap(),
+            models: vec!["m".into()],
+            kv_events: None,
+            kv_replay: None,
+        };
+        let w = Worker::with(spec, 0, BreakerConfig::default(), Some(hook));
+        assert!(w.observe_check(false, 2, 3));
+        assert!(w.observe_check(false, 2, 3));
+        assert!(w.observe_check(true, 2, 3), "a success resets the streak");
+        assert!(w.observe_check(false, 2, 3));
+        assert!(w.observe_check(false, 2, 3));
+        assert!(!w.observe_check(false, 2, 3));
+        assert_eq!(downs.load(Ordering::Relaxed), 1);
+        assert!(!w.observe_check(true, 2, 3));
+        assert!(w.observe_check(true, 2, 3));
+        w.set_draining(true);
+        assert!(!w.is_routable(Instant::now()));
+        assert_eq!(downs.load(Ordering::Relaxed), 1);
+    }
 
     #[test]
     fn base_url_parsing() {

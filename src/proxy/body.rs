@@ -8,10 +8,12 @@
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
+use tokio::time::{Instant, Sleep, sleep};
 
 use super::first_token::FirstTokenDetector;
 
@@ -35,28 +37,43 @@ pub trait ResponseObserver: Send + 'static {
     fn end(&mut self, end: End);
 }
 
+/// Errors a proxied body can end with.
+pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
+
+/// How long a response may stay silent, and how long it may take in all.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BodyTimeouts {
+    /// Longest gap between two chunks (and before the first).
+    pub idle: Duration,
+    /// Longest the whole body may take.
+    pub total: Duration,
+}
+
 /// A worker's response body, observed on its way to the client.
 pub struct ObservedBody<O: ResponseObserver> {
     inner: Incoming,
+    timeouts: BodyTimeouts,
+    idle: Pin<Box<Sleep>>,
+    deadline: Pin<Box<Sleep>>,
     /// `Some` for SSE streams; a plain body's first token is its end.
     detector: Option<FirstTokenDetector>,
     observer: O,
     first_token_seen: bool,
     ended: bool,
-    /// An SSE error event still to be sent after the upstream broke off.
-    pending_error: Option<Bytes>,
 }
 
 impl<O: ResponseObserver> ObservedBody<O> {
     /// Wraps `inner`; `sse` selects first-token detection on SSE events.
-    pub fn new(inner: Incoming, sse: bool, observer: O) -> Self {
+    pub fn new(inner: Incoming, sse: bool, timeouts: BodyTimeouts, observer: O) -> Self {
         ObservedBody {
             inner,
+            timeouts,
+            idle: Box::pin(sleep(timeouts.idle)),
+            deadline: Box::pin(sleep(timeouts.total)),
             detector: sse.then(FirstTokenDetector::default),
             observer,
             first_token_seen: false,
             ended: false,
-            pending_error: None,
         }
     }
 
@@ -71,6 +88,17 @@ impl<O: ResponseObserver> ObservedBody<O> {
         if !self.ended {
             self.ended = true;
             self.observer.end(end);
+        }
+    }
+
+    /// Ends the response after an upstream failure: a stream gets an SSE error event (so SDKs
+    /// raise instead of waiting), a plain body an error (the client sees a broken response).
+    fn fail(&mut self, why: String) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        self.finish(End::UpstreamError);
+        if self.detector.is_some() {
+            Poll::Ready(Some(Ok(Frame::data(stream_error_event(&why)))))
+        } else {
+            Poll::Ready(Some(Err(why.into())))
         }
     }
 }
@@ -89,22 +117,35 @@ pub fn stream_error_event(message: &str) -> Bytes {
 
 impl<O: ResponseObserver + Unpin> Body for ObservedBody<O> {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = &mut *self;
-        if let Some(ev) = this.pending_error.take() {
-            return Poll::Ready(Some(Ok(Frame::data(ev))));
-        }
         if this.ended {
             return Poll::Ready(None);
         }
         match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Pending => Poll::Pending,
+            Poll::Pending => {
+                let silent = this.idle.as_mut().poll(cx).is_ready();
+                let late = this.deadline.as_mut().poll(cx).is_ready();
+                if !(silent || late) {
+                    return Poll::Pending;
+                }
+                let why = if late {
+                    format!("the worker did not finish within {:?}", this.timeouts.total)
+                } else {
+                    format!("the worker sent nothing for {:?}", this.timeouts.idle)
+                };
+                tracing::warn!(reason = %why, "abandoning upstream response");
+                this.fail(why)
+            }
             Poll::Ready(Some(Ok(frame))) => {
+                this.idle
+                    .as_mut()
+                    .reset(Instant::now() + this.timeouts.idle);
                 if let (Some(data), Some(d)) = (frame.data_ref(), this.detector.as_mut())
                     && d.feed(data)
                 {
@@ -120,15 +161,7 @@ impl<O: ResponseObserver + Unpin> Body for ObservedBody<O> {
             }
             Poll::Ready(Some(Err(e))) => {
                 tracing::warn!(error = %e, "upstream body broke off");
-                this.finish(End::UpstreamError);
-                if this.detector.is_some() {
-                    this.pending_error =
-                        Some(stream_error_event("the worker's stream ended unexpectedly"));
-                    let ev = this.pending_error.take().unwrap_or_default();
-                    Poll::Ready(Some(Ok(Frame::data(ev))))
-                } else {
-                    Poll::Ready(Some(Err(e)))
-                }
+                this.fail(format!("the worker's stream ended unexpectedly: {e}"))
             }
             Poll::Ready(None) => {
                 // A plain JSON body carries its tokens all at once: its end is its first token.
@@ -140,7 +173,7 @@ impl<O: ResponseObserver + Unpin> Body for ObservedBody<O> {
     }
 
     fn is_end_stream(&self) -> bool {
-        (self.ended || self.inner.is_end_stream()) && self.pending_error.is_none()
+        self.ended || self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {

@@ -8,9 +8,10 @@
 pub mod body;
 pub mod first_token;
 pub mod headers;
+pub mod retry_budget;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
@@ -24,7 +25,8 @@ use crate::fleet::{LoadGuard, Worker};
 use crate::metrics::Metrics;
 use crate::openai::ApiError;
 
-pub use body::{End, ObservedBody, ResponseObserver};
+pub use body::{BodyTimeouts, End, ObservedBody, ResponseObserver};
+pub use retry_budget::{RetryBudget, RetryBudgetConfig};
 
 /// Proxy settings.
 #[derive(Clone, Debug)]
@@ -37,6 +39,12 @@ pub struct ProxyConfig {
     pub retries: u32,
     /// Idle pooled connections kept per worker.
     pub pool_max_idle_per_host: usize,
+    /// Longest silence between two chunks of a response before it is abandoned.
+    pub idle_timeout: Duration,
+    /// Longest a whole response may take.
+    pub total_timeout: Duration,
+    /// How many retries recent traffic allows.
+    pub retry_budget: RetryBudgetConfig,
 }
 
 impl Default for ProxyConfig {
@@ -46,6 +54,9 @@ impl Default for ProxyConfig {
             first_byte_timeout: Duration::from_secs(600),
             retries: 1,
             pool_max_idle_per_host: 256,
+            idle_timeout: Duration::from_secs(300),
+            total_timeout: Duration::from_secs(3600),
+            retry_budget: RetryBudgetConfig::default(),
         }
     }
 }
@@ -64,6 +75,7 @@ pub struct Attempt {
 pub struct Upstream {
     client: Client<HttpConnector, Full<Bytes>>,
     config: ProxyConfig,
+    budget: Arc<RetryBudget>,
 }
 
 /// Why one attempt failed.
@@ -88,7 +100,17 @@ impl Upstream {
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(config.pool_max_idle_per_host)
             .build(connector);
-        Upstream { client, config }
+        let budget = Arc::new(RetryBudget::new(config.retry_budget));
+        Upstream {
+            client,
+            config,
+            budget,
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &ProxyConfig {
+        &self.config
     }
 
     /// Sends `body` to `path` on workers picked by `pick`, retrying on another worker while
@@ -107,7 +129,19 @@ impl Upstream {
         let headers = headers::upstream_request_headers(client_headers);
         let mut tried: Vec<u32> = Vec::new();
         let mut last_error: Option<ApiError> = None;
+        self.budget.record_request(Instant::now());
+        let mut retry_reason: Option<&'static str> = None;
         for attempt_no in 0..=self.config.retries {
+            if attempt_no > 0 {
+                if !self.budget.try_retry(Instant::now()) {
+                    metrics.retries_denied.inc();
+                    tracing::warn!("retry budget exhausted; not retrying");
+                    break;
+                }
+                if let Some(reason) = retry_reason.take() {
+                    metrics.retries.with_label_values(&[reason]).inc();
+                }
+            }
             let Some(attempt) = pick(&tried) else {
                 break;
             };
@@ -146,7 +180,7 @@ impl Upstream {
                         format!("worker `{worker_id}` failed: {message}"),
                     ));
                     if !last_chance {
-                        metrics.retries.with_label_values(&[reason]).inc();
+                        retry_reason = Some(reason);
                     }
                 }
             }

@@ -1,5 +1,7 @@
 //! Reading a client's request body within the size limit.
 
+use std::time::Duration;
+
 use axum::body::Body;
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
@@ -16,13 +18,27 @@ fn too_large(limit: usize) -> ApiError {
     )
 }
 
-/// Reads the whole body, refusing more than `limit` bytes with a 413 (early, from the
-/// `Content-Length` header, when the client sent one).
+/// Reads the whole body within `timeout`, refusing more than `limit` bytes with a 413 (early,
+/// from the `Content-Length` header, when the client sent one). A client that trickles its body
+/// (slow loris) gets a 408 instead of holding a connection and a task forever.
 pub async fn read_limited(
     headers: &HeaderMap,
     body: Body,
     limit: usize,
+    timeout: Duration,
 ) -> Result<Bytes, ApiError> {
+    match tokio::time::timeout(timeout, read_within(headers, body, limit)).await {
+        Ok(r) => r,
+        Err(_) => Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            Some("request_timeout"),
+            format!("the request body was not received within {timeout:?}"),
+        )),
+    }
+}
+
+async fn read_within(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, ApiError> {
     let declared = headers
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())

@@ -33,7 +33,7 @@ async fn explain(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let bytes = read_limited(headers, body, state.max_body_bytes).await?;
+    let bytes = read_limited(headers, body, state.max_body_bytes, state.body_read_timeout).await?;
     let json: serde_json::Value = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}"), None))?;
     let endpoint = if json.get("messages").is_some() {

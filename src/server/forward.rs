@@ -15,7 +15,7 @@ use crate::index::WorkerIdx;
 use crate::metrics::Metrics;
 use crate::openai::{ApiError, Endpoint, RequestView};
 use crate::policy::{Observation, Policy};
-use crate::proxy::{self, Attempt, End, ObservedBody, ResponseObserver};
+use crate::proxy::{self, Attempt, BodyTimeouts, End, ObservedBody, ResponseObserver};
 
 /// Header naming the worker that served a response.
 pub const WORKER_HEADER: &str = "x-kvroute-worker";
@@ -70,7 +70,13 @@ async fn forward(
     started: Instant,
     model_out: &mut String,
 ) -> Result<Response, ApiError> {
-    let bytes = read_limited(&headers, body, state.max_body_bytes).await?;
+    let bytes = read_limited(
+        &headers,
+        body,
+        state.max_body_bytes,
+        state.body_read_timeout,
+    )
+    .await?;
     let json: serde_json::Value = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}"), None))?;
     let view = RequestView::parse(endpoint, &json)?;
@@ -91,10 +97,19 @@ async fn forward(
     let mut routed: Option<Routed> = None;
     let metrics = &state.metrics;
     let pick = |tried: &[u32]| -> Option<Attempt> {
-        let (workers, candidates) = route::candidates(&eligible, &analysis, tried);
-        let decision = route::choose(state, &analysis, &candidates)?;
-        let chosen = &candidates[decision.chosen];
-        let worker = Arc::clone(workers[decision.chosen]);
+        let mut skip = tried.to_vec();
+        let (worker, chosen) = loop {
+            let (workers, candidates) = route::candidates(&eligible, &analysis, &skip);
+            let decision = route::choose(state, &analysis, &candidates)?;
+            let worker = workers[decision.chosen];
+            // A half-open circuit lets one probe through; a worker whose probe is taken is
+            // skipped for this request.
+            if worker.breaker.acquire(Instant::now()) {
+                break (Arc::clone(worker), candidates[decision.chosen].clone());
+            }
+            skip.push(worker.slot);
+        };
+        let chosen = &chosen;
         if first_pick {
             first_pick = false;
             metrics
@@ -152,7 +167,13 @@ async fn forward(
         status: parts.status,
         started,
     };
-    let mut resp = Response::new(Body::new(ObservedBody::new(incoming, sse, observer)));
+    let timeouts = BodyTimeouts {
+        idle: state.upstream.config().idle_timeout,
+        total: state.upstream.config().total_timeout,
+    };
+    let mut resp = Response::new(Body::new(ObservedBody::new(
+        incoming, sse, timeouts, observer,
+    )));
     *resp.status_mut() = parts.status;
     *resp.headers_mut() = out_headers;
     Ok(resp)
@@ -211,6 +232,9 @@ impl ResponseObserver for Observer {
 
     fn end(&mut self, end: End) {
         self.guard.finish();
+        if end == End::UpstreamError {
+            self.worker.breaker.record_failure(Instant::now());
+        }
         let status = match end {
             End::Complete => self.status.as_str().to_owned(),
             End::UpstreamError => "upstream_error".to_owned(),

@@ -19,7 +19,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::fleet::{Fleet, Worker, health};
+use crate::fleet::{DownHook, Fleet, Worker, health};
 use crate::index::{
     ApproxConfig, ApproxIndex, Holdings, IndexConfig, KvIndex, WorkerFeed, WorkerIdx,
 };
@@ -42,6 +42,8 @@ pub struct AppState {
     pub metrics: Metrics,
     /// Largest accepted request body.
     pub max_body_bytes: usize,
+    /// Longest a client may take to send its body.
+    pub body_read_timeout: Duration,
     /// Tokenizers, chat templates and block sizes per model.
     pub tokens: ModelRegistry,
     /// Who holds which block: event-fed and predicted.
@@ -64,14 +66,25 @@ impl AppState {
                 capacity_per_worker: config.index.approx_capacity_blocks,
             }),
         );
+        let holdings = Arc::new(holdings);
+        let forget = Arc::clone(&holdings);
+        let on_down: DownHook = Arc::new(move |w: &Worker| {
+            forget.exact.clear_worker(WorkerIdx(w.slot));
+            forget.approx.clear_worker(WorkerIdx(w.slot));
+        });
         Ok(AppState {
-            fleet: Arc::new(Fleet::new(config.workers.clone())),
+            fleet: Arc::new(Fleet::with(
+                config.workers.clone(),
+                config.breaker,
+                Some(on_down),
+            )),
             policy: policy::build(&config.policy, &config.policy_settings())?,
             upstream: Upstream::new(config.proxy.clone()),
             metrics: Metrics::new(),
             max_body_bytes: config.max_body_bytes,
+            body_read_timeout: config.body_read_timeout,
             tokens: ModelRegistry::load(config)?,
-            holdings: Arc::new(holdings),
+            holdings,
             feeds: Mutex::new(HashMap::new()),
             started: Instant::now(),
         })

@@ -38,6 +38,8 @@ pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let m = &state.metrics;
     m.in_flight.reset();
     m.worker_healthy.reset();
+    m.circuit_state.reset();
+    let now = std::time::Instant::now();
     let workers = state.fleet.workers();
     let index = state.holdings.exact.stats();
     m.index_entries
@@ -80,6 +82,9 @@ pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         m.worker_healthy
             .with_label_values(&[w.id()])
             .set(i64::from(w.is_healthy()));
+        m.circuit_state
+            .with_label_values(&[w.id()])
+            .set(w.breaker.state(now).as_metric());
     }
     (
         [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],

@@ -81,9 +81,10 @@ pub(super) fn candidates<'w>(
     analysis: &Analysis,
     tried: &[u32],
 ) -> (Vec<&'w Arc<Worker>>, Vec<Candidate>) {
+    let now = Instant::now();
     let picked: Vec<&Arc<Worker>> = workers
         .iter()
-        .filter(|w| !tried.contains(&w.slot) && w.is_healthy())
+        .filter(|w| !tried.contains(&w.slot) && w.is_routable(now))
         .collect();
     let candidates = picked
         .iter()
