@@ -53,7 +53,12 @@ fn prompt_hashes(text: &str) -> Vec<BlockHash> {
 
 /// Leading blocks of `hashes` the router's event-fed index holds for `slot`.
 fn held(router: &RouterHandle, slot: u32, hashes: &[BlockHash]) -> u32 {
-    router.state.holdings.exact.lookup(hashes).get(WorkerIdx(slot))
+    router
+        .state
+        .holdings
+        .exact
+        .lookup(hashes)
+        .get(WorkerIdx(slot))
 }
 
 /// Polls `cond` every 20 ms until it holds or `limit` passes.
@@ -103,7 +108,10 @@ fn http() -> reqwest::Client {
 #[derive(Clone, Debug, PartialEq)]
 enum Outcome {
     /// 200 and, for a stream, `[DONE]` without an error event.
-    Complete { worker: String, completion_tokens: u64 },
+    Complete {
+        worker: String,
+        completion_tokens: u64,
+    },
     /// 200, then an SSE error event.
     ErrorEvent { worker: String },
     /// An error status with an OpenAI error body.
@@ -417,7 +425,11 @@ async fn kill_and_restart() {
         wait_for(Duration::from_secs(5), || e0.is_healthy()).await,
         "the restarted engine was not taken back"
     );
-    assert_eq!(held(&router, s0, &h0), 0, "the restarted engine must start cold");
+    assert_eq!(
+        held(&router, s0, &h0),
+        0,
+        "the restarted engine must start cold"
+    );
     // It serves through the router again.
     let mut after = Vec::new();
     for i in 0..10 {
@@ -467,7 +479,9 @@ async fn kill_and_restart() {
 fn stored(first_id: u64, parent: Option<u64>, tokens: Vec<u32>) -> KvEvent {
     let blocks = tokens.len() / 16;
     KvEvent::Stored(BlockStored {
-        block_hashes: (0..blocks as u64).map(|i| EngineHash(first_id + i)).collect(),
+        block_hashes: (0..blocks as u64)
+            .map(|i| EngineHash(first_id + i))
+            .collect(),
         parent_block_hash: parent.map(EngineHash),
         token_ids: tokens,
         block_size: 16,
@@ -504,7 +518,11 @@ async fn connect(router: &RouterHandle, slot: u32, publisher: &Publisher, probe_
     let tokens = chain(probe_base, 1);
     let h = chain_hashes(&tokens);
     for _ in 0..100 {
-        publisher.publish(&batch(vec![stored(u64::from(probe_base), None, tokens.clone())]));
+        publisher.publish(&batch(vec![stored(
+            u64::from(probe_base),
+            None,
+            tokens.clone(),
+        )]));
         if wait_for(Duration::from_millis(50), || held(router, slot, &h) == 1).await {
             return;
         }
@@ -613,7 +631,10 @@ async fn gap_scenario(replay: bool) {
         stream_line("dropped", "w0"),
         stream_line("undecodable", "w1"),
     );
-    assert_eq!(stale_a, 0, "blocks removed in the lost batch are still indexed");
+    assert_eq!(
+        stale_a, 0,
+        "blocks removed in the lost batch are still indexed"
+    );
     assert_eq!(stream_line("gaps", "w0"), 1.0);
     if replay {
         assert_eq!(c_now, 1, "the replayed batch's blocks are missing");
@@ -621,11 +642,18 @@ async fn gap_scenario(replay: bool) {
         assert_eq!(stream_line("replays_ok", "w0"), 1.0);
     } else {
         assert_eq!(c_now, 0);
-        assert_eq!(probe_now, 0, "without replay the worker's entries must be dropped");
+        assert_eq!(
+            probe_now, 0,
+            "without replay the worker's entries must be dropped"
+        );
         assert_eq!(stream_line("dropped", "w0"), 1.0);
     }
     assert_eq!(stream_line("undecodable", "w1"), 2.0);
-    assert_eq!(held(&router, s1, &other_probe), 1, "garbage cleared the worker");
+    assert_eq!(
+        held(&router, s1, &other_probe),
+        1,
+        "garbage cleared the worker"
+    );
     assert_eq!(held(&router, s0, &hb), 1, "garbage on w1 touched w0");
 
     // Cut: the publisher dies; a new one binds the same endpoint and counts from 0.
@@ -636,7 +664,11 @@ async fn gap_scenario(replay: bool) {
     );
     let fresh = bind_publisher(&endpoint, replay_ep.as_deref());
     connect(&router, s0, &fresh, 3_000_000).await;
-    assert_eq!(held(&router, s0, &hb), 0, "a restarted publisher starts cold");
+    assert_eq!(
+        held(&router, s0, &hb),
+        0,
+        "a restarted publisher starts cold"
+    );
     assert_eq!(held(&router, s0, &ha), 0);
     assert_eq!(held(&router, s1, &hd), 1, "the other worker is untouched");
     let (peak, _) = rss_mib(None);
@@ -724,10 +756,9 @@ async fn start_sim_engine(seed: u64, speedup: f64) -> SimEngine {
         ..EngineArgs::default()
     };
     let mut serve = args.serve_config().unwrap();
-    let publisher = Publisher::bind(
-        PublisherConfig::new("tcp://127.0.0.1:*").with_replay("tcp://127.0.0.1:*"),
-    )
-    .unwrap();
+    let publisher =
+        Publisher::bind(PublisherConfig::new("tcp://127.0.0.1:*").with_replay("tcp://127.0.0.1:*"))
+            .unwrap();
     let events = publisher.endpoint().to_string();
     let replay = publisher.replay_endpoint().unwrap().to_string();
     serve.events = Box::new(publisher);
@@ -854,7 +885,9 @@ async fn flood() {
             completed,
             &failed,
             peak,
-            &format!("kvroute serve process; idle {idle_rss:.1} MiB (peak {idle_peak:.1}), after the wave {rss:.1} MiB; {summary}"),
+            &format!(
+                "kvroute serve process; idle {idle_rss:.1} MiB (peak {idle_peak:.1}), after the wave {rss:.1} MiB; {summary}"
+            ),
         );
         peaks.push(peak);
         outcomes.extend(wave_outcomes);
@@ -894,7 +927,10 @@ async fn flood() {
         "chaos(e) engines served {served} requests ({generated} generated tokens); clients completed {completed} ({client_tokens} tokens received)"
     );
     assert_eq!(served as usize, completed, "requests lost or run twice");
-    assert_eq!(generated as u64, client_tokens, "requests lost or run twice");
+    assert_eq!(
+        generated as u64, client_tokens,
+        "requests lost or run twice"
+    );
     assert_eq!(client_tokens, 4 * completed as u64, "a stream lost tokens");
     assert!(completed > 0);
     // Bounded memory: the router holds nothing per finished request.

@@ -86,10 +86,7 @@ fn huge_messages(n: usize) -> Vec<u8> {
 fn table() -> Vec<Row> {
     use Expect::*;
     let bad = |p| Reject(400, Some(p));
-    let deep_prompt = format!(
-        "{{\"model\":\"m\",\"prompt\":{}}}",
-        nested_arrays(10_000)
-    );
+    let deep_prompt = format!("{{\"model\":\"m\",\"prompt\":{}}}", nested_arrays(10_000));
     let deep_unknown = format!(
         "{{\"model\":\"m\",\"prompt\":\"x\",\"extra\":{}}}",
         nested_objects(10_000)
@@ -100,11 +97,21 @@ fn table() -> Vec<Row> {
     );
     let mut rows = vec![
         // Not JSON at all.
-        row("truncated JSON", COMPLETIONS, "{\"model\":", Reject(400, None)),
+        row(
+            "truncated JSON",
+            COMPLETIONS,
+            "{\"model\":",
+            Reject(400, None),
+        ),
         row("garbage", COMPLETIONS, "hello there", Reject(400, None)),
         row("empty body", COMPLETIONS, "", Reject(400, None)),
         row("empty body (chat)", CHAT, "", Reject(400, None)),
-        row("trailing garbage", COMPLETIONS, "{\"model\":\"m\",\"prompt\":\"x\"} x", Reject(400, None)),
+        row(
+            "trailing garbage",
+            COMPLETIONS,
+            "{\"model\":\"m\",\"prompt\":\"x\"} x",
+            Reject(400, None),
+        ),
         row(
             "invalid UTF-8 in a string",
             COMPLETIONS,
@@ -136,65 +143,326 @@ fn table() -> Vec<Row> {
             Reject(400, None),
         ),
         // Not an object.
-        row("JSON array body", COMPLETIONS, "[{\"model\":\"m\",\"prompt\":\"x\"}]", Reject(400, None)),
+        row(
+            "JSON array body",
+            COMPLETIONS,
+            "[{\"model\":\"m\",\"prompt\":\"x\"}]",
+            Reject(400, None),
+        ),
         row("JSON string body", CHAT, "\"hi\"", Reject(400, None)),
         row("JSON null body", CHAT, "null", Reject(400, None)),
         // Deep nesting: a 400 from the parser's recursion limit, never a stack overflow.
-        row("10,000-deep prompt", COMPLETIONS, deep_prompt, Reject(400, None)),
-        row("10,000-deep unknown field", COMPLETIONS, deep_unknown, Reject(400, None)),
-        row("10,000-deep message field", CHAT, deep_messages, Reject(400, None)),
+        row(
+            "10,000-deep prompt",
+            COMPLETIONS,
+            deep_prompt,
+            Reject(400, None),
+        ),
+        row(
+            "10,000-deep unknown field",
+            COMPLETIONS,
+            deep_unknown,
+            Reject(400, None),
+        ),
+        row(
+            "10,000-deep message field",
+            CHAT,
+            deep_messages,
+            Reject(400, None),
+        ),
         // model
-        row("missing model", COMPLETIONS, js(json!({"prompt":"x"})), bad("model")),
-        row("null model", COMPLETIONS, js(json!({"model":null,"prompt":"x"})), bad("model")),
-        row("empty model", CHAT, js(json!({"model":"","messages":[{"role":"user","content":"x"}]})), bad("model")),
-        row("numeric model", COMPLETIONS, js(json!({"model":5,"prompt":"x"})), bad("model")),
-        row("array model", COMPLETIONS, js(json!({"model":["m"],"prompt":"x"})), bad("model")),
-        row("unknown model", COMPLETIONS, js(json!({"model":"nope","prompt":"x"})), Reject(404, Some("model"))),
+        row(
+            "missing model",
+            COMPLETIONS,
+            js(json!({"prompt":"x"})),
+            bad("model"),
+        ),
+        row(
+            "null model",
+            COMPLETIONS,
+            js(json!({"model":null,"prompt":"x"})),
+            bad("model"),
+        ),
+        row(
+            "empty model",
+            CHAT,
+            js(json!({"model":"","messages":[{"role":"user","content":"x"}]})),
+            bad("model"),
+        ),
+        row(
+            "numeric model",
+            COMPLETIONS,
+            js(json!({"model":5,"prompt":"x"})),
+            bad("model"),
+        ),
+        row(
+            "array model",
+            COMPLETIONS,
+            js(json!({"model":["m"],"prompt":"x"})),
+            bad("model"),
+        ),
+        row(
+            "unknown model",
+            COMPLETIONS,
+            js(json!({"model":"nope","prompt":"x"})),
+            Reject(404, Some("model")),
+        ),
         // prompt
-        row("missing prompt", COMPLETIONS, js(json!({"model":"m"})), bad("prompt")),
-        row("numeric prompt", COMPLETIONS, js(json!({"model":"m","prompt":5})), bad("prompt")),
-        row("object prompt", COMPLETIONS, js(json!({"model":"m","prompt":{"a":1}})), bad("prompt")),
-        row("empty prompt array", COMPLETIONS, js(json!({"model":"m","prompt":[]})), bad("prompt")),
-        row("mixed prompt array", COMPLETIONS, js(json!({"model":"m","prompt":["a",1]})), bad("prompt")),
-        row("token id above u32", COMPLETIONS, js(json!({"model":"m","prompt":[1, 4294967296u64]})), bad("prompt")),
-        row("huge token id", COMPLETIONS, "{\"model\":\"m\",\"prompt\":[18446744073709551616]}", Reject(400, None)),
-        row("negative token id", COMPLETIONS, js(json!({"model":"m","prompt":[1,-1]})), bad("prompt")),
-        row("fractional token id", COMPLETIONS, js(json!({"model":"m","prompt":[1.5]})), bad("prompt")),
-        row("negative id in a batch", COMPLETIONS, js(json!({"model":"m","prompt":[[1],[-7]]})), bad("prompt")),
-        row("empty token list in a batch", COMPLETIONS, js(json!({"model":"m","prompt":[[1],[]]})), bad("prompt")),
+        row(
+            "missing prompt",
+            COMPLETIONS,
+            js(json!({"model":"m"})),
+            bad("prompt"),
+        ),
+        row(
+            "numeric prompt",
+            COMPLETIONS,
+            js(json!({"model":"m","prompt":5})),
+            bad("prompt"),
+        ),
+        row(
+            "object prompt",
+            COMPLETIONS,
+            js(json!({"model":"m","prompt":{"a":1}})),
+            bad("prompt"),
+        ),
+        row(
+            "empty prompt array",
+            COMPLETIONS,
+            js(json!({"model":"m","prompt":[]})),
+            bad("prompt"),
+        ),
+        row(
+            "mixed prompt array",
+            COMPLETIONS,
+            js(json!({"model":"m","prompt":["a",1]})),
+            bad("prompt"),
+        ),
+        row(
+            "token id above u32",
+            COMPLETIONS,
+            js(json!({"model":"m","prompt":[1, 4294967296u64]})),
+            bad("prompt"),
+        ),
+        row(
+            "huge token id",
+            COMPLETIONS,
+            "{\"model\":\"m\",\"prompt\":[18446744073709551616]}",
+            Reject(400, None),
+        ),
+        row(
+            "negative token id",
+            COMPLETIONS,
+            js(json!({"model":"m","prompt":[1,-1]})),
+            bad("prompt"),
+        ),
+        row(
+            "fractional token id",
+            COMPLETIONS,
+            js(json!({"model":"m","prompt":[1.5]})),
+            bad("prompt"),
+        ),
+        row(
+            "negative id in a batch",
+            COMPLETIONS,
+            js(json!({"model":"m","prompt":[[1],[-7]]})),
+            bad("prompt"),
+        ),
+        row(
+            "empty token list in a batch",
+            COMPLETIONS,
+            js(json!({"model":"m","prompt":[[1],[]]})),
+            bad("prompt"),
+        ),
         // messages
-        row("missing messages", CHAT, js(json!({"model":"m"})), bad("messages")),
-        row("string messages", CHAT, js(json!({"model":"m","messages":"hi"})), bad("messages")),
-        row("empty messages", CHAT, js(json!({"model":"m","messages":[]})), bad("messages")),
-        row("message not an object", CHAT, js(json!({"model":"m","messages":[1]})), bad("messages")),
-        row("missing role", CHAT, js(json!({"model":"m","messages":[{"content":"x"}]})), bad("messages")),
-        row("numeric role", CHAT, js(json!({"model":"m","messages":[{"role":1,"content":"x"}]})), bad("messages")),
-        row("null role", CHAT, js(json!({"model":"m","messages":[{"role":null,"content":"x"}]})), bad("messages")),
-        row("numeric content", CHAT, js(json!({"model":"m","messages":[{"role":"user","content":5}]})), bad("messages")),
-        row("content part without type", CHAT, js(json!({"model":"m","messages":[{"role":"user","content":[{"text":"x"}]}]})), bad("messages")),
-        row("content part with numeric type", CHAT, js(json!({"model":"m","messages":[{"role":"user","content":[{"type":1,"text":"x"}]}]})), bad("messages")),
-        row("content part not an object", CHAT, js(json!({"model":"m","messages":[{"role":"user","content":["x"]}]})), bad("messages")),
+        row(
+            "missing messages",
+            CHAT,
+            js(json!({"model":"m"})),
+            bad("messages"),
+        ),
+        row(
+            "string messages",
+            CHAT,
+            js(json!({"model":"m","messages":"hi"})),
+            bad("messages"),
+        ),
+        row(
+            "empty messages",
+            CHAT,
+            js(json!({"model":"m","messages":[]})),
+            bad("messages"),
+        ),
+        row(
+            "message not an object",
+            CHAT,
+            js(json!({"model":"m","messages":[1]})),
+            bad("messages"),
+        ),
+        row(
+            "missing role",
+            CHAT,
+            js(json!({"model":"m","messages":[{"content":"x"}]})),
+            bad("messages"),
+        ),
+        row(
+            "numeric role",
+            CHAT,
+            js(json!({"model":"m","messages":[{"role":1,"content":"x"}]})),
+            bad("messages"),
+        ),
+        row(
+            "null role",
+            CHAT,
+            js(json!({"model":"m","messages":[{"role":null,"content":"x"}]})),
+            bad("messages"),
+        ),
+        row(
+            "numeric content",
+            CHAT,
+            js(json!({"model":"m","messages":[{"role":"user","content":5}]})),
+            bad("messages"),
+        ),
+        row(
+            "content part without type",
+            CHAT,
+            js(json!({"model":"m","messages":[{"role":"user","content":[{"text":"x"}]}]})),
+            bad("messages"),
+        ),
+        row(
+            "content part with numeric type",
+            CHAT,
+            js(json!({"model":"m","messages":[{"role":"user","content":[{"type":1,"text":"x"}]}]})),
+            bad("messages"),
+        ),
+        row(
+            "content part not an object",
+            CHAT,
+            js(json!({"model":"m","messages":[{"role":"user","content":["x"]}]})),
+            bad("messages"),
+        ),
         // max_tokens, n, stream, stream_options
-        row("string max_tokens", COMPLETIONS, js(json!({"model":"m","prompt":"x","max_tokens":"5"})), bad("max_tokens")),
-        row("negative max_tokens", COMPLETIONS, js(json!({"model":"m","prompt":"x","max_tokens":-1})), bad("max_tokens")),
-        row("fractional max_tokens", COMPLETIONS, js(json!({"model":"m","prompt":"x","max_tokens":1.5})), bad("max_tokens")),
-        row("absurd max_tokens", COMPLETIONS, js(json!({"model":"m","prompt":"x","max_tokens":(1u64 << 24) + 1})), bad("max_tokens")),
-        row("u64::MAX max_tokens", COMPLETIONS, js(json!({"model":"m","prompt":"x","max_tokens":u64::MAX})), bad("max_tokens")),
-        row("absurd max_completion_tokens", CHAT, js(json!({"model":"m","messages":[{"role":"user","content":"x"}],"max_completion_tokens":1u64 << 40})), bad("max_completion_tokens")),
-        row("string stream", COMPLETIONS, js(json!({"model":"m","prompt":"x","stream":"true"})), bad("stream")),
-        row("numeric stream", CHAT, js(json!({"model":"m","messages":[{"role":"user","content":"x"}],"stream":1})), bad("stream")),
-        row("string n", COMPLETIONS, js(json!({"model":"m","prompt":"x","n":"2"})), bad("n")),
-        row("zero n", COMPLETIONS, js(json!({"model":"m","prompt":"x","n":0})), bad("n")),
-        row("n > 1 with stream", COMPLETIONS, js(json!({"model":"m","prompt":"x","n":2,"stream":true})), bad("n")),
-        row("n > 1 with stream (chat)", CHAT, js(json!({"model":"m","messages":[{"role":"user","content":"x"}],"n":3,"stream":true})), bad("n")),
-        row("string stream_options", COMPLETIONS, js(json!({"model":"m","prompt":"x","stream":true,"stream_options":"yes"})), bad("stream_options")),
-        row("string include_usage", COMPLETIONS, js(json!({"model":"m","prompt":"x","stream":true,"stream_options":{"include_usage":"yes"}})), bad("stream_options")),
-        row("numeric cache_salt", COMPLETIONS, js(json!({"model":"m","prompt":"x","cache_salt":5})), bad("cache_salt")),
-        row("object tools", CHAT, js(json!({"model":"m","messages":[{"role":"user","content":"x"}],"tools":{}})), bad("tools")),
-        row("array chat_template_kwargs", CHAT, js(json!({"model":"m","messages":[{"role":"user","content":"x"}],"chat_template_kwargs":[]})), bad("chat_template_kwargs")),
+        row(
+            "string max_tokens",
+            COMPLETIONS,
+            js(json!({"model":"m","prompt":"x","max_tokens":"5"})),
+            bad("max_tokens"),
+        ),
+        row(
+            "negative max_tokens",
+            COMPLETIONS,
+            js(json!({"model":"m","prompt":"x","max_tokens":-1})),
+            bad("max_tokens"),
+        ),
+        row(
+            "fractional max_tokens",
+            COMPLETIONS,
+            js(json!({"model":"m","prompt":"x","max_tokens":1.5})),
+            bad("max_tokens"),
+        ),
+        row(
+            "absurd max_tokens",
+            COMPLETIONS,
+            js(json!({"model":"m","prompt":"x","max_tokens":(1u64 << 24) + 1})),
+            bad("max_tokens"),
+        ),
+        row(
+            "u64::MAX max_tokens",
+            COMPLETIONS,
+            js(json!({"model":"m","prompt":"x","max_tokens":u64::MAX})),
+            bad("max_tokens"),
+        ),
+        row(
+            "absurd max_completion_tokens",
+            CHAT,
+            js(
+                json!({"model":"m","messages":[{"role":"user","content":"x"}],"max_completion_tokens":1u64 << 40}),
+            ),
+            bad("max_completion_tokens"),
+        ),
+        row(
+            "string stream",
+            COMPLETIONS,
+            js(json!({"model":"m","prompt":"x","stream":"true"})),
+            bad("stream"),
+        ),
+        row(
+            "numeric stream",
+            CHAT,
+            js(json!({"model":"m","messages":[{"role":"user","content":"x"}],"stream":1})),
+            bad("stream"),
+        ),
+        row(
+            "string n",
+            COMPLETIONS,
+            js(json!({"model":"m","prompt":"x","n":"2"})),
+            bad("n"),
+        ),
+        row(
+            "zero n",
+            COMPLETIONS,
+            js(json!({"model":"m","prompt":"x","n":0})),
+            bad("n"),
+        ),
+        row(
+            "n > 1 with stream",
+            COMPLETIONS,
+            js(json!({"model":"m","prompt":"x","n":2,"stream":true})),
+            bad("n"),
+        ),
+        row(
+            "n > 1 with stream (chat)",
+            CHAT,
+            js(json!({"model":"m","messages":[{"role":"user","content":"x"}],"n":3,"stream":true})),
+            bad("n"),
+        ),
+        row(
+            "string stream_options",
+            COMPLETIONS,
+            js(json!({"model":"m","prompt":"x","stream":true,"stream_options":"yes"})),
+            bad("stream_options"),
+        ),
+        row(
+            "string include_usage",
+            COMPLETIONS,
+            js(
+                json!({"model":"m","prompt":"x","stream":true,"stream_options":{"include_usage":"yes"}}),
+            ),
+            bad("stream_options"),
+        ),
+        row(
+            "numeric cache_salt",
+            COMPLETIONS,
+            js(json!({"model":"m","prompt":"x","cache_salt":5})),
+            bad("cache_salt"),
+        ),
+        row(
+            "object tools",
+            CHAT,
+            js(json!({"model":"m","messages":[{"role":"user","content":"x"}],"tools":{}})),
+            bad("tools"),
+        ),
+        row(
+            "array chat_template_kwargs",
+            CHAT,
+            js(
+                json!({"model":"m","messages":[{"role":"user","content":"x"}],"chat_template_kwargs":[]}),
+            ),
+            bad("chat_template_kwargs"),
+        ),
         // Borderline but valid: forwarded untouched.
-        row("max_tokens at the limit", COMPLETIONS, js(json!({"model":"m","prompt":"x","max_tokens":1u64 << 24})), Forward),
-        row("n > 1 without stream", COMPLETIONS, js(json!({"model":"m","prompt":"x","n":2})), Forward),
+        row(
+            "max_tokens at the limit",
+            COMPLETIONS,
+            js(json!({"model":"m","prompt":"x","max_tokens":1u64 << 24})),
+            Forward,
+        ),
+        row(
+            "n > 1 without stream",
+            COMPLETIONS,
+            js(json!({"model":"m","prompt":"x","n":2})),
+            Forward,
+        ),
         row(
             "unknown fields kept, odd spacing and key order",
             COMPLETIONS,
@@ -207,9 +475,26 @@ fn table() -> Vec<Row> {
             "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"name\":\"bob\",\"x_meta\":[true]}],\"stream\":true,\"guided_json\":{\"type\":\"object\"},\"priority\":-3}",
             Forward,
         ),
-        row("unicode everywhere", CHAT, js(json!({"model":"m","messages":[{"role":"użytkownik","content":"😀 \u{0000} ☃"}]})), Forward),
-        row("null optional fields", COMPLETIONS, js(json!({"model":"m","prompt":"x","stream":null,"n":null,"max_tokens":null,"stream_options":null,"cache_salt":null})), Forward),
-        row("huge messages (200,000)", CHAT, huge_messages(200_000), Forward),
+        row(
+            "unicode everywhere",
+            CHAT,
+            js(json!({"model":"m","messages":[{"role":"użytkownik","content":"😀 \u{0000} ☃"}]})),
+            Forward,
+        ),
+        row(
+            "null optional fields",
+            COMPLETIONS,
+            js(
+                json!({"model":"m","prompt":"x","stream":null,"n":null,"max_tokens":null,"stream_options":null,"cache_salt":null}),
+            ),
+            Forward,
+        ),
+        row(
+            "huge messages (200,000)",
+            CHAT,
+            huge_messages(200_000),
+            Forward,
+        ),
     ];
     let mut no_ct = row(
         "missing content-type",
@@ -293,7 +578,10 @@ async fn every_bad_request_gets_its_status_and_an_openai_error() {
                     failures.push(format!("{}: param {}, want {p}", r.name, e["param"]));
                 }
                 if s.backend.count() != before {
-                    failures.push(format!("{}: a rejected request reached the backend", r.name));
+                    failures.push(format!(
+                        "{}: a rejected request reached the backend",
+                        r.name
+                    ));
                 }
             }
             Expect::Forward => {
@@ -303,7 +591,11 @@ async fn every_bad_request_gets_its_status_and_an_openai_error() {
                     failures.push(format!("{}: status {status}, want 200: {body}", r.name));
                     continue;
                 }
-                assert!(resp.headers().contains_key("x-kvroute-worker"), "{}", r.name);
+                assert!(
+                    resp.headers().contains_key("x-kvroute-worker"),
+                    "{}",
+                    r.name
+                );
                 let _ = resp.bytes().await;
                 let got = s.backend.received();
                 if got.len() != before + 1 {
@@ -316,13 +608,21 @@ async fn every_bad_request_gets_its_status_and_an_openai_error() {
                 }
                 let last = got.last().unwrap();
                 if last.path != r.path || last.body != r.body {
-                    failures.push(format!("{}: the body was not forwarded byte for byte", r.name));
+                    failures.push(format!(
+                        "{}: the body was not forwarded byte for byte",
+                        r.name
+                    ));
                 }
             }
         }
         eprintln!("{:<48} {status} in {:?}", r.name, started.elapsed());
     }
-    assert!(failures.is_empty(), "{} rows failed:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} rows failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
     // The router survived all of it.
     let health = s
         .http
@@ -338,11 +638,28 @@ async fn every_bad_request_gets_its_status_and_an_openai_error() {
 async fn wrong_methods_and_routes_are_openai_errors() {
     let s = setup("").await;
     let base = format!("http://{}", s.router.addr);
-    let r = s.http.get(format!("{base}{COMPLETIONS}")).send().await.unwrap();
+    let r = s
+        .http
+        .get(format!("{base}{COMPLETIONS}"))
+        .send()
+        .await
+        .unwrap();
     assert_openai_error(r, 405).await;
-    let r = s.http.put(format!("{base}{CHAT}")).body("{}").send().await.unwrap();
+    let r = s
+        .http
+        .put(format!("{base}{CHAT}"))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
     assert_openai_error(r, 405).await;
-    let r = s.http.post(format!("{base}/v1/engines")).body("{}").send().await.unwrap();
+    let r = s
+        .http
+        .post(format!("{base}/v1/engines"))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
     assert_openai_error(r, 404).await;
     assert_eq!(s.backend.count(), 0);
     s.router.shutdown().await;
@@ -467,7 +784,8 @@ fn parse_response(buf: &[u8]) -> Option<(u16, String)> {
 }
 
 fn assert_error_body(body: &str, code: u16) {
-    let v: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{code}: body {body:?}: {e}"));
+    let v: Value =
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("{code}: body {body:?}: {e}"));
     let e = &v["error"];
     assert!(e["message"].is_string() && e["type"].is_string(), "{v}");
     assert!(e.get("param").is_some() && e.get("code").is_some(), "{v}");
@@ -559,15 +877,19 @@ async fn oversize_bodies_are_413_with_and_without_content_length() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    assert_eq!(s.backend.count(), 1, "only the body within the limit is forwarded");
+    assert_eq!(
+        s.backend.count(),
+        1,
+        "only the body within the limit is forwarded"
+    );
     s.router.shutdown().await;
 }
 
-/// Slow-loris body: headers at once, then one byte per second. With `body_read_timeout_s = 1`
+/// Slow-loris body: headers at once, then one byte per second. With `proxy.body_read_timeout_s = 1`
 /// the router must answer 408 (or 400), or close the connection, within a bounded time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_loris_body_is_cut_off() {
-    let s = setup("body_read_timeout_s = 1.0\n").await;
+    let s = setup("[proxy]\nbody_read_timeout_s = 1.0\n").await;
     let body = js(json!({"model":"m","prompt":"hello there, a slow body"}));
     let head = format!(
         "POST {COMPLETIONS} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
@@ -575,7 +897,14 @@ async fn slow_loris_body_is_cut_off() {
     );
     let chunks = body.iter().map(|b| vec![*b]).collect();
     let started = Instant::now();
-    let got = raw(s.router.addr, head, chunks, Duration::from_secs(1), Duration::from_secs(8)).await;
+    let got = raw(
+        s.router.addr,
+        head,
+        chunks,
+        Duration::from_secs(1),
+        Duration::from_secs(8),
+    )
+    .await;
     match got {
         Err(why) => panic!("slow-loris body: {why} after {:?}", started.elapsed()),
         Ok(Some((status, text))) => {
@@ -592,14 +921,24 @@ async fn slow_loris_body_is_cut_off() {
 /// (and its memory) forever: it answers or closes within a bounded time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_loris_headers_are_cut_off() {
-    let s = setup("body_read_timeout_s = 1.0\n").await;
+    let s = setup("[proxy]\nbody_read_timeout_s = 1.0\n").await;
     let head = String::from("POST ");
-    let trickle: Vec<Vec<u8>> = format!("{COMPLETIONS} HTTP/1.1\r\nhost: x\r\nx-slow: {}\r\n", "a".repeat(60))
-        .bytes()
-        .map(|b| vec![b])
-        .collect();
+    let trickle: Vec<Vec<u8>> = format!(
+        "{COMPLETIONS} HTTP/1.1\r\nhost: x\r\nx-slow: {}\r\n",
+        "a".repeat(60)
+    )
+    .bytes()
+    .map(|b| vec![b])
+    .collect();
     let started = Instant::now();
-    let got = raw(s.router.addr, head, trickle, Duration::from_millis(500), Duration::from_secs(15)).await;
+    let got = raw(
+        s.router.addr,
+        head,
+        trickle,
+        Duration::from_millis(500),
+        Duration::from_secs(15),
+    )
+    .await;
     match got {
         Err(why) => panic!("slow-loris headers: {why} after {:?}", started.elapsed()),
         Ok(Some((status, _))) => assert!(matches!(status, 408 | 400), "status {status}"),

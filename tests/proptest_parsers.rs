@@ -35,8 +35,14 @@ fn leaf() -> impl Strategy<Value = Value> {
         any::<bool>().prop_map(Value::Bool),
         number(),
         ".{0,12}".prop_map(Value::String),
-        prop_oneof![Just("user"), Just("assistant"), Just("system"), Just("text"), Just("m")]
-            .prop_map(|s| Value::String(s.into())),
+        prop_oneof![
+            Just("user"),
+            Just("assistant"),
+            Just("system"),
+            Just("text"),
+            Just("m")
+        ]
+        .prop_map(|s| Value::String(s.into())),
     ]
 }
 
@@ -109,7 +115,8 @@ fn message() -> impl Strategy<Value = Value> {
         ".{0,80}".prop_map(Value::String),
         Just(Value::Null),
         proptest::collection::vec(
-            (".{0,40}", prop_oneof![Just("text"), Just("image_url")]).prop_map(|(t, k)| json!({"type": k, "text": t})),
+            (".{0,40}", prop_oneof![Just("text"), Just("image_url")])
+                .prop_map(|(t, k)| json!({"type": k, "text": t})),
             0..4
         )
         .prop_map(Value::Array),
@@ -150,7 +157,13 @@ fn request() -> impl Strategy<Value = Value> {
         (opt(), opt(), opt(), opt(), opt()),
     )
         .prop_map(
-            |(model, prompt, messages, (stream, n, max_tokens, max_ct), (so, salt, tools, kw, agp))| {
+            |(
+                model,
+                prompt,
+                messages,
+                (stream, n, max_tokens, max_ct),
+                (so, salt, tools, kw, agp),
+            )| {
                 let mut o = Map::new();
                 for (k, v) in [
                     ("model", model),
@@ -191,7 +204,11 @@ fn check(endpoint: Endpoint, body: &Value) -> Result<(), TestCaseError> {
             }
             let tokens = ModelTokens::builtin(16);
             let ids = tokens.prompt_ids(&view);
-            prop_assert_eq!(&ids.is_ok(), &tokens.prompt_ids(&view).is_ok(), "deterministic");
+            prop_assert_eq!(
+                &ids.is_ok(),
+                &tokens.prompt_ids(&view).is_ok(),
+                "deterministic"
+            );
             match (&view.input, &ids) {
                 (Input::Prompt(Prompt::Tokens(t)), Ok(ids)) => prop_assert_eq!(t, ids),
                 (Input::Prompt(Prompt::TokenBatches(b)), Ok(ids)) => {
@@ -399,7 +416,12 @@ fn a_first_event_longer_than_one_mib_is_found_however_it_is_split() {
     let cuts: Vec<usize> = (1..stream.len() / 65_536 + 1).map(|i| i * 65_536).collect();
     assert_eq!(
         detect(stream, &cuts),
-        Some(cuts.iter().find(|&&c| c >= want.unwrap()).copied().unwrap_or(stream.len())),
+        Some(
+            cuts.iter()
+                .find(|&&c| c >= want.unwrap())
+                .copied()
+                .unwrap_or(stream.len())
+        ),
         "split into 64 KiB chunks, the first token is never seen"
     );
 }
