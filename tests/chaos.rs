@@ -405,6 +405,21 @@ async fn kill_and_restart() {
         );
     }
 
+    // Every stream's load was released, the broken ones included.
+    let e0_load = router.state.fleet.get("e0").unwrap().load.snapshot();
+    assert!(
+        wait_for(Duration::from_secs(2), || router
+            .state
+            .fleet
+            .get("e0")
+            .unwrap()
+            .load
+            .snapshot()
+            .in_flight
+            == 0)
+        .await,
+        "load of the killed engine's streams not released: {e0_load:?}"
+    );
     // The dead engine's entries are gone; the survivor's remain.
     assert!(
         wait_for(Duration::from_secs(5), || held(&router, s0, &h0) == 0).await,
@@ -933,6 +948,18 @@ async fn flood() {
     );
     assert_eq!(client_tokens, 4 * completed as u64, "a stream lost tokens");
     assert!(completed > 0);
+    // Load accounting released every request.
+    let page = reqwest::get(format!("http://{}/metrics", router.addr))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        metric_sum(&page, "kvroute_worker_in_flight"),
+        0.0,
+        "requests still counted in flight after every client finished"
+    );
     // Bounded memory: the router holds nothing per finished request.
     assert!(
         peak < 512.0,
