@@ -15,4 +15,5 @@ pub mod openai;
 pub mod policy;
 pub mod proxy;
 pub mod server;
+pub mod sim;
 pub mod tokens;

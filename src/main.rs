@@ -24,6 +24,8 @@ enum Command {
     Demo(kvroute::demo::DemoArgs),
     /// Replay a workload against an OpenAI endpoint (`bench compare` for tables).
     Bench(kvroute::bench::BenchCli),
+    /// Simulate a trace in virtual time against N engine models, for every policy.
+    Simulate(kvroute::sim::SimulateArgs),
 }
 
 fn init_logging(format: LogFormat) {
@@ -60,6 +62,10 @@ fn main() -> std::process::ExitCode {
                 kvroute::engine::run(args).await
             }
             Command::Bench(args) => kvroute::bench::run(args).await,
+            Command::Simulate(args) => {
+                init_logging(LogFormat::Text);
+                tokio::task::spawn_blocking(move || kvroute::sim::run(args)).await?
+            }
             Command::Demo(args) => {
                 init_logging(LogFormat::Text);
                 kvroute::demo::run(args).await

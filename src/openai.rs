@@ -355,6 +355,8 @@ pub struct ApiError {
     pub param: Option<String>,
     /// A short machine code, if any.
     pub code: Option<&'static str>,
+    /// Seconds after which the client may retry (`Retry-After`, with 429 and 503).
+    pub retry_after_s: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -385,6 +387,7 @@ impl ApiError {
             kind,
             param: None,
             code,
+            retry_after_s: None,
         }
     }
 
@@ -444,12 +447,17 @@ impl std::error::Error for ApiError {}
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (
+        let mut resp = (
             self.status,
             [(axum::http::header::CONTENT_TYPE, "application/json")],
             self.body(),
         )
-            .into_response()
+            .into_response();
+        if let Some(s) = self.retry_after_s {
+            resp.headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, s.into());
+        }
+        resp
     }
 }
 

@@ -497,6 +497,11 @@ impl Config {
             calibrate: ka.calibrate.unwrap_or(kd.calibrate),
             forgetting: ka.forgetting.unwrap_or(kd.forgetting),
             temperature: non_negative("kv_aware.temperature", ka.temperature, kd.temperature)?,
+            decode_weight: non_negative(
+                "kv_aware.decode_weight",
+                ka.decode_weight,
+                kd.decode_weight,
+            )?,
         };
         if !(0.9..=1.0).contains(&kv_aware.forgetting) {
             return Err(invalid(

@@ -6,7 +6,7 @@
 //! more than one short chunk (a few µs) however large an event batch is. Sharding the map by
 //! block hash would put a lock operation on every block of the apply path and several on every
 //! lookup, to shorten a wait that the chunking already bounds. One writer at a time is plenty:
-//! a single thread applies over ten million blocks per second (see `benches/index.rs`).
+//! a single thread applies about seven million blocks per second (see `benches/index.rs`).
 //!
 //! Workers restarted, removed or with an unrecoverable sequence gap are dropped with
 //! [`KvIndex::clear_worker`]. A per-worker generation makes an event batch that was being
@@ -35,7 +35,8 @@ pub struct IndexConfig {
 
 impl Default for IndexConfig {
     fn default() -> Self {
-        // ≈ 60 MB at the measured ~40 bytes per entry.
+        // ≈ 0.6 GB at the measured 34–40 bytes per entry; size it to the fleet's total KV
+        // cache blocks (sum of the engines' GPU blocks) with some headroom.
         IndexConfig {
             max_entries: 1 << 24,
         }
@@ -128,9 +129,13 @@ impl KvIndex {
 
     /// Applies one decoded event batch from `worker`. `seeds` maps a chain's cache salt and
     /// LoRA name to its hash seed (see [`SeedFor`]).
+    ///
+    /// The batch's `dp_rank` is not interpreted: a data-parallel engine whose ranks keep
+    /// separate caches is several workers, and `fleet` gives each (worker, rank) its own
+    /// [`WorkerIdx`]. Batches of one worker must be applied in sequence order.
     pub fn apply(&self, worker: WorkerIdx, batch: &EventBatch, seeds: &impl SeedFor) -> Applied {
         let mut applied = Applied::default();
-        let mut scratch = Vec::new();
+        let mut scratch = Vec::with_capacity(512);
         for event in &batch.events {
             if !event.is_device_prefix() {
                 applied.skipped += 1;

@@ -9,8 +9,31 @@
 //! - [`Holdings`] looks both up as one: per worker, the number of *leading* blocks held.
 //!
 //! Workers are dense [`WorkerIdx`] numbers assigned by `fleet`, so "who holds this block" is a
-//! 64-bit set per 64 workers. Memory is bounded by [`IndexConfig::max_entries`] (block, worker)
-//! pairs. [`workload`] generates the reproducible benchmark workload of issue 4.
+//! 32-bit set per 32 workers. Memory is bounded by [`IndexConfig::max_entries`] (block, worker)
+//! pairs. [`workload`] generates the reproducible benchmark workload of issue 4; the figures
+//! are in `benches/index.rs`.
+//!
+//! ```
+//! use kvroute::index::{IndexConfig, KvIndex, WorkerIdx};
+//! use kvroute::kv_events::{BlockStored, EngineHash, EventBatch, KvEvent};
+//! use kvroute::tokens::{HashSeed, block_hashes};
+//!
+//! let index = KvIndex::new(IndexConfig::default());
+//! // The caller knows the model and namespaces tenants' salts; the index only asks.
+//! let seeds = |salt: Option<&str>, lora: Option<&str>| HashSeed::new("my-model", lora, salt);
+//! let tokens: Vec<u32> = (0..32).collect();
+//! let stored = BlockStored {
+//!     block_hashes: vec![EngineHash(7), EngineHash(8)],
+//!     token_ids: tokens.clone(),
+//!     block_size: 16,
+//!     ..BlockStored::default()
+//! };
+//! let batch = EventBatch { ts: 0.0, events: vec![KvEvent::Stored(stored)], dp_rank: None };
+//! index.apply(WorkerIdx(3), &batch, &seeds);
+//!
+//! let request = block_hashes(HashSeed::new("my-model", None, None), &tokens, 16);
+//! assert_eq!(index.lookup(&request).get(WorkerIdx(3)), 2);
+//! ```
 
 mod approx;
 mod blocks;

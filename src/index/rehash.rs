@@ -18,14 +18,24 @@ pub(crate) fn chain_hash_small(
     parent: Option<BlockHash>,
     tokens: &[u32],
 ) -> BlockHash {
-    if tokens.len() > SMALL_BLOCK {
-        return chain_hash(seed, parent, tokens);
+    // The common block sizes get a buffer of exactly their size (a few vector stores to
+    // clear), the others up to 64 tokens a shared one, larger blocks the general function.
+    match tokens.len() {
+        16 => hash_in::<{ 8 + 4 * 16 }>(seed, parent, tokens),
+        32 => hash_in::<{ 8 + 4 * 32 }>(seed, parent, tokens),
+        n if n <= SMALL_BLOCK => hash_in::<{ 8 + 4 * SMALL_BLOCK }>(seed, parent, tokens),
+        _ => chain_hash(seed, parent, tokens),
     }
-    let mut buf = [0u8; 8 + 4 * SMALL_BLOCK];
+}
+
+/// [`chain_hash`] in a `B`-byte stack buffer; `tokens` must fit (`8 + 4 × len ≤ B`).
+#[inline]
+fn hash_in<const B: usize>(seed: HashSeed, parent: Option<BlockHash>, tokens: &[u32]) -> BlockHash {
+    let mut buf = [0u8; B];
     for (dst, t) in buf[8..].chunks_exact_mut(4).zip(tokens) {
         dst.copy_from_slice(&t.to_le_bytes());
     }
-    let end = 8 + 4 * tokens.len();
+    let end = (8 + 4 * tokens.len()).min(B);
     match parent {
         None => BlockHash(xxh3_64_with_seed(&buf[8..end], seed.0)),
         Some(p) => {

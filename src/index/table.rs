@@ -13,7 +13,14 @@
 //! - deletion shifts the following run back (no tombstones), so the table never degrades under
 //!   the store/remove churn of KV events;
 //! - there is no wrap-around: a short slack region after the last home slot absorbs the final
-//!   run, and an insert that would run past it grows the table.
+//!   run, and is lengthened if that run outgrows it.
+//!
+//! Keys are used as they come: kvroute block hashes are uniform, and engine ids go through
+//! [`mix`] first. Block hashes are computable by clients (xxh3 of their own tokens under a
+//! known seed), so a client could craft prompts whose blocks share a home region; the damage
+//! is bounded to slower probes in that region (memory stays proportional to entries, since a
+//! crowded end lengthens the tail instead of growing the table). Scrambling keys with a
+//! per-process secret would close that too, but measured 25 % slower lookups here.
 //!
 //! Key 0 marks an empty slot; a real key 0 lives in a side slot.
 
@@ -161,8 +168,9 @@ impl<V: Value> Table<V> {
         self.slots.capacity() * size_of::<Slot<V>>()
     }
 
+    /// The slot where the search for `key` starts.
     #[inline]
-    fn home(&self, key: u64) -> usize {
+    pub(crate) fn home(&self, key: u64) -> usize {
         ((key as u128 * self.capacity as u128) >> 64) as usize
     }
 
@@ -187,13 +195,32 @@ impl<V: Value> Table<V> {
         let _ = (key, lines);
     }
 
+    /// Hints the CPU to fetch the cache line of slot `pos` (a [`Table::home`]).
+    #[inline]
+    pub(crate) fn prefetch_slot(&self, pos: usize) {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(slot) = self.slots.get(pos) {
+            use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+            // SAFETY: as in `prefetch`.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>((slot as *const Slot<V>).cast::<i8>()) };
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = pos;
+    }
+
     /// The value stored for `key`.
     #[inline]
     pub(crate) fn get(&self, key: u64) -> Option<V> {
+        self.get_from(self.home(key), key)
+    }
+
+    /// The value stored for `key`, whose [`Table::home`] the caller already computed.
+    #[inline]
+    pub(crate) fn get_from(&self, home: usize, key: u64) -> Option<V> {
         if key == 0 {
             return self.zero;
         }
-        let mut pos = self.home(key);
+        let mut pos = home;
         loop {
             let slot = self.slots.get(pos)?;
             if slot.key == key {
@@ -251,9 +278,26 @@ impl<V: Value> Table<V> {
                     self.slots[pos].val = f(old);
                     return existed.then_some(old);
                 }
-                None => self.grow(),
+                // The last run reached the end: lengthen the tail, not the table. Growing
+                // would not help keys that all sort last (chosen ones can), and a longer tail
+                // costs only the slots those keys occupy.
+                None => self.lengthen_tail(),
             }
         }
+    }
+
+    /// Adds [`SLACK`] empty slots at the end, reserving capacity in steps of 1/64 of the
+    /// table so repeated lengthening neither doubles the memory nor copies it every time.
+    fn lengthen_tail(&mut self) {
+        let spare = self.slots.capacity() - self.slots.len();
+        if spare < SLACK {
+            self.slots.reserve_exact(SLACK.max(self.slots.len() / 64));
+        }
+        let empty = Slot {
+            key: 0,
+            val: V::default(),
+        };
+        self.slots.resize(self.slots.len() + SLACK, empty);
     }
 
     /// Stores `val` for `key`, returning the previous value.
@@ -374,32 +418,34 @@ impl<V: Value> Table<V> {
         }
     }
 
-    fn rebuild(&mut self, mut capacity: usize) {
-        'retry: loop {
-            let mut slots = empty_slots::<V>(capacity + SLACK);
-            let mut next = Table {
-                slots: Vec::new(),
-                capacity,
-                len: self.len,
-                zero: self.zero,
-                growth: self.growth,
-            };
-            // Old slots are in key order, and so are homes in the new table: each key goes to
-            // its home or just after the previous key, a single linear pass.
-            let mut free = 0;
-            for s in self.slots.iter().filter(|s| s.key != 0) {
-                let pos = next.home(s.key).max(free);
-                let Some(slot) = slots.get_mut(pos) else {
-                    capacity += capacity / 2;
-                    continue 'retry;
+    fn rebuild(&mut self, capacity: usize) {
+        let mut slots = empty_slots::<V>(capacity + SLACK);
+        let mut next = Table {
+            slots: Vec::new(),
+            capacity,
+            len: self.len,
+            zero: self.zero,
+            growth: self.growth,
+        };
+        // Old slots are in key order, and so are homes in the new table: each key goes to its
+        // home or just after the previous key, a single linear pass.
+        let mut free = 0;
+        for s in self.slots.iter().filter(|s| s.key != 0) {
+            let pos = next.home(s.key).max(free);
+            if pos >= slots.len() {
+                // As in `upsert`: lengthen the tail for a last run that does not fit.
+                slots.reserve_exact(pos + SLACK - slots.len());
+                let empty = Slot {
+                    key: 0,
+                    val: V::default(),
                 };
-                *slot = *s;
-                free = pos + 1;
+                slots.resize(pos + SLACK, empty);
             }
-            next.slots = slots;
-            *self = next;
-            return;
+            slots[pos] = *s;
+            free = pos + 1;
         }
+        next.slots = slots;
+        *self = next;
     }
 }
 
@@ -448,6 +494,32 @@ mod tests {
         assert_eq!(t.get(mix(10_001)), None);
         // Grew by the load bound (≥ 50 % full), not by runs overflowing the slack.
         assert!(t.heap_bytes() < 10_000 * 16 * 2, "{}", t.heap_bytes());
+    }
+
+    #[test]
+    fn keys_crowding_the_end_lengthen_the_tail_not_the_table() {
+        let mut t: Table<u64> = Table::with_capacity(1000, Growth::Fast);
+        let before = t.heap_bytes();
+        // 500 keys that all sort last (as crafted block hashes could).
+        for i in 0..500u64 {
+            t.insert(u64::MAX - i, i);
+        }
+        for i in 0..500u64 {
+            assert_eq!(t.get(u64::MAX - i), Some(i));
+        }
+        assert!(
+            t.heap_bytes() < before + 600 * 16,
+            "{} vs {before}",
+            t.heap_bytes()
+        );
+        // Growth still rebuilds them in order into a longer tail.
+        for i in 1..2000u64 {
+            t.insert(mix(i), i);
+        }
+        for i in 0..500u64 {
+            assert_eq!(t.get(u64::MAX - i), Some(i));
+        }
+        assert_eq!(t.len(), 2499);
     }
 
     #[test]

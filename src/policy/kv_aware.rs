@@ -2,11 +2,23 @@
 //!
 //! For each eligible worker the policy predicts
 //! `ttft ≈ (queued + prompt − cached) / prefill_rate + decoding × step_cost + overhead`
-//! (ARCHITECTURE.md, "The cost model") and picks the minimum. `cached` comes from the KV index
-//! (leading blocks the worker holds), `queued` and `decoding` from router-side accounting. The
-//! rates start from configuration and are re-fitted per worker from observed TTFTs
-//! ([`super::calibration`]), so the trade-off between a warm cache and a short queue is made in
-//! the worker's own seconds rather than with a hand-tuned weight.
+//! (ARCHITECTURE.md, "The cost model"). `cached` comes from the KV index (leading blocks the
+//! worker holds), `queued` and `decoding` from router-side accounting. The rates start from
+//! configuration and are re-fitted per worker from observed TTFTs ([`super::calibration`]), so
+//! the trade-off between a warm cache and a short queue is made in the worker's own seconds
+//! rather than with a hand-tuned weight. A worker with too few observations of its own (new,
+//! restarted, or never chosen yet) is scored with the mean of the calibrated workers' rates,
+//! not the configured prior: otherwise a newcomer looks slower than its calibrated peers
+//! forever and never gets the traffic that would calibrate it.
+//!
+//! The policy minimises the *total* latency the decision adds, not only the request's own
+//! TTFT: with continuous batching, the request's prefill runs in the same steps as the
+//! sequences already decoding on that worker and stalls each of them by about as long as it
+//! takes (`uncached / prefill_rate + overhead`). So
+//! `cost = ttft + decode_weight × decoding × (uncached / prefill_rate + overhead)`.
+//! Measured in `kvroute simulate` (docs/benchmarks.md), TTFT alone piled decodes onto warm
+//! workers and lost on completion latency whenever hits were equal; the stall term balances
+//! decode load without giving up prefix hits that actually save time.
 //!
 //! Ties (equal predictions, e.g. an idle cold fleet) go to the worker with fewer requests in
 //! flight, then to a seeded random one, so unique prompts spread like `least_request`. With a
@@ -18,7 +30,7 @@ use std::sync::Mutex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::calibration::{Calibrator, Rates};
+use super::calibration::{Calibrator, MIN_OBSERVATIONS, Rates};
 use super::{Candidate, Observation, Policy, RouteDecision, RouteRequest};
 
 /// Settings of the cost model.
@@ -34,8 +46,11 @@ pub struct KvAwareConfig {
     pub calibrate: bool,
     /// Weight of older observations in the fit (0.9–1.0; 0.995 ≈ the last few hundred).
     pub forgetting: f64,
-    /// 0: always the minimum. Above 0: sample with weights `exp(−Δttft / (temperature × best))`.
+    /// 0: always the minimum. Above 0: sample with weights `exp(−Δcost / (temperature × best))`.
     pub temperature: f64,
+    /// Weight of the stall a prefill imposes on sequences decoding on the worker (0: own TTFT
+    /// only; 1: every second of anyone's latency counts the same).
+    pub decode_weight: f64,
 }
 
 impl Default for KvAwareConfig {
@@ -47,6 +62,7 @@ impl Default for KvAwareConfig {
             calibrate: true,
             forgetting: 0.995,
             temperature: 0.0,
+            decode_weight: 1.0,
         }
     }
 }
@@ -82,17 +98,43 @@ impl KvAware {
     /// The rates currently used for the worker in `slot`.
     pub fn rates(&self, slot: u32) -> Rates {
         let cals = super::lock(&self.calibrators);
-        cals.get(&slot)
-            .map(Calibrator::rates)
-            .unwrap_or_else(|| self.config.prior())
+        Self::rates_in(&cals, slot, self.pooled(&cals))
     }
 
-    /// Predicted TTFT of `request` on `candidate` with `rates`.
-    fn predict(request: &RouteRequest, c: &Candidate, rates: &Rates) -> f64 {
+    /// The mean rates of the calibrated workers, or the prior when none is.
+    fn pooled(&self, cals: &HashMap<u32, Calibrator>) -> Rates {
+        let fitted: Vec<Rates> = cals
+            .values()
+            .filter(|c| c.observations() >= MIN_OBSERVATIONS)
+            .map(Calibrator::rates)
+            .collect();
+        if fitted.is_empty() {
+            return self.config.prior();
+        }
+        let n = fitted.len() as f64;
+        Rates {
+            seconds_per_token: fitted.iter().map(|r| r.seconds_per_token).sum::<f64>() / n,
+            step_cost_s: fitted.iter().map(|r| r.step_cost_s).sum::<f64>() / n,
+            overhead_s: fitted.iter().map(|r| r.overhead_s).sum::<f64>() / n,
+        }
+    }
+
+    fn rates_in(cals: &HashMap<u32, Calibrator>, slot: u32, pooled: Rates) -> Rates {
+        match cals.get(&slot) {
+            Some(c) if c.observations() >= MIN_OBSERVATIONS => c.rates(),
+            _ => pooled,
+        }
+    }
+
+    /// Predicted TTFT of `request` on `c`, and the cost of sending it there.
+    fn predict(&self, request: &RouteRequest, c: &Candidate, rates: &Rates) -> (f64, f64) {
         let cached = u64::from(c.overlap_blocks) * u64::from(request.block_size);
-        let uncached = request.prompt_tokens.saturating_sub(cached);
-        let tokens = (c.load.queued_prefill_tokens + uncached) as f64;
-        rates.predict(tokens, c.load.decoding as f64)
+        let uncached = request.prompt_tokens.saturating_sub(cached) as f64;
+        let tokens = c.load.queued_prefill_tokens as f64 + uncached;
+        let decoding = c.load.decoding as f64;
+        let ttft = rates.predict(tokens, decoding);
+        let stall = uncached * rates.seconds_per_token + rates.overhead_s;
+        (ttft, ttft + self.config.decode_weight * decoding * stall)
     }
 }
 
@@ -109,24 +151,18 @@ impl Policy for KvAware {
         if candidates.is_empty() {
             return None;
         }
-        let predicted: Vec<f64> = {
+        let (predicted, cost): (Vec<f64>, Vec<f64>) = {
             let cals = super::lock(&self.calibrators);
-            let prior = self.config.prior();
+            let pooled = self.pooled(&cals);
             candidates
                 .iter()
-                .map(|c| {
-                    let rates = cals.get(&c.slot).map(Calibrator::rates).unwrap_or(prior);
-                    Self::predict(request, c, &rates)
-                })
-                .collect()
+                .map(|c| self.predict(request, c, &Self::rates_in(&cals, c.slot, pooled)))
+                .unzip()
         };
-        let best = predicted.iter().copied().fold(f64::INFINITY, f64::min);
+        let best = cost.iter().copied().fold(f64::INFINITY, f64::min);
         let chosen = if self.config.temperature > 0.0 {
             let scale = self.config.temperature * best.max(1e-3);
-            let weights: Vec<f64> = predicted
-                .iter()
-                .map(|p| (-(p - best) / scale).exp())
-                .collect();
+            let weights: Vec<f64> = cost.iter().map(|p| (-(p - best) / scale).exp()).collect();
             let total: f64 = weights.iter().sum();
             let mut x = super::lock(&self.rng).random_range(0.0..total);
             let mut pick = 0;
@@ -141,7 +177,7 @@ impl Policy for KvAware {
         } else {
             // Equal within a microsecond is a tie.
             let tied: Vec<usize> = (0..candidates.len())
-                .filter(|&i| predicted[i] - best <= 1e-6)
+                .filter(|&i| cost[i] - best <= 1e-6)
                 .collect();
             let fewest = tied
                 .iter()
@@ -161,6 +197,7 @@ impl Policy for KvAware {
         Some(RouteDecision {
             chosen,
             predicted_ttft_s: predicted.into_iter().map(Some).collect(),
+            cost: cost.into_iter().map(Some).collect(),
         })
     }
 
@@ -254,24 +291,76 @@ mod tests {
     #[test]
     fn calibration_changes_the_trade_off() {
         let p = KvAware::new(KvAwareConfig::default(), 1);
-        // Worker 0 turns out to prefill 10× slower than the prior says.
-        for i in 0..200u64 {
-            let tokens = 500 + i * 20;
-            p.observe(&Observation {
-                slot: 0,
-                uncached_tokens: tokens,
-                queued_tokens: 0,
-                decoding: i % 4,
-                ttft_s: tokens as f64 / 2_000.0 + 0.02,
-            });
+        // Worker 0 turns out 10× slower than worker 1.
+        for (slot, rate) in [(0, 2_000.0), (1, 20_000.0)] {
+            for i in 0..200u64 {
+                let tokens = 500 + i * 20;
+                p.observe(&Observation {
+                    slot,
+                    uncached_tokens: tokens,
+                    queued_tokens: 0,
+                    decoding: i % 4,
+                    ttft_s: tokens as f64 / rate + 0.02,
+                });
+            }
         }
         let r = p.rates(0);
         assert!((r.seconds_per_token - 1.0 / 2_000.0).abs() < 2e-5, "{r:?}");
-        assert_eq!(p.rates(1), KvAwareConfig::default().prior());
-        // Now a half-warm but slow worker 0 loses to a cold fast worker 1.
+        // A half-warm but slow worker 0 loses to a cold fast worker 1.
         let mut c = idle(2);
         c[0].overlap_blocks = 250;
         assert_eq!(p.choose(&req(8000), &c).unwrap().chosen, 1);
+    }
+
+    #[test]
+    fn an_uncalibrated_worker_is_scored_like_its_calibrated_peers() {
+        let p = KvAware::new(KvAwareConfig::default(), 1);
+        // Workers 0 and 1 turn out 3× faster than the prior; worker 2 is new.
+        for slot in [0, 1] {
+            for i in 0..100u64 {
+                let tokens = 500 + i * 37;
+                p.observe(&Observation {
+                    slot,
+                    uncached_tokens: tokens,
+                    queued_tokens: 0,
+                    decoding: 0,
+                    ttft_s: tokens as f64 / 60_000.0 + 0.02,
+                });
+            }
+        }
+        let r = p.rates(2);
+        assert!((r.seconds_per_token - 1.0 / 60_000.0).abs() < 2e-6, "{r:?}");
+        // Idle and cold, the newcomer ties with its peers and wins on fewer in-flight.
+        let mut c = idle(3);
+        c[0].load.in_flight = 1;
+        c[1].load.in_flight = 1;
+        assert_eq!(p.choose(&req(4000), &c).unwrap().chosen, 2);
+    }
+
+    #[test]
+    fn decode_stall_balances_equal_hits() {
+        let p = policy();
+        let mut c = idle(2);
+        c[0].overlap_blocks = 490;
+        c[1].overlap_blocks = 490;
+        // Worker 0 would give this request the lower TTFT (0.030 s vs 0.033 s), but its
+        // prefill would stall the 4 sequences decoding there by ~0.028 s each.
+        c[0].load.decoding = 4;
+        c[1].load.queued_prefill_tokens = 100;
+        let d = p.choose(&req(8000), &c).unwrap();
+        assert_eq!(d.chosen, 1, "{d:?}");
+        let ttft = |i: usize| d.predicted_ttft_s[i].unwrap();
+        assert!(ttft(0) < ttft(1));
+        // Own TTFT alone prefers worker 0.
+        let ttft_only = KvAware::new(
+            KvAwareConfig {
+                decode_weight: 0.0,
+                calibrate: false,
+                ..Default::default()
+            },
+            1,
+        );
+        assert_eq!(ttft_only.choose(&req(8000), &c).unwrap().chosen, 0);
     }
 
     #[test]

@@ -59,6 +59,8 @@ pub struct RouteDecision {
     pub chosen: usize,
     /// Predicted time to first token per candidate, in seconds, where the policy predicts one.
     pub predicted_ttft_s: Vec<Option<f64>>,
+    /// The cost the policy minimised per candidate, where it has one (for explanations).
+    pub cost: Vec<Option<f64>>,
 }
 
 impl RouteDecision {
@@ -67,6 +69,7 @@ impl RouteDecision {
         RouteDecision {
             chosen,
             predicted_ttft_s: vec![None; candidates],
+            cost: vec![None; candidates],
         }
     }
 }

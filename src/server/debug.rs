@@ -13,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 use http::HeaderMap;
 use serde_json::json;
 
+use super::auth::{Caller, TENANT_HEADER};
 use super::body::read_limited;
 use super::{AppState, route};
 use crate::openai::{ApiError, Endpoint, RequestView};
@@ -33,6 +34,24 @@ async fn explain(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
+    state.keys.admin(headers)?;
+    let caller = match headers.get(TENANT_HEADER).map(|v| v.to_str()) {
+        None => Caller::Anonymous,
+        Some(Ok(name)) => state.keys.tenant_named(name).ok_or_else(|| {
+            ApiError::new(
+                http::StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                Some("tenant_not_found"),
+                format!("no tenant is named `{name}`"),
+            )
+        })?,
+        Some(Err(_)) => {
+            return Err(ApiError::invalid(
+                format!("`{TENANT_HEADER}` must be a tenant name"),
+                None,
+            ));
+        }
+    };
     let bytes = read_limited(headers, body, state.max_body_bytes, state.body_read_timeout).await?;
     let json: serde_json::Value = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}"), None))?;
@@ -46,7 +65,8 @@ async fn explain(
     if eligible.is_empty() && !state.fleet.knows_model(&view.model) {
         return Err(ApiError::model_not_found(&view.model));
     }
-    let analysis = route::analyse(state, &view).await?;
+    let salt = caller.cache_salt(view.cache_salt.as_deref());
+    let analysis = route::analyse(state, &view, salt.as_deref()).await?;
     let (workers, candidates) = route::candidates(&eligible, &analysis, &[]);
     let decision = state.policy.choose(&analysis.request, &candidates);
     let listed: Vec<_> = candidates
@@ -63,12 +83,14 @@ async fn explain(
                 "active_prompt_tokens": c.load.active_prompt_tokens,
                 "kv_events": state.has_feed(workers[i].slot),
                 "predicted_ttft_s": decision.as_ref().and_then(|d| d.predicted_ttft_s.get(i).copied().flatten()),
+                "cost_s": decision.as_ref().and_then(|d| d.cost.get(i).copied().flatten()),
             })
         })
         .collect();
     Ok(Json(json!({
         "worker": decision.as_ref().map(|d| candidates[d.chosen].id.as_ref()),
         "policy": state.policy.name(),
+        "tenant": caller.tenant(),
         "model": view.model,
         "prompt_tokens": analysis.request.prompt_tokens,
         "block_size": analysis.request.block_size,

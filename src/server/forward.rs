@@ -6,8 +6,11 @@ use std::time::Instant;
 use axum::body::Body;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
 use http::{HeaderMap, HeaderValue};
 
+use super::admission::Ticket;
+use super::auth::{Caller, Keys};
 use super::body::read_limited;
 use super::{AppState, route};
 use crate::fleet::Worker;
@@ -70,6 +73,7 @@ async fn forward(
     started: Instant,
     model_out: &mut String,
 ) -> Result<Response, ApiError> {
+    let caller = state.keys.caller(&headers)?;
     let bytes = read_limited(
         &headers,
         body,
@@ -77,10 +81,35 @@ async fn forward(
         state.body_read_timeout,
     )
     .await?;
-    let json: serde_json::Value = serde_json::from_slice(&bytes)
+    let mut json: serde_json::Value = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}"), None))?;
     let view = RequestView::parse(endpoint, &json)?;
     model_out.clone_from(&view.model);
+    Keys::authorize_model(&caller, &view.model)?;
+    let salt = caller.cache_salt(view.cache_salt.as_deref());
+    // A tenant's request carries its namespaced salt to the engine (or none at all, where the
+    // engine does not take it): a client-chosen salt is never passed on raw.
+    let bytes =
+        match (&caller, json.as_object_mut()) {
+            (Caller::Tenant(_), Some(obj)) => {
+                match (&salt, state.forwards_salt(&view.model)) {
+                    (Some(s), true) => {
+                        obj.insert("cache_salt".into(), serde_json::Value::String(s.clone()));
+                    }
+                    _ => {
+                        obj.remove("cache_salt");
+                    }
+                }
+                Bytes::from(serde_json::to_vec(&json).map_err(|e| {
+                    ApiError::invalid(format!("cannot re-encode the body: {e}"), None)
+                })?)
+            }
+            _ => bytes,
+        };
+    let ticket = state
+        .admission
+        .admit(caller.tenant(), &state.metrics)
+        .await?;
 
     let eligible = state.fleet.eligible(&view.model);
     if eligible.is_empty() {
@@ -92,7 +121,7 @@ async fn forward(
     }
 
     let decision_started = Instant::now();
-    let analysis = route::analyse(state, &view).await?;
+    let analysis = route::analyse(state, &view, salt.as_deref()).await?;
     let mut first_pick = true;
     let mut routed: Option<Routed> = None;
     let metrics = &state.metrics;
@@ -163,6 +192,7 @@ async fn forward(
         metrics: state.metrics.clone(),
         policy: Arc::clone(&state.policy),
         routed,
+        _ticket: ticket,
         model: view.model,
         status: parts.status,
         started,
@@ -205,6 +235,8 @@ struct Observer {
     metrics: Metrics,
     policy: Arc<dyn Policy>,
     routed: Option<Routed>,
+    /// The admission slot, held until the response ends.
+    _ticket: Ticket,
     model: String,
     status: http::StatusCode,
     started: Instant,

@@ -1,6 +1,9 @@
 //! The HTTP face of the router: OpenAI endpoints, operations endpoints, errors in OpenAI's
 //! shape, and the lifecycle (start, graceful shutdown).
 
+mod admin;
+pub mod admission;
+pub mod auth;
 mod body;
 mod debug;
 mod forward;
@@ -18,7 +21,7 @@ use http::StatusCode;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Config;
+use crate::config::{Config, ModelConfig};
 use crate::fleet::{DownHook, Fleet, Worker, health};
 use crate::index::{
     ApproxConfig, ApproxIndex, Holdings, IndexConfig, KvIndex, WorkerFeed, WorkerIdx,
@@ -48,6 +51,12 @@ pub struct AppState {
     pub tokens: ModelRegistry,
     /// Who holds which block: event-fed and predicted.
     pub holdings: Arc<Holdings>,
+    /// API keys and tenants.
+    pub keys: auth::Keys,
+    /// Concurrency limits.
+    pub admission: admission::Admission,
+    /// Per-model settings (block size, salt forwarding).
+    models: Vec<ModelConfig>,
     /// KV-event feeds, by worker slot.
     feeds: Mutex<HashMap<u32, WorkerFeed>>,
     /// Origin of the index's clock (approximate entries expire on it).
@@ -85,9 +94,20 @@ impl AppState {
             body_read_timeout: config.body_read_timeout,
             tokens: ModelRegistry::load(config)?,
             holdings,
+            keys: auth::Keys::new(&config.tenants, config.admin_key_sha256),
+            admission: admission::Admission::new(config.limits, &config.tenants),
+            models: config.models.clone(),
             feeds: Mutex::new(HashMap::new()),
             started: Instant::now(),
         })
+    }
+
+    /// Whether a tenant's cache salt is sent to `model`'s engines (default: yes).
+    pub fn forwards_salt(&self, model: &str) -> bool {
+        self.models
+            .iter()
+            .find(|m| m.name == model)
+            .is_none_or(|m| m.forward_cache_salt)
     }
 
     /// The index's clock: time since the router started.
@@ -101,6 +121,14 @@ impl AppState {
         for w in self.fleet.workers().iter() {
             self.start_feed(w);
         }
+    }
+
+    /// Stops the worker's KV-event feed (its index entries are dropped with it).
+    fn stop_feed(&self, slot: u32) {
+        let feed = self.feeds.lock().ok().and_then(|mut f| f.remove(&slot));
+        drop(feed);
+        self.holdings.exact.clear_worker(WorkerIdx(slot));
+        self.holdings.approx.clear_worker(WorkerIdx(slot));
     }
 
     fn start_feed(&self, w: &Arc<Worker>) {
@@ -159,6 +187,9 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/ready", get(ops::ready))
         .route("/metrics", get(ops::metrics))
         .route("/debug/route", post(debug::route))
+        .route("/admin/workers", get(admin::list).post(admin::add))
+        .route("/admin/workers/{id}/drain", post(admin::drain))
+        .route("/admin/workers/{id}", axum::routing::delete(admin::remove))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)

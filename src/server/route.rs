@@ -30,10 +30,12 @@ pub(super) struct Analysis {
     pub overlaps: Overlaps,
 }
 
-/// Tokenizes and looks up the prompt if the policy needs it.
+/// Tokenizes and looks up the prompt if the policy needs it; `cache_salt` is the request's
+/// effective (tenant-namespaced) salt.
 pub(super) async fn analyse(
     state: &Arc<AppState>,
     view: &RequestView,
+    cache_salt: Option<&str>,
 ) -> Result<Analysis, ApiError> {
     if !state.policy.uses_prefix() {
         return Ok(Analysis::default());
@@ -61,7 +63,7 @@ pub(super) async fn analyse(
         .decision
         .with_label_values(&[state.policy.name(), "tokenize"])
         .observe(started.elapsed().as_secs_f64());
-    let seed = hash_seed(&view.model, None, view.cache_salt.as_deref());
+    let seed = hash_seed(&view.model, None, cache_salt);
     let hashes = crate::tokens::block_hashes(seed, &ids, block_size);
     let overlaps = state.holdings.lookup(&hashes, state.now());
     Ok(Analysis {

@@ -1,0 +1,171 @@
+//! The admin API: the fleet at run time, without a restart.
+//!
+//! - `GET /admin/workers`: every worker with its state and load.
+//! - `POST /admin/workers`: add one (`{"url", "id"?, "models"?, "kv_events"?, "kv_replay"?}`).
+//! - `POST /admin/workers/{id}/drain`: no new requests; in-flight ones finish.
+//! - `DELETE /admin/workers/{id}`: remove a drained (idle) worker; `?force=true` removes it
+//!   with requests in flight (they finish on their open connections).
+//!
+//! A removed worker's KV-event feed stops and its index entries go with it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::response::{IntoResponse, Response};
+use http::{HeaderMap, StatusCode};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::AppState;
+use crate::fleet::{BaseUrl, Worker, WorkerSpec};
+use crate::index::WorkerIdx;
+use crate::openai::ApiError;
+
+fn describe(state: &AppState, w: &Worker) -> Value {
+    let load = w.load.snapshot();
+    json!({
+        "id": w.id(),
+        "url": w.spec.url.to_string(),
+        "models": w.models(),
+        "healthy": w.is_healthy(),
+        "draining": w.is_draining(),
+        "circuit": w.breaker.state(std::time::Instant::now()).name(),
+        "in_flight": load.in_flight,
+        "queued_tokens": load.queued_prefill_tokens,
+        "decoding": load.decoding,
+        "kv_events": w.spec.kv_events,
+        "kv_events_connected": state.has_feed(w.slot),
+        "predicted_blocks": state.holdings.approx.len(WorkerIdx(w.slot)),
+    })
+}
+
+fn not_found(id: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        Some("worker_not_found"),
+        format!("no worker has the id `{id}`"),
+    )
+}
+
+/// `GET /admin/workers`
+pub(super) async fn list(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if let Err(e) = state.keys.admin(&headers) {
+        return e.into_response();
+    }
+    let workers: Vec<Value> = state
+        .fleet
+        .workers()
+        .iter()
+        .map(|w| describe(&state, w))
+        .collect();
+    Json(json!({"workers": workers})).into_response()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct NewWorker {
+    url: String,
+    id: Option<String>,
+    #[serde(default)]
+    models: Vec<String>,
+    kv_events: Option<String>,
+    kv_replay: Option<String>,
+}
+
+/// `POST /admin/workers`
+pub(super) async fn add(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    match add_worker(&state, &headers, &body) {
+        Ok(v) => (StatusCode::CREATED, Json(v)).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+fn add_worker(state: &Arc<AppState>, headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
+    state.keys.admin(headers)?;
+    let new: NewWorker = serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid(format!("invalid worker: {e}"), None))?;
+    let url =
+        BaseUrl::parse(&new.url).map_err(|e| ApiError::invalid(e.to_string(), Some("url")))?;
+    for ep in [&new.kv_events, &new.kv_replay].into_iter().flatten() {
+        if !(ep.starts_with("tcp://") || ep.starts_with("ipc://")) {
+            return Err(ApiError::invalid(
+                format!("`{ep}` is not a ZeroMQ endpoint (tcp://HOST:PORT)"),
+                Some("kv_events"),
+            ));
+        }
+    }
+    let spec = WorkerSpec {
+        id: new.id.unwrap_or_else(|| url.host_port()),
+        url,
+        models: new.models,
+        kv_events: new.kv_events,
+        kv_replay: new.kv_replay,
+    };
+    let worker = state.fleet.add(spec).map_err(|m| {
+        ApiError::new(
+            StatusCode::CONFLICT,
+            "invalid_request_error",
+            Some("worker_exists"),
+            m,
+        )
+    })?;
+    state.start_feeds();
+    tracing::info!(worker = worker.id(), "worker added");
+    Ok(describe(state, &worker))
+}
+
+/// `POST /admin/workers/{id}/drain`
+pub(super) async fn drain(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    if let Err(e) = state.keys.admin(&headers) {
+        return e.into_response();
+    }
+    match state.fleet.get(&id) {
+        Some(w) => {
+            w.set_draining(true);
+            tracing::info!(worker = %id, "draining");
+            Json(describe(&state, &w)).into_response()
+        }
+        None => not_found(&id).into_response(),
+    }
+}
+
+/// `DELETE /admin/workers/{id}[?force=true]`
+pub(super) async fn remove(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    if let Err(e) = state.keys.admin(&headers) {
+        return e.into_response();
+    }
+    let Some(w) = state.fleet.get(&id) else {
+        return not_found(&id).into_response();
+    };
+    let force = q.get("force").is_some_and(|v| v == "true" || v == "1");
+    let in_flight = w.load.snapshot().in_flight;
+    if in_flight > 0 && !force {
+        return ApiError::new(
+            StatusCode::CONFLICT,
+            "invalid_request_error",
+            Some("worker_busy"),
+            format!("worker `{id}` has {in_flight} requests in flight; drain it first or add ?force=true"),
+        )
+        .into_response();
+    }
+    state.fleet.remove(&id);
+    state.stop_feed(w.slot);
+    tracing::info!(worker = %id, in_flight, "worker removed");
+    Json(json!({"removed": id, "in_flight": in_flight})).into_response()
+}

@@ -1,0 +1,259 @@
+//! Who is calling: API keys, tenants, the admin key, and each tenant's cache namespace.
+//!
+//! Keys are configured as SHA-256 digests; a presented key is hashed and looked up, so the
+//! router never holds or logs a key in clear. With no keys configured everything is open
+//! (a development setup). With tenants, every OpenAI request needs a tenant key; the admin API
+//! and `/debug/route` take only the admin key, and are off when there is none.
+//!
+//! A tenant's prompts are hashed under its own cache salt, derived from its key digest and
+//! name (and the client's `cache_salt`, namespaced underneath): tenants never share index
+//! entries, and, with the salt forwarded to vLLM, never share KV cache either — so neither
+//! routing nor timing can reveal another tenant's prompts.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use http::{HeaderMap, StatusCode};
+use sha2::{Digest, Sha256};
+
+use crate::config::TenantConfig;
+use crate::openai::ApiError;
+
+/// Header with which the admin asks `/debug/route` to decide as a given tenant would.
+pub const TENANT_HEADER: &str = "x-kvroute-tenant";
+
+/// A caller of the OpenAI endpoints.
+#[derive(Clone, Debug)]
+pub enum Caller {
+    /// No authentication is configured.
+    Anonymous,
+    /// An authenticated tenant.
+    Tenant(Arc<TenantConfig>),
+}
+
+impl Caller {
+    /// The tenant's name, if any.
+    pub fn tenant(&self) -> Option<&str> {
+        match self {
+            Caller::Anonymous => None,
+            Caller::Tenant(t) => Some(&t.name),
+        }
+    }
+
+    /// The cache salt this caller's request is hashed and cached under: the client's salt
+    /// as is when there are no tenants, else the client's salt namespaced under the tenant.
+    pub fn cache_salt(&self, client_salt: Option<&str>) -> Option<String> {
+        match self {
+            Caller::Anonymous => client_salt.map(str::to_owned),
+            Caller::Tenant(t) => {
+                let mut h = Sha256::new();
+                h.update(b"kvroute-cache-salt\0");
+                h.update(t.api_key_sha256);
+                h.update(t.name.as_bytes());
+                h.update([0]);
+                if let Some(s) = client_salt {
+                    h.update([1]);
+                    h.update(s.as_bytes());
+                }
+                let d = h.finalize();
+                Some(d[..16].iter().map(|b| format!("{b:02x}")).collect())
+            }
+        }
+    }
+}
+
+/// The configured keys.
+#[derive(Debug, Default)]
+pub struct Keys {
+    tenants: HashMap<[u8; 32], Arc<TenantConfig>>,
+    by_name: HashMap<String, Arc<TenantConfig>>,
+    admin: Option<[u8; 32]>,
+}
+
+fn unauthorized(message: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        "authentication_error",
+        Some("invalid_api_key"),
+        message,
+    )
+}
+
+fn forbidden(message: String) -> ApiError {
+    ApiError::new(
+        StatusCode::FORBIDDEN,
+        "permission_error",
+        Some("forbidden"),
+        message,
+    )
+}
+
+/// The SHA-256 of the bearer token, if the request has one.
+fn presented(headers: &HeaderMap) -> Option<[u8; 32]> {
+    let v = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = v.trim().split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return None;
+    }
+    let token = token.trim();
+    if token.is_empty() {
+        return None;
+    }
+    Some(Sha256::digest(token.as_bytes()).into())
+}
+
+impl Keys {
+    /// Keys from the configuration.
+    pub fn new(tenants: &[TenantConfig], admin: Option<[u8; 32]>) -> Keys {
+        let all: Vec<Arc<TenantConfig>> = tenants.iter().cloned().map(Arc::new).collect();
+        Keys {
+            tenants: all
+                .iter()
+                .map(|t| (t.api_key_sha256, Arc::clone(t)))
+                .collect(),
+            by_name: all
+                .iter()
+                .map(|t| (t.name.clone(), Arc::clone(t)))
+                .collect(),
+            admin,
+        }
+    }
+
+    /// Whether any key is configured.
+    pub fn enabled(&self) -> bool {
+        !self.tenants.is_empty() || self.admin.is_some()
+    }
+
+    /// The caller of an OpenAI endpoint for `model`: 401 without a valid tenant key, 403 for
+    /// a model the tenant may not use.
+    pub fn caller(&self, headers: &HeaderMap) -> Result<Caller, ApiError> {
+        if self.tenants.is_empty() {
+            return Ok(Caller::Anonymous);
+        }
+        let Some(digest) = presented(headers) else {
+            return Err(unauthorized(
+                "an API key is required: send `Authorization: Bearer <key>`",
+            ));
+        };
+        match self.tenants.get(&digest) {
+            Some(t) => Ok(Caller::Tenant(Arc::clone(t))),
+            None if Some(digest) == self.admin => Err(forbidden(
+                "the admin key cannot be used for inference; use a tenant key".into(),
+            )),
+            None => Err(unauthorized("the API key is not valid")),
+        }
+    }
+
+    /// Checks that `caller` may use `model`.
+    pub fn authorize_model(caller: &Caller, model: &str) -> Result<(), ApiError> {
+        match caller {
+            Caller::Tenant(t) if !t.allows(model) => Err(forbidden(format!(
+                "your key may not use the model `{model}`"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Admits an admin request: open when no key at all is configured, else the admin key
+    /// only (a tenant key is refused, and without an admin key the admin API is off).
+    pub fn admin(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        if !self.enabled() {
+            return Ok(());
+        }
+        let digest = presented(headers);
+        match self.admin {
+            None => Err(forbidden(
+                "the admin API is disabled: configure [admin] api_key_sha256".into(),
+            )),
+            Some(a) if digest == Some(a) => Ok(()),
+            Some(_) if digest.is_some_and(|d| self.tenants.contains_key(&d)) => {
+                Err(forbidden("a tenant key cannot use the admin API".into()))
+            }
+            Some(_) if digest.is_none() => Err(unauthorized(
+                "the admin key is required: send `Authorization: Bearer <admin key>`",
+            )),
+            Some(_) => Err(unauthorized("the admin key is not valid")),
+        }
+    }
+
+    /// The tenant named `name`, for the admin's `/debug/route` on a tenant's behalf.
+    pub fn tenant_named(&self, name: &str) -> Option<Caller> {
+        self.by_name
+            .get(name)
+            .map(|t| Caller::Tenant(Arc::clone(t)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn digest(key: &str) -> [u8; 32] {
+        Sha256::digest(key.as_bytes()).into()
+    }
+
+    fn keys() -> Keys {
+        let t = |name: &str, key: &str, models: &[&str]| TenantConfig {
+            name: name.into(),
+            api_key_sha256: digest(key),
+            models: models.iter().map(|m| m.to_string()).collect(),
+            max_concurrency: None,
+        };
+        Keys::new(
+            &[t("acme", "k-acme", &["*"]), t("bob", "k-bob", &["small"])],
+            Some(digest("k-admin")),
+        )
+    }
+
+    fn bearer(key: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert("authorization", format!("Bearer {key}").parse().unwrap());
+        h
+    }
+
+    #[test]
+    fn tenants_need_their_key_and_allowed_models() {
+        let k = keys();
+        assert_eq!(k.caller(&HeaderMap::new()).unwrap_err().status, 401);
+        assert_eq!(k.caller(&bearer("nope")).unwrap_err().status, 401);
+        assert_eq!(k.caller(&bearer("k-admin")).unwrap_err().status, 403);
+        let bob = k.caller(&bearer("k-bob")).unwrap();
+        assert_eq!(bob.tenant(), Some("bob"));
+        assert!(Keys::authorize_model(&bob, "small").is_ok());
+        assert_eq!(Keys::authorize_model(&bob, "big").unwrap_err().status, 403);
+        let acme = k.caller(&bearer("k-acme")).unwrap();
+        assert!(Keys::authorize_model(&acme, "big").is_ok());
+    }
+
+    #[test]
+    fn admin_api_takes_only_the_admin_key() {
+        let k = keys();
+        assert!(k.admin(&bearer("k-admin")).is_ok());
+        assert_eq!(k.admin(&bearer("k-acme")).unwrap_err().status, 403);
+        assert_eq!(k.admin(&HeaderMap::new()).unwrap_err().status, 401);
+        assert!(
+            Keys::default().admin(&HeaderMap::new()).is_ok(),
+            "open without keys"
+        );
+        let no_admin = Keys::new(&[keys().by_name["acme"].as_ref().clone()], None);
+        assert_eq!(no_admin.admin(&bearer("k-acme")).unwrap_err().status, 403);
+    }
+
+    #[test]
+    fn salts_are_namespaced_per_tenant() {
+        let k = keys();
+        let acme = k.caller(&bearer("k-acme")).unwrap();
+        let bob = k.caller(&bearer("k-bob")).unwrap();
+        assert_ne!(acme.cache_salt(None), bob.cache_salt(None));
+        assert_ne!(acme.cache_salt(Some("x")), bob.cache_salt(Some("x")));
+        assert_ne!(acme.cache_salt(Some("x")), acme.cache_salt(None));
+        assert_eq!(acme.cache_salt(Some("x")), acme.cache_salt(Some("x")));
+        // A client cannot reach another tenant's namespace by sending its salt.
+        let bob_salt = bob.cache_salt(None).unwrap();
+        assert_ne!(acme.cache_salt(Some(&bob_salt)).unwrap(), bob_salt);
+        assert_eq!(
+            Caller::Anonymous.cache_salt(Some("raw")).as_deref(),
+            Some("raw")
+        );
+    }
+}

@@ -1,0 +1,156 @@
+//! `kvroute simulate`: wiring flags and scenarios to the simulator and the output files.
+//!
+//! This is the only file of `sim` that reads files, measures host time or prints; the
+//! simulation itself is pure.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::bail;
+
+use crate::bench::trace::Trace;
+
+use super::args::SimulateArgs;
+use super::config::SimConfig;
+use super::oracle::oracle;
+use super::output::{summary_table, write_all};
+use super::results::Results;
+use super::scenario::Scenario;
+use super::simulation::{PolicyRun, Simulation};
+
+/// Everything one `kvroute simulate` invocation produced.
+#[derive(Debug)]
+pub struct Outcome {
+    /// The results.
+    pub results: Results,
+    /// Host seconds per policy (and the oracle).
+    pub wall_s: Vec<(String, f64)>,
+}
+
+/// Runs `kvroute simulate …`.
+pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
+    let Some(name) = args.scenario.clone() else {
+        let (trace, label) = args.workload()?;
+        let header = format!(
+            "# kvroute simulate: {label}\n\n{}\n",
+            describe(&args, &trace)
+        );
+        run_one(&args, &trace, &header, args.out.as_deref())?;
+        return Ok(());
+    };
+    let scenarios = if name == "all" {
+        Scenario::suite()?
+    } else {
+        vec![Scenario::load(&name)?]
+    };
+    let many = scenarios.len() > 1;
+    for s in scenarios {
+        let mut a = s.args.clone();
+        if args.policies.is_some() {
+            a.policies.clone_from(&args.policies);
+        }
+        a.jobs = args.jobs;
+        let out: Option<PathBuf> = match &args.out {
+            Some(dir) if many => Some(dir.join(&s.name)),
+            other => other.clone(),
+        };
+        let (trace, label) = a.workload()?;
+        eprintln!("scenario {}: {label}", s.name);
+        let header = format!(
+            "# Scenario `{}`\n\n{}\n\n- command: `{}`\n- workload: {label}\n{}\n",
+            s.name,
+            s.description,
+            s.command(),
+            describe(&a, &trace)
+        );
+        run_one(&a, &trace, &header, out.as_deref())?;
+    }
+    Ok(())
+}
+
+fn describe(a: &SimulateArgs, trace: &Trace) -> String {
+    format!(
+        "- requests: {}, over {:.1} s, {} prompt tokens\n- workers: {} (joins at {:?}, restarts W@T {:?}), index: {:?}, event delay {} s\n- engine: block {} tokens, {} blocks, {} batched tokens, {} seqs, speedup {}\n- SLO: TTFT {:?} s, E2E {:?} s; seed {}\n",
+        trace.len(),
+        trace.duration_s(),
+        trace.total_input_tokens(),
+        a.workers,
+        a.join_at,
+        a.restart_at,
+        a.index,
+        a.event_delay,
+        a.block_size,
+        a.num_blocks,
+        a.max_num_batched_tokens,
+        a.max_num_seqs,
+        a.speedup,
+        a.slo_ttft,
+        a.slo_e2e,
+        a.seed,
+    )
+}
+
+/// Simulates every policy of `args` and the oracle on `trace`; writes outputs into `out`.
+pub fn run_one(
+    args: &SimulateArgs,
+    trace: &Trace,
+    header: &str,
+    out: Option<&Path>,
+) -> anyhow::Result<Outcome> {
+    if trace.is_empty() {
+        bail!("the workload has no request (check --window and --max-requests)");
+    }
+    let config = args.sim_config()?;
+    let names = args.policy_names()?;
+    let timed = simulate_all(trace, &config, &names, args.jobs.max(1))?;
+    let started = Instant::now();
+    let o = oracle(trace, &config);
+    let mut wall_s: Vec<(String, f64)> =
+        timed.iter().map(|(r, t)| (r.policy.clone(), *t)).collect();
+    wall_s.push(("oracle".to_string(), started.elapsed().as_secs_f64()));
+    let runs: Vec<PolicyRun> = timed.into_iter().map(|(r, _)| r).collect();
+    let results = Results::new(&runs, &o, config.slo);
+    println!("{header}\n{}", summary_table(&results, &wall_s));
+    if let Some(dir) = out {
+        write_all(dir, header, &results, &runs, &o, &wall_s)?;
+        eprintln!("wrote {}", dir.display());
+    }
+    Ok(Outcome { results, wall_s })
+}
+
+/// Runs each policy (in `jobs` threads; each simulation is independent and deterministic, so
+/// the results do not depend on `jobs`), returning runs in `names` order with host seconds.
+pub fn simulate_all(
+    trace: &Trace,
+    config: &SimConfig,
+    names: &[String],
+    jobs: usize,
+) -> anyhow::Result<Vec<(PolicyRun, f64)>> {
+    let one = |name: &String| -> anyhow::Result<(PolicyRun, f64)> {
+        let started = Instant::now();
+        let run = Simulation::new(trace, config, name)?.run();
+        let secs = started.elapsed().as_secs_f64();
+        eprintln!("  {name}: {} requests in {secs:.2} s", run.records.len());
+        Ok((run, secs))
+    };
+    if jobs <= 1 {
+        return names.iter().map(one).collect();
+    }
+    let mut out = Vec::with_capacity(names.len());
+    for chunk in names.chunks(jobs) {
+        let results: Vec<anyhow::Result<(PolicyRun, f64)>> = std::thread::scope(|s| {
+            let handles: Vec<_> = chunk.iter().map(|n| s.spawn(move || one(n))).collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(anyhow::anyhow!("a simulation thread panicked")))
+                })
+                .collect()
+        });
+        for r in results {
+            out.push(r?);
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,186 @@
+//! What one simulation runs: the fleet's engines, how the router learns what they cache, fleet
+//! changes over time, and the service targets results are judged by.
+//!
+//! This is the pure description `Simulation` needs; `args` builds it from command-line flags
+//! and scenario files, so a test can build one directly without going through clap.
+
+use thiserror::Error;
+
+use crate::bench::report::Slo;
+use crate::bench::synthesis::PromptSynth;
+use crate::engine::{ConfigError, EngineConfig};
+use crate::policy::PolicySettings;
+
+/// How the router's index learns what each engine caches.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum IndexMode {
+    /// The engines' own KV events feed the exact index, each batch `delay_s` after the step
+    /// that produced it (a real subscriber sees them a little late).
+    Events {
+        /// Seconds between a step's end and its events reaching the index.
+        delay_s: f64,
+    },
+    /// No events: the router records the blocks of every routed request (approximate mode).
+    Approx,
+}
+
+/// A change to the fleet at a given virtual time.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum FleetChange {
+    /// A new worker with a cold cache joins at `at` seconds.
+    Join {
+        /// Virtual time, seconds.
+        at: f64,
+    },
+    /// Worker `worker` restarts at `at` seconds: its in-flight requests fail, its cache is
+    /// empty afterwards, and its event stream restarts (the router drops its index entries).
+    Restart {
+        /// Worker slot.
+        worker: u32,
+        /// Virtual time, seconds.
+        at: f64,
+    },
+}
+
+impl FleetChange {
+    /// When the change happens.
+    pub fn at(&self) -> f64 {
+        match *self {
+            FleetChange::Join { at } | FleetChange::Restart { at, .. } => at,
+        }
+    }
+}
+
+/// Everything about a simulation except the workload and the policy.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    /// Workers at time 0.
+    pub workers: u32,
+    /// Every engine's configuration (each engine gets its own seed derived from this one's).
+    pub engine: EngineConfig,
+    /// How the index is fed.
+    pub index: IndexMode,
+    /// Workers joining or restarting during the run.
+    pub changes: Vec<FleetChange>,
+    /// Policy settings (seeded), as the live router's config would give them.
+    pub policy: PolicySettings,
+    /// Model name: seeds kvroute's block hashes exactly as the live router would.
+    pub model: String,
+    /// Turns trace block ids into prompt token ids.
+    pub synth: PromptSynth,
+    /// Service targets.
+    pub slo: Slo,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            workers: 4,
+            engine: dynamo_mocker_engine(),
+            index: IndexMode::Events { delay_s: 0.0 },
+            changes: Vec::new(),
+            policy: PolicySettings::default(),
+            model: "kvroute/sim".to_string(),
+            synth: PromptSynth::default(),
+            slo: Slo::default(),
+        }
+    }
+}
+
+/// The engine shape NVIDIA Dynamo's mocker uses by default: 64-token blocks, 16,384 blocks,
+/// 8,192 batched tokens, 256 sequences; the step-time model is the mocker's vLLM fit (the
+/// engine's default).
+pub fn dynamo_mocker_engine() -> EngineConfig {
+    EngineConfig {
+        block_size: 64,
+        num_blocks: 16_384,
+        max_num_batched_tokens: 8192,
+        max_num_seqs: 256,
+        ..EngineConfig::default()
+    }
+}
+
+/// A configuration the simulator cannot run.
+#[derive(Debug, Error, PartialEq)]
+pub enum SimConfigError {
+    /// The engine configuration is invalid.
+    #[error("engine: {0}")]
+    Engine(#[from] ConfigError),
+    /// No worker at all.
+    #[error("--workers must be at least 1")]
+    NoWorkers,
+    /// A fleet change names a worker that does not exist or a bad time.
+    #[error("fleet change {0}")]
+    Change(String),
+    /// A negative or non-finite event delay.
+    #[error("--event-delay must be a number of seconds >= 0")]
+    EventDelay,
+}
+
+impl SimConfig {
+    /// Checks the configuration; a valid one cannot make the simulation fail.
+    pub fn validate(&self) -> Result<(), SimConfigError> {
+        self.engine.validate()?;
+        if self.workers == 0 {
+            return Err(SimConfigError::NoWorkers);
+        }
+        if let IndexMode::Events { delay_s } = self.index
+            && !(delay_s.is_finite() && delay_s >= 0.0)
+        {
+            return Err(SimConfigError::EventDelay);
+        }
+        let joins = self
+            .changes
+            .iter()
+            .filter(|c| matches!(c, FleetChange::Join { .. }))
+            .count() as u32;
+        for c in &self.changes {
+            let at = c.at();
+            if !(at.is_finite() && at >= 0.0) {
+                return Err(SimConfigError::Change(format!(
+                    "at {at} s: time must be >= 0"
+                )));
+            }
+            if let FleetChange::Restart { worker, .. } = c
+                && *worker >= self.workers + joins
+            {
+                return Err(SimConfigError::Change(format!(
+                    "restarts worker {worker}, but there are only {} workers",
+                    self.workers + joins
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Total workers over the run (initial plus joining).
+    pub fn max_workers(&self) -> u32 {
+        self.workers
+            + self
+                .changes
+                .iter()
+                .filter(|c| matches!(c, FleetChange::Join { .. }))
+                .count() as u32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation_names_the_problem() {
+        let mut c = SimConfig::default();
+        assert!(c.validate().is_ok());
+        c.changes.push(FleetChange::Restart { worker: 9, at: 1.0 });
+        assert!(c.validate().unwrap_err().to_string().contains("worker 9"));
+        c.changes = vec![
+            FleetChange::Join { at: 1.0 },
+            FleetChange::Restart { worker: 4, at: 2.0 },
+        ];
+        assert!(c.validate().is_ok());
+        assert_eq!(c.max_workers(), 5);
+        c.workers = 0;
+        assert_eq!(c.validate().unwrap_err(), SimConfigError::NoWorkers);
+    }
+}

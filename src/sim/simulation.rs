@@ -1,0 +1,394 @@
+//! One policy on one trace: N engine models and the router, in virtual time.
+//!
+//! Events: a request arrives (the router routes it and the chosen engine queues it); a worker
+//! is kicked (it plans a step if it is idle and has work); a step ends (its tokens, finished
+//! requests and KV events take effect, and the worker plans its next step); a batch of KV
+//! events reaches the index (when events are delayed); the fleet changes. Each engine's step
+//! is planned at its start by [`EngineCore::step`] and its results are applied at its end,
+//! exactly as the engine's real-time driver sleeps until the step's end before it delivers
+//! tokens and publishes events. Nothing here reads a clock or a random source of its own, so
+//! the same inputs give the same records.
+
+use std::collections::BTreeSet;
+
+use thiserror::Error;
+
+use crate::bench::trace::Trace;
+use crate::engine::{EngineConfig, EngineCore, EngineCounters, RequestId, StepOutcome};
+use crate::index::Holdings;
+use crate::kv_events::KvEvent;
+use crate::policy::{self, UnknownPolicy};
+
+use super::config::{FleetChange, IndexMode, SimConfig, SimConfigError};
+use super::queue::EventQueue;
+use super::record::SimRecord;
+use super::router::{Routed, SimRouter};
+
+/// Steps retried at the same instant when a step only preempted (it freed blocks).
+const PREEMPT_RETRIES: usize = 64;
+
+/// Why a simulation could not start.
+#[derive(Debug, Error)]
+pub enum SimError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] SimConfigError),
+    /// The policy name is unknown.
+    #[error(transparent)]
+    Policy(#[from] UnknownPolicy),
+}
+
+/// What happened to every request, and the engines' totals.
+#[derive(Clone, Debug, Default)]
+pub struct PolicyRun {
+    /// The policy.
+    pub policy: String,
+    /// One record per trace request, in trace order.
+    pub records: Vec<SimRecord>,
+    /// The engines' counters, summed over workers (and over a restarted worker's lives).
+    pub counters: EngineCounters,
+    /// Workers that served at some point.
+    pub workers: u32,
+}
+
+enum Event {
+    Arrival(usize),
+    Kick(u32),
+    StepEnd {
+        worker: u32,
+        life: u32,
+    },
+    KvEvents {
+        worker: u32,
+        life: u32,
+        ts: f64,
+        events: Vec<KvEvent>,
+    },
+    Change(usize),
+}
+
+struct SimWorker {
+    engine: EngineCore,
+    /// A step is running; its outcome applies at its end.
+    pending: Option<StepOutcome>,
+    /// A kick is scheduled.
+    kicked: bool,
+    /// Incremented on restart, so events of a previous life are ignored.
+    life: u32,
+    /// Requests live on the engine (ordered, so a restart fails them in a fixed order).
+    requests: BTreeSet<usize>,
+    /// Counters of previous lives.
+    past: EngineCounters,
+}
+
+/// A simulation of one policy over one trace.
+pub struct Simulation<'t> {
+    trace: &'t Trace,
+    config: SimConfig,
+    router: SimRouter,
+    workers: Vec<SimWorker>,
+    joined: u32,
+    queue: EventQueue<Event>,
+    records: Vec<SimRecord>,
+    routed: Vec<Option<Routed>>,
+}
+
+fn engine_config(base: &EngineConfig, slot: u32, life: u32) -> EngineConfig {
+    EngineConfig {
+        // Distinct engines hash blocks differently, as real replicas' opaque ids do.
+        seed: base
+            .seed
+            .wrapping_add(u64::from(slot) << 32)
+            .wrapping_add(u64::from(life)),
+        ..base.clone()
+    }
+}
+
+fn add(a: &mut EngineCounters, b: EngineCounters) {
+    a.steps += b.steps;
+    a.preemptions += b.preemptions;
+    a.evictions += b.evictions;
+    a.queried_tokens += b.queried_tokens;
+    a.hit_tokens += b.hit_tokens;
+    a.queried_blocks += b.queried_blocks;
+    a.hit_blocks += b.hit_blocks;
+    a.prefill_tokens += b.prefill_tokens;
+    a.generated_tokens += b.generated_tokens;
+    a.finished += b.finished;
+    a.aborted += b.aborted;
+}
+
+impl<'t> Simulation<'t> {
+    /// A simulation of `policy` over `trace` with `config`.
+    pub fn new(trace: &'t Trace, config: &SimConfig, policy: &str) -> Result<Self, SimError> {
+        config.validate()?;
+        let policy = policy::build(policy, &config.policy)?;
+        let max = config.max_workers();
+        let mut router = SimRouter::new(
+            policy,
+            config.index,
+            &config.model,
+            config.engine.block_size,
+            max,
+        );
+        let mut workers = Vec::with_capacity(max as usize);
+        for slot in 0..max {
+            workers.push(SimWorker {
+                engine: EngineCore::new(engine_config(&config.engine, slot, 0))
+                    .map_err(SimConfigError::from)?,
+                pending: None,
+                kicked: false,
+                life: 0,
+                requests: BTreeSet::new(),
+                past: EngineCounters::default(),
+            });
+        }
+        for slot in 0..config.workers {
+            router.enable(slot);
+        }
+        let mut queue = EventQueue::default();
+        for (i, c) in config.changes.iter().enumerate() {
+            queue.push(c.at(), Event::Change(i));
+        }
+        for (i, r) in trace.requests.iter().enumerate() {
+            queue.push(r.arrival_s, Event::Arrival(i));
+        }
+        Ok(Simulation {
+            trace,
+            config: config.clone(),
+            router,
+            workers,
+            joined: config.workers,
+            queue,
+            records: vec![SimRecord::default(); trace.len()],
+            routed: (0..trace.len()).map(|_| None).collect(),
+        })
+    }
+
+    /// The router's index (for inspection after or during a run).
+    pub fn holdings(&self) -> &Holdings {
+        self.router.holdings()
+    }
+
+    /// kvroute's block hashes of trace request `i`'s prompt.
+    pub fn request_hashes(&self, i: usize) -> Vec<crate::tokens::BlockHash> {
+        let prompt = self.config.synth.prompt_tokens(&self.trace.requests[i]);
+        self.router.hashes(&prompt)
+    }
+
+    /// Runs until every event is processed.
+    pub fn run(mut self) -> PolicyRun {
+        self.run_until(f64::INFINITY);
+        self.finish()
+    }
+
+    /// Processes every event scheduled before `until` seconds.
+    pub fn run_until(&mut self, until: f64) {
+        while self.queue.peek_at().is_some_and(|t| t < until) {
+            if let Some((t, e)) = self.queue.pop() {
+                self.handle(t, e);
+            }
+        }
+    }
+
+    /// The records and totals; requests that never completed count as errors.
+    pub fn finish(mut self) -> PolicyRun {
+        let mut counters = EngineCounters::default();
+        for w in &self.workers {
+            add(&mut counters, w.past);
+            add(&mut counters, w.engine.counters());
+        }
+        for (i, r) in self.records.iter_mut().enumerate() {
+            if r.end.is_none() && r.error.is_none() {
+                r.error = Some("never completed (engine stuck)".to_string());
+            }
+            if let Some(mut routed) = self.routed[i].take() {
+                self.router.finish(&mut routed);
+            }
+        }
+        PolicyRun {
+            policy: self.router.policy_name().to_string(),
+            records: self.records,
+            counters,
+            workers: self.joined,
+        }
+    }
+
+    fn handle(&mut self, now: f64, event: Event) {
+        match event {
+            Event::Arrival(i) => self.arrive(i, now),
+            Event::Kick(w) => {
+                self.workers[w as usize].kicked = false;
+                self.try_step(w, now);
+            }
+            Event::StepEnd { worker, life } => self.step_end(worker, life, now),
+            Event::KvEvents {
+                worker,
+                life,
+                ts,
+                events,
+            } => {
+                if self.workers[worker as usize].life == life {
+                    self.router.apply_events(worker, ts, events);
+                }
+            }
+            Event::Change(k) => self.change(k, now),
+        }
+    }
+
+    fn arrive(&mut self, i: usize, now: f64) {
+        let req = &self.trace.requests[i];
+        let prompt = self.config.synth.prompt_tokens(req);
+        let rec = &mut self.records[i];
+        rec.arrival = now;
+        rec.prompt_tokens = req.input_tokens;
+        rec.output_tokens = req.output_tokens.max(1);
+        let Some(mut routed) = self.router.route(&prompt, now) else {
+            rec.error = Some("no worker available".to_string());
+            rec.end = Some(now);
+            return;
+        };
+        rec.worker = Some(routed.slot);
+        rec.predicted_blocks = routed.overlap_blocks;
+        rec.blocks = routed.blocks;
+        let slot = routed.slot;
+        let w = &mut self.workers[slot as usize];
+        let output = req.output_tokens.max(1) as usize;
+        match w
+            .engine
+            .add_request(RequestId(i as u64), prompt, output, now)
+        {
+            Ok(()) => {
+                w.requests.insert(i);
+                self.routed[i] = Some(routed);
+                if w.pending.is_none() && !w.kicked {
+                    w.kicked = true;
+                    self.queue.push(now, Event::Kick(slot));
+                }
+            }
+            Err(e) => {
+                rec.error = Some(e.to_string());
+                rec.end = Some(now);
+                self.router.finish(&mut routed);
+            }
+        }
+    }
+
+    fn try_step(&mut self, slot: u32, now: f64) {
+        for _ in 0..PREEMPT_RETRIES {
+            let w = &mut self.workers[slot as usize];
+            if w.pending.is_some() || !w.engine.has_work() {
+                return;
+            }
+            let mut out = w.engine.step(now);
+            let life = w.life;
+            let events = std::mem::take(&mut out.kv_events);
+            self.publish(slot, life, now, events);
+            for id in &out.preempted {
+                if let Some(r) = self.records.get_mut(id.0 as usize) {
+                    r.preemptions += 1;
+                }
+            }
+            if out.num_scheduled > 0 {
+                let end = out.end;
+                self.workers[slot as usize].pending = Some(out);
+                self.queue.push(end, Event::StepEnd { worker: slot, life });
+                return;
+            }
+            if out.preempted.is_empty() {
+                // Nothing fits now; the next arrival kicks the worker again.
+                return;
+            }
+        }
+    }
+
+    fn publish(&mut self, slot: u32, life: u32, at: f64, events: Vec<KvEvent>) {
+        if events.is_empty() {
+            return;
+        }
+        if let IndexMode::Events { delay_s } = self.config.index {
+            if delay_s > 0.0 {
+                self.queue.push(
+                    at + delay_s,
+                    Event::KvEvents {
+                        worker: slot,
+                        life,
+                        ts: at,
+                        events,
+                    },
+                );
+            } else {
+                self.router.apply_events(slot, at, events);
+            }
+        }
+    }
+
+    fn step_end(&mut self, slot: u32, life: u32, now: f64) {
+        let w = &mut self.workers[slot as usize];
+        if w.life != life {
+            return;
+        }
+        let Some(mut out) = w.pending.take() else {
+            return;
+        };
+        let events = std::mem::take(&mut out.kv_events);
+        self.publish(slot, life, out.end, events);
+        for t in out.tokens.iter().filter(|t| t.index == 0) {
+            let i = t.id.0 as usize;
+            self.records[i].first_token = Some(out.end);
+            if let Some(routed) = self.routed[i].as_mut() {
+                self.router.first_token(routed, out.end);
+            }
+        }
+        for s in &out.finished {
+            let i = s.id.0 as usize;
+            let rec = &mut self.records[i];
+            rec.end = Some(s.finished);
+            rec.cached_tokens = s.cached_tokens as u32;
+            rec.preemptions = s.preemptions;
+            if let Some(mut routed) = self.routed[i].take() {
+                self.router.finish(&mut routed);
+            }
+            self.workers[slot as usize].requests.remove(&i);
+        }
+        self.try_step(slot, now);
+    }
+
+    fn change(&mut self, k: usize, now: f64) {
+        match self.config.changes[k] {
+            FleetChange::Join { .. } => {
+                let slot = self.joined;
+                self.joined += 1;
+                self.router.enable(slot);
+            }
+            FleetChange::Restart { worker, .. } => self.restart(worker, now),
+        }
+    }
+
+    fn restart(&mut self, slot: u32, now: f64) {
+        let w = &mut self.workers[slot as usize];
+        let live: Vec<usize> = std::mem::take(&mut w.requests).into_iter().collect();
+        for i in live {
+            let stats = w.engine.abort(RequestId(i as u64), now);
+            let rec = &mut self.records[i];
+            rec.error = Some("worker restarted".to_string());
+            rec.end = Some(now);
+            if let Some(s) = stats {
+                rec.cached_tokens = s.cached_tokens as u32;
+            }
+            if let Some(mut routed) = self.routed[i].take() {
+                self.router.finish(&mut routed);
+            }
+        }
+        w.life += 1;
+        let counters = w.engine.counters();
+        add(&mut w.past, counters);
+        match EngineCore::new(engine_config(&self.config.engine, slot, w.life)) {
+            Ok(engine) => w.engine = engine,
+            Err(e) => tracing::error!(error = %e, "cannot restart engine"),
+        }
+        w.pending = None;
+        w.kicked = false;
+        self.router.worker_restarted(slot);
+    }
+}

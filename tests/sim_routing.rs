@@ -1,0 +1,121 @@
+//! Simulated routing: kv_aware against round_robin where caching matters, and a restarted
+//! worker's index entries.
+
+use kvroute::bench::synthetic::{SyntheticKind, SyntheticSpec};
+use kvroute::index::WorkerIdx;
+use kvroute::sim::{FleetChange, PolicyResult, SimConfig, Simulation};
+
+fn shared_prefix(requests: usize, rate: f64, output_tokens: u32) -> kvroute::bench::Trace {
+    SyntheticSpec {
+        kind: SyntheticKind::SharedPrefix {
+            prefixes: 24,
+            prefix_tokens: 2048,
+            zipf_s: 0.6,
+        },
+        requests,
+        rate,
+        input_tokens: 128,
+        output_tokens,
+        block_tokens: 64,
+        seed: 3,
+    }
+    .generate()
+    .unwrap()
+}
+
+#[test]
+fn kv_aware_beats_round_robin_on_shared_prefixes() {
+    // 24 prompts of 32 blocks do not fit in one worker's 256 blocks, but fit the fleet when
+    // each worker keeps its own share: round robin thrashes every cache, kv_aware partitions.
+    let trace = shared_prefix(400, 20.0, 8);
+    let mut config = SimConfig::default();
+    config.engine.num_blocks = 256;
+    let result = |p: &str| {
+        let run = Simulation::new(&trace, &config, p).unwrap().run();
+        PolicyResult::from_run(&run, config.slo, None)
+    };
+    let kv = result("kv_aware");
+    let rr = result("round_robin");
+    assert_eq!(kv.errors + rr.errors, 0);
+    assert!(
+        kv.hit_rate > rr.hit_rate + 0.1,
+        "hit rate {} vs {}",
+        kv.hit_rate,
+        rr.hit_rate
+    );
+    assert!(
+        kv.ttft_s.mean < rr.ttft_s.mean,
+        "mean TTFT {} vs {}",
+        kv.ttft_s.mean,
+        rr.ttft_s.mean
+    );
+}
+
+#[test]
+fn a_restarted_worker_keeps_no_index_entries_for_its_old_blocks() {
+    let trace = shared_prefix(60, 30.0, 8);
+    let hashes_held = |changes: Vec<FleetChange>| {
+        let config = SimConfig {
+            workers: 2,
+            changes,
+            ..SimConfig::default()
+        };
+        let mut sim = Simulation::new(&trace, &config, "round_robin").unwrap();
+        sim.run_until(1000.0);
+        let held = (0..trace.len())
+            .flat_map(|i| sim.request_hashes(i))
+            .filter(|h| sim.holdings().exact.holds(WorkerIdx(0), *h))
+            .count();
+        let other = (0..trace.len())
+            .flat_map(|i| sim.request_hashes(i))
+            .filter(|h| sim.holdings().exact.holds(WorkerIdx(1), *h))
+            .count();
+        let run = sim.finish();
+        (held, other, run)
+    };
+    // Control: without a restart, worker 0's blocks are in the index.
+    let (held, _, _) = hashes_held(Vec::new());
+    assert!(held > 0);
+    // Restart worker 0 after all traffic (the trace lasts ~2 s): nothing of it remains, and
+    // worker 1 is untouched.
+    let (held, other, run) = hashes_held(vec![FleetChange::Restart {
+        worker: 0,
+        at: 500.0,
+    }]);
+    assert_eq!(held, 0);
+    assert!(other > 0);
+    assert!(run.records.iter().all(|r| r.error.is_none()));
+}
+
+#[test]
+fn a_restart_mid_run_fails_in_flight_requests_and_a_joining_worker_gets_traffic() {
+    let trace = shared_prefix(200, 40.0, 200);
+    let config = SimConfig {
+        workers: 2,
+        changes: vec![
+            FleetChange::Restart { worker: 0, at: 2.0 },
+            FleetChange::Join { at: 3.0 },
+        ],
+        ..SimConfig::default()
+    };
+    let run = Simulation::new(&trace, &config, "least_request")
+        .unwrap()
+        .run();
+    let restarted = run
+        .records
+        .iter()
+        .filter(|r| r.error.as_deref() == Some("worker restarted"))
+        .count();
+    assert!(restarted > 0);
+    assert!(
+        run.records
+            .iter()
+            .any(|r| r.worker == Some(2) && r.arrival >= 3.0)
+    );
+    assert!(
+        run.records
+            .iter()
+            .all(|r| r.worker != Some(2) || r.arrival >= 3.0)
+    );
+    assert_eq!(run.workers, 3);
+}
