@@ -1,0 +1,251 @@
+//! Support for the hostile-input and chaos tests: a recording backend without a body limit,
+//! `kvroute engine` child processes, free ports, and memory readings from `/proc`.
+#![allow(dead_code)]
+
+use std::net::{SocketAddr, TcpListener as StdListener};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::Uri;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use tokio::net::TcpListener;
+
+/// One request a [`BigBackend`] received.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    pub path: String,
+    pub body: Bytes,
+}
+
+/// An OpenAI-style backend that accepts bodies of any size (the router's limit is what is
+/// under test, not the backend's) and records each request.
+pub struct BigBackend {
+    pub addr: SocketAddr,
+    pub seen: Arc<Mutex<Vec<Seen>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl BigBackend {
+    pub async fn start() -> BigBackend {
+        let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+        let app = Router::new()
+            .route("/v1/completions", post(answer))
+            .route("/v1/chat/completions", post(answer))
+            .route("/health", get(|| async { "ok" }))
+            .layer(DefaultBodyLimit::disable())
+            .with_state(Arc::clone(&seen));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        BigBackend { addr, seen, task }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn count(&self) -> usize {
+        self.seen.lock().unwrap().len()
+    }
+
+    pub fn received(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+impl Drop for BigBackend {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn answer(State(seen): State<Arc<Mutex<Vec<Seen>>>>, uri: Uri, body: Bytes) -> Response {
+    seen.lock().unwrap().push(Seen {
+        path: uri.path().to_string(),
+        body: body.clone(),
+    });
+    let stream = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v.get("stream").and_then(|s| s.as_bool()))
+        .unwrap_or(false);
+    if stream {
+        let events = "data: {\"choices\":[{\"index\":0,\"text\":\"hi\"}]}\n\ndata: [DONE]\n\n";
+        return Response::builder()
+            .header("content-type", "text/event-stream")
+            .body(Body::from(events))
+            .unwrap();
+    }
+    axum::Json(serde_json::json!({
+        "id": "x", "object": "text_completion",
+        "choices": [{"index": 0, "text": "hi", "finish_reason": "stop"}],
+    }))
+    .into_response()
+}
+
+/// A port that was free a moment ago (for processes that must be told their port).
+pub fn free_port() -> u16 {
+    StdListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Peak and current resident memory of a process, in MiB (`VmHWM`, `VmRSS`).
+pub fn rss_mib(pid: Option<u32>) -> (f64, f64) {
+    let path = match pid {
+        Some(p) => format!("/proc/{p}/status"),
+        None => "/proc/self/status".into(),
+    };
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let field = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|kb| kb.parse::<f64>().ok())
+            .map_or(0.0, |kb| kb / 1024.0)
+    };
+    (field("VmHWM:"), field("VmRSS:"))
+}
+
+/// Where a `kvroute engine` child listens.
+#[derive(Clone, Debug)]
+pub struct EngineAddrs {
+    pub http: SocketAddr,
+    pub events: String,
+    pub replay: String,
+}
+
+impl EngineAddrs {
+    /// Fresh loopback ports for HTTP, events and replay.
+    pub fn fresh() -> EngineAddrs {
+        EngineAddrs {
+            http: SocketAddr::from(([127, 0, 0, 1], free_port())),
+            events: format!("tcp://127.0.0.1:{}", free_port()),
+            replay: format!("tcp://127.0.0.1:{}", free_port()),
+        }
+    }
+}
+
+/// A `kvroute engine` process, killed (SIGKILL) when dropped.
+pub struct EngineProcess {
+    pub addrs: EngineAddrs,
+    pub child: Child,
+}
+
+impl EngineProcess {
+    /// Starts `kvroute engine` serving `model` and waits until `/health` answers.
+    pub async fn start(addrs: &EngineAddrs, model: &str, speedup: f64) -> EngineProcess {
+        let child = Command::new(env!("CARGO_BIN_EXE_kvroute"))
+            .args(["engine", "--listen", &addrs.http.to_string()])
+            .args(["--model", model])
+            .args(["--kv-events-endpoint", &addrs.events])
+            .args(["--kv-replay-endpoint", &addrs.replay])
+            .args(["--speedup", &speedup.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("kvroute engine starts");
+        let p = EngineProcess {
+            addrs: addrs.clone(),
+            child,
+        };
+        let http = reqwest::Client::new();
+        let url = format!("http://{}/health", addrs.http);
+        for _ in 0..200 {
+            if let Ok(r) = http.get(&url).send().await
+                && r.status().is_success()
+            {
+                return p;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("kvroute engine on {} did not become healthy", addrs.http);
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILL, then reap.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for EngineProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A `kvroute serve` process, killed when dropped.
+pub struct RouterProcess {
+    pub addr: SocketAddr,
+    pub child: Child,
+}
+
+impl RouterProcess {
+    /// Starts `kvroute serve --config <file>` and waits until `/health` answers.
+    pub async fn start(config_toml: &str) -> (RouterProcess, tempfile::NamedTempFile) {
+        let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let text = format!("listen = \"{addr}\"\n{config_toml}");
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), text).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_kvroute"))
+            .args(["serve", "--config"])
+            .arg(file.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("kvroute serve starts");
+        let p = RouterProcess { addr, child };
+        let http = reqwest::Client::new();
+        let url = format!("http://{addr}/health");
+        for _ in 0..200 {
+            if let Ok(r) = http.get(&url).send().await
+                && r.status().is_success()
+            {
+                return (p, file);
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("kvroute serve on {addr} did not become healthy");
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for RouterProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A one-line scenario report.
+pub fn report(
+    scenario: &str,
+    sent: usize,
+    completed: usize,
+    failed: &std::collections::BTreeMap<String, usize>,
+    peak_rss_mib: f64,
+    what: &str,
+) {
+    let total: usize = failed.values().sum();
+    println!(
+        "{scenario}: sent {sent}, completed {completed}, failed {total} {failed:?}, peak RSS {peak_rss_mib:.1} MiB ({what})"
+    );
+}
