@@ -342,6 +342,19 @@ pub fn content_text(content: Option<&Value>) -> String {
     }
 }
 
+/// `s` cut to at most `max` bytes (at a character boundary), marked with `…` when cut: client
+/// strings echoed in errors must not make responses arbitrarily large.
+fn shorten(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
 /// An error as the OpenAI API returns it, with its HTTP status.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ApiError {
@@ -412,7 +425,10 @@ impl ApiError {
                 StatusCode::NOT_FOUND,
                 "invalid_request_error",
                 Some("model_not_found"),
-                format!("The model `{model}` does not exist or is not served here."),
+                format!(
+                    "The model `{}` does not exist or is not served here.",
+                    shorten(model, 256)
+                ),
             )
         }
     }

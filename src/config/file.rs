@@ -45,6 +45,7 @@ pub(super) struct FileProxy {
     pub(super) idle_timeout_s: Option<f64>,
     pub(super) total_timeout_s: Option<f64>,
     pub(super) body_read_timeout_s: Option<f64>,
+    pub(super) header_read_timeout_s: Option<f64>,
     pub(super) retry_budget_ratio: Option<f64>,
     pub(super) retry_budget_min_per_s: Option<f64>,
     pub(super) breaker_failures: Option<u32>,

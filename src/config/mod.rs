@@ -124,6 +124,8 @@ pub struct Config {
     pub breaker: BreakerConfig,
     /// Longest a client may take to send its request body.
     pub body_read_timeout: Duration,
+    /// Longest a client may take to send its request headers.
+    pub header_read_timeout: Duration,
     /// Admission limits.
     pub limits: Limits,
     /// API keys and their tenants; empty means no authentication.
@@ -377,6 +379,12 @@ impl Config {
         if breaker.failure_threshold == 0 {
             return Err(invalid("proxy.breaker_failures", "must be at least 1"));
         }
+        let header_read_timeout = seconds(
+            "proxy.header_read_timeout_s",
+            file.proxy.header_read_timeout_s,
+            10.0,
+            0.001,
+        )?;
         let body_read_timeout = seconds(
             "proxy.body_read_timeout_s",
             file.proxy.body_read_timeout_s,
@@ -610,6 +618,7 @@ impl Config {
             index,
             breaker,
             body_read_timeout,
+            header_read_timeout,
             limits,
             tenants,
             admin_key_sha256,

@@ -13,6 +13,8 @@ use serde_json::Value;
 pub struct FirstTokenDetector {
     partial: Vec<u8>,
     found: bool,
+    /// Inside a `data:` line too long to keep: it counts as content when it ends.
+    oversized: bool,
 }
 
 /// Longest partial line kept while looking; a longer line is judged without the rest.
@@ -31,6 +33,14 @@ impl FirstTokenDetector {
             return false;
         }
         let mut rest = chunk;
+        if self.oversized {
+            if !rest.contains(&b'\n') {
+                return false;
+            }
+            self.oversized = false;
+            self.found = true;
+            return true;
+        }
         while let Some(pos) = rest.iter().position(|&b| b == b'\n') {
             let (line, tail) = rest.split_at(pos);
             rest = &tail[1..];
@@ -49,9 +59,19 @@ impl FirstTokenDetector {
         }
         if self.partial.len() + rest.len() <= MAX_LINE {
             self.partial.extend_from_slice(rest);
-        } else {
-            self.partial.clear();
+            return false;
         }
+        // A `data:` line longer than MAX_LINE is not kept whole; an event that large carries
+        // content (a huge tool call or text), so it counts as the first token when it ends.
+        let line_start: Vec<u8> = self
+            .partial
+            .iter()
+            .chain(rest.iter())
+            .take(5)
+            .copied()
+            .collect();
+        self.partial.clear();
+        self.oversized = line_start == b"data:";
         false
     }
 }

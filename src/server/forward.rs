@@ -84,7 +84,11 @@ async fn forward(
     let mut json: serde_json::Value = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}"), None))?;
     let view = RequestView::parse(endpoint, &json)?;
-    model_out.clone_from(&view.model);
+    // A model name becomes a metric label only once a worker is known to serve it: client
+    // strings must not grow the metrics without bound.
+    if state.fleet.knows_model(&view.model) {
+        model_out.clone_from(&view.model);
+    }
     Keys::authorize_model(&caller, &view.model)?;
     let salt = caller.cache_salt(view.cache_salt.as_deref());
     // A tenant's request carries its namespaced salt to the engine (or none at all, where the

@@ -7,6 +7,7 @@ pub mod auth;
 mod body;
 mod debug;
 mod forward;
+mod listen;
 mod ops;
 mod route;
 
@@ -263,9 +264,10 @@ pub fn start_with_state(
     );
     let app = app(Arc::clone(&state));
     let grace = config.shutdown_grace;
+    let header_timeout = config.header_read_timeout;
     let stop_serving = stop.clone();
     let task = tokio::spawn(async move {
-        serve_until(listener, app, stop_serving, grace).await;
+        listen::serve_until(listener, app, stop_serving, grace, header_timeout).await;
         health_task.abort();
     });
     Ok(RouterHandle {
@@ -274,25 +276,6 @@ pub fn start_with_state(
         stop,
         task,
     })
-}
-
-async fn serve_until(listener: TcpListener, app: Router, stop: CancellationToken, grace: Duration) {
-    let graceful =
-        axum::serve(listener, app).with_graceful_shutdown(stop.clone().cancelled_owned());
-    let deadline = async {
-        stop.cancelled().await;
-        tokio::time::sleep(grace).await;
-    };
-    tokio::select! {
-        r = graceful => {
-            if let Err(e) = r {
-                tracing::error!(error = %e, "server error");
-            }
-        }
-        _ = deadline => {
-            tracing::warn!(?grace, "shutdown grace period over; closing remaining connections");
-        }
-    }
 }
 
 /// `kvroute serve`: runs until SIGTERM or ctrl-c, then drains.
