@@ -155,6 +155,10 @@ pub struct SimulateArgs {
     /// kv_aware: do not re-fit the cost model's rates from observed TTFTs.
     #[arg(long)]
     pub kv_aware_no_calibrate: bool,
+    /// kv_aware: weight of the stall a prefill imposes on decoding sequences (the live
+    /// router's `kv_aware.decode_weight`; 0 optimises each request's own TTFT only).
+    #[arg(long, value_name = "WEIGHT")]
+    pub kv_aware_decode_weight: Option<f64>,
     /// TTFT target in seconds, for SLO attainment.
     #[arg(long, value_name = "SECONDS")]
     pub slo_ttft: Option<f64>,
@@ -341,6 +345,9 @@ impl SimulateArgs {
             kv_aware.prefill_rate_tokens_per_s = rate;
         }
         kv_aware.calibrate = !self.kv_aware_no_calibrate;
+        if let Some(w) = self.kv_aware_decode_weight {
+            kv_aware.decode_weight = w;
+        }
         PolicySettings {
             seed: self.seed,
             kv_aware,

@@ -50,6 +50,14 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
             a.policies.clone_from(&args.policies);
         }
         a.jobs = args.jobs;
+        // Policy settings given on the command line apply to every scenario.
+        if args.kv_aware_prefill_rate.is_some() {
+            a.kv_aware_prefill_rate = args.kv_aware_prefill_rate;
+        }
+        if args.kv_aware_decode_weight.is_some() {
+            a.kv_aware_decode_weight = args.kv_aware_decode_weight;
+        }
+        a.kv_aware_no_calibrate |= args.kv_aware_no_calibrate;
         let out: Option<PathBuf> = match &args.out {
             Some(dir) if many => Some(dir.join(&s.name)),
             other => other.clone(),
