@@ -654,7 +654,9 @@ async fn gap_scenario(replay: bool) {
     if replay {
         assert_eq!(c_now, 1, "the replayed batch's blocks are missing");
         assert_eq!(probe_now, 1, "replay must not drop what was exact");
-        assert_eq!(stream_line("replays_ok", "w0"), 1.0);
+        // At least the gap's replay; a subscriber that joined after the first publishes also
+        // catches up by replay (a second successful one) on a loaded machine.
+        assert!(stream_line("replays_ok", "w0") >= 1.0);
     } else {
         assert_eq!(c_now, 0);
         assert_eq!(
