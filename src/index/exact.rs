@@ -17,10 +17,10 @@ use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::blocks::BlockMap;
 use super::overlaps::Overlaps;
-use super::rehash::chain_hash_small;
 use super::stats::{IndexStats, StatsSnapshot};
 use super::worker::WorkerIdx;
 use crate::kv_events::{BlockRemoved, BlockStored, EngineHash, EventBatch, KvEvent};
+use crate::tokens::chain_hash;
 use crate::tokens::{BlockHash, HashSeed};
 
 /// Most blocks applied per write-lock hold.
@@ -210,7 +210,7 @@ impl KvIndex {
         hashes.clear();
         let mut prev = parent;
         for tokens in s.token_ids.chunks_exact(bs).take(n) {
-            let h = chain_hash_small(seed, prev, tokens);
+            let h = chain_hash(seed, prev, tokens);
             hashes.push(h);
             prev = Some(h);
         }

@@ -41,7 +41,6 @@ mod exact;
 mod feed;
 mod holdings;
 mod overlaps;
-mod rehash;
 mod stats;
 mod table;
 mod worker;
