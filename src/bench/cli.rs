@@ -16,7 +16,7 @@ use super::replay::{ReplayConfig, completions_url, replay};
 use super::report::{ClientOverhead, RunResult, Slo, Summary, compare};
 use super::synthesis::PromptSynth;
 use super::synthetic::{SyntheticKind, SyntheticSpec};
-use super::trace::{MOONCAKE_BLOCK_TOKENS, Trace};
+use super::trace::{MOONCAKE_BLOCK_TOKENS, Trace, Transforms};
 
 /// `kvroute bench …`: either a run (the flags below) or a subcommand.
 #[derive(Args, Debug, Clone)]
@@ -194,7 +194,7 @@ impl BenchArgs {
     /// The workload these flags describe, after every transform, applied in this order:
     /// window, first N, speed-up, input cap.
     pub fn workload(&self) -> anyhow::Result<(Trace, String)> {
-        let (mut trace, mut label) = match (&self.trace, self.synthetic) {
+        let (trace, mut label) = match (&self.trace, self.synthetic) {
             (Some(path), None) => {
                 let mut trace = Trace::from_mooncake_file(path)?;
                 if self.trace_block_tokens != MOONCAKE_BLOCK_TOKENS {
@@ -209,22 +209,13 @@ impl BenchArgs {
             (Some(_), Some(_)) => bail!("give either --trace or --synthetic, not both"),
             (None, None) => bail!("give a workload: --trace FILE or --synthetic KIND"),
         };
-        if let Some((a, b)) = self.window {
-            trace = trace.window(a, b)?;
-            label.push_str(&format!(", window {a}:{b} s"));
+        let trace = Transforms {
+            window: self.window,
+            max_requests: self.max_requests,
+            speed_up: self.speedup,
+            max_input_tokens: self.max_input_tokens,
         }
-        if let Some(n) = self.max_requests {
-            trace = trace.head(n);
-            label.push_str(&format!(", first {n}"));
-        }
-        if let Some(x) = self.speedup {
-            trace = trace.speed_up(x)?;
-            label.push_str(&format!(", speed-up {x}"));
-        }
-        if let Some(n) = self.max_input_tokens {
-            trace = trace.cap_input(n)?;
-            label.push_str(&format!(", input cap {n}"));
-        }
+        .apply(trace, &mut label)?;
         Ok((trace, label))
     }
 

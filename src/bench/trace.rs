@@ -263,6 +263,44 @@ fn parse_mooncake_line(text: &str, line_no: usize) -> Result<TraceRequest, Trace
     })
 }
 
+/// The transforms a run applies to its trace, in this order: time window, first N requests,
+/// faster arrivals, input-length cap. `bench` and `simulate` share them so that the same flags
+/// mean the same workload in real and virtual time.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Transforms {
+    /// Keep requests arriving in `[start, end)` seconds.
+    pub window: Option<(f64, f64)>,
+    /// Keep the first N requests.
+    pub max_requests: Option<usize>,
+    /// Divide inter-arrival times by this factor.
+    pub speed_up: Option<f64>,
+    /// Cut inputs to at most this many tokens, keeping the exact prefix.
+    pub max_input_tokens: Option<u32>,
+}
+
+impl Transforms {
+    /// Applies the transforms to `trace`, describing each one at the end of `label`.
+    pub fn apply(&self, mut trace: Trace, label: &mut String) -> Result<Trace, TraceError> {
+        if let Some((a, b)) = self.window {
+            trace = trace.window(a, b)?;
+            label.push_str(&format!(", window {a}:{b} s"));
+        }
+        if let Some(n) = self.max_requests {
+            trace = trace.head(n);
+            label.push_str(&format!(", first {n}"));
+        }
+        if let Some(x) = self.speed_up {
+            trace = trace.speed_up(x)?;
+            label.push_str(&format!(", arrivals ×{x}"));
+        }
+        if let Some(n) = self.max_input_tokens {
+            trace = trace.cap_input(n)?;
+            label.push_str(&format!(", input cap {n}"));
+        }
+        Ok(trace)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

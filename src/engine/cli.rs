@@ -68,27 +68,9 @@ pub struct EngineArgs {
     /// Output tokens when a request sets no max_tokens.
     #[arg(long, default_value_t = 16)]
     pub default_max_tokens: usize,
-    /// Prefill ms = A·t² + B·t + C for t batched prefill tokens: A.
-    #[arg(long, default_value_t = 4.209989e-7)]
-    pub prefill_a: f64,
-    /// Prefill coefficient B.
-    #[arg(long, default_value_t = 1.518344e-2)]
-    pub prefill_b: f64,
-    /// Prefill constant C.
-    #[arg(long, default_value_t = 16.50142)]
-    pub prefill_c: f64,
-    /// Decode ms = D·p² + E·p + F for KV usage p: D.
-    #[arg(long, default_value_t = -25.74, allow_hyphen_values = true)]
-    pub decode_a: f64,
-    /// Decode coefficient E.
-    #[arg(long, default_value_t = 54.01)]
-    pub decode_b: f64,
-    /// Decode constant F.
-    #[arg(long, default_value_t = 5.74)]
-    pub decode_c: f64,
-    /// Floor of a decode step, ms.
-    #[arg(long, default_value_t = 1.0)]
-    pub min_decode_ms: f64,
+    /// Step-time model coefficients.
+    #[command(flatten)]
+    pub timing: TimingArgs,
 }
 
 impl Default for EngineArgs {
@@ -113,6 +95,42 @@ impl Default for EngineArgs {
             seed: c.seed,
             tokenizer: "builtin".into(),
             default_max_tokens: 16,
+            timing: TimingArgs::default(),
+        }
+    }
+}
+
+/// The step-time model's coefficients as flags, shared by `kvroute engine` and
+/// `kvroute simulate` (the defaults are NVIDIA Dynamo's mocker fit for vLLM).
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct TimingArgs {
+    /// Prefill ms = A·t² + B·t + C for t batched prefill tokens: A.
+    #[arg(long, default_value_t = 4.209989e-7)]
+    pub prefill_a: f64,
+    /// Prefill coefficient B.
+    #[arg(long, default_value_t = 1.518344e-2)]
+    pub prefill_b: f64,
+    /// Prefill constant C.
+    #[arg(long, default_value_t = 16.50142)]
+    pub prefill_c: f64,
+    /// Decode ms = D·p² + E·p + F for KV usage p: D.
+    #[arg(long, default_value_t = -25.74, allow_hyphen_values = true)]
+    pub decode_a: f64,
+    /// Decode coefficient E.
+    #[arg(long, default_value_t = 54.01)]
+    pub decode_b: f64,
+    /// Decode constant F.
+    #[arg(long, default_value_t = 5.74)]
+    pub decode_c: f64,
+    /// Floor of a decode step, ms.
+    #[arg(long, default_value_t = 1.0)]
+    pub min_decode_ms: f64,
+}
+
+impl Default for TimingArgs {
+    fn default() -> Self {
+        let t = StepTiming::default();
+        TimingArgs {
             prefill_a: t.prefill_a,
             prefill_b: t.prefill_b,
             prefill_c: t.prefill_c,
@@ -120,6 +138,22 @@ impl Default for EngineArgs {
             decode_b: t.decode_b,
             decode_c: t.decode_c,
             min_decode_ms: t.min_decode_ms,
+        }
+    }
+}
+
+impl TimingArgs {
+    /// The step-time model, with every step divided by `speedup`.
+    pub fn step_timing(&self, speedup: f64) -> StepTiming {
+        StepTiming {
+            prefill_a: self.prefill_a,
+            prefill_b: self.prefill_b,
+            prefill_c: self.prefill_c,
+            decode_a: self.decode_a,
+            decode_b: self.decode_b,
+            decode_c: self.decode_c,
+            min_decode_ms: self.min_decode_ms,
+            speedup,
         }
     }
 }
@@ -133,16 +167,7 @@ impl EngineArgs {
             max_num_seqs: self.max_num_seqs,
             max_num_batched_tokens: self.max_num_batched_tokens,
             max_model_len: self.max_model_len,
-            timing: StepTiming {
-                prefill_a: self.prefill_a,
-                prefill_b: self.prefill_b,
-                prefill_c: self.prefill_c,
-                decode_a: self.decode_a,
-                decode_b: self.decode_b,
-                decode_c: self.decode_c,
-                min_decode_ms: self.min_decode_ms,
-                speedup: self.speedup,
-            },
+            timing: self.timing.step_timing(self.speedup),
             seed: self.seed,
             ..EngineConfig::default()
         }
@@ -289,5 +314,6 @@ mod tests {
         let c = a.engine_config();
         assert_eq!((c.block_size, c.num_blocks, c.seed), (32, 100, 9));
         assert_eq!((c.timing.speedup, c.timing.decode_a), (4.0, -1.5));
+        assert_eq!(a.timing.decode_a, -1.5);
     }
 }

@@ -26,7 +26,7 @@ pub mod server;
 pub mod timing;
 
 pub use block_hash::EngineHasher;
-pub use cli::{EngineArgs, run};
+pub use cli::{EngineArgs, TimingArgs, run};
 pub use core::{
     AddError, ConfigError, EngineConfig, EngineCore, EngineCounters, StepOutcome, TokenEvent,
 };

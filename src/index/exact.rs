@@ -20,8 +20,7 @@ use super::overlaps::Overlaps;
 use super::stats::{IndexStats, StatsSnapshot};
 use super::worker::WorkerIdx;
 use crate::kv_events::{BlockRemoved, BlockStored, EngineHash, EventBatch, KvEvent};
-use crate::tokens::chain_hash;
-use crate::tokens::{BlockHash, HashSeed};
+use crate::tokens::{BlockHash, HashSeed, chain_hash};
 
 /// Most blocks applied per write-lock hold.
 pub const WRITE_CHUNK: usize = 128;

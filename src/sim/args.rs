@@ -14,8 +14,8 @@ use crate::bench::cli::SyntheticChoice;
 use crate::bench::report::Slo;
 use crate::bench::synthesis::PromptSynth;
 use crate::bench::synthetic::{SyntheticKind, SyntheticSpec};
-use crate::bench::trace::{MOONCAKE_BLOCK_TOKENS, Trace};
-use crate::engine::{EngineConfig, StepTiming};
+use crate::bench::trace::{MOONCAKE_BLOCK_TOKENS, Trace, Transforms};
+use crate::engine::{EngineConfig, TimingArgs};
 use crate::policy::{KvAwareConfig, POLICY_NAMES, PolicySettings};
 
 use super::config::{FleetChange, IndexMode, SimConfig};
@@ -127,27 +127,9 @@ pub struct SimulateArgs {
     /// Engine: divides every step time (a faster GPU).
     #[arg(long, default_value_t = 1.0)]
     pub speedup: f64,
-    /// Engine prefill ms = A·t² + B·t + C for t batched prefill tokens: A.
-    #[arg(long, default_value_t = 4.209989e-7)]
-    pub prefill_a: f64,
-    /// Engine prefill coefficient B.
-    #[arg(long, default_value_t = 1.518344e-2)]
-    pub prefill_b: f64,
-    /// Engine prefill constant C.
-    #[arg(long, default_value_t = 16.50142)]
-    pub prefill_c: f64,
-    /// Engine decode ms = D·p² + E·p + F for KV usage p: D.
-    #[arg(long, default_value_t = -25.74, allow_hyphen_values = true)]
-    pub decode_a: f64,
-    /// Engine decode coefficient E.
-    #[arg(long, default_value_t = 54.01)]
-    pub decode_b: f64,
-    /// Engine decode constant F.
-    #[arg(long, default_value_t = 5.74)]
-    pub decode_c: f64,
-    /// Engine floor of a decode step, ms.
-    #[arg(long, default_value_t = 1.0)]
-    pub min_decode_ms: f64,
+    /// Engine step-time coefficients (as `kvroute engine`).
+    #[command(flatten)]
+    pub timing: TimingArgs,
     /// kv_aware: initial prefill rate of a worker, tokens per second (the live router's
     /// `kv_aware` config; calibration refines it per worker from observed TTFTs).
     #[arg(long, value_name = "TOKENS_PER_S")]
@@ -249,7 +231,7 @@ impl SimulateArgs {
     /// The workload after every transform (window, first N, speed-up, input cap), with a
     /// one-line description.
     pub fn workload(&self) -> anyhow::Result<(Trace, String)> {
-        let (mut trace, mut label) = match (&self.trace, self.synthetic) {
+        let (trace, mut label) = match (&self.trace, self.synthetic) {
             (Some(path), None) => {
                 let mut trace = Trace::from_mooncake_file(path)?;
                 if self.trace_block_size != MOONCAKE_BLOCK_TOKENS {
@@ -267,22 +249,13 @@ impl SimulateArgs {
                 bail!("give a workload: --trace FILE, --synthetic KIND or --scenario NAME")
             }
         };
-        if let Some((a, b)) = self.window {
-            trace = trace.window(a, b)?;
-            label.push_str(&format!(", window {a}:{b} s"));
+        let trace = Transforms {
+            window: self.window,
+            max_requests: self.max_requests,
+            speed_up: self.speedup_trace,
+            max_input_tokens: self.max_input_tokens,
         }
-        if let Some(n) = self.max_requests {
-            trace = trace.head(n);
-            label.push_str(&format!(", first {n}"));
-        }
-        if let Some(x) = self.speedup_trace {
-            trace = trace.speed_up(x)?;
-            label.push_str(&format!(", arrivals ×{x}"));
-        }
-        if let Some(n) = self.max_input_tokens {
-            trace = trace.cap_input(n)?;
-            label.push_str(&format!(", input cap {n}"));
-        }
+        .apply(trace, &mut label)?;
         Ok((trace, label))
     }
 
@@ -323,16 +296,7 @@ impl SimulateArgs {
             max_num_seqs: self.max_num_seqs,
             max_num_batched_tokens: self.max_num_batched_tokens,
             max_model_len: self.max_model_len,
-            timing: StepTiming {
-                prefill_a: self.prefill_a,
-                prefill_b: self.prefill_b,
-                prefill_c: self.prefill_c,
-                decode_a: self.decode_a,
-                decode_b: self.decode_b,
-                decode_c: self.decode_c,
-                min_decode_ms: self.min_decode_ms,
-                speedup: self.speedup,
-            },
+            timing: self.timing.step_timing(self.speedup),
             seed: self.seed,
             ..EngineConfig::default()
         }
