@@ -204,7 +204,7 @@ impl BenchArgs {
             }
             (None, Some(kind)) => {
                 let spec = self.synthetic_spec(kind);
-                (spec.generate()?, format!("synthetic {spec:?}"))
+                (spec.generate()?, format!("synthetic {spec}"))
             }
             (Some(_), Some(_)) => bail!("give either --trace or --synthetic, not both"),
             (None, None) => bail!("give a workload: --trace FILE or --synthetic KIND"),

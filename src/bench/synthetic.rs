@@ -69,6 +69,38 @@ pub struct SyntheticSpec {
     pub seed: u64,
 }
 
+impl std::fmt::Display for SyntheticSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.kind {
+            SyntheticKind::SharedPrefix {
+                prefixes,
+                prefix_tokens,
+                zipf_s,
+            } => write!(
+                f,
+                "shared-prefix: {prefixes} prompts of {prefix_tokens} tokens (zipf s = {zipf_s})"
+            )?,
+            SyntheticKind::MultiTurn { turns, think_s } => {
+                write!(f, "multi-turn: {turns} turns, {think_s} s think time")?
+            }
+            SyntheticKind::Unique => write!(f, "unique prompts")?,
+            SyntheticKind::HotPrefix {
+                prefix_tokens,
+                hot_fraction,
+            } => write!(
+                f,
+                "hot-prefix: {:.0} % share one {prefix_tokens}-token prefix",
+                hot_fraction * 100.0
+            )?,
+        }
+        write!(
+            f,
+            ", {} requests at {} req/s, ~{} own input and {} output tokens, seed {}",
+            self.requests, self.rate, self.input_tokens, self.output_tokens, self.seed
+        )
+    }
+}
+
 /// Why a synthetic workload cannot be generated.
 #[derive(Debug, Error)]
 #[error("invalid synthetic workload: {0}")]
