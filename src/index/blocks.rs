@@ -2,8 +2,8 @@
 //! per-worker map from engine block ids to kvroute hashes.
 //!
 //! Layout (per (block, worker) pair, see `benches/index.rs` for measured bytes):
-//! - `pages[p]`: kvroute hash → set of workers `32p..32p+31` holding it. One 12-byte slot per
-//!   block, shared by every worker holding it, so with ≤ 32 workers a lookup makes one probe
+//! - `pages[p]`: kvroute hash → set of workers `32p..32p+31` holding it. One 12-byte slot
+//!   (12.8 bytes with its share of a 64-byte bucket) per block, shared by every worker holding it, so with ≤ 32 workers a lookup makes one probe
 //!   per block.
 //! - `workers[w].engine`: mixed engine id → kvroute hash, 16 bytes per pair; needed because
 //!   BlockRemoved and the parent of BlockStored name blocks by the engine's opaque id.
@@ -31,13 +31,14 @@ use super::worker::{Bits, PAGE_WORKERS, WorkerIdx, workers_in};
 use crate::kv_events::EngineHash;
 use crate::tokens::BlockHash;
 
-/// How many blocks ahead updates prefetch table slots. The inserts of a run are independent,
-/// so keeping several cache misses in flight hides most of their latency.
-const PREFETCH_AHEAD: usize = 16;
+/// How many blocks ahead updates prefetch table buckets. The inserts of a run are independent,
+/// so keeping several cache misses in flight hides most of their latency; measured 16 was
+/// slower than 8 or 4 (two tables × 16 lines overfill the CPU's outstanding-miss slots).
+const PREFETCH_AHEAD: usize = 8;
 /// How many blocks ahead lookups prefetch (measured: 8 and 32 were slower on this machine).
 const LOOKUP_AHEAD: usize = 16;
-/// Cache lines prefetched per insertion or removal (a lookup prefetches one).
-const UPDATE_LINES: usize = 2;
+/// Buckets (cache lines) prefetched per insertion or removal: one holds nearly every probe.
+const UPDATE_LINES: usize = 1;
 
 #[derive(Clone)]
 struct WorkerBlocks {
@@ -147,6 +148,13 @@ impl BlockMap {
             self.pages.resize_with(page + 1, Table::default);
         }
         self.worker_mut(worker);
+        // The first blocks of the run are fetched up front; the loop fetches the rest ahead.
+        for (id, block) in ids.iter().zip(blocks).take(PREFETCH_AHEAD) {
+            self.workers[worker.0 as usize]
+                .engine
+                .prefetch(mix(id.0), UPDATE_LINES);
+            self.pages[page].prefetch(block.0, UPDATE_LINES);
+        }
         let mut added = 0;
         for (i, (id, block)) in ids.iter().zip(blocks).enumerate() {
             if let (Some(a), Some(b)) =
