@@ -26,7 +26,7 @@
 //! BlockRemoved events are the primary way entries leave, the bound is a safety net).
 
 use super::overlaps::Overlaps;
-use super::table::{Growth, Table, mix};
+use super::table::{Table, mix};
 use super::worker::{Bits, PAGE_WORKERS, WorkerIdx, workers_in};
 use crate::kv_events::EngineHash;
 use crate::tokens::BlockHash;
@@ -40,23 +40,12 @@ const LOOKUP_AHEAD: usize = 16;
 /// Buckets (cache lines) prefetched per insertion or removal: one holds nearly every probe.
 const UPDATE_LINES: usize = 1;
 
-#[derive(Clone)]
+#[derive(Clone, Default)]
 struct WorkerBlocks {
     /// Mixed engine id → kvroute hash.
     engine: Table<u64>,
     /// Where the next eviction sweep of this worker starts.
     evict_hand: usize,
-}
-
-impl Default for WorkerBlocks {
-    fn default() -> Self {
-        // Lookups never read engine maps, and they are the larger half of the memory: keep
-        // them dense. Block pages stay on fast growth: every lookup probe pays for their load.
-        WorkerBlocks {
-            engine: Table::with_capacity(0, Growth::Compact),
-            evict_hand: 0,
-        }
-    }
 }
 
 /// Which worker holds which block; not synchronised (see [`super::KvIndex`]).
@@ -221,7 +210,7 @@ impl BlockMap {
         let Some(wb) = self.workers.get_mut(worker.0 as usize) else {
             return 0;
         };
-        let engine = std::mem::replace(&mut wb.engine, Table::with_capacity(0, Growth::Compact));
+        let engine = std::mem::take(&mut wb.engine);
         wb.evict_hand = 0;
         let n = engine.len();
         for (_, block) in engine.iter() {
