@@ -61,7 +61,7 @@ pub(crate) trait Slots<V>: Copy {
     fn set(&mut self, i: usize, key: u64, val: V);
     /// Overwrites the value of slot `i`.
     fn set_val(&mut self, i: usize, val: V);
-    /// The slot holding `key` (non-zero), and whether the bucket has a free slot.
+    /// The slot holding `key` (non-zero), or else whether the bucket has a free slot.
     fn find(&self, key: u64) -> (Option<usize>, bool);
     /// The first free slot.
     fn free(&self) -> Option<usize>;
@@ -101,17 +101,12 @@ impl<V: Copy + Default, const N: usize> Slots<V> for Bucket<V, N> {
 
     #[inline]
     fn find(&self, key: u64) -> (Option<usize>, bool) {
-        // Compare every slot without early exits: N is small and fixed, so this unrolls into
-        // straight-line compares on one cache line.
-        let mut found = None;
-        let mut free = false;
-        for (i, k) in self.keys.iter().enumerate() {
-            if *k == key {
-                found = Some(i);
-            }
-            free |= *k == 0;
+        // Stop at the match: most searches are hits in the home bucket (a lookup's blocks),
+        // and the free-slot check matters only for a miss.
+        if let Some(i) = self.keys.iter().position(|k| *k == key) {
+            return (Some(i), false);
         }
-        (found, free)
+        (None, self.keys.contains(&0))
     }
 
     #[inline]
