@@ -2,8 +2,8 @@
 //! per-worker map from engine block ids to kvroute hashes.
 //!
 //! Layout (per (block, worker) pair, see `benches/index.rs` for measured bytes):
-//! - `pages[p]`: kvroute hash → set of workers `32p..32p+31` holding it. One 12-byte slot per
-//!   block, shared by every worker holding it, so with ≤ 32 workers a lookup makes one probe
+//! - `pages[p]`: kvroute hash → set of workers `32p..32p+31` holding it. One 12-byte slot
+//!   (12.8 bytes with its share of a 64-byte bucket) per block, shared by every worker holding it, so with ≤ 32 workers a lookup makes one probe
 //!   per block.
 //! - `workers[w].engine`: mixed engine id → kvroute hash, 16 bytes per pair; needed because
 //!   BlockRemoved and the parent of BlockStored name blocks by the engine's opaque id.
@@ -26,36 +26,26 @@
 //! BlockRemoved events are the primary way entries leave, the bound is a safety net).
 
 use super::overlaps::Overlaps;
-use super::table::{Growth, Table, mix};
+use super::table::{Table, mix};
 use super::worker::{Bits, PAGE_WORKERS, WorkerIdx, workers_in};
 use crate::kv_events::EngineHash;
 use crate::tokens::BlockHash;
 
-/// How many blocks ahead updates prefetch table slots. The inserts of a run are independent,
-/// so keeping several cache misses in flight hides most of their latency.
-const PREFETCH_AHEAD: usize = 16;
+/// How many blocks ahead updates prefetch table buckets. The inserts of a run are independent,
+/// so keeping several cache misses in flight hides most of their latency; measured 16 was
+/// slower than 8 or 4 (two tables × 16 lines overfill the CPU's outstanding-miss slots).
+const PREFETCH_AHEAD: usize = 8;
 /// How many blocks ahead lookups prefetch (measured: 8 and 32 were slower on this machine).
 const LOOKUP_AHEAD: usize = 16;
-/// Cache lines prefetched per insertion or removal (a lookup prefetches one).
-const UPDATE_LINES: usize = 2;
+/// Buckets (cache lines) prefetched per insertion or removal: one holds nearly every probe.
+const UPDATE_LINES: usize = 1;
 
-#[derive(Clone)]
+#[derive(Clone, Default)]
 struct WorkerBlocks {
     /// Mixed engine id → kvroute hash.
     engine: Table<u64>,
     /// Where the next eviction sweep of this worker starts.
     evict_hand: usize,
-}
-
-impl Default for WorkerBlocks {
-    fn default() -> Self {
-        // Lookups never read engine maps, and they are the larger half of the memory: keep
-        // them dense. Block pages stay on fast growth: every lookup probe pays for their load.
-        WorkerBlocks {
-            engine: Table::with_capacity(0, Growth::Compact),
-            evict_hand: 0,
-        }
-    }
 }
 
 /// Which worker holds which block; not synchronised (see [`super::KvIndex`]).
@@ -147,6 +137,13 @@ impl BlockMap {
             self.pages.resize_with(page + 1, Table::default);
         }
         self.worker_mut(worker);
+        // The first blocks of the run are fetched up front; the loop fetches the rest ahead.
+        for (id, block) in ids.iter().zip(blocks).take(PREFETCH_AHEAD) {
+            self.workers[worker.0 as usize]
+                .engine
+                .prefetch(mix(id.0), UPDATE_LINES);
+            self.pages[page].prefetch(block.0, UPDATE_LINES);
+        }
         let mut added = 0;
         for (i, (id, block)) in ids.iter().zip(blocks).enumerate() {
             if let (Some(a), Some(b)) =
@@ -213,7 +210,7 @@ impl BlockMap {
         let Some(wb) = self.workers.get_mut(worker.0 as usize) else {
             return 0;
         };
-        let engine = std::mem::replace(&mut wb.engine, Table::with_capacity(0, Growth::Compact));
+        let engine = std::mem::take(&mut wb.engine);
         wb.evict_hand = 0;
         let n = engine.len();
         for (_, block) in engine.iter() {
