@@ -312,7 +312,7 @@ async fn a_failing_worker_trips_its_breaker_and_is_probed_later() {
     let r = start_router(&router_config(
         "round_robin",
         &[(bad.url(), vec!["m"]), (good.url(), vec!["m"])],
-        "[proxy]\nbreaker_failures = 2\nbreaker_open_s = 0.5\nretry_budget_min_per_s = 100\n",
+        "[proxy]\nbreaker_failures = 2\nbreaker_open_s = 2.0\nretry_budget_min_per_s = 100\n",
     ))
     .await;
     let c = client();
@@ -340,7 +340,7 @@ async fn a_failing_worker_trips_its_breaker_and_is_probed_later() {
         "{metrics}"
     );
     // After the open period one probe goes through; it fails again, so the circuit reopens.
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    tokio::time::sleep(Duration::from_millis(2100)).await;
     for _ in 0..4 {
         c.post(&url)
             .json(&json!({"model": "m", "prompt": "x"}))
@@ -351,7 +351,7 @@ async fn a_failing_worker_trips_its_breaker_and_is_probed_later() {
     assert_eq!(bad.count(), 3, "exactly one probe");
     // The worker recovers: the next probe closes the circuit.
     bad.set(|x| x.fail_status = None);
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    tokio::time::sleep(Duration::from_millis(2100)).await;
     for _ in 0..6 {
         c.post(&url)
             .json(&json!({"model": "m", "prompt": "x"}))
