@@ -19,57 +19,8 @@ use kvroute::tokens::ModelTokens;
 use kvroute::tokens::model::{DEFAULT_CACHE_UNITS, hash_seed};
 use serde_json::json;
 
-const WORDS: &[&str] = &[
-    "the",
-    "router",
-    "caches",
-    "blocks",
-    "of",
-    "tokens",
-    "and",
-    "routes",
-    "requests",
-    "to",
-    "workers",
-    "holding",
-    "their",
-    "longest",
-    "prefix,",
-    "unless",
-    "queues",
-    "cost",
-    "more;",
-    "prefill",
-    "latency",
-    "(p99)",
-    "is",
-    "measured",
-    "in",
-    "milliseconds",
-    "—",
-    "naïve",
-    "東京",
-    "JSON",
-    "e.g.",
-    "kv-cache",
-    "scheduler",
-    "eviction",
-    "policy",
-];
-
-/// Deterministic prose of about `words` words, distinct per `seed`.
-fn prose(words: usize, seed: u64) -> String {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut s = format!("[{seed}] ");
-    for i in 0..words {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        s.push_str(WORDS[(x % WORDS.len() as u64) as usize]);
-        s.push(if i % 23 == 22 { '\n' } else { ' ' });
-    }
-    s
-}
+#[path = "common/prose.rs"]
+mod prose;
 
 fn view(system: &str, question: &str) -> RequestView {
     let body = json!({"model": "qwen3", "messages": [
@@ -119,7 +70,7 @@ fn benches(c: &mut Criterion) {
         ("seen_system_prompt_new_500_token_question", 5_600, 380),
         ("seen_system_prompt_new_2000_token_question", 4_500, 1_500),
     ] {
-        let system = prose(system_words, 1);
+        let system = prose::words(system_words, 1);
         // Seen before: the system prompt's piece is cached, and worker 3 holds its blocks.
         let first = view(&system, "warm-up question");
         let ids = model.prompt_ids(&first).expect("tokenizes");
@@ -135,7 +86,7 @@ fn benches(c: &mut Criterion) {
                 || {
                     view(
                         &system,
-                        &prose(question_words, n.fetch_add(1, Ordering::Relaxed)),
+                        &prose::words(question_words, n.fetch_add(1, Ordering::Relaxed)),
                     )
                 },
                 |v| black_box(decide(&model, &holdings, &policy, &v)),

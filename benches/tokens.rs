@@ -16,66 +16,14 @@ use kvroute::tokens::model::{DEFAULT_CACHE_UNITS, hash_seed};
 use kvroute::tokens::{ChatRequest, ModelTokens};
 use serde_json::{Value, json};
 
-const WORDS: &[&str] = &[
-    "the",
-    "router",
-    "caches",
-    "blocks",
-    "of",
-    "tokens",
-    "and",
-    "routes",
-    "requests",
-    "to",
-    "workers",
-    "holding",
-    "their",
-    "longest",
-    "prefix,",
-    "unless",
-    "queues",
-    "cost",
-    "more;",
-    "prefill",
-    "throughput",
-    "latency",
-    "(p99)",
-    "is",
-    "measured",
-    "in",
-    "milliseconds",
-    "—",
-    "Überprüfung",
-    "naïve",
-    "東京",
-    "2026-11-29",
-    "x86_64",
-    "JSON",
-    "{\"k\":",
-    "1}",
-    "e.g.",
-    "kv-cache",
-    "scheduler",
-    "preemption",
-    "eviction",
-    "LRU",
-    "policy",
-    "assistant",
-    "user",
-];
+#[path = "common/prose.rs"]
+mod prose;
 
-/// Deterministic prose of about `tokens` Qwen3 tokens, distinct per `seed`.
+/// Deterministic prose of at least `tokens` Qwen3 tokens, distinct per `seed`.
 fn prose(model: &ModelTokens, tokens: usize, seed: u64) -> String {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut s = format!("[{seed}] ");
+    let mut words = tokens / 2;
     loop {
-        for i in 0..200 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            s.push_str(WORDS[(x % WORDS.len() as u64) as usize]);
-            s.push(if i % 23 == 22 { '\n' } else { ' ' });
-        }
+        let s = prose::words(words, seed);
         if model
             .tokenizer()
             .encode(&s)
@@ -85,6 +33,7 @@ fn prose(model: &ModelTokens, tokens: usize, seed: u64) -> String {
         {
             return s;
         }
+        words += words / 4 + 1;
     }
 }
 
