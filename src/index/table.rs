@@ -173,23 +173,25 @@ unsafe impl Value for u64 {
 
 /// `n` empty buckets.
 ///
-/// Zeroed memory: large allocations come from fresh kernel pages that are already zero, so
-/// growing a table does not write it twice. Large tables are probed at random, so with 4 KiB
-/// pages nearly every probe also misses the TLB; they ask for 2 MiB pages where the kernel
-/// allows them.
+/// Large tables are probed at random, so with 4 KiB pages nearly every probe also misses the
+/// TLB; they ask for 2 MiB pages where the kernel allows them. The advice must come before the
+/// memory is first written: pages the zeroing has already faulted in stay 4 KiB ones (zeroing
+/// first, as `alloc_zeroed` does for 64-byte-aligned layouts, left these tables on small pages).
 fn empty_buckets<B>(n: usize) -> Vec<B> {
     let layout = match std::alloc::Layout::array::<B>(n) {
         Ok(l) if l.size() > 0 => l,
         _ => return Vec::new(),
     };
     // SAFETY: the layout has a non-zero size.
-    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<B>();
+    let ptr = unsafe { std::alloc::alloc(layout) }.cast::<B>();
     if ptr.is_null() {
         std::alloc::handle_alloc_error(layout);
     }
     if layout.size() >= HUGE_PAGE_TABLE {
         advise_huge_pages(ptr as usize, layout.size());
     }
+    // SAFETY: `ptr` is valid for writes of `layout.size()` bytes, just allocated.
+    unsafe { std::ptr::write_bytes(ptr.cast::<u8>(), 0, layout.size()) };
     // SAFETY: allocated by the global allocator with exactly the layout of a `Vec` of capacity
     // `n`; all `n` buckets are initialised, since all-zero is an empty bucket (`Value`: `u64`
     // keys of 0 and default values). Only called with `B = V::Bucket`.
