@@ -921,7 +921,7 @@ async fn slow_loris_body_is_cut_off() {
 /// (and its memory) forever: it answers or closes within a bounded time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_loris_headers_are_cut_off() {
-    let s = setup("[proxy]\nbody_read_timeout_s = 1.0\n").await;
+    let s = setup("[proxy]\nbody_read_timeout_s = 1.0\nheader_read_timeout_s = 3.0\n").await;
     let head = String::from("POST ");
     let trickle: Vec<Vec<u8>> = format!(
         "{COMPLETIONS} HTTP/1.1\r\nhost: x\r\nx-slow: {}\r\n",

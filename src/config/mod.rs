@@ -382,7 +382,7 @@ impl Config {
         let header_read_timeout = seconds(
             "proxy.header_read_timeout_s",
             file.proxy.header_read_timeout_s,
-            10.0,
+            75.0,
             0.001,
         )?;
         let body_read_timeout = seconds(
