@@ -289,14 +289,7 @@ async fn over_capacity_requests_get_429_with_retry_after() {
         .await
         .unwrap();
     assert_eq!(third.status(), 200);
-    let metrics = c
-        .get(format!("http://{}/metrics", r.addr))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(r.addr).await;
     assert!(
         metrics.contains(r#"kvroute_rejected_total{reason="queue_full"} 1"#),
         "{metrics}"
@@ -327,14 +320,7 @@ async fn a_failing_worker_trips_its_breaker_and_is_probed_later() {
         assert_eq!(resp.status(), 200, "retried on the good worker");
     }
     assert_eq!(bad.count(), 2, "open after two failures, then skipped");
-    let metrics = c
-        .get(format!("http://{}/metrics", r.addr))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(r.addr).await;
     assert!(
         metrics.contains(r#"kvroute_worker_circuit_state{worker="w0"} 1"#),
         "{metrics}"
@@ -444,24 +430,12 @@ async fn the_retry_budget_stops_retry_storms() {
     .await;
     let c = client();
     for _ in 0..10 {
-        let resp = c
-            .post(format!("http://{}/v1/completions", r.addr))
-            .json(&json!({"model": "m", "prompt": "x"}))
-            .send()
-            .await
-            .unwrap();
+        let resp = complete(&c, r.addr, &json!({"model": "m", "prompt": "x"})).await;
         assert_eq!(resp.status(), 500, "the worker's own error is passed on");
     }
     // 0.2 retries/s over a 10 s window: two retries, then none.
     assert_eq!(x.count() + y.count(), 12);
-    let metrics = c
-        .get(format!("http://{}/metrics", r.addr))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(r.addr).await;
     assert!(
         metrics.contains("kvroute_retries_denied_total 8"),
         "{metrics}"
@@ -480,11 +454,7 @@ async fn a_dead_worker_loses_its_index_entries_and_comes_back_cold() {
     .await;
     let c = client();
     let prompt: String = (0..200).map(|i| format!(" w{i}")).collect();
-    c.post(format!("http://{}/v1/completions", r.addr))
-        .json(&json!({"model": "m", "prompt": prompt}))
-        .send()
-        .await
-        .unwrap();
+    complete(&c, r.addr, &json!({"model": "m", "prompt": prompt})).await;
     let w = r.state.fleet.get("w0").unwrap();
     let predicted = || {
         r.state

@@ -82,12 +82,7 @@ async fn distribution(policy: &str, n: usize, requests: usize) -> Vec<usize> {
     let r = start_router(&router_config(policy, &workers, "seed = 42")).await;
     let c = client();
     for _ in 0..requests {
-        let resp = c
-            .post(format!("http://{}/v1/completions", r.addr))
-            .json(&serde_json::json!({"model":"m","prompt":"x"}))
-            .send()
-            .await
-            .unwrap();
+        let resp = complete(&c, r.addr, &serde_json::json!({"model":"m","prompt":"x"})).await;
         assert_eq!(resp.status(), 200);
         resp.bytes().await.unwrap();
     }
@@ -346,12 +341,7 @@ async fn no_eligible_or_reachable_worker() {
         "[health]\ninterval_s = 3600",
     ))
     .await;
-    let resp = c
-        .post(format!("http://{}/v1/completions", r.addr))
-        .json(&serde_json::json!({"model":"m","prompt":"x"}))
-        .send()
-        .await
-        .unwrap();
+    let resp = complete(&c, r.addr, &serde_json::json!({"model":"m","prompt":"x"})).await;
     // Either the first health check or the failed connect marks it unhealthy: 502 or 503.
     let status = resp.status().as_u16();
     assert!(status == 502 || status == 503, "{status}");
@@ -386,14 +376,7 @@ async fn client_disconnect_cancels_upstream_and_releases_load() {
     );
     assert_eq!(w.load.snapshot().queued_prefill_tokens, 0);
     assert_eq!(b.state.streams_completed.load(Ordering::SeqCst), 0);
-    let metrics = client()
-        .get(format!("http://{}/metrics", r.addr))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(r.addr).await;
     assert!(
         metrics.contains(r#"kvroute_requests_total{model="m",status="cancelled",worker="w0"} 1"#),
         "{metrics}"
@@ -414,12 +397,7 @@ async fn a_5xx_before_the_first_byte_is_retried_on_another_worker() {
     .await;
     let c = client();
     for _ in 0..4 {
-        let resp = c
-            .post(format!("http://{}/v1/completions", r.addr))
-            .json(&serde_json::json!({"model":"m","prompt":"x"}))
-            .send()
-            .await
-            .unwrap();
+        let resp = complete(&c, r.addr, &serde_json::json!({"model":"m","prompt":"x"})).await;
         assert_eq!(resp.status(), 200);
         assert_eq!(resp.headers()["x-kvroute-worker"], "w1");
         resp.bytes().await.unwrap();
@@ -428,14 +406,7 @@ async fn a_5xx_before_the_first_byte_is_retried_on_another_worker() {
     let failed = bad.count();
     assert!(failed >= 1);
     assert_eq!(good.count(), 4);
-    let metrics = c
-        .get(format!("http://{}/metrics", r.addr))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(r.addr).await;
     assert!(
         metrics.contains(&format!(
             r#"kvroute_retries_total{{reason="status_5xx"}} {failed}"#
@@ -465,12 +436,7 @@ async fn connect_failure_is_retried_on_another_worker() {
     r.state.fleet.get("w0").unwrap().set_healthy(true);
     let c = client();
     for _ in 0..2 {
-        let resp = c
-            .post(format!("http://{}/v1/completions", r.addr))
-            .json(&serde_json::json!({"model":"m","prompt":"x"}))
-            .send()
-            .await
-            .unwrap();
+        let resp = complete(&c, r.addr, &serde_json::json!({"model":"m","prompt":"x"})).await;
         assert_eq!(resp.status(), 200);
         assert_eq!(resp.headers()["x-kvroute-worker"], "w1");
     }
@@ -525,14 +491,7 @@ async fn metrics_move_with_traffic() {
             .send().await.unwrap();
         resp.bytes().await.unwrap();
     }
-    let text = c
-        .get(format!("http://{}/metrics", r.addr))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics_text(r.addr).await;
     assert!(
         text.contains(r#"kvroute_requests_total{model="m",status="200",worker="w0"} 3"#),
         "{text}"

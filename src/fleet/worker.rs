@@ -107,6 +107,8 @@ pub struct Worker {
     pub spec: WorkerSpec,
     /// Dense number of the worker, stable for its lifetime in the fleet (index key).
     pub slot: u32,
+    /// The id, shared cheaply with every routing decision's candidates.
+    pub label: Arc<str>,
     /// Router-side load.
     pub load: Arc<Load>,
     /// Passive failure detection from live traffic.
@@ -145,6 +147,7 @@ impl Worker {
         on_down: Option<DownHook>,
     ) -> Worker {
         Worker {
+            label: spec.id.as_str().into(),
             spec,
             slot,
             load: Arc::new(Load::default()),

@@ -66,7 +66,7 @@ async fn explain(
         return Err(ApiError::model_not_found(&view.model));
     }
     let salt = caller.cache_salt(view.cache_salt.as_deref());
-    let analysis = route::analyse(state, &view, salt.as_deref()).await?;
+    let (analysis, view) = route::analyse(state, view, salt.as_deref()).await?;
     let (workers, candidates) = route::candidates(&eligible, &analysis, &[]);
     let decision = state.policy.choose(&analysis.request, &candidates);
     let listed: Vec<_> = candidates

@@ -125,7 +125,7 @@ async fn forward(
     }
 
     let decision_started = Instant::now();
-    let analysis = route::analyse(state, &view, salt.as_deref()).await?;
+    let (analysis, view) = route::analyse(state, view, salt.as_deref()).await?;
     let mut first_pick = true;
     let mut routed: Option<Routed> = None;
     let metrics = &state.metrics;

@@ -31,20 +31,20 @@ pub(super) struct Analysis {
 }
 
 /// Tokenizes and looks up the prompt if the policy needs it; `cache_salt` is the request's
-/// effective (tenant-namespaced) salt.
+/// effective (tenant-namespaced) salt. The view travels to the tokenizer thread and back
+/// rather than being copied (a long chat is tens of kilobytes of JSON).
 pub(super) async fn analyse(
     state: &Arc<AppState>,
-    view: &RequestView,
+    view: RequestView,
     cache_salt: Option<&str>,
-) -> Result<Analysis, ApiError> {
+) -> Result<(Analysis, RequestView), ApiError> {
     if !state.policy.uses_prefix() {
-        return Ok(Analysis::default());
+        return Ok((Analysis::default(), view));
     }
     let tokens = state.tokens.get(&view.model);
     let block_size = tokens.block_size();
     let started = Instant::now();
-    let owned_view = view.clone();
-    let ids = tokio::task::spawn_blocking(move || tokens.prompt_ids(&owned_view))
+    let (ids, view) = tokio::task::spawn_blocking(move || (tokens.prompt_ids(&view), view))
         .await
         .map_err(|e| internal(format!("tokenizer task failed: {e}")))?;
     let ids = match ids {
@@ -55,7 +55,7 @@ pub(super) async fn analyse(
         Err(e) => {
             // A tokenizer failure must not fail the request: route it on load alone.
             tracing::warn!(model = %view.model, error = %e, "cannot tokenize; routing on load only");
-            return Ok(Analysis::default());
+            return Ok((Analysis::default(), view));
         }
     };
     state
@@ -66,7 +66,7 @@ pub(super) async fn analyse(
     let seed = hash_seed(&view.model, None, cache_salt);
     let hashes = crate::tokens::block_hashes(seed, &ids, block_size);
     let overlaps = state.holdings.lookup(&hashes, state.now());
-    Ok(Analysis {
+    let analysis = Analysis {
         request: RouteRequest {
             prompt_tokens: ids.len() as u64,
             blocks: u32::try_from(hashes.len()).unwrap_or(u32::MAX),
@@ -74,7 +74,8 @@ pub(super) async fn analyse(
         },
         hashes,
         overlaps,
-    })
+    };
+    Ok((analysis, view))
 }
 
 /// The candidates among `workers` not yet `tried`, with their load and overlap.
@@ -91,7 +92,7 @@ pub(super) fn candidates<'w>(
     let candidates = picked
         .iter()
         .map(|w| Candidate {
-            id: w.id().into(),
+            id: Arc::clone(&w.label),
             slot: w.slot,
             load: w.load.snapshot(),
             overlap_blocks: analysis.overlaps.get(WorkerIdx(w.slot)),

@@ -316,3 +316,28 @@ pub async fn assert_openai_error(resp: reqwest::Response, status: u16) -> serde_
     assert!(e.get("param").is_some() && e.get("code").is_some(), "{e}");
     e
 }
+
+/// The router's Prometheus text.
+pub async fn metrics_text(addr: SocketAddr) -> String {
+    client()
+        .get(format!("http://{addr}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// `POST /v1/completions` with a JSON body.
+pub async fn complete(
+    c: &reqwest::Client,
+    addr: SocketAddr,
+    body: &serde_json::Value,
+) -> reqwest::Response {
+    c.post(format!("http://{addr}/v1/completions"))
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
