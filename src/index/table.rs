@@ -147,55 +147,45 @@ impl<V: Value> Default for Table<V> {
 const HUGE_PAGE_TABLE: usize = 4 << 20;
 const HUGE_PAGE: usize = 2 << 20;
 
-/// A value type whose all-zero bytes are its default, so a table of empty buckets can come
-/// straight from zeroed memory; it names the bucket shape that fills a cache line.
-///
-/// # Safety
-/// The all-zero bit pattern must be a valid value equal to `Self::default()`, and `Bucket`
-/// must consist of `u64` keys and `Self` values only (so all-zero is an empty bucket).
-pub(crate) unsafe trait Value: Copy + Default {
+/// A value type the table stores; it names the bucket shape that fills one cache line.
+pub(crate) trait Value: Copy + Default {
     /// The 64-byte bucket of this value type.
     type Bucket: Slots<Self>;
 }
 
-// SAFETY: zero is a valid integer and its default; 7 × 8 + 7 bytes fill one line.
-unsafe impl Value for u8 {
+/// 7 × 8 + 7 bytes fill one line.
+impl Value for u8 {
     type Bucket = Bucket<u8, 7>;
 }
-// SAFETY: as above; 5 × 8 + 5 × 4 = 60 bytes.
-unsafe impl Value for u32 {
+/// 5 × 8 + 5 × 4 = 60 bytes.
+impl Value for u32 {
     type Bucket = Bucket<u32, 5>;
 }
-// SAFETY: as above; 4 × 8 + 4 × 8 = 64 bytes.
-unsafe impl Value for u64 {
+/// 4 × 8 + 4 × 8 = 64 bytes.
+impl Value for u64 {
     type Bucket = Bucket<u64, 4>;
 }
 
-/// `n` empty buckets.
+/// An empty vector with room for `n` buckets, none of them written yet.
 ///
 /// Large tables are probed at random, so with 4 KiB pages nearly every probe also misses the
 /// TLB; they ask for 2 MiB pages where the kernel allows them. The advice must come before the
-/// memory is first written: pages the zeroing has already faulted in stay 4 KiB ones (zeroing
-/// first, as `alloc_zeroed` does for 64-byte-aligned layouts, left these tables on small pages).
-fn empty_buckets<B>(n: usize) -> Vec<B> {
-    let layout = match std::alloc::Layout::array::<B>(n) {
-        Ok(l) if l.size() > 0 => l,
-        _ => return Vec::new(),
-    };
-    // SAFETY: the layout has a non-zero size.
-    let ptr = unsafe { std::alloc::alloc(layout) }.cast::<B>();
-    if ptr.is_null() {
-        std::alloc::handle_alloc_error(layout);
+/// memory is first written: pages already faulted in stay 4 KiB ones (zeroing first, as
+/// `alloc_zeroed` does for 64-byte-aligned layouts, left these tables on small pages).
+fn reserve_buckets<B>(n: usize) -> Vec<B> {
+    let buckets = Vec::with_capacity(n);
+    let bytes = n * size_of::<B>();
+    if bytes >= HUGE_PAGE_TABLE {
+        advise_huge_pages(buckets.as_ptr() as usize, bytes);
     }
-    if layout.size() >= HUGE_PAGE_TABLE {
-        advise_huge_pages(ptr as usize, layout.size());
-    }
-    // SAFETY: `ptr` is valid for writes of `layout.size()` bytes, just allocated.
-    unsafe { std::ptr::write_bytes(ptr.cast::<u8>(), 0, layout.size()) };
-    // SAFETY: allocated by the global allocator with exactly the layout of a `Vec` of capacity
-    // `n`; all `n` buckets are initialised, since all-zero is an empty bucket (`Value`: `u64`
-    // keys of 0 and default values). Only called with `B = V::Bucket`.
-    unsafe { Vec::from_raw_parts(ptr, n, n) }
+    buckets
+}
+
+/// `n` empty buckets.
+fn empty_buckets<B: Copy>(n: usize, empty: B) -> Vec<B> {
+    let mut buckets = reserve_buckets(n);
+    buckets.resize(n, empty);
+    buckets
 }
 
 #[cfg(target_os = "linux")]
@@ -214,6 +204,24 @@ fn advise_huge_pages(addr: usize, bytes: usize) {
 
 #[cfg(not(target_os = "linux"))]
 fn advise_huge_pages(_addr: usize, _bytes: usize) {}
+
+/// Appends empty buckets up to `len`. Past the reserved room (only a final run that outgrew the
+/// slack region gets there) capacity grows in steps of 1/64 of the table, so a tail lengthened
+/// again and again neither doubles the memory, as `Vec`'s own growth would, nor copies it
+/// every time.
+fn extend_to<B: Slots<V>, V>(buckets: &mut Vec<B>, len: usize) {
+    if len > buckets.capacity() {
+        let step = (len - buckets.len()).max(SLACK).max(buckets.len() / 64);
+        buckets.reserve_exact(step);
+    }
+    buckets.resize(len, B::empty());
+}
+
+/// The home bucket of `key` among `capacity` home buckets: monotone in the key.
+#[inline]
+fn home_in(key: u64, capacity: usize) -> usize {
+    ((key as u128 * capacity as u128) >> 64) as usize
+}
 
 /// Hints the CPU to fetch the cache line at `p`.
 #[inline]
@@ -234,7 +242,7 @@ impl<V: Value> Table<V> {
     pub(crate) fn with_capacity(n: usize) -> Self {
         let capacity = (n * LOAD_DEN / LOAD_NUM / V::Bucket::N + 1).max(MIN_BUCKETS);
         Table {
-            buckets: empty_buckets(capacity + SLACK),
+            buckets: empty_buckets(capacity + SLACK, V::Bucket::empty()),
             capacity,
             len: 0,
             zero: None,
@@ -259,7 +267,7 @@ impl<V: Value> Table<V> {
     /// The bucket where the search for `key` starts.
     #[inline]
     pub(crate) fn home(&self, key: u64) -> usize {
-        ((key as u128 * self.capacity as u128) >> 64) as usize
+        home_in(key, self.capacity)
     }
 
     /// Hints the CPU to fetch `lines` buckets from `key`'s home bucket on: one covers nearly
@@ -356,16 +364,10 @@ impl<V: Value> Table<V> {
         }
     }
 
-    /// Adds [`SLACK`] empty buckets at the end, reserving capacity in steps of 1/64 of the
-    /// table so repeated lengthening neither doubles the memory nor copies it every time.
+    /// Adds [`SLACK`] empty buckets at the end.
     fn lengthen_tail(&mut self) {
-        let spare = self.buckets.capacity() - self.buckets.len();
-        if spare < SLACK {
-            self.buckets
-                .reserve_exact(SLACK.max(self.buckets.len() / 64));
-        }
-        self.buckets
-            .resize(self.buckets.len() + SLACK, V::Bucket::empty());
+        let len = self.buckets.len() + SLACK;
+        extend_to(&mut self.buckets, len);
     }
 
     /// Stores `val` for `key`, returning the previous value.
@@ -490,30 +492,39 @@ impl<V: Value> Table<V> {
     }
 
     fn rebuild(&mut self, capacity: usize) {
-        let mut next = Table {
-            buckets: empty_buckets(capacity + SLACK),
-            capacity,
-            len: 0,
-            zero: self.zero,
-        };
         // Homes are monotone in the key in both tables, so walking the old buckets in order
-        // fills the new ones roughly in order too: both stream through the cache.
+        // fills the new ones nearly in order too: both stream through the cache. The new
+        // buckets are zeroed just ahead of the fill instead of in a pass of their own, since a
+        // table larger than the cache would be written to memory twice, and growth is
+        // bandwidth-bound. Keys are distinct, so a moved entry takes the first free slot from
+        // its home without comparing keys.
+        let mut buckets: Vec<V::Bucket> = reserve_buckets(capacity + SLACK);
         for old in &self.buckets {
             for i in 0..V::Bucket::N {
-                let k = old.key(i);
-                if k != 0 {
-                    let v = old.val(i);
-                    let (b, i) = loop {
-                        match next.find_or_make_slot(k) {
-                            Some((b, i, _)) => break (b, i),
-                            None => next.lengthen_tail(),
-                        }
-                    };
-                    next.buckets[b].set_val(i, v);
+                let key = old.key(i);
+                if key == 0 {
+                    continue;
+                }
+                let mut b = home_in(key, capacity);
+                loop {
+                    if buckets.len() <= b {
+                        extend_to(&mut buckets, b + 1);
+                    }
+                    if let Some(slot) = buckets[b].free() {
+                        buckets[b].set(slot, key, old.val(i));
+                        break;
+                    }
+                    b += 1;
                 }
             }
         }
-        *self = next;
+        // A final run that spilled past the slack region left the vector longer: that is the
+        // lengthened tail `upsert` would have made.
+        if buckets.len() < capacity + SLACK {
+            extend_to(&mut buckets, capacity + SLACK);
+        }
+        self.buckets = buckets;
+        self.capacity = capacity;
     }
 }
 
@@ -588,6 +599,18 @@ mod tests {
             assert_eq!(t.get(u64::MAX - i), Some(i));
         }
         assert_eq!(t.len(), 2499);
+        // The rebuilt tail is sized to the run, not doubled: compared with the same number of
+        // spread keys, the crowded keys cost at most their own buckets and some slack.
+        let mut spread: Table<u64> = Table::with_capacity(1000);
+        for i in 1..2500u64 {
+            spread.insert(mix(i), i);
+        }
+        assert!(
+            t.heap_bytes() <= spread.heap_bytes() + (500 / 4 + 2 * SLACK) * 64,
+            "{} vs {}",
+            t.heap_bytes(),
+            spread.heap_bytes()
+        );
     }
 
     #[test]
