@@ -129,9 +129,12 @@ impl KvIndex {
     /// Applies one decoded event batch from `worker`. `seeds` maps a chain's cache salt and
     /// LoRA name to its hash seed (see [`SeedFor`]).
     ///
-    /// The batch's `dp_rank` is not interpreted: a data-parallel engine whose ranks keep
-    /// separate caches is several workers, and `fleet` gives each (worker, rank) its own
-    /// [`WorkerIdx`]. Batches of one worker must be applied in sequence order.
+    /// The batch's `dp_rank` is not interpreted: everything one event stream publishes is
+    /// taken as one cache. The ranks of a data-parallel engine keep separate caches and publish
+    /// on separate endpoints (vLLM offsets the port by the rank), and the router can only
+    /// choose between them if each rank is its own URL, so such ranks are configured as
+    /// separate workers (external load balancing). Batches of one worker must be applied in
+    /// sequence order.
     pub fn apply(&self, worker: WorkerIdx, batch: &EventBatch, seeds: &impl SeedFor) -> Applied {
         let mut applied = Applied::default();
         let mut scratch = Vec::with_capacity(512);
