@@ -12,7 +12,7 @@ use futures_util::StreamExt;
 #[tokio::test]
 async fn body_is_forwarded_byte_for_byte_and_worker_is_named() {
     let b = Backend::start("a", &["m"]).await;
-    let r = start_router(&router_config("round_robin", &[(b.url(), vec!["m"])], "")).await;
+    let r = start_router_over("round_robin", &[&b], "").await;
     // Odd spacing, key order, unicode escapes and unknown fields must all survive.
     let body = "{ \"prompt\":\"h\\u00e9llo\",  \"model\" : \"m\", \"x_unknown\": {\"deep\":[1,2.50]}, \"max_tokens\":3 }";
     let resp = client()
@@ -41,7 +41,7 @@ async fn sse_arrives_chunk_by_chunk() {
         x.chunks = 3;
         x.hold_last_chunk = true;
     });
-    let r = start_router(&router_config("round_robin", &[(b.url(), vec!["m"])], "")).await;
+    let r = start_router_over("round_robin", &[&b], "").await;
     let resp = client()
         .post(format!("http://{}/v1/chat/completions", r.addr))
         .json(&serde_json::json!({"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}))
@@ -110,12 +110,7 @@ async fn least_request_avoids_the_busy_worker() {
     let idle = Backend::start("idle", &["m"]).await;
     busy.set(|x| x.hold_last_chunk = true);
     idle.set(|x| x.hold_last_chunk = true);
-    let r = start_router(&router_config(
-        "least_request",
-        &[(busy.url(), vec!["m"]), (idle.url(), vec!["m"])],
-        "",
-    ))
-    .await;
+    let r = start_router_over("least_request", &[&busy, &idle], "").await;
     let c = client();
     let url = format!("http://{}/v1/completions", r.addr);
     // Two held streams occupy both workers once; then a third goes to one of them.
@@ -217,12 +212,7 @@ async fn requests_go_only_to_workers_serving_the_model() {
 #[tokio::test]
 async fn bad_requests_get_openai_errors() {
     let b = Backend::start("a", &["m"]).await;
-    let r = start_router(&router_config(
-        "round_robin",
-        &[(b.url(), vec!["m"])],
-        "max_body_bytes = 4096",
-    ))
-    .await;
+    let r = start_router_over("round_robin", &[&b], "max_body_bytes = 4096").await;
     let c = client();
     let base = format!("http://{}", r.addr);
     let post = |path: &str, body: String| {
@@ -298,12 +288,7 @@ async fn bad_requests_get_openai_errors() {
 async fn no_eligible_or_reachable_worker() {
     let b = Backend::start("a", &["m"]).await;
     b.set(|x| x.health_status = 503);
-    let r = start_router(&router_config(
-        "round_robin",
-        &[(b.url(), vec!["m"])],
-        "[health]\ninterval_s = 0.05",
-    ))
-    .await;
+    let r = start_router_over("round_robin", &[&b], "[health]\ninterval_s = 0.05").await;
     let c = client();
     let url = format!("http://{}/v1/completions", r.addr);
     let w0 = r.state.fleet.get("w0").unwrap();
@@ -353,7 +338,7 @@ async fn no_eligible_or_reachable_worker() {
 async fn client_disconnect_cancels_upstream_and_releases_load() {
     let b = Backend::start("a", &["m"]).await;
     b.set(|x| x.hold_last_chunk = true);
-    let r = start_router(&router_config("round_robin", &[(b.url(), vec!["m"])], "")).await;
+    let r = start_router_over("round_robin", &[&b], "").await;
     let resp = client()
         .post(format!("http://{}/v1/completions", r.addr))
         .json(&serde_json::json!({"model":"m","prompt":"x","stream":true}))
@@ -389,12 +374,7 @@ async fn a_5xx_before_the_first_byte_is_retried_on_another_worker() {
     let bad = Backend::start("bad", &["m"]).await;
     let good = Backend::start("good", &["m"]).await;
     bad.set(|x| x.fail_status = Some(500));
-    let r = start_router(&router_config(
-        "round_robin",
-        &[(bad.url(), vec!["m"]), (good.url(), vec!["m"])],
-        "",
-    ))
-    .await;
+    let r = start_router_over("round_robin", &[&bad, &good], "").await;
     let c = client();
     for _ in 0..4 {
         let resp = complete(&c, r.addr, &serde_json::json!({"model":"m","prompt":"x"})).await;
@@ -449,12 +429,7 @@ async fn a_stream_that_started_is_never_replayed() {
     let flaky = Backend::start("flaky", &["m"]).await;
     let other = Backend::start("other", &["m"]).await;
     flaky.set(|x| x.break_mid_stream = true);
-    let r = start_router(&router_config(
-        "round_robin",
-        &[(flaky.url(), vec!["m"]), (other.url(), vec!["m"])],
-        "",
-    ))
-    .await;
+    let r = start_router_over("round_robin", &[&flaky, &other], "").await;
     let resp = client()
         .post(format!("http://{}/v1/completions", r.addr))
         .json(&serde_json::json!({"model":"m","prompt":"x","stream":true}))
@@ -483,7 +458,7 @@ async fn a_stream_that_started_is_never_replayed() {
 #[tokio::test]
 async fn metrics_move_with_traffic() {
     let b = Backend::start("a", &["m"]).await;
-    let r = start_router(&router_config("least_request", &[(b.url(), vec!["m"])], "")).await;
+    let r = start_router_over("least_request", &[&b], "").await;
     let c = client();
     for stream in [false, true, true] {
         let resp = c.post(format!("http://{}/v1/chat/completions", r.addr))

@@ -1,29 +1,13 @@
 //! Chat rendering and token ids against what Hugging Face transformers 5.24 produces for the
 //! Qwen3 template (`tests/fixtures/chat-templates/`).
 
-use std::path::PathBuf;
-use std::sync::OnceLock;
-
 use kvroute::openai::{Endpoint, RequestView};
 use kvroute::tokens::model::DEFAULT_CACHE_UNITS;
 use kvroute::tokens::{ChatRequest, ModelTokens, TokenError, Tokenizer};
 use serde_json::{Value, json};
 
-fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
-
-fn qwen3() -> &'static ModelTokens {
-    static MODEL: OnceLock<ModelTokens> = OnceLock::new();
-    MODEL.get_or_init(|| {
-        ModelTokens::from_hf_dir(
-            &fixtures().join("tokenizers/qwen3"),
-            16,
-            DEFAULT_CACHE_UNITS,
-        )
-        .unwrap()
-    })
-}
+mod qwen3_support;
+use qwen3_support::{fixtures, qwen3};
 
 fn load(name: &str) -> Value {
     let p = fixtures().join("chat-templates").join(name);

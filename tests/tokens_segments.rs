@@ -1,8 +1,7 @@
 //! Cutting at added tokens and caching the pieces gives exactly the ids of one full encode,
 //! and tokenizers for which that would not hold are detected.
 
-use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use kvroute::tokens::model::DEFAULT_CACHE_UNITS;
 use kvroute::tokens::segment::Segmenter;
@@ -11,21 +10,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 
-fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
-
-fn qwen3() -> &'static ModelTokens {
-    static MODEL: OnceLock<ModelTokens> = OnceLock::new();
-    MODEL.get_or_init(|| {
-        ModelTokens::from_hf_dir(
-            &fixtures().join("tokenizers/qwen3"),
-            16,
-            DEFAULT_CACHE_UNITS,
-        )
-        .unwrap()
-    })
-}
+mod qwen3_support;
+use qwen3_support::{fixtures, qwen3};
 
 fn hf(model: &ModelTokens) -> &tokenizers::Tokenizer {
     match model.tokenizer() {

@@ -27,6 +27,7 @@ use tokio::sync::Semaphore;
 use super::plan::PlannedRequest;
 use super::record::{Outcome, RequestRecord};
 use super::stream::StreamTally;
+use crate::proxy::error_chain;
 
 /// A request sent this much after its due time counts as late.
 pub const LATE_AFTER: Duration = Duration::from_millis(10);
@@ -340,18 +341,6 @@ async fn exchange(
         }
     }
     Ok(())
-}
-
-/// An error and its sources on one line.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(src) = cur {
-        s.push_str(": ");
-        s.push_str(&src.to_string());
-        cur = src.source();
-    }
-    s
 }
 
 /// CPU time used so far by the calling thread (Linux; `None` elsewhere).

@@ -241,8 +241,9 @@ impl Upstream {
     }
 }
 
-/// An error and its sources on one line.
-fn error_chain(e: &dyn std::error::Error) -> String {
+/// An error and its sources on one line, as the router reports upstream failures (the bench
+/// client reports its own the same way).
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(src) = cur {

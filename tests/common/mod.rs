@@ -288,6 +288,13 @@ pub async fn start_router(config: &Config) -> RouterHandle {
     kvroute::server::start(config, listener).unwrap()
 }
 
+/// Starts a router with `policy` in front of `backends`, each serving model "m" (workers `w0`,
+/// `w1`, … in order), plus extra TOML.
+pub async fn start_router_over(policy: &str, backends: &[&Backend], extra: &str) -> RouterHandle {
+    let workers: Vec<(String, Vec<&str>)> = backends.iter().map(|b| (b.url(), vec!["m"])).collect();
+    start_router(&router_config(policy, &workers, extra)).await
+}
+
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_secs(20))
