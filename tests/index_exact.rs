@@ -92,9 +92,12 @@ fn removal_cuts_the_leading_run_at_the_first_missing_block() {
     assert_eq!(a.removed, 1);
     let o = idx.lookup(&req);
     assert_eq!((o.get(W0), o.get(W1)), (6, 2));
-    // Asking from block 3 on (a request starting there is a different chain, but the rule is
-    // about positions): W1 holds 3..6 as a run.
-    assert_eq!(idx.lookup(&req[3..]).get(W1), 3);
+    // W1 still holds blocks 3..6, which approximate predictions could extend its credit to.
+    let holders = idx.holders(&req);
+    let w1: Vec<bool> = (0..6).map(|i| holders.holds(W1, i)).collect();
+    assert_eq!(w1, [true, true, false, true, true, true]);
+    // A lookup starts at a chain's first block: a slice from the middle names no stored chain.
+    assert!(idx.lookup(&req[3..]).is_empty());
     let s = idx.stats();
     assert_eq!(
         (s.blocks_removed, s.removals_unknown, s.entries),
@@ -257,7 +260,10 @@ fn max_entries_evicts_and_counts() {
     // Evictions come from the largest workers, so all four keep a share.
     for w in 0..4u32 {
         let req = request(&tokens(300, w * 10_000));
-        let held = req.iter().filter(|b| idx.holds(WorkerIdx(w), **b)).count();
+        let holders = idx.holders(&req);
+        let held = (0..req.len())
+            .filter(|&b| holders.holds(WorkerIdx(w), b))
+            .count();
         assert!((100..=300).contains(&held), "worker {w}: {held}");
     }
 }

@@ -62,14 +62,16 @@ fn a_restarted_worker_keeps_no_index_entries_for_its_old_blocks() {
         };
         let mut sim = Simulation::new(&trace, &config, "round_robin").unwrap();
         sim.run_until(1000.0);
-        let held = (0..trace.len())
-            .flat_map(|i| sim.request_hashes(i))
-            .filter(|h| sim.holdings().exact.holds(WorkerIdx(0), *h))
-            .count();
-        let other = (0..trace.len())
-            .flat_map(|i| sim.request_hashes(i))
-            .filter(|h| sim.holdings().exact.holds(WorkerIdx(1), *h))
-            .count();
+        let held_by = |w: WorkerIdx| {
+            (0..trace.len())
+                .map(|i| {
+                    let chain = sim.request_hashes(i);
+                    let holders = sim.holdings().exact.holders(&chain);
+                    (0..chain.len()).filter(|&b| holders.holds(w, b)).count()
+                })
+                .sum::<usize>()
+        };
+        let (held, other) = (held_by(WorkerIdx(0)), held_by(WorkerIdx(1)));
         let run = sim.finish();
         (held, other, run)
     };

@@ -160,13 +160,14 @@ impl ApproxIndex {
     }
 
     /// Per worker, the leading blocks held by the union of `exact` holdings (counts from an
-    /// exact lookup, with `exact_holds` answering single blocks beyond them) and predictions.
+    /// exact lookup, with `exact_holds(worker, i)` answering whether the worker holds block
+    /// `i` beyond them) and predictions.
     pub(crate) fn lookup_with(
         &self,
         blocks: &[BlockHash],
         now: Duration,
         exact: &Overlaps,
-        exact_holds: impl Fn(WorkerIdx, BlockHash) -> bool,
+        exact_holds: impl Fn(WorkerIdx, usize) -> bool,
     ) -> Overlaps {
         let now = nanos(now);
         let mut out = exact.clone();
@@ -177,7 +178,7 @@ impl ApproxIndex {
             let w = WorkerIdx(i as u32);
             let mut n = exact.get(w) as usize;
             while let Some(b) = blocks.get(n) {
-                if !(p.holds(*b, now) || exact_holds(w, *b)) {
+                if !(p.holds(*b, now) || exact_holds(w, n)) {
                     break;
                 }
                 n += 1;

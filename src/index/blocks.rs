@@ -1,48 +1,45 @@
 //! The single-threaded core of the exact index: which worker holds which kvroute block, and the
-//! per-worker map from engine block ids to kvroute hashes.
+//! per-worker map from engine block ids to where those blocks are stored.
 //!
 //! Layout (per (block, worker) pair, see `benches/index.rs` for measured bytes):
-//! - `pages[p]`: kvroute hash → set of workers `32p..32p+31` holding it. One 12-byte slot
-//!   (12.8 bytes with its share of a 64-byte bucket) per block, shared by every worker holding it, so with ≤ 32 workers a lookup makes one probe
-//!   per block.
-//! - `workers[w].engine`: mixed engine id → kvroute hash, 16 bytes per pair; needed because
-//!   BlockRemoved and the parent of BlockStored name blocks by the engine's opaque id.
+//! - [`Runs`]: every block once, along its chain, 12 bytes with the set of workers 0–31 holding
+//!   it (shared by every worker holding it), plus one small table entry per run start.
+//! - `workers[w].engine`: mixed engine id → the block's [`Loc`], 16 bytes per pair; needed
+//!   because BlockRemoved and the parent of BlockStored name blocks by the engine's opaque id.
+//!   A location stays valid while the worker holds the block, so a removal goes straight to
+//!   the block.
 //!
-//! Lookups scan the request's blocks in order, carrying the set of workers that held every
-//! block so far, and stop when it is empty. That is exact for any holding pattern (a worker
-//! that lost a middle block gets no credit past it). A binary search for the longest held
-//! prefix would need the prefix to be closed under "parent held", which removals of non-leaf
-//! blocks and our own eviction break; detecting that exactly needs a parent link per block
-//! (+8 bytes), so the scan instead keeps its probes cheap: hashes are known up front, so the
-//! slots of later blocks are prefetched while earlier ones are compared.
+//! Lookups walk the request's blocks in order through the runs, carrying the set of workers
+//! that held every block so far, and stop when it is empty: exact for any holding pattern (a
+//! worker that lost a middle block gets no credit past it).
 //!
-//! Two engine ids of one worker that map to the same kvroute block (identical tokens under
-//! different engine keys, e.g. multimodal inputs kvroute cannot see) share one bit: removing
-//! either clears it. The cost is a missed hit, never a false one.
+//! One worker may name the same block by two engine ids (identical tokens under different
+//! engine keys, e.g. multimodal inputs kvroute cannot see). The extra names are counted in
+//! `aliases`, so the worker keeps the block until its last name is removed.
 //!
 //! The number of pairs is the number of engine-map entries; `max_entries` bounds it. Eviction
 //! sweeps the largest worker's engine map in key order, an unbiased victim order that needs
 //! no per-entry recency field (recency would cost 8 bytes per pair; the engines' own
 //! BlockRemoved events are the primary way entries leave, the bound is a safety net).
 
+use std::collections::HashMap;
+use std::mem::size_of;
+
 use super::overlaps::Overlaps;
+use super::runs::{Loc, Runs};
 use super::table::{Table, mix};
-use super::worker::{Bits, PAGE_WORKERS, WorkerIdx, workers_in};
+use super::worker::{Bits, PAGE_WORKERS, WorkerIdx};
 use crate::kv_events::EngineHash;
 use crate::tokens::BlockHash;
 
-/// How many blocks ahead updates prefetch table buckets. The inserts of a run are independent,
-/// so keeping several cache misses in flight hides most of their latency; measured 16 was
-/// slower than 8 or 4 (two tables × 16 lines overfill the CPU's outstanding-miss slots).
+/// How many blocks ahead updates prefetch the engine map. The inserts of a run are independent,
+/// so keeping several cache misses in flight hides most of their latency (measured: 16 was
+/// slower than 8 on this machine).
 const PREFETCH_AHEAD: usize = 8;
-/// How many blocks ahead lookups prefetch (measured: 8 and 32 were slower on this machine).
-const LOOKUP_AHEAD: usize = 16;
-/// Buckets (cache lines) prefetched per insertion or removal: one holds nearly every probe.
-const UPDATE_LINES: usize = 1;
 
 #[derive(Clone, Default)]
 struct WorkerBlocks {
-    /// Mixed engine id → kvroute hash.
+    /// Mixed engine id → packed [`Loc`].
     engine: Table<u64>,
     /// Where the next eviction sweep of this worker starts.
     evict_hand: usize,
@@ -51,8 +48,10 @@ struct WorkerBlocks {
 /// Which worker holds which block; not synchronised (see [`super::KvIndex`]).
 #[derive(Clone, Default)]
 pub(crate) struct BlockMap {
-    pages: Vec<Table<Bits>>,
+    runs: Runs,
     workers: Vec<WorkerBlocks>,
+    /// (worker, block) pairs named by more than one engine id: how many extra names.
+    aliases: HashMap<(WorkerIdx, Loc), u32>,
     /// Total (block, worker) pairs: the sum of the engine maps' sizes.
     entries: usize,
 }
@@ -70,11 +69,13 @@ impl BlockMap {
         self.entries
     }
 
-    /// Heap bytes of every table.
+    /// Heap bytes of every table and run.
     pub(crate) fn heap_bytes(&self) -> usize {
-        let pages: usize = self.pages.iter().map(Table::heap_bytes).sum();
         let engines: usize = self.workers.iter().map(|w| w.engine.heap_bytes()).sum();
-        pages + engines + self.workers.capacity() * std::mem::size_of::<WorkerBlocks>()
+        self.runs.heap_bytes()
+            + engines
+            + self.workers.capacity() * size_of::<WorkerBlocks>()
+            + self.aliases.capacity() * size_of::<((WorkerIdx, Loc), u32)>()
     }
 
     fn worker_mut(&mut self, w: WorkerIdx) -> &mut WorkerBlocks {
@@ -85,82 +86,97 @@ impl BlockMap {
         &mut self.workers[i]
     }
 
-    /// The kvroute hash `worker` recorded for engine block `id`.
-    pub(crate) fn kvroute_of(&self, worker: WorkerIdx, id: EngineHash) -> Option<BlockHash> {
+    /// Where the block `worker` stored under engine id `id` is.
+    fn loc_of(&self, worker: WorkerIdx, id: EngineHash) -> Option<Loc> {
         self.workers
             .get(worker.0 as usize)?
             .engine
             .get(mix(id.0))
-            .map(BlockHash)
+            .map(Loc::unpack)
     }
 
-    /// Whether `worker` holds `block`.
-    pub(crate) fn holds(&self, worker: WorkerIdx, block: BlockHash) -> bool {
-        self.pages
-            .get(worker.page())
-            .and_then(|t| t.get(block.0))
-            .is_some_and(|bits| bits & worker.bit() != 0)
+    /// The kvroute hash `worker` recorded for engine block `id`.
+    pub(crate) fn kvroute_of(&self, worker: WorkerIdx, id: EngineHash) -> Option<BlockHash> {
+        self.loc_of(worker, id).map(|l| self.runs.hash_at(l))
     }
 
-    /// Records that `worker` holds `block` under engine id `id`.
-    pub(crate) fn store(&mut self, worker: WorkerIdx, id: EngineHash, block: BlockHash) -> Effect {
-        let mut effect = Effect::default();
-        match self.worker_mut(worker).engine.insert(mix(id.0), block.0) {
-            None => {
-                self.entries += 1;
-                effect.added = 1;
-            }
-            // The engine reused an id for other content without removing it first: the old
-            // content is gone from its cache.
-            Some(old) if old != block.0 => self.unset(worker, BlockHash(old)),
-            Some(_) => {}
-        }
-        let page = worker.page();
-        if self.pages.len() <= page {
-            self.pages.resize_with(page + 1, Table::default);
-        }
-        self.pages[page].upsert(block.0, |bits| bits | worker.bit());
-        effect
-    }
-
-    /// Records a run of `worker`'s blocks (engine ids and kvroute hashes, pairwise), fetching
-    /// the table slots of later blocks while earlier ones are inserted: the inserts are
-    /// independent, so their cache misses overlap instead of adding up.
+    /// Records a run of `worker`'s blocks (engine ids and kvroute hashes, pairwise) continuing
+    /// the block `worker` stored as `parent` (`None` for the start of a chain); returns how
+    /// many pairs are new. The engine-map slots of later blocks are fetched while earlier ones
+    /// are inserted: the inserts are independent, so their cache misses overlap.
     pub(crate) fn store_run(
         &mut self,
         worker: WorkerIdx,
+        parent: Option<EngineHash>,
         ids: &[EngineHash],
         blocks: &[BlockHash],
     ) -> u64 {
-        let page = worker.page();
-        if self.pages.len() <= page {
-            self.pages.resize_with(page + 1, Table::default);
-        }
-        self.worker_mut(worker);
-        // The first blocks of the run are fetched up front; the loop fetches the rest ahead.
-        for (id, block) in ids.iter().zip(blocks).take(PREFETCH_AHEAD) {
-            self.workers[worker.0 as usize]
-                .engine
-                .prefetch(mix(id.0), UPDATE_LINES);
-            self.pages[page].prefetch(block.0, UPDATE_LINES);
+        let mut at = parent.and_then(|p| self.loc_of(worker, p));
+        let engine = &self.worker_mut(worker).engine;
+        for id in ids.iter().take(PREFETCH_AHEAD) {
+            engine.prefetch(mix(id.0), 1);
         }
         let mut added = 0;
         for (i, (id, block)) in ids.iter().zip(blocks).enumerate() {
-            if let (Some(a), Some(b)) =
-                (ids.get(i + PREFETCH_AHEAD), blocks.get(i + PREFETCH_AHEAD))
-            {
+            if let Some(ahead) = ids.get(i + PREFETCH_AHEAD) {
                 self.workers[worker.0 as usize]
                     .engine
-                    .prefetch(mix(a.0), UPDATE_LINES);
-                self.pages[page].prefetch(b.0, UPDATE_LINES);
+                    .prefetch(mix(ahead.0), 1);
             }
-            added += self.store(worker, *id, *block).added;
+            let loc = self.runs.place(at, block.0, blocks.len() - i);
+            added += u64::from(self.record(worker, *id, loc));
+            at = Some(loc);
         }
         added
     }
 
+    /// Records that `worker` holds the block at `loc` under engine id `id`; whether the pair
+    /// is new.
+    fn record(&mut self, worker: WorkerIdx, id: EngineHash, loc: Loc) -> bool {
+        let old = self.workers[worker.0 as usize]
+            .engine
+            .insert(mix(id.0), loc.pack());
+        match old.map(Loc::unpack) {
+            Some(old) if old == loc => false,
+            old => {
+                // Mark the new block before releasing anything: releasing may free runs, and
+                // the new block's run must not look unused meanwhile.
+                if !self.runs.set(loc, worker) {
+                    *self.aliases.entry((worker, loc)).or_default() += 1;
+                }
+                match old {
+                    // The engine reused an id for other content without removing it first:
+                    // the old content is gone from its cache.
+                    Some(old) => {
+                        self.release(worker, old);
+                        false
+                    }
+                    None => {
+                        self.entries += 1;
+                        true
+                    }
+                }
+            }
+        }
+    }
+
+    /// Drops one of `worker`'s names for the block at `loc`: the block itself once no name is
+    /// left.
+    fn release(&mut self, worker: WorkerIdx, loc: Loc) {
+        if !self.aliases.is_empty()
+            && let Some(n) = self.aliases.get_mut(&(worker, loc))
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.aliases.remove(&(worker, loc));
+            }
+            return;
+        }
+        self.runs.unset(loc, worker);
+    }
+
     /// Removes a run of `worker`'s engine ids, resolving them all first (prefetching ahead)
-    /// and then clearing the blocks (prefetching ahead again).
+    /// and then releasing the blocks (prefetching ahead again).
     pub(crate) fn remove_run(&mut self, worker: WorkerIdx, ids: &[EngineHash]) -> Effect {
         let mut effect = Effect::default();
         let Some(wb) = self.workers.get_mut(worker.0 as usize) else {
@@ -170,39 +186,25 @@ impl BlockMap {
         let mut gone = Vec::with_capacity(ids.len());
         for (i, id) in ids.iter().enumerate() {
             if let Some(a) = ids.get(i + PREFETCH_AHEAD) {
-                wb.engine.prefetch(mix(a.0), UPDATE_LINES);
+                wb.engine.prefetch(mix(a.0), 1);
             }
             match wb.engine.remove(mix(id.0)) {
-                Some(block) => gone.push(block),
+                Some(loc) => gone.push(Loc::unpack(loc)),
                 None => effect.unknown += 1,
             }
         }
         effect.removed = gone.len() as u64;
         self.entries -= gone.len();
-        if let Some(table) = self.pages.get(worker.page()) {
-            for b in gone.iter().skip(1).take(PREFETCH_AHEAD) {
-                table.prefetch(*b, UPDATE_LINES);
-            }
+        for l in gone.iter().take(PREFETCH_AHEAD) {
+            self.runs.prefetch(*l);
         }
-        for (i, block) in gone.iter().enumerate() {
-            if let (Some(table), Some(b)) =
-                (self.pages.get(worker.page()), gone.get(i + PREFETCH_AHEAD))
-            {
-                table.prefetch(*b, UPDATE_LINES);
+        for (i, loc) in gone.iter().enumerate() {
+            if let Some(l) = gone.get(i + PREFETCH_AHEAD) {
+                self.runs.prefetch(*l);
             }
-            self.unset(worker, BlockHash(*block));
+            self.release(worker, *loc);
         }
         effect
-    }
-
-    /// Clears `worker`'s bit for `block`, dropping the block when nobody holds it any more.
-    fn unset(&mut self, worker: WorkerIdx, block: BlockHash) {
-        let Some(table) = self.pages.get_mut(worker.page()) else {
-            return;
-        };
-        table.modify(block.0, |bits| {
-            Some(bits & !worker.bit()).filter(|b| *b != 0)
-        });
     }
 
     /// Drops every entry of `worker`; returns how many.
@@ -212,14 +214,12 @@ impl BlockMap {
         };
         let engine = std::mem::take(&mut wb.engine);
         wb.evict_hand = 0;
+        self.aliases.retain(|(w, _), _| *w != worker);
         let n = engine.len();
-        for (_, block) in engine.iter() {
-            self.unset(worker, BlockHash(block));
+        for (_, loc) in engine.iter() {
+            self.runs.unset(Loc::unpack(loc), worker);
         }
         self.entries -= n;
-        if let Some(t) = self.pages.get_mut(worker.page()) {
-            t.shrink_if_sparse();
-        }
         n
     }
 
@@ -238,13 +238,13 @@ impl BlockMap {
             let batch = (self.entries - target).min(64);
             for _ in 0..batch {
                 let wb = &mut self.workers[victim];
-                let Some((_, block, hand)) = wb.engine.remove_next(wb.evict_hand) else {
+                let Some((_, loc, hand)) = wb.engine.remove_next(wb.evict_hand) else {
                     break;
                 };
                 wb.evict_hand = hand;
                 self.entries -= 1;
                 evicted += 1;
-                self.unset(worker, BlockHash(block));
+                self.release(worker, Loc::unpack(loc));
             }
             if self.workers[victim].engine.is_empty() && self.entries > target {
                 // Defensive: a worker with no entries cannot be the largest unless all are empty.
@@ -254,66 +254,33 @@ impl BlockMap {
         evicted
     }
 
+    /// Pages of [`PAGE_WORKERS`] workers that have ever held a block.
+    fn pages(&self) -> usize {
+        self.workers.len().div_ceil(PAGE_WORKERS as usize)
+    }
+
     /// Per worker, the number of leading `blocks` it holds.
     ///
-    /// One pass over the blocks per 64-worker page, carrying the set of workers that held
+    /// One walk over the blocks per 32-worker page, carrying the set of workers that held
     /// every block so far and stopping when it is empty: exact for any holding pattern, and a
     /// request nobody holds costs a single probe.
     pub(crate) fn lookup(&self, blocks: &[BlockHash]) -> Overlaps {
         let mut out = Overlaps::new();
-        for (page, table) in self.pages.iter().enumerate() {
-            lookup_page(table, page, blocks, &mut out);
+        for page in 0..self.pages() {
+            self.runs.lookup_page(blocks, page, &mut out);
         }
-        if self.pages.len() > 1 {
+        if self.pages() > 1 {
             out.sort();
         }
         out
     }
-}
 
-fn lookup_page(table: &Table<Bits>, page: usize, blocks: &[BlockHash], out: &mut Overlaps) {
-    let Some(first) = blocks.first() else {
-        return;
-    };
-    let held = table.get(first.0).unwrap_or(0);
-    if held == 0 {
-        return;
-    }
-    // Home slots of the next LOOKUP_AHEAD blocks, computed once: prefetched now, probed later.
-    let mut homes = [0usize; LOOKUP_AHEAD];
-    for (i, b) in blocks.iter().enumerate().skip(1).take(LOOKUP_AHEAD) {
-        let h = table.home(b.0);
-        homes[i % LOOKUP_AHEAD] = h;
-        table.prefetch_slot(h);
-    }
-    let mut active = held;
-    let mut lost = [0u32; PAGE_WORKERS as usize];
-    let mut i = 1;
-    while i < blocks.len() {
-        let home = homes[i % LOOKUP_AHEAD];
-        if let Some(ahead) = blocks.get(i + LOOKUP_AHEAD) {
-            let h = table.home(ahead.0);
-            homes[i % LOOKUP_AHEAD] = h;
-            table.prefetch_slot(h);
-        }
-        let bits = table.get_from(home, blocks[i].0).unwrap_or(0);
-        let gone = active & !bits;
-        if gone != 0 {
-            for w in workers_in(0, gone) {
-                lost[w.0 as usize] = i as u32;
-            }
-            active &= bits;
-            if active == 0 {
-                break;
-            }
-        }
-        i += 1;
-    }
-    for w in workers_in(0, active) {
-        lost[w.0 as usize] = blocks.len() as u32;
-    }
-    for w in workers_in(0, held) {
-        out.push_sorted(WorkerIdx::from_page_bit(page, w.0), lost[w.0 as usize]);
+    /// Per page, the holders of each leading block of `blocks` the index contains, however far
+    /// that goes (not only while some worker holds every block so far).
+    pub(crate) fn holders(&self, blocks: &[BlockHash]) -> Vec<Vec<Bits>> {
+        (0..self.pages())
+            .map(|page| self.runs.holders(blocks, page))
+            .collect()
     }
 }
 
@@ -329,20 +296,22 @@ mod tests {
         (0..n).map(h).collect()
     }
 
+    fn ids(base: u64, n: usize) -> Vec<EngineHash> {
+        (0..n as u64).map(|i| EngineHash(base + i)).collect()
+    }
+
     #[test]
     fn leading_blocks_stop_at_the_first_gap() {
         let mut m = BlockMap::default();
         let c = chain(10);
-        for (i, b) in c.iter().enumerate() {
-            m.store(WorkerIdx(0), EngineHash(i as u64), *b);
-            if i != 3 {
-                m.store(WorkerIdx(1), EngineHash(100 + i as u64), *b);
-            }
-        }
+        m.store_run(WorkerIdx(0), None, &ids(0, 10), &c);
+        m.store_run(WorkerIdx(1), None, &ids(100, 3), &c[..3]);
+        m.store_run(WorkerIdx(1), Some(EngineHash(102)), &ids(104, 6), &c[4..]);
         let o = m.lookup(&c);
         assert_eq!(o.get(WorkerIdx(0)), 10);
         assert_eq!(o.get(WorkerIdx(1)), 3);
         assert_eq!(m.entries(), 19);
+        assert_eq!(m.kvroute_of(WorkerIdx(1), EngineHash(105)), Some(c[5]));
     }
 
     #[test]
@@ -350,23 +319,25 @@ mod tests {
         let mut m = BlockMap::default();
         let c = chain(5);
         for w in [0u32, 63, 64, 130] {
-            for (i, b) in c.iter().enumerate().take(w as usize % 5 + 1) {
-                m.store(WorkerIdx(w), EngineHash(i as u64), *b);
-            }
+            let n = w as usize % 5 + 1;
+            m.store_run(WorkerIdx(w), None, &ids(0, n), &c[..n]);
         }
         let o = m.lookup(&c);
         let got: Vec<_> = o.iter().map(|(w, n)| (w.0, n)).collect();
         assert_eq!(got, vec![(0, 1), (63, 4), (64, 5), (130, 1)]);
+        let holders = m.holders(&c);
+        assert_eq!(holders.len(), 5);
+        assert_eq!((holders[1][3], holders[1][4]), (1 << 31, 0));
+        assert_eq!(holders[2][4], 1);
+        assert_eq!(holders[4][0], 1 << 2);
     }
 
     #[test]
     fn remove_and_clear_drop_entries_and_blocks() {
         let mut m = BlockMap::default();
         let c = chain(4);
-        for (i, b) in c.iter().enumerate() {
-            m.store(WorkerIdx(2), EngineHash(i as u64), *b);
-            m.store(WorkerIdx(3), EngineHash(i as u64), *b);
-        }
+        m.store_run(WorkerIdx(2), None, &ids(0, 4), &c);
+        m.store_run(WorkerIdx(3), None, &ids(0, 4), &c);
         assert_eq!(m.remove_run(WorkerIdx(2), &[EngineHash(1)]).removed, 1);
         assert_eq!(m.remove_run(WorkerIdx(2), &[EngineHash(1)]).unknown, 1);
         assert_eq!(m.lookup(&c).get(WorkerIdx(2)), 1);
@@ -374,23 +345,52 @@ mod tests {
         assert_eq!(m.lookup(&c).get(WorkerIdx(3)), 0);
         assert_eq!(m.entries(), 3);
         m.clear_worker(WorkerIdx(2));
-        assert_eq!(m.pages[0].len(), 0);
+        assert_eq!(m.runs.len(), 0);
+        assert_eq!(m.runs.blocks(), 0);
+    }
+
+    #[test]
+    fn a_block_named_twice_stays_until_both_names_go() {
+        let mut m = BlockMap::default();
+        let c = chain(3);
+        m.store_run(WorkerIdx(0), None, &ids(0, 3), &c);
+        // The same content again under new engine ids.
+        m.store_run(WorkerIdx(0), None, &ids(10, 3), &c);
+        assert_eq!(m.entries(), 6);
+        m.remove_run(WorkerIdx(0), &ids(0, 3));
+        assert_eq!(m.lookup(&c).get(WorkerIdx(0)), 3);
+        m.remove_run(WorkerIdx(0), &ids(10, 3));
+        assert_eq!(m.lookup(&c).get(WorkerIdx(0)), 0);
+        assert!(m.aliases.is_empty());
+        assert_eq!(m.runs.blocks(), 0);
+    }
+
+    #[test]
+    fn a_reused_engine_id_moves_to_the_new_content() {
+        let mut m = BlockMap::default();
+        let c = chain(4);
+        m.store_run(WorkerIdx(0), None, &ids(0, 2), &c[..2]);
+        // Id 1 now names block 2 (block 1 was dropped without a BlockRemoved).
+        m.store_run(WorkerIdx(0), Some(EngineHash(0)), &[EngineHash(1)], &[c[2]]);
+        assert_eq!(m.entries(), 2);
+        assert_eq!(m.kvroute_of(WorkerIdx(0), EngineHash(1)), Some(c[2]));
+        assert_eq!(m.lookup(&c).get(WorkerIdx(0)), 1);
     }
 
     #[test]
     fn eviction_takes_from_the_largest_worker() {
         let mut m = BlockMap::default();
-        for i in 0..100u64 {
-            m.store(WorkerIdx(0), EngineHash(i), h(i));
-        }
-        for i in 0..10u64 {
-            m.store(WorkerIdx(1), EngineHash(i), h(i));
-        }
+        let c = chain(100);
+        m.store_run(WorkerIdx(0), None, &ids(0, 100), &c);
+        m.store_run(WorkerIdx(1), None, &ids(0, 10), &c[..10]);
         assert_eq!(m.evict_to(60), 50);
         assert_eq!(m.entries(), 60);
         assert_eq!(m.workers[0].engine.len(), 50);
         assert_eq!(m.workers[1].engine.len(), 10);
-        let held0 = (0..100).filter(|&i| m.holds(WorkerIdx(0), h(i))).count();
+        let held0 = m.holders(&c)[0]
+            .iter()
+            .filter(|b| **b & WorkerIdx(0).bit() != 0)
+            .count();
         assert_eq!(held0, 50);
     }
 }

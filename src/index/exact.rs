@@ -18,7 +18,7 @@ use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use super::blocks::BlockMap;
 use super::overlaps::Overlaps;
 use super::stats::{IndexStats, StatsSnapshot};
-use super::worker::WorkerIdx;
+use super::worker::{Bits, WorkerIdx};
 use crate::kv_events::{BlockRemoved, BlockStored, EngineHash, EventBatch, KvEvent};
 use crate::tokens::{BlockHash, HashSeed, chain_hash};
 
@@ -68,6 +68,24 @@ pub struct Applied {
     pub removed: u64,
     /// Blocks whose parent was unknown (their chain cannot be placed).
     pub unplaced: u64,
+}
+
+/// Per block of a request's chain, the workers the exact index says hold it
+/// ([`KvIndex::holders`]).
+#[derive(Clone, Debug, Default)]
+pub struct ChainHolders {
+    /// Per page of 32 workers, the holder set of each leading block the index contains.
+    pages: Vec<Vec<Bits>>,
+}
+
+impl ChainHolders {
+    /// Whether `worker` holds block `position` of the chain.
+    pub fn holds(&self, worker: WorkerIdx, position: usize) -> bool {
+        self.pages
+            .get(worker.page())
+            .and_then(|p| p.get(position))
+            .is_some_and(|bits| bits & worker.bit() != 0)
+    }
 }
 
 /// Who holds which kvroute block, fed by KV events; see the module docs.
@@ -216,6 +234,8 @@ impl KvIndex {
             hashes.push(h);
             prev = Some(h);
         }
+        // Each chunk continues the block the previous chunk ended with.
+        let mut parent_id = s.parent_block_hash;
         for (ids, blocks) in s
             .block_hashes
             .chunks(WRITE_CHUNK)
@@ -226,8 +246,9 @@ impl KvIndex {
                 // The worker was cleared meanwhile: these blocks belong to its previous life.
                 break;
             }
-            applied.stored += st.map.store_run(worker, ids, blocks);
+            applied.stored += st.map.store_run(worker, parent_id, ids, blocks);
             self.enforce_bound(&mut st);
+            parent_id = ids.last().copied();
         }
         true
     }
@@ -279,9 +300,13 @@ impl KvIndex {
         self.read().map.lookup(blocks)
     }
 
-    /// Whether `worker` holds `block` (used to merge approximate holdings).
-    pub fn holds(&self, worker: WorkerIdx, block: BlockHash) -> bool {
-        self.read().map.holds(worker, block)
+    /// Who holds each block of `blocks` (a request's chained hashes), as far as the index
+    /// contains the chain, not only while some worker holds every block so far: used to merge
+    /// approximate holdings, which may fill a worker's gaps.
+    pub fn holders(&self, blocks: &[BlockHash]) -> ChainHolders {
+        ChainHolders {
+            pages: self.read().map.holders(blocks),
+        }
     }
 
     /// The kvroute hash `worker` recorded for its engine block `id`, if any.

@@ -1,5 +1,6 @@
 //! Exact and approximate holdings together: what a routing decision asks.
 
+use std::cell::OnceCell;
 use std::time::Duration;
 
 use super::approx::ApproxIndex;
@@ -28,7 +29,13 @@ impl Holdings {
     /// Per worker, the leading `blocks` held by the union of exact and predicted holdings.
     pub fn lookup(&self, blocks: &[BlockHash], now: Duration) -> Overlaps {
         let exact = self.exact.lookup(blocks);
-        self.approx
-            .lookup_with(blocks, now, &exact, |w, b| self.exact.holds(w, b))
+        // Who holds the blocks past each worker's exact count is asked only when a worker
+        // has predictions to merge, and then once for all of them.
+        let holders = OnceCell::new();
+        self.approx.lookup_with(blocks, now, &exact, |w, i| {
+            holders
+                .get_or_init(|| self.exact.holders(blocks))
+                .holds(w, i)
+        })
     }
 }

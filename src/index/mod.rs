@@ -3,8 +3,9 @@
 //!
 //! - [`KvIndex`] applies each worker's decoded KV events. Engine block ids are opaque, so it
 //!   recomputes kvroute's own chained hashes from each BlockStored's tokens (chaining from the
-//!   parent's kvroute hash, which it remembers per worker) and keeps a per-worker map from
-//!   engine id to kvroute hash for BlockRemoved. Only device-prefix blocks are indexed.
+//!   parent's kvroute hash), stores each chain as runs of consecutive blocks with their holders
+//!   (`runs`), and keeps a per-worker map from engine id to the block's place for BlockRemoved.
+//!   Only device-prefix blocks are indexed.
 //! - [`ApproxIndex`] records the blocks of routed requests with a TTL and a per-worker bound.
 //! - [`Holdings`] looks both up as one: per worker, the number of *leading* blocks held.
 //!
@@ -41,13 +42,14 @@ mod exact;
 mod feed;
 mod holdings;
 mod overlaps;
+mod runs;
 mod stats;
 mod table;
 mod worker;
 pub mod workload;
 
 pub use approx::{ApproxConfig, ApproxIndex};
-pub use exact::{Applied, IndexConfig, KvIndex, SeedFor, WRITE_CHUNK};
+pub use exact::{Applied, ChainHolders, IndexConfig, KvIndex, SeedFor, WRITE_CHUNK};
 pub use feed::WorkerFeed;
 pub use holdings::Holdings;
 pub use overlaps::Overlaps;

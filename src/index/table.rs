@@ -225,7 +225,7 @@ fn home_in(key: u64, capacity: usize) -> usize {
 
 /// Hints the CPU to fetch the cache line at `p`.
 #[inline]
-fn prefetch_line<T>(p: &T) {
+pub(crate) fn prefetch_line<T>(p: &T) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
@@ -280,14 +280,6 @@ impl<V: Value> Table<V> {
         }
     }
 
-    /// Hints the CPU to fetch bucket `pos` (a [`Table::home`]).
-    #[inline]
-    pub(crate) fn prefetch_slot(&self, pos: usize) {
-        if let Some(b) = self.buckets.get(pos) {
-            prefetch_line(b);
-        }
-    }
-
     /// The value stored for `key`.
     #[inline]
     pub(crate) fn get(&self, key: u64) -> Option<V> {
@@ -319,23 +311,6 @@ impl<V: Value> Table<V> {
             }
             b += 1;
         }
-    }
-
-    /// Replaces the value of `key` with `f(value)`, or removes the entry when `f` returns
-    /// `None`; returns the new value (`None` if absent or removed).
-    pub(crate) fn modify(&mut self, key: u64, f: impl FnOnce(V) -> Option<V>) -> Option<V> {
-        if key == 0 {
-            let new = f(self.zero?);
-            self.zero = new;
-            return new;
-        }
-        let (b, i) = self.position(self.home(key), key)?;
-        let new = f(self.buckets[b].val(i));
-        match new {
-            Some(v) => self.buckets[b].set_val(i, v),
-            None => self.remove_at(b, i),
-        }
-        new
     }
 
     /// Sets the value of `key` to `f(old or V::default())`, inserting it if absent; returns
@@ -482,15 +457,6 @@ impl<V: Value> Table<V> {
         self.rebuild(target);
     }
 
-    /// Returns memory after mass removals (a worker cleared): rebuilds when under a quarter full.
-    pub(crate) fn shrink_if_sparse(&mut self) {
-        let slots = self.capacity * V::Bucket::N;
-        if slots > 1024 && self.len * 4 < slots {
-            let target = (self.len * LOAD_DEN / LOAD_NUM * 3 / 2 / V::Bucket::N).max(MIN_BUCKETS);
-            self.rebuild(target);
-        }
-    }
-
     fn rebuild(&mut self, capacity: usize) {
         // Homes are monotone in the key in both tables, so walking the old buckets in order
         // fills the new ones nearly in order too: both stream through the cache. The new
@@ -627,22 +593,5 @@ mod tests {
         }
         assert_eq!(n, 100);
         assert!(t.is_empty());
-    }
-
-    #[test]
-    fn shrink_returns_memory_and_keeps_entries() {
-        let mut t: Table<u64> = Table::default();
-        for i in 0..100_000u64 {
-            t.insert(mix(i), i);
-        }
-        let big = t.heap_bytes();
-        for i in 100..100_000u64 {
-            t.remove(mix(i));
-        }
-        t.shrink_if_sparse();
-        assert!(t.heap_bytes() < big / 10);
-        for i in 0..100u64 {
-            assert_eq!(t.get(mix(i)), Some(i));
-        }
     }
 }
