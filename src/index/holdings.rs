@@ -39,3 +39,55 @@ impl Holdings {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::index::{ApproxConfig, IndexConfig, WorkerIdx};
+    use crate::kv_events::{BlockRemoved, BlockStored, EngineHash, EventBatch, KvEvent};
+    use crate::tokens::{HashSeed, block_hashes};
+
+    fn seeds(_: Option<&str>, _: Option<&str>) -> HashSeed {
+        HashSeed::new("m", None, None)
+    }
+
+    fn batch(e: KvEvent) -> EventBatch {
+        EventBatch {
+            ts: 0.0,
+            events: vec![e],
+            dp_rank: None,
+        }
+    }
+
+    #[test]
+    fn a_predicted_block_bridges_a_gap_in_the_exact_holdings() {
+        let w = WorkerIdx(1);
+        let tokens: Vec<u32> = (0..8 * 16).collect();
+        let exact = KvIndex::new(IndexConfig::default());
+        let stored = BlockStored {
+            block_hashes: (0..8).map(EngineHash).collect(),
+            token_ids: tokens.clone(),
+            block_size: 16,
+            ..BlockStored::default()
+        };
+        exact.apply(w, &batch(KvEvent::Stored(stored)), &seeds);
+        let removed = BlockRemoved {
+            block_hashes: vec![EngineHash(4)],
+            ..BlockRemoved::default()
+        };
+        exact.apply(w, &batch(KvEvent::Removed(removed)), &seeds);
+        let h = Holdings::new(
+            exact,
+            ApproxIndex::new(ApproxConfig {
+                ttl: Duration::from_secs(30),
+                capacity_per_worker: 100,
+            }),
+        );
+        let blocks = block_hashes(seeds(None, None), &tokens, 16);
+        assert_eq!(h.lookup(&blocks, Duration::from_secs(1)).get(w), 4);
+        // Block 4 is being prefilled there again: with it, blocks 5..8 count too.
+        h.approx
+            .record_routed(w, &blocks[4..5], Duration::from_secs(1));
+        assert_eq!(h.lookup(&blocks, Duration::from_secs(2)).get(w), 8);
+    }
+}
