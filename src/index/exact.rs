@@ -6,7 +6,8 @@
 //! more than one short chunk (a few µs) however large an event batch is. Sharding the map by
 //! block hash would put a lock operation on every block of the apply path and several on every
 //! lookup, to shorten a wait that the chunking already bounds. One writer at a time is plenty:
-//! a single thread applies about nine million blocks per second (see `benches/index.rs`).
+//! a single thread applies about fourteen million blocks per second, hashing included (see
+//! `benches/index.rs` and `docs/index-performance.md`).
 //!
 //! Workers restarted, removed or with an unrecoverable sequence gap are dropped with
 //! [`KvIndex::clear_worker`]. A per-worker generation makes an event batch that was being
