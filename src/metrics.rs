@@ -52,6 +52,9 @@ pub struct Metrics {
     pub prefix_queried_blocks: IntCounterVec,
     /// `kvroute_index_entries`: (block, worker) entries in the event-fed index.
     pub index_entries: IntGauge,
+    /// `kvroute_index_bytes`: heap bytes of the event-fed index; divided by
+    /// `kvroute_index_entries`, the bytes each (block, worker) entry costs.
+    pub index_bytes: IntGauge,
     /// `kvroute_index_events_total{outcome}`: KV events applied or skipped by the index.
     pub index_events: IntCounterVec,
     /// `kvroute_index_evictions_total`: entries evicted to stay within `index.max_entries`.
@@ -150,6 +153,12 @@ impl Metrics {
             "(block, worker) entries in the event-fed KV index.",
         )
         .expect("static metric definition");
+        let index_bytes = IntGauge::new(
+            "kvroute_index_bytes",
+            "Heap bytes held by the event-fed KV index (divide by kvroute_index_entries for bytes \
+             per entry).",
+        )
+        .expect("static metric definition");
         let index_events = counter(
             "kvroute_index_events_total",
             "KV events applied to or skipped by the index.",
@@ -195,6 +204,7 @@ impl Metrics {
             Box::new(prefix_hit_blocks.clone()),
             Box::new(prefix_queried_blocks.clone()),
             Box::new(index_entries.clone()),
+            Box::new(index_bytes.clone()),
             Box::new(index_events.clone()),
             Box::new(index_evictions.clone()),
             Box::new(kv_stream.clone()),
@@ -217,6 +227,7 @@ impl Metrics {
             prefix_hit_blocks,
             prefix_queried_blocks,
             index_entries,
+            index_bytes,
             index_events,
             index_evictions,
             kv_stream,

@@ -231,6 +231,13 @@ async fn same_prefix_requests_concentrate_on_the_warm_worker() {
         "{metrics}"
     );
     assert!(metrics.contains("kvroute_index_entries "));
+    // The index's size is reported, and an index holding entries takes memory.
+    let bytes: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("kvroute_index_bytes "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("kvroute_index_bytes missing: {metrics}"));
+    assert!(bytes > 0.0, "{bytes}");
     s.shutdown().await;
 }
 

@@ -80,6 +80,17 @@ impl Run {
         self.slots.len()
     }
 
+    /// Heap bytes of this run's arrays.
+    fn bytes(&self) -> usize {
+        self.slots.capacity() * size_of::<Slot>()
+            + self.more.capacity() * size_of::<Vec<Bits>>()
+            + self
+                .more
+                .iter()
+                .map(|v| v.capacity() * size_of::<Bits>())
+                .sum::<usize>()
+    }
+
     #[inline]
     fn hash(&self, offset: usize) -> u64 {
         slot_hash(&self.slots[offset])
@@ -147,24 +158,27 @@ pub(crate) struct Runs {
     starts: Table<u32>,
     /// Blocks stored in all runs (held or kept for the walk).
     blocks: usize,
+    /// Heap bytes of all runs' arrays, kept up to date so that reading the index's size (a
+    /// metrics scrape) does not walk every run under the lock.
+    run_bytes: usize,
 }
 
 impl Runs {
     /// Heap bytes of the runs and their index.
     pub(crate) fn heap_bytes(&self) -> usize {
-        let slots: usize = self
-            .runs
-            .iter()
-            .map(|r| {
-                r.slots.capacity() * size_of::<Slot>()
-                    + r.more.capacity() * size_of::<Vec<Bits>>()
-                    + r.more.iter().map(|v| v.capacity() * 4).sum::<usize>()
-            })
-            .sum();
-        slots
+        self.run_bytes
             + self.runs.capacity() * size_of::<Run>()
-            + self.free.capacity() * 4
+            + self.free.capacity() * size_of::<u32>()
             + self.starts.heap_bytes()
+    }
+
+    /// Applies `change` to run `id`, keeping [`Runs::run_bytes`] in step with its arrays.
+    fn with_run<T>(&mut self, id: u32, change: impl FnOnce(&mut Run) -> T) -> T {
+        let run = &mut self.runs[id as usize];
+        let before = run.bytes();
+        let out = change(run);
+        self.run_bytes = self.run_bytes + run.bytes() - before;
+        out
     }
 
     /// Live runs.
@@ -222,7 +236,7 @@ impl Runs {
         {
             return Loc { run: id, offset: 0 };
         }
-        self.runs[p.run as usize].push(hash, room);
+        self.with_run(p.run, |r| r.push(hash, room));
         self.blocks += 1;
         Loc {
             run: p.run,
@@ -239,6 +253,7 @@ impl Runs {
             ..Run::default()
         };
         run.push(hash, room);
+        self.run_bytes += run.bytes();
         let id = match self.free.pop() {
             Some(id) => {
                 self.runs[id as usize] = run;
@@ -259,18 +274,19 @@ impl Runs {
 
     /// Marks `worker` as holding the block at `loc`; `false` if it already did.
     pub(crate) fn set(&mut self, loc: Loc, worker: WorkerIdx) -> bool {
-        let run = &mut self.runs[loc.run as usize];
         let offset = loc.offset as usize;
-        let was_held = run.held(offset);
-        let bits = run.bits_mut(worker.page(), offset);
-        if *bits & worker.bit() != 0 {
-            return false;
-        }
-        *bits |= worker.bit();
-        if !was_held {
-            run.live += 1;
-        }
-        true
+        self.with_run(loc.run, |run| {
+            let was_held = run.held(offset);
+            let bits = run.bits_mut(worker.page(), offset);
+            if *bits & worker.bit() != 0 {
+                return false;
+            }
+            *bits |= worker.bit();
+            if !was_held {
+                run.live += 1;
+            }
+            true
+        })
     }
 
     /// Marks `worker` as no longer holding the block at `loc`, freeing what nobody needs any
@@ -301,13 +317,14 @@ impl Runs {
             }
             if run.live > 0 {
                 let before = run.len();
-                run.cut_dead_tail();
-                self.blocks -= before - run.len();
+                self.with_run(id, Run::cut_dead_tail);
+                self.blocks -= before - self.runs[id as usize].len();
                 return;
             }
             let first = run.hash(0);
             let parent = run.parent;
             self.blocks -= run.len();
+            self.run_bytes -= run.bytes();
             *run = Run::default();
             self.free.push(id);
             self.starts.remove(first);
@@ -549,10 +566,12 @@ mod tests {
                 runs.unset(l, w);
             }
         }
+        let walked: usize = runs.runs.iter().map(Run::bytes).sum();
+        assert_eq!(runs.run_bytes, walked, "kept in step with the runs");
         for (l, w) in held {
             runs.unset(l, w);
         }
-        assert_eq!((runs.len(), runs.blocks()), (0, 0));
+        assert_eq!((runs.len(), runs.blocks(), runs.run_bytes), (0, 0, 0));
         assert!(runs.starts.is_empty());
     }
 }

@@ -44,6 +44,8 @@ pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let index = state.holdings.exact.stats();
     m.index_entries
         .set(i64::try_from(index.entries).unwrap_or(i64::MAX));
+    m.index_bytes
+        .set(i64::try_from(state.holdings.exact.heap_bytes()).unwrap_or(i64::MAX));
     sync_counter(
         &m.index_events.with_label_values(&["applied"]),
         index.events_applied,
