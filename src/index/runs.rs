@@ -213,6 +213,10 @@ impl Runs {
     /// The location of block `hash` whose parent is at `parent` (`None` for the first block of a
     /// chain, or a parent this index no longer knows), storing the block if it is new. `room`
     /// is how many blocks of the same chain the caller is about to store, this one included.
+    ///
+    /// A block placed without its parent (the parent was evicted between two write chunks of
+    /// one event) starts a run of its own. Should the parent's run later grow the same block,
+    /// the two copies split its holders: a lookup may miss a hit there, never report a false one.
     pub(crate) fn place(&mut self, parent: Option<Loc>, hash: u64, room: usize) -> Loc {
         let Some(p) = parent else {
             return self.start_or_new(None, hash, room);
