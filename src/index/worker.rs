@@ -5,7 +5,7 @@
 //! index keep "which workers hold this block" as a 32-bit set per page of 32 workers instead of
 //! a list, which is what keeps a block's slot at 12 bytes and a lookup branch-light. 32 rather
 //! than 64 per page because most blocks are held by one worker: the wider set would cost 4
-//! more bytes on every block to save a second table probe only in fleets of 33+ workers.
+//! more bytes on every block to save a second walk only in fleets of 33+ workers.
 
 use std::fmt;
 
@@ -17,9 +17,9 @@ pub(crate) const PAGE_WORKERS: u32 = Bits::BITS;
 
 /// A worker's dense index, assigned by `fleet` (0, 1, 2, … reusing freed numbers).
 ///
-/// Workers 0–31 share the index's first table; every further 32 workers add a table that a
-/// lookup probes only while one of them still holds the request's prefix. Any number works;
-/// `fleet` should hand out the lowest free number.
+/// Workers 0–31 share the holder set stored in each block's slot; every further 32 workers add a
+/// side array of holder sets per run, which a lookup walks only while one of them still holds
+/// the request's prefix. Any number works; `fleet` should hand out the lowest free number.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Default)]
 pub struct WorkerIdx(pub u32);
 
