@@ -37,7 +37,7 @@ use crate::tokens::BlockHash;
 /// slower than 8 on this machine).
 const PREFETCH_AHEAD: usize = 8;
 
-#[derive(Clone, Default)]
+#[derive(Default)]
 struct WorkerBlocks {
     /// Mixed engine id → packed [`Loc`].
     engine: Table<u64>,
@@ -46,7 +46,7 @@ struct WorkerBlocks {
 }
 
 /// Which worker holds which block; not synchronised (see [`super::KvIndex`]).
-#[derive(Clone, Default)]
+#[derive(Default)]
 pub(crate) struct BlockMap {
     runs: Runs,
     workers: Vec<WorkerBlocks>,
@@ -114,14 +114,14 @@ impl BlockMap {
         let mut at = parent.and_then(|p| self.loc_of(worker, p));
         let engine = &self.worker_mut(worker).engine;
         for id in ids.iter().take(PREFETCH_AHEAD) {
-            engine.prefetch(mix(id.0), 1);
+            engine.prefetch(mix(id.0));
         }
         let mut added = 0;
         for (i, (id, block)) in ids.iter().zip(blocks).enumerate() {
             if let Some(ahead) = ids.get(i + PREFETCH_AHEAD) {
                 self.workers[worker.0 as usize]
                     .engine
-                    .prefetch(mix(ahead.0), 1);
+                    .prefetch(mix(ahead.0));
             }
             let loc = self.runs.place(at, block.0, blocks.len() - i);
             added += u64::from(self.record(worker, *id, loc));
@@ -186,7 +186,7 @@ impl BlockMap {
         let mut gone = Vec::with_capacity(ids.len());
         for (i, id) in ids.iter().enumerate() {
             if let Some(a) = ids.get(i + PREFETCH_AHEAD) {
-                wb.engine.prefetch(mix(a.0), 1);
+                wb.engine.prefetch(mix(a.0));
             }
             match wb.engine.remove(mix(id.0)) {
                 Some(loc) => gone.push(Loc::unpack(loc)),

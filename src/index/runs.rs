@@ -61,7 +61,7 @@ fn slot_hash(s: &Slot) -> u64 {
 }
 
 /// A run of consecutive blocks of one chain.
-#[derive(Clone, Debug, Default)]
+#[derive(Debug, Default)]
 struct Run {
     slots: Vec<Slot>,
     /// Holders from workers 32 on: `more[p - 1][offset]` for page `p` (empty in fleets of up to
@@ -104,15 +104,25 @@ impl Run {
         }
     }
 
+    /// The holders of `offset` in `page`, which [`Run::add_pages`] must have made room for.
     fn bits_mut(&mut self, page: usize, offset: usize) -> &mut Bits {
-        if page == 0 {
-            return &mut self.slots[offset][2];
+        match page {
+            0 => &mut self.slots[offset][2],
+            p => &mut self.more[p - 1][offset],
         }
-        if self.more.len() < page {
-            let len = self.slots.len();
-            self.more.resize_with(page, || vec![0; len]);
-        }
-        &mut self.more[page - 1][offset]
+    }
+
+    /// Holder arrays for every page up to `page`.
+    fn add_pages(&mut self, page: usize) {
+        let len = self.slots.len();
+        self.more
+            .resize_with(page.max(self.more.len()), || vec![0; len]);
+    }
+
+    /// Whether storing one more block reallocates an array.
+    fn is_full(&self) -> bool {
+        self.slots.len() == self.slots.capacity()
+            || self.more.iter().any(|v| v.len() == v.capacity())
     }
 
     fn held(&self, offset: usize) -> bool {
@@ -149,7 +159,7 @@ impl Run {
 }
 
 /// All runs, and the index of their first blocks.
-#[derive(Clone, Default)]
+#[derive(Default)]
 pub(crate) struct Runs {
     runs: Vec<Run>,
     /// Ids of freed runs, reused first.
@@ -240,7 +250,12 @@ impl Runs {
         {
             return Loc { run: id, offset: 0 };
         }
-        self.with_run(p.run, |r| r.push(hash, room));
+        // Byte accounting only when an array grows: most appends fill room reserved earlier.
+        if run.is_full() {
+            self.with_run(p.run, |r| r.push(hash, room));
+        } else {
+            self.runs[p.run as usize].push(hash, room);
+        }
         self.blocks += 1;
         Loc {
             run: p.run,
@@ -278,19 +293,21 @@ impl Runs {
 
     /// Marks `worker` as holding the block at `loc`; `false` if it already did.
     pub(crate) fn set(&mut self, loc: Loc, worker: WorkerIdx) -> bool {
-        let offset = loc.offset as usize;
-        self.with_run(loc.run, |run| {
-            let was_held = run.held(offset);
-            let bits = run.bits_mut(worker.page(), offset);
-            if *bits & worker.bit() != 0 {
-                return false;
-            }
-            *bits |= worker.bit();
-            if !was_held {
-                run.live += 1;
-            }
-            true
-        })
+        let (offset, page) = (loc.offset as usize, worker.page());
+        if self.runs[loc.run as usize].more.len() < page {
+            self.with_run(loc.run, |run| run.add_pages(page));
+        }
+        let run = &mut self.runs[loc.run as usize];
+        let was_held = run.held(offset);
+        let bits = run.bits_mut(page, offset);
+        if *bits & worker.bit() != 0 {
+            return false;
+        }
+        *bits |= worker.bit();
+        if !was_held {
+            run.live += 1;
+        }
+        true
     }
 
     /// Marks `worker` as no longer holding the block at `loc`, freeing what nobody needs any

@@ -1,7 +1,7 @@
 //! A compact open-addressing hash table keyed by already-random `u64`s.
 //!
-//! Both of the index's big maps are keyed by hashes (kvroute block hashes, mixed engine ids), so
-//! hashing them again would be wasted work, and a general-purpose map spends memory on control
+//! The index's maps are keyed by hashes (run-start block hashes in `runs`, mixed engine ids in
+//! the per-worker engine-id maps), so hashing them again would be wasted work, and a general-purpose map spends memory on control
 //! bytes and a 50 %-ish average load after doubling. This table is *bucketized* linear probing:
 //!
 //! - slots come in 64-byte, cache-line-aligned buckets (five 12-byte slots for `u32` values,
@@ -10,8 +10,9 @@
 //!   with room, where an ordered (Robin Hood) table would shift the rest of its run — several
 //!   lines at 85 % load, which measured as most of the event-application time;
 //! - the home bucket of key `k` is `k * buckets >> 64` ("fastrange"), so any capacity works and
-//!   the table grows by 1.5× instead of 2×, keeping the load between 57 % and 85 %; the home being monotone in the key also makes a rebuild stream
-//!   through the old and the new buckets in the same order;
+//!   the table grows by 1.5× instead of 2×, keeping the load between 57 % and 85 %; the home
+//!   being monotone in the key also makes a rebuild stream through the old and the new buckets
+//!   in the same order;
 //! - a search stops at the first bucket with a free slot (an insertion would have used it);
 //!   deletion moves a later entry that probed past the freed bucket back into it (backward
 //!   shift, no tombstones), so the table never degrades under the store/remove churn of KV
@@ -24,7 +25,8 @@
 //! known seed), so a client could craft prompts whose blocks share a home region; the damage
 //! is bounded to slower probes in that region (memory stays proportional to entries, since a
 //! crowded end lengthens the tail instead of growing the table). Scrambling keys with a
-//! per-process secret would close that too, but measured 25 % slower lookups here.
+//! per-process secret would close that too, but measured 25 % slower lookups when every block of
+//! a lookup was probed in such a table.
 //!
 //! Key 0 marks an empty slot; a real key 0 lives in a side slot.
 
@@ -101,8 +103,8 @@ impl<V: Copy + Default, const N: usize> Slots<V> for Bucket<V, N> {
 
     #[inline]
     fn find(&self, key: u64) -> (Option<usize>, bool) {
-        // Stop at the match: most searches are hits in the home bucket (a lookup's blocks),
-        // and the free-slot check matters only for a miss.
+        // Stop at the match: removals, parent look-ups and run-start probes mostly find their
+        // key, and the free-slot check matters only for a miss.
         if let Some(i) = self.keys.iter().position(|k| *k == key) {
             return (Some(i), false);
         }
@@ -266,16 +268,14 @@ impl<V: Value> Table<V> {
 
     /// The bucket where the search for `key` starts.
     #[inline]
-    pub(crate) fn home(&self, key: u64) -> usize {
+    fn home(&self, key: u64) -> usize {
         home_in(key, self.capacity)
     }
 
-    /// Hints the CPU to fetch `lines` buckets from `key`'s home bucket on: one covers nearly
-    /// every search and insertion.
+    /// Hints the CPU to fetch `key`'s home bucket: it holds nearly every search and insertion.
     #[inline]
-    pub(crate) fn prefetch(&self, key: u64, lines: usize) {
-        let pos = self.home(key);
-        for b in self.buckets.iter().skip(pos).take(lines) {
+    pub(crate) fn prefetch(&self, key: u64) {
+        if let Some(b) = self.buckets.get(self.home(key)) {
             prefetch_line(b);
         }
     }
@@ -283,16 +283,10 @@ impl<V: Value> Table<V> {
     /// The value stored for `key`.
     #[inline]
     pub(crate) fn get(&self, key: u64) -> Option<V> {
-        self.get_from(self.home(key), key)
-    }
-
-    /// The value stored for `key`, whose [`Table::home`] the caller already computed.
-    #[inline]
-    pub(crate) fn get_from(&self, home: usize, key: u64) -> Option<V> {
         if key == 0 {
             return self.zero;
         }
-        let (b, i) = self.position(home, key)?;
+        let (b, i) = self.position(self.home(key), key)?;
         Some(self.buckets[b].val(i))
     }
 
