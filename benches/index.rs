@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use criterion::Criterion;
 use hdrhistogram::Histogram;
 use kvroute::index::workload::{Workload, WorkloadConfig, seed};
-use kvroute::index::{IndexConfig, KvIndex};
+use kvroute::index::{IndexConfig, KvIndex, WorkerIdx};
 use kvroute::tokens::HashSeed;
 
 /// Counts live heap bytes, so the index's footprint is measured, not estimated.
@@ -58,14 +58,62 @@ fn thread_cpu_time() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
-/// Applies every batch to a fresh index; returns it with the wall and CPU time taken.
-fn build(w: &Workload) -> (KvIndex, Duration, Duration) {
+/// Applies every batch to a fresh index; returns it with the wall and CPU time taken. With
+/// `capacity_known`, each worker's KV capacity is reserved first (untimed: a router learns it
+/// once, when the worker joins, from vLLM's `num_gpu_blocks`), as each engine's peak holdings.
+fn build(w: &Workload, capacity_known: bool) -> (KvIndex, Duration, Duration) {
     let idx = KvIndex::new(IndexConfig::default());
+    if capacity_known {
+        for (i, blocks) in w.peak_held.iter().enumerate() {
+            idx.reserve(WorkerIdx(i as u32), *blocks);
+        }
+    }
     let (t, cpu) = (Instant::now(), thread_cpu_time());
     for (worker, b) in &w.batches {
         idx.apply(*worker, b, &seeds);
     }
     (idx, t.elapsed(), thread_cpu_time() - cpu)
+}
+
+/// Builds the index `rounds` times without and then with known capacities and prints the
+/// best of each.
+fn apply_rounds(w: &Workload, rounds: usize) {
+    let blocks = w.blocks_stored + w.blocks_removed;
+    for known in [false, true] {
+        let (mut best, mut best_cpu) = (Duration::MAX, Duration::MAX);
+        for _ in 0..rounds {
+            let (idx, wall, cpu) = build(w, known);
+            drop(idx);
+            best = best.min(wall);
+            best_cpu = best_cpu.min(cpu);
+        }
+        println!(
+            "apply, capacity {} (1 thread, best of {rounds}, stored + removed blocks, tokens \
+             rehashed): {blocks} blocks in {best:.1?} wall = {:.1} M blocks/s; {best_cpu:.1?} \
+             thread CPU = {:.1} M blocks/s",
+            if known { "known" } else { "unknown" },
+            blocks as f64 / best.as_secs_f64() / 1e6,
+            blocks as f64 / best_cpu.as_secs_f64() / 1e6,
+        );
+    }
+}
+
+/// Builds the index once more and prints its live heap per (block, worker) pair.
+fn memory(w: &Workload, capacity_known: bool) -> KvIndex {
+    let before = LIVE.load(Relaxed);
+    let (idx, _, _) = build(w, capacity_known);
+    let live = (LIVE.load(Relaxed) - before) as f64;
+    let entries = idx.entries();
+    assert_eq!(entries, w.live_pairs(), "index disagrees with the engines");
+    println!(
+        "memory, capacity {}: {entries} (block, worker) pairs, {:.1} MB live heap = {:.1} \
+         bytes/pair (table capacity {:.1} bytes/pair)",
+        if capacity_known { "known" } else { "unknown" },
+        live / 1e6,
+        live / entries as f64,
+        idx.heap_bytes() as f64 / entries as f64
+    );
+    idx
 }
 
 /// Times every lookup of the workload once and prints the percentiles.
@@ -113,49 +161,26 @@ fn main() {
     let report_only = std::env::args().any(|a| a == "--report-only");
     let t = Instant::now();
     let w = Workload::generate(WorkloadConfig::issue4());
-    let blocks = w.blocks_stored + w.blocks_removed;
     println!(
-        "workload: {} batches, {} blocks stored, {} removed, {} live pairs (generated in {:.1?})",
+        "workload: {} batches, {} blocks stored, {} removed, {} live pairs, peak per worker \
+         {}–{} blocks (generated in {:.1?})",
         w.batches.len(),
         w.blocks_stored,
         w.blocks_removed,
         w.live_pairs(),
+        w.peak_held.iter().min().unwrap_or(&0),
+        w.peak_held.iter().max().unwrap_or(&0),
         t.elapsed()
     );
 
-    let (mut best, mut best_cpu) = (Duration::MAX, Duration::MAX);
     // `--apply-only` (for profiling the event path) builds more often and stops here.
     let apply_only = std::env::args().any(|a| a == "--apply-only");
-    for _ in 0..if apply_only { 8 } else { 3 } {
-        let (idx, wall, cpu) = build(&w);
-        drop(idx);
-        best = best.min(wall);
-        best_cpu = best_cpu.min(cpu);
-    }
-    println!(
-        "apply (1 thread, best of 3, stored + removed blocks, tokens rehashed): {blocks} blocks \
-         in {:.1?} wall = {:.1} M blocks/s; {:.1?} thread CPU = {:.1} M blocks/s",
-        best,
-        blocks as f64 / best.as_secs_f64() / 1e6,
-        best_cpu,
-        blocks as f64 / best_cpu.as_secs_f64() / 1e6,
-    );
-
+    apply_rounds(&w, if apply_only { 8 } else { 3 });
     if apply_only {
         return;
     }
-    let before = LIVE.load(Relaxed);
-    let (idx, _, _) = build(&w);
-    let live = (LIVE.load(Relaxed) - before) as f64;
-    let entries = idx.entries();
-    assert_eq!(entries, w.live_pairs(), "index disagrees with the engines");
-    println!(
-        "memory: {entries} (block, worker) pairs, {:.1} MB live heap = {:.1} bytes/pair \
-         (table capacity {:.1} bytes/pair)",
-        live / 1e6,
-        live / entries as f64,
-        idx.heap_bytes() as f64 / entries as f64
-    );
+    drop(memory(&w, true));
+    let idx = memory(&w, false);
 
     // Three passes over the same lookups: on a shared machine one pass can be disturbed by
     // other jobs; each pass is printed.

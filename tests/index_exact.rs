@@ -269,6 +269,38 @@ fn max_entries_evicts_and_counts() {
 }
 
 #[test]
+fn reserved_capacity_survives_clears_and_stays_within_the_entry_bound() {
+    let idx = KvIndex::new(IndexConfig {
+        max_entries: 100_000,
+    });
+    let empty = idx.heap_bytes();
+    assert_eq!(idx.reserve(W0, 60_000), 60_000);
+    // The second worker gets only what the bound leaves.
+    assert_eq!(idx.reserve(WorkerIdx(1), 60_000), 40_000);
+    let reserved = idx.heap_bytes();
+    // 100,000 engine-map entries of 16 bytes at most 85 % full.
+    assert!(reserved > empty + 100_000 * 16, "{reserved}");
+    let toks = tokens(300, 0);
+    idx.apply(W0, &batch(vec![stored(0..300, None, &toks)]), &seeds);
+    idx.apply(W0, &batch(vec![KvEvent::AllCleared]), &seeds);
+    assert_eq!(idx.entries(), 0);
+    // A restarted engine has the same cache: the cleared worker keeps its room.
+    assert!(idx.heap_bytes() >= reserved, "{}", idx.heap_bytes());
+    // Re-reserving a worker counts only the others against the bound.
+    assert_eq!(idx.reserve(W0, 60_000), 60_000);
+    // A removed worker gives its room back, to the index and to the bound.
+    idx.remove_worker(W0);
+    assert!(
+        idx.heap_bytes() < reserved - 60_000 * 16,
+        "{}",
+        idx.heap_bytes()
+    );
+    assert_eq!(idx.reserve(WorkerIdx(1), 100_000), 100_000);
+    let o = idx.lookup(&request(&toks));
+    assert!(o.is_empty());
+}
+
+#[test]
 fn many_workers_beyond_one_word() {
     let idx = KvIndex::new(IndexConfig::default());
     let toks = tokens(8, 3);

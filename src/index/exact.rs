@@ -281,6 +281,26 @@ impl KvIndex {
         );
     }
 
+    /// Records that `worker`'s KV cache holds `blocks` blocks (vLLM's `num_gpu_blocks`), so its
+    /// part of the index is sized for them now and after every clear instead of growing as
+    /// the cache warms; returns the blocks granted. All reservations together stay within
+    /// `max_entries`, so a wrong or hostile capacity cannot allocate past the bound. 0 forgets
+    /// the worker's reservation (a removed worker).
+    pub fn reserve(&self, worker: WorkerIdx, blocks: usize) -> usize {
+        let mut st = self.write();
+        let others = st.map.reserved_total() - st.map.reserved(worker);
+        let granted = blocks.min(self.config.max_entries.saturating_sub(others));
+        st.map.reserve(worker, granted);
+        self.publish_entries(&st);
+        granted
+    }
+
+    /// Clears `worker` and forgets its reservation: for a worker leaving the fleet.
+    pub fn remove_worker(&self, worker: WorkerIdx) {
+        self.reserve(worker, 0);
+        self.clear_worker(worker);
+    }
+
     /// Drops every entry of `worker` (AllBlocksCleared, restart, removal, gap without replay).
     /// Holds the write lock for the whole worker (≈ 5 ms per 100,000 entries): a rare event,
     /// and clearing in pieces would let lookups see a half-cleared worker.

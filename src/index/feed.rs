@@ -90,6 +90,6 @@ impl Drop for WorkerFeed {
         // Stop the thread first so nothing is applied after the clear.
         self.subscriber.take();
         self.task.abort();
-        self.holdings.exact.clear_worker(self.worker);
+        self.holdings.exact.remove_worker(self.worker);
     }
 }

@@ -240,14 +240,28 @@ pub(crate) fn prefetch_line<T>(p: &T) {
 }
 
 impl<V: Value> Table<V> {
+    /// Home buckets for `n` entries at the maximum load.
+    fn capacity_for(n: usize) -> usize {
+        (n.saturating_mul(LOAD_DEN) / LOAD_NUM / V::Bucket::N + 1).max(MIN_BUCKETS)
+    }
+
     /// A table that holds `n` entries without growing.
     pub(crate) fn with_capacity(n: usize) -> Self {
-        let capacity = (n * LOAD_DEN / LOAD_NUM / V::Bucket::N + 1).max(MIN_BUCKETS);
+        let capacity = Self::capacity_for(n);
         Table {
             buckets: empty_buckets(capacity + SLACK, V::Bucket::empty()),
             capacity,
             len: 0,
             zero: None,
+        }
+    }
+
+    /// Makes room for `n` entries in all, so inserting up to that many never grows the table
+    /// (never shrinks it).
+    pub(crate) fn reserve(&mut self, n: usize) {
+        let capacity = Self::capacity_for(n);
+        if capacity > self.capacity {
+            self.rebuild(capacity);
         }
     }
 
@@ -522,6 +536,31 @@ mod tests {
         let mut expected: Vec<_> = m.iter().map(|(k, v)| (*k, *v)).collect();
         expected.sort_unstable();
         assert_eq!(listed, expected);
+    }
+
+    #[test]
+    fn a_reserved_table_keeps_its_entries_and_does_not_grow_up_to_the_reservation() {
+        let mut t: Table<u64> = Table::default();
+        for i in 0..100u64 {
+            t.insert(mix(i), i);
+        }
+        t.reserve(50_000);
+        let reserved = t.heap_bytes();
+        for i in 0..100u64 {
+            assert_eq!(t.get(mix(i)), Some(i));
+        }
+        for i in 100..50_000u64 {
+            t.insert(mix(i), i);
+        }
+        assert_eq!(t.heap_bytes(), reserved);
+        assert_eq!(t.len(), 50_000);
+        // A smaller reservation never shrinks it.
+        t.reserve(10);
+        assert_eq!(t.heap_bytes(), reserved);
+        for i in 50_000..50_010u64 {
+            t.insert(mix(i), i);
+        }
+        assert!(t.heap_bytes() > reserved);
     }
 
     #[test]

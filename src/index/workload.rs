@@ -117,6 +117,9 @@ pub struct Workload {
     pub batches: Vec<(WorkerIdx, EventBatch)>,
     /// Per worker, the kvroute hashes its engine holds after the last batch.
     pub held: Vec<HashSet<BlockHash>>,
+    /// Per worker, the most blocks its engine held at any time: the smallest KV capacity
+    /// (`num_gpu_blocks`) an engine publishing these events could have.
+    pub peak_held: Vec<usize>,
     /// Blocks stored by all BlockStored events.
     pub blocks_stored: u64,
     /// Blocks removed by all BlockRemoved events.
@@ -135,6 +138,7 @@ struct EngineCache {
     leaves: BTreeSet<(u64, BlockHash)>,
     stored: u64,
     removed: u64,
+    peak: usize,
 }
 
 struct Node {
@@ -172,6 +176,7 @@ impl EngineCache {
         );
         self.leaves.insert((now, block));
         self.stored += 1;
+        self.peak = self.peak.max(self.nodes.len());
     }
 
     /// Evicts least-recently-used leaves until `fraction` of all stored blocks were removed.
@@ -251,6 +256,7 @@ impl Workload {
         let mut w = Workload {
             batches: Vec::new(),
             held: Vec::new(),
+            peak_held: Vec::new(),
             blocks_stored: 0,
             blocks_removed: 0,
             root_hashes,
@@ -332,6 +338,7 @@ impl Workload {
                 }
             }
         }
+        w.peak_held = engines.iter().map(|e| e.peak).collect();
         w.held = engines
             .iter()
             .map(|e| e.nodes.keys().copied().collect())
