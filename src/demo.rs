@@ -127,6 +127,7 @@ pub async fn start(args: &DemoArgs) -> anyhow::Result<Demo> {
             models: vec![args.model.clone()],
             kv_events: Some(events),
             kv_replay: replay,
+            kv_blocks: None,
         });
         engines.push(engine);
     }

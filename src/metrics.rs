@@ -46,6 +46,9 @@ pub struct Metrics {
     pub upstream_errors: IntCounterVec,
     /// `kvroute_worker_healthy{worker}`: 1 when the worker may receive requests.
     pub worker_healthy: IntGaugeVec,
+    /// `kvroute_worker_kv_blocks{worker}`: the worker's KV cache capacity in blocks, configured
+    /// or read from its metrics; absent while unknown.
+    pub worker_kv_blocks: IntGaugeVec,
     /// `kvroute_prefix_hit_blocks_total{worker}`: prompt blocks the chosen worker held.
     pub prefix_hit_blocks: IntCounterVec,
     /// `kvroute_prefix_queried_blocks_total{worker}`: prompt blocks routed to the worker.
@@ -135,6 +138,14 @@ impl Metrics {
             &["worker"],
         )
         .expect("static metric definition");
+        let worker_kv_blocks = IntGaugeVec::new(
+            Opts::new(
+                "kvroute_worker_kv_blocks",
+                "KV cache capacity of the worker in blocks (configured or read from its metrics).",
+            ),
+            &["worker"],
+        )
+        .expect("static metric definition");
         let counter = |name: &str, help: &str, labels: &[&str]| {
             IntCounterVec::new(Opts::new(name, help), labels).expect("static metric definition")
         };
@@ -201,6 +212,7 @@ impl Metrics {
             Box::new(retries.clone()),
             Box::new(upstream_errors.clone()),
             Box::new(worker_healthy.clone()),
+            Box::new(worker_kv_blocks.clone()),
             Box::new(prefix_hit_blocks.clone()),
             Box::new(prefix_queried_blocks.clone()),
             Box::new(index_entries.clone()),
@@ -224,6 +236,7 @@ impl Metrics {
             retries,
             upstream_errors,
             worker_healthy,
+            worker_kv_blocks,
             prefix_hit_blocks,
             prefix_queried_blocks,
             index_entries,

@@ -76,6 +76,7 @@ impl Stack {
                     models: vec![MODEL.into()],
                     kv_events: Some(e.events.clone()),
                     kv_replay: Some(e.replay.clone()),
+                    kv_blocks: None,
                 }
             })
             .collect();
@@ -238,6 +239,49 @@ async fn same_prefix_requests_concentrate_on_the_warm_worker() {
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or_else(|| panic!("kvroute_index_bytes missing: {metrics}"));
     assert!(bytes > 0.0, "{bytes}");
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_engines_kv_capacity_is_read_from_its_metrics_and_reserved_in_the_index() {
+    let s = Stack::start(2, 1.0, "kv_aware").await;
+    let blocks = EngineArgs::default().num_blocks;
+    let gauge = |metrics: &str, worker: &str| -> Option<u64> {
+        metrics
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(&format!("kvroute_worker_kv_blocks{{worker=\"{worker}\"}} "))
+            })
+            .and_then(|v| v.trim().parse().ok())
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let metrics = loop {
+        let m = s
+            .http
+            .get(s.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if (gauge(&m, "e0").is_some() && gauge(&m, "e1").is_some())
+            || std::time::Instant::now() > deadline
+        {
+            break m;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(gauge(&metrics, "e0"), Some(u64::from(blocks)), "{metrics}");
+    assert_eq!(gauge(&metrics, "e1"), Some(u64::from(blocks)), "{metrics}");
+    // Both workers' engine-id maps are sized for their caches before any event arrived:
+    // 16 bytes per engine id, at most 85 % full.
+    let bytes: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("kvroute_index_bytes "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("kvroute_index_bytes missing: {metrics}"));
+    assert!(bytes >= 2.0 * f64::from(blocks) * 16.0, "{bytes}");
     s.shutdown().await;
 }
 

@@ -158,6 +158,14 @@ async fn admin_api_adds_drains_and_removes_workers() {
         .await
         .unwrap();
     assert_openai_error(dup, 409).await;
+    let zero = c
+        .post(&admin)
+        .bearer_auth("key-admin")
+        .json(&json!({"id": "w-zero", "url": b.url(), "kv_blocks": 0}))
+        .send()
+        .await
+        .unwrap();
+    assert_openai_error(zero, 400).await;
     let list: serde_json::Value = c
         .get(&admin)
         .bearer_auth("key-admin")

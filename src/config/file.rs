@@ -71,6 +71,7 @@ pub(super) struct FileWorker {
     pub(super) models: Vec<String>,
     pub(super) kv_events: Option<String>,
     pub(super) kv_replay: Option<String>,
+    pub(super) kv_blocks: Option<usize>,
 }
 
 #[derive(Deserialize, Debug)]

@@ -438,14 +438,15 @@ impl Config {
         let mut workers = Vec::new();
         for (i, w) in file.workers.into_iter().enumerate() {
             let key = format!("workers[{i}]");
-            workers.push(worker_spec(
-                &key,
-                w.id,
-                &w.url,
-                w.models,
-                w.kv_events,
-                w.kv_replay,
-            )?);
+            if w.kv_blocks == Some(0) {
+                return Err(invalid(
+                    format!("{key}.kv_blocks"),
+                    "must be at least 1; omit it to read the engine's metrics",
+                ));
+            }
+            let mut spec = worker_spec(&key, w.id, &w.url, w.models, w.kv_events, w.kv_replay)?;
+            spec.kv_blocks = w.kv_blocks;
+            workers.push(spec);
         }
         for (i, flag) in args.workers.iter().enumerate() {
             workers.push(
@@ -716,6 +717,7 @@ fn worker_spec(
         models,
         kv_events,
         kv_replay,
+        kv_blocks: None,
     })
 }
 
@@ -827,5 +829,15 @@ mod tests {
         let text = include_str!("../../config/kvroute.example.toml");
         let c = load(text).unwrap();
         assert!(!c.workers.is_empty());
+        assert_eq!(c.workers[0].kv_blocks, Some(27264));
+        assert_eq!(c.workers[1].kv_blocks, None);
+    }
+
+    #[test]
+    fn a_zero_kv_capacity_is_rejected_with_its_key() {
+        let e = load("[[workers]]\nurl = \"http://127.0.0.1:1\"\nkv_blocks = 0")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("workers[0].kv_blocks"), "{e}");
     }
 }

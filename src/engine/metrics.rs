@@ -10,7 +10,7 @@ use prometheus::{
     TextEncoder,
 };
 
-use super::core::{EngineCore, EngineCounters};
+use super::core::{EngineConfig, EngineCore, EngineCounters};
 use super::request::{FinishReason, RequestStats};
 
 const TTFT_BUCKETS: &[f64] = &[
@@ -42,9 +42,23 @@ pub struct EngineMetrics {
 }
 
 impl EngineMetrics {
-    /// Registers every metric, labelled with `model_name`.
-    pub fn new(model_name: &str) -> Result<Self, prometheus::Error> {
+    /// Registers every metric, labelled with `model_name`; `core` is described in
+    /// `vllm:cache_config_info`, as vLLM describes its cache (routers size their state by its
+    /// `num_gpu_blocks`).
+    pub fn new(model_name: &str, core: &EngineConfig) -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
+        let cache_info = Gauge::with_opts(
+            Opts::new(
+                "vllm:cache_config_info",
+                "Information of the LLMEngine CacheConfig",
+            )
+            .const_label("block_size", core.block_size.to_string())
+            .const_label("enable_prefix_caching", "True")
+            .const_label("engine", "0")
+            .const_label("num_gpu_blocks", core.num_blocks.to_string()),
+        )?;
+        cache_info.set(1.0);
+        registry.register(Box::new(cache_info))?;
         let opts = |name: &str, help: &str| {
             Opts::new(name, help)
                 .const_label("model_name", model_name)
@@ -184,7 +198,7 @@ mod tests {
 
     #[test]
     fn exposes_vllm_names_with_model_label() {
-        let m = EngineMetrics::new("my-model").unwrap();
+        let m = EngineMetrics::new("my-model", &EngineConfig::default()).unwrap();
         let mut core = EngineCore::new(EngineConfig::default()).unwrap();
         let before = core.counters();
         core.add_request(RequestId(1), (0..40).collect(), 1, 0.0)
@@ -214,5 +228,16 @@ mod tests {
         assert!(text.contains(
             "vllm:time_to_first_token_seconds_count{engine=\"0\",model_name=\"my-model\"} 1"
         ));
+    }
+
+    #[test]
+    fn cache_config_info_tells_the_router_the_cache_size() {
+        let config = EngineConfig {
+            num_blocks: 1234,
+            ..EngineConfig::default()
+        };
+        let text = EngineMetrics::new("m", &config).unwrap().render();
+        assert!(text.contains("vllm:cache_config_info{"), "{text}");
+        assert_eq!(crate::fleet::capacity::parse_kv_blocks(&text), Some(1234));
     }
 }

@@ -116,8 +116,8 @@ pub async fn start(config: ServeConfig, listener: TcpListener) -> Result<EngineH
         return Err(StartError::DefaultMaxTokens);
     }
     let max_model_len = config.core.max_model_len();
+    let metrics = Arc::new(EngineMetrics::new(&config.model, &config.core)?);
     let core = EngineCore::new(config.core)?;
-    let metrics = Arc::new(EngineMetrics::new(&config.model)?);
     let addr = listener.local_addr()?;
     let shutdown = CancellationToken::new();
     let (client, engine) = driver::spawn(core, config.events, metrics.clone(), shutdown.clone());

@@ -3,7 +3,10 @@
 //! Every interval each worker's health endpoint is asked, with a timeout; a worker that does
 //! not answer 2xx gets no new requests until it does. Workers configured without a model list
 //! are asked for `GET /v1/models` on the same beat, so a redeployed replica serving a new model
-//! is picked up without restarting the router.
+//! is picked up without restarting the router. Workers that publish KV events and have no
+//! configured capacity are asked for `GET /metrics` until it tells their KV cache size (see
+//! [`super::capacity`]), again after each restart, since a restarted engine may have been
+//! given a different share of GPU memory.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +18,11 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tokio_util::sync::CancellationToken;
 
+use super::capacity::parse_kv_blocks;
 use super::{Fleet, Worker};
+
+/// Called when a worker's KV cache capacity (in blocks) becomes known or changes.
+pub type CapacityHook = Arc<dyn Fn(&Worker, usize) + Send + Sync>;
 
 /// How health is checked.
 #[derive(Clone, Debug)]
@@ -46,10 +53,12 @@ impl Default for HealthConfig {
 
 type ProbeClient = Client<HttpConnector, Empty<Bytes>>;
 
-/// Runs health checks until `stop` is cancelled. The first round runs immediately.
+/// Runs health checks until `stop` is cancelled. The first round runs immediately;
+/// `on_capacity` hears of every KV capacity read from a worker's metrics.
 pub fn spawn(
     fleet: Arc<Fleet>,
     config: HealthConfig,
+    on_capacity: Option<CapacityHook>,
     stop: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
     let mut connector = HttpConnector::new();
@@ -65,7 +74,11 @@ pub fn spawn(
                 _ = tick.tick() => {}
             }
             let workers = fleet.workers();
-            let checks = workers.iter().map(|w| check_worker(&client, w, &config));
+            let checks = workers.iter().map(|w| async {
+                if check_worker(&client, w, &config).await {
+                    learn_capacity(&client, w, &config, on_capacity.as_ref()).await;
+                }
+            });
             futures_util::future::join_all(checks).await;
         }
     })
@@ -93,6 +106,10 @@ pub async fn check_worker(
     }
     let was = worker.is_healthy();
     let now = worker.observe_check(ok, config.healthy_threshold, config.unhealthy_threshold);
+    if was && !now {
+        // It comes back as a new process, perhaps with another cache size: read it again.
+        worker.set_discovered_kv_blocks(0);
+    }
     if was != now {
         if now {
             tracing::info!(worker = worker.id(), "worker is healthy");
@@ -104,6 +121,42 @@ pub async fn check_worker(
         }
     }
     now
+}
+
+/// Reads the KV capacity of a healthy worker that publishes KV events (the exact index is
+/// what uses it) while it is neither configured nor known.
+async fn learn_capacity(
+    client: &ProbeClient,
+    worker: &Arc<Worker>,
+    config: &HealthConfig,
+    on_capacity: Option<&CapacityHook>,
+) {
+    if worker.spec.kv_events.is_none() || worker.kv_blocks().is_some() {
+        return;
+    }
+    let Some((status, body)) = get(client, worker, "/metrics", config.timeout).await else {
+        return;
+    };
+    if !status.is_success() {
+        return;
+    }
+    let Some(blocks) = std::str::from_utf8(&body).ok().and_then(parse_kv_blocks) else {
+        tracing::debug!(
+            worker = worker.id(),
+            "no KV cache capacity in /metrics; the index grows as the cache warms"
+        );
+        return;
+    };
+    if worker.set_discovered_kv_blocks(blocks) {
+        tracing::info!(
+            worker = worker.id(),
+            blocks,
+            "KV cache capacity read from the engine's metrics"
+        );
+        if let Some(hook) = on_capacity {
+            hook(worker, blocks);
+        }
+    }
 }
 
 async fn get(

@@ -6,6 +6,7 @@
 //! added or removed at run time cannot tear a decision in half.
 
 pub mod breaker;
+pub mod capacity;
 pub mod health;
 pub mod load;
 pub mod worker;
@@ -138,6 +139,7 @@ mod tests {
             models: models.iter().map(|m| m.to_string()).collect(),
             kv_events: None,
             kv_replay: None,
+            kv_blocks: None,
         }
     }
 

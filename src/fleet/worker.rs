@@ -1,6 +1,6 @@
 //! One upstream replica as the router sees it.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
@@ -95,6 +95,9 @@ pub struct WorkerSpec {
     pub kv_events: Option<String>,
     /// ZMQ endpoint of its KV-event replay socket, if any.
     pub kv_replay: Option<String>,
+    /// Blocks its KV cache holds, when set by the operator; otherwise read from the engine's
+    /// metrics (see [`super::capacity`]).
+    pub kv_blocks: Option<usize>,
 }
 
 /// Called when a worker is declared down: whatever it cached is presumed lost (a replica
@@ -118,6 +121,8 @@ pub struct Worker {
     draining: AtomicBool,
     /// Consecutive health checks that disagreed with the current state.
     streak: AtomicU32,
+    /// KV cache capacity read from the engine's metrics (0: not read yet).
+    discovered_kv_blocks: AtomicUsize,
     on_down: Option<DownHook>,
 }
 
@@ -156,6 +161,7 @@ impl Worker {
             healthy: AtomicBool::new(true),
             draining: AtomicBool::new(false),
             streak: AtomicU32::new(0),
+            discovered_kv_blocks: AtomicUsize::new(0),
             on_down,
         }
     }
@@ -192,6 +198,18 @@ impl Worker {
         if let Ok(mut m) = self.discovered_models.write() {
             *m = models;
         }
+    }
+
+    /// Blocks the worker's KV cache holds: configured, or else read from its metrics.
+    pub fn kv_blocks(&self) -> Option<usize> {
+        self.spec
+            .kv_blocks
+            .or_else(|| Some(self.discovered_kv_blocks.load(Ordering::Relaxed)).filter(|n| *n > 0))
+    }
+
+    /// Records the capacity the engine reported; returns whether it changed.
+    pub fn set_discovered_kv_blocks(&self, blocks: usize) -> bool {
+        self.discovered_kv_blocks.swap(blocks, Ordering::Relaxed) != blocks
     }
 
     /// Whether it may receive new requests.
@@ -268,6 +286,7 @@ mod tests {
             models: vec!["m".into()],
             kv_events: None,
             kv_replay: None,
+            kv_blocks: None,
         };
         let w = Worker::with(spec, 0, BreakerConfig::default(), Some(hook));
         assert!(w.observe_check(false, 2, 3));
@@ -317,6 +336,7 @@ mod tests {
             models: vec!["a".into()],
             kv_events: None,
             kv_replay: None,
+            kv_blocks: None,
         };
         let w = Worker::new(spec.clone(), 0);
         w.set_discovered_models(vec!["b".into()]);

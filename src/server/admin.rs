@@ -37,6 +37,7 @@ fn describe(state: &AppState, w: &Worker) -> Value {
         "decoding": load.decoding,
         "kv_events": w.spec.kv_events,
         "kv_events_connected": state.has_feed(w.slot),
+        "kv_blocks": w.kv_blocks(),
         "predicted_blocks": state.holdings.approx.len(WorkerIdx(w.slot)),
     })
 }
@@ -73,6 +74,7 @@ pub(super) struct NewWorker {
     models: Vec<String>,
     kv_events: Option<String>,
     kv_replay: Option<String>,
+    kv_blocks: Option<usize>,
 }
 
 /// `POST /admin/workers`
@@ -101,12 +103,19 @@ fn add_worker(state: &Arc<AppState>, headers: &HeaderMap, body: &[u8]) -> Result
             ));
         }
     }
+    if new.kv_blocks == Some(0) {
+        return Err(ApiError::invalid(
+            "kv_blocks must be at least 1 (omit it to read the engine's metrics)",
+            Some("kv_blocks"),
+        ));
+    }
     let spec = WorkerSpec {
         id: new.id.unwrap_or_else(|| url.host_port()),
         url,
         models: new.models,
         kv_events: new.kv_events,
         kv_replay: new.kv_replay,
+        kv_blocks: new.kv_blocks,
     };
     let worker = state.fleet.add(spec).map_err(|m| {
         ApiError::new(

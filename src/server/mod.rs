@@ -23,7 +23,8 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, ModelConfig};
-use crate::fleet::{DownHook, Fleet, Worker, health};
+use crate::fleet::health::{self, CapacityHook};
+use crate::fleet::{DownHook, Fleet, Worker};
 use crate::index::{
     ApproxConfig, ApproxIndex, Holdings, IndexConfig, KvIndex, WorkerFeed, WorkerIdx,
 };
@@ -152,9 +153,18 @@ impl AppState {
         match WorkerFeed::start(Arc::clone(&self.holdings), WorkerIdx(w.slot), model, sub) {
             Ok(feed) => {
                 feeds.insert(w.slot, feed);
+                if let Some(blocks) = w.kv_blocks() {
+                    reserve_capacity(&self.holdings, w, blocks);
+                }
             }
             Err(e) => tracing::error!(worker = w.id(), error = %e, "cannot subscribe to KV events"),
         }
+    }
+
+    /// What the health checker calls with a worker's KV capacity read from its metrics.
+    fn capacity_hook(&self) -> CapacityHook {
+        let holdings = Arc::clone(&self.holdings);
+        Arc::new(move |w: &Worker, blocks| reserve_capacity(&holdings, w, blocks))
     }
 
     /// Whether the worker in `slot` has a KV-event feed.
@@ -248,6 +258,22 @@ pub fn start(config: &Config, listener: TcpListener) -> anyhow::Result<RouterHan
     start_with_state(state, config, listener)
 }
 
+/// Sizes the exact index's part for a worker's KV cache (see [`KvIndex::reserve`]).
+fn reserve_capacity(holdings: &Holdings, w: &Worker, blocks: usize) {
+    if w.spec.kv_events.is_none() {
+        return;
+    }
+    let granted = holdings.exact.reserve(WorkerIdx(w.slot), blocks);
+    if granted < blocks {
+        tracing::warn!(
+            worker = w.id(),
+            blocks,
+            granted,
+            "the index's max_entries bounds the room reserved for this worker's KV cache"
+        );
+    }
+}
+
 /// Starts a router with prepared `state` (tests, `demo`) on `listener`.
 pub fn start_with_state(
     state: Arc<AppState>,
@@ -260,6 +286,7 @@ pub fn start_with_state(
     let health_task = health::spawn(
         Arc::clone(&state.fleet),
         config.health.clone(),
+        Some(state.capacity_hook()),
         stop.clone(),
     );
     let app = app(Arc::clone(&state));

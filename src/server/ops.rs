@@ -38,6 +38,7 @@ pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let m = &state.metrics;
     m.in_flight.reset();
     m.worker_healthy.reset();
+    m.worker_kv_blocks.reset();
     m.circuit_state.reset();
     let now = std::time::Instant::now();
     let workers = state.fleet.workers();
@@ -84,6 +85,11 @@ pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         m.worker_healthy
             .with_label_values(&[w.id()])
             .set(i64::from(w.is_healthy()));
+        if let Some(blocks) = w.kv_blocks() {
+            m.worker_kv_blocks
+                .with_label_values(&[w.id()])
+                .set(i64::try_from(blocks).unwrap_or(i64::MAX));
+        }
         m.circuit_state
             .with_label_values(&[w.id()])
             .set(w.breaker.state(now).as_metric());
