@@ -58,14 +58,44 @@ fn thread_cpu_time() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
-/// Applies every batch to a fresh index; returns it with the wall and CPU time taken. With
-/// `capacity_known`, each worker's KV capacity is reserved first (untimed: a router learns it
-/// once, when the worker joins, from vLLM's `num_gpu_blocks`), as each engine's peak holdings.
-fn build(w: &Workload, capacity_known: bool) -> (KvIndex, Duration, Duration) {
+/// What the index is told about the workers' KV capacities before the events arrive.
+#[derive(Clone, Copy, Debug)]
+enum Capacity {
+    /// Nothing: the engine-id maps grow as the caches fill.
+    Unknown,
+    /// Each worker's own peak holdings, the smallest `num_gpu_blocks` its engine could have.
+    PerWorker,
+    /// The largest peak for every worker, as a fleet of identical replicas would report:
+    /// most of these caches never fill in the workload, so this costs memory per live pair.
+    Uniform,
+}
+
+impl Capacity {
+    const ALL: [Capacity; 3] = [Capacity::Unknown, Capacity::PerWorker, Capacity::Uniform];
+
+    fn name(self) -> &'static str {
+        match self {
+            Capacity::Unknown => "unknown",
+            Capacity::PerWorker => "known, per-worker peak",
+            Capacity::Uniform => "known, uniform (largest peak)",
+        }
+    }
+}
+
+/// Applies every batch to a fresh index; returns it with the wall and CPU time taken. Known
+/// capacities are reserved first, untimed: a router learns them once, when a worker joins
+/// (vLLM's `num_gpu_blocks`), not per event.
+fn build(w: &Workload, capacity: Capacity) -> (KvIndex, Duration, Duration) {
     let idx = KvIndex::new(IndexConfig::default());
-    if capacity_known {
-        for (i, blocks) in w.peak_held.iter().enumerate() {
-            idx.reserve(WorkerIdx(i as u32), *blocks);
+    let largest = w.peak_held.iter().copied().max().unwrap_or(0);
+    for (i, peak) in w.peak_held.iter().enumerate() {
+        let blocks = match capacity {
+            Capacity::Unknown => 0,
+            Capacity::PerWorker => *peak,
+            Capacity::Uniform => largest,
+        };
+        if blocks > 0 {
+            idx.reserve(WorkerIdx(i as u32), blocks);
         }
     }
     let (t, cpu) = (Instant::now(), thread_cpu_time());
@@ -75,40 +105,41 @@ fn build(w: &Workload, capacity_known: bool) -> (KvIndex, Duration, Duration) {
     (idx, t.elapsed(), thread_cpu_time() - cpu)
 }
 
-/// Builds the index `rounds` times without and then with known capacities and prints the
-/// best of each.
+/// Builds the index `rounds` times per capacity mode, the modes interleaved so all see the
+/// same machine, and prints the best of each.
 fn apply_rounds(w: &Workload, rounds: usize) {
     let blocks = w.blocks_stored + w.blocks_removed;
-    for known in [false, true] {
-        let (mut best, mut best_cpu) = (Duration::MAX, Duration::MAX);
-        for _ in 0..rounds {
-            let (idx, wall, cpu) = build(w, known);
+    let mut best = [(Duration::MAX, Duration::MAX); 3];
+    for _ in 0..rounds {
+        for (i, capacity) in Capacity::ALL.into_iter().enumerate() {
+            let (idx, wall, cpu) = build(w, capacity);
             drop(idx);
-            best = best.min(wall);
-            best_cpu = best_cpu.min(cpu);
+            best[i] = (best[i].0.min(wall), best[i].1.min(cpu));
         }
+    }
+    for (capacity, (wall, cpu)) in Capacity::ALL.into_iter().zip(best) {
         println!(
             "apply, capacity {} (1 thread, best of {rounds}, stored + removed blocks, tokens \
-             rehashed): {blocks} blocks in {best:.1?} wall = {:.1} M blocks/s; {best_cpu:.1?} \
+             rehashed): {blocks} blocks in {wall:.1?} wall = {:.1} M blocks/s; {cpu:.1?} \
              thread CPU = {:.1} M blocks/s",
-            if known { "known" } else { "unknown" },
-            blocks as f64 / best.as_secs_f64() / 1e6,
-            blocks as f64 / best_cpu.as_secs_f64() / 1e6,
+            capacity.name(),
+            blocks as f64 / wall.as_secs_f64() / 1e6,
+            blocks as f64 / cpu.as_secs_f64() / 1e6,
         );
     }
 }
 
 /// Builds the index once more and prints its live heap per (block, worker) pair.
-fn memory(w: &Workload, capacity_known: bool) -> KvIndex {
+fn memory(w: &Workload, capacity: Capacity) -> KvIndex {
     let before = LIVE.load(Relaxed);
-    let (idx, _, _) = build(w, capacity_known);
+    let (idx, _, _) = build(w, capacity);
     let live = (LIVE.load(Relaxed) - before) as f64;
     let entries = idx.entries();
     assert_eq!(entries, w.live_pairs(), "index disagrees with the engines");
     println!(
         "memory, capacity {}: {entries} (block, worker) pairs, {:.1} MB live heap = {:.1} \
          bytes/pair (table capacity {:.1} bytes/pair)",
-        if capacity_known { "known" } else { "unknown" },
+        capacity.name(),
         live / 1e6,
         live / entries as f64,
         idx.heap_bytes() as f64 / entries as f64
@@ -179,8 +210,9 @@ fn main() {
     if apply_only {
         return;
     }
-    drop(memory(&w, true));
-    let idx = memory(&w, false);
+    drop(memory(&w, Capacity::Uniform));
+    drop(memory(&w, Capacity::PerWorker));
+    let idx = memory(&w, Capacity::Unknown);
 
     // Three passes over the same lookups: on a shared machine one pass can be disturbed by
     // other jobs; each pass is printed.

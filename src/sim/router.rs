@@ -103,10 +103,15 @@ impl SimRouter {
         &self.holdings
     }
 
-    /// Makes worker `slot` eligible for routing (at start or when it joins).
-    pub fn enable(&mut self, slot: u32) {
+    /// Makes worker `slot`, whose KV cache holds `kv_blocks` blocks, eligible for routing (at
+    /// start or when it joins). With events, the exact index is sized for that cache, as the
+    /// live router does once it has read the engine's `num_gpu_blocks`.
+    pub fn enable(&mut self, slot: u32, kv_blocks: usize) {
         if let Some(e) = self.eligible.get_mut(slot as usize) {
             *e = true;
+            if matches!(self.mode, IndexMode::Events { .. }) {
+                self.holdings.exact.reserve(WorkerIdx(slot), kv_blocks);
+            }
         }
     }
 

@@ -144,7 +144,7 @@ impl<'t> Simulation<'t> {
             });
         }
         for slot in 0..config.workers {
-            router.enable(slot);
+            router.enable(slot, config.engine.num_blocks as usize);
         }
         let mut queue = EventQueue::default();
         for (i, c) in config.changes.iter().enumerate() {
@@ -359,7 +359,8 @@ impl<'t> Simulation<'t> {
             FleetChange::Join { .. } => {
                 let slot = self.joined;
                 self.joined += 1;
-                self.router.enable(slot);
+                self.router
+                    .enable(slot, self.config.engine.num_blocks as usize);
             }
             FleetChange::Restart { worker, .. } => self.restart(worker, now),
         }
