@@ -2,6 +2,8 @@
 //! prefixes concentrate, an overloaded warm worker is bypassed, unique prompts spread, and a
 //! restarted engine's blocks vanish from the index.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
@@ -93,6 +95,11 @@ impl Stack {
         }
     }
 
+    /// The router's Prometheus text.
+    async fn metrics(&self) -> String {
+        common::metrics_text(self.router.addr).await
+    }
+
     fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.router.addr)
     }
@@ -165,6 +172,14 @@ impl Stack {
 }
 
 /// A prompt of `words` distinct words (≈ one builtin token each) starting with `tag`.
+/// The value of the series named exactly `series` (name and labels) in Prometheus text.
+fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 fn prompt(tag: &str, words: usize) -> String {
     (0..words).map(|i| format!(" {tag}{i}")).collect()
 }
@@ -216,15 +231,7 @@ async fn same_prefix_requests_concentrate_on_the_warm_worker() {
     ] {
         assert!(warm_row.get(key).is_some(), "{key} missing: {warm_row}");
     }
-    let metrics = s
-        .http
-        .get(s.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = s.metrics().await;
     assert!(
         metrics.contains(&format!(
             "kvroute_prefix_hit_blocks_total{{worker=\"{warm}\"}}"
@@ -233,10 +240,7 @@ async fn same_prefix_requests_concentrate_on_the_warm_worker() {
     );
     assert!(metrics.contains("kvroute_index_entries "));
     // The index's size is reported, and an index holding entries takes memory.
-    let bytes: f64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("kvroute_index_bytes "))
-        .and_then(|v| v.trim().parse().ok())
+    let bytes = sample(&metrics, "kvroute_index_bytes")
         .unwrap_or_else(|| panic!("kvroute_index_bytes missing: {metrics}"));
     assert!(bytes > 0.0, "{bytes}");
     s.shutdown().await;
@@ -246,25 +250,15 @@ async fn same_prefix_requests_concentrate_on_the_warm_worker() {
 async fn each_engines_kv_capacity_is_read_from_its_metrics_and_reserved_in_the_index() {
     let s = Stack::start(2, 1.0, "kv_aware").await;
     let blocks = EngineArgs::default().num_blocks;
-    let gauge = |metrics: &str, worker: &str| -> Option<u64> {
-        metrics
-            .lines()
-            .find_map(|l| {
-                l.strip_prefix(&format!("kvroute_worker_kv_blocks{{worker=\"{worker}\"}} "))
-            })
-            .and_then(|v| v.trim().parse().ok())
+    let gauge = |metrics: &str, worker: &str| {
+        sample(
+            metrics,
+            &format!("kvroute_worker_kv_blocks{{worker=\"{worker}\"}}"),
+        )
     };
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let metrics = loop {
-        let m = s
-            .http
-            .get(s.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let m = s.metrics().await;
         if (gauge(&m, "e0").is_some() && gauge(&m, "e1").is_some())
             || std::time::Instant::now() > deadline
         {
@@ -272,14 +266,11 @@ async fn each_engines_kv_capacity_is_read_from_its_metrics_and_reserved_in_the_i
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    assert_eq!(gauge(&metrics, "e0"), Some(u64::from(blocks)), "{metrics}");
-    assert_eq!(gauge(&metrics, "e1"), Some(u64::from(blocks)), "{metrics}");
+    assert_eq!(gauge(&metrics, "e0"), Some(f64::from(blocks)), "{metrics}");
+    assert_eq!(gauge(&metrics, "e1"), Some(f64::from(blocks)), "{metrics}");
     // Both workers' engine-id maps are sized for their caches before any event arrived:
     // 16 bytes per engine id, at most 85 % full.
-    let bytes: f64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("kvroute_index_bytes "))
-        .and_then(|v| v.trim().parse().ok())
+    let bytes = sample(&metrics, "kvroute_index_bytes")
         .unwrap_or_else(|| panic!("kvroute_index_bytes missing: {metrics}"));
     assert!(bytes >= 2.0 * f64::from(blocks) * 16.0, "{bytes}");
     s.shutdown().await;
