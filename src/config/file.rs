@@ -81,6 +81,7 @@ pub(super) struct FileModel {
     pub(super) tokenizer: Option<String>,
     pub(super) block_size: Option<u32>,
     pub(super) forward_cache_salt: Option<bool>,
+    pub(super) base_model: Option<String>,
 }
 
 #[derive(Deserialize, Debug, Default)]

@@ -217,6 +217,10 @@ pub struct ModelConfig {
     pub block_size: u32,
     /// Send the tenant's cache salt to the engine as vLLM's `cache_salt` request field.
     pub forward_cache_salt: bool,
+    /// When this name is a LoRA adapter: the base model it runs on. Its prompts are tokenized
+    /// with the base model's tokenizer and hashed as the base model with this adapter, as the
+    /// engine's KV events name its blocks (`lora_name`).
+    pub base_model: Option<String>,
 }
 
 /// Bounds of the KV index.
@@ -262,6 +266,7 @@ impl Config {
                 tokenizer: TokenizerSource::Builtin,
                 block_size: self.default_block_size,
                 forward_cache_salt: true,
+                base_model: None,
             })
     }
 }
@@ -484,11 +489,33 @@ impl Config {
             };
             let block_size = m.block_size.unwrap_or(default_block_size);
             block_size_ok(&format!("{key}.block_size"), block_size)?;
+            if m.base_model.is_some() {
+                for (k, set) in [
+                    ("tokenizer", m.tokenizer.is_some()),
+                    ("block_size", m.block_size.is_some()),
+                ] {
+                    if set {
+                        return Err(invalid(
+                            format!("{key}.{k}"),
+                            "a LoRA adapter uses its base model's; set it on the base model's entry",
+                        ));
+                    }
+                }
+            }
+            if let Some(base) = &m.base_model
+                && (base.is_empty() || *base == m.name)
+            {
+                return Err(invalid(
+                    format!("{key}.base_model"),
+                    "must name the model this LoRA adapter runs on, not be empty or the adapter itself",
+                ));
+            }
             models.push(ModelConfig {
                 name: m.name,
                 tokenizer,
                 block_size,
                 forward_cache_salt: m.forward_cache_salt.unwrap_or(true),
+                base_model: m.base_model,
             });
         }
         let token_cache_bytes = file.tokens.cache_mb.unwrap_or(32) << 20;
@@ -831,6 +858,32 @@ mod tests {
         assert!(!c.workers.is_empty());
         assert_eq!(c.workers[0].kv_blocks, Some(27264));
         assert_eq!(c.workers[1].kv_blocks, None);
+    }
+
+    #[test]
+    fn lora_adapters_name_their_base_model_and_take_its_tokenizer() {
+        let c =
+            load("[[models]]\nname = \"base\"\n[[models]]\nname = \"sql\"\nbase_model = \"base\"")
+                .unwrap();
+        assert_eq!(c.model("sql").base_model.as_deref(), Some("base"));
+        assert_eq!(c.model("base").base_model, None);
+        for (extra, key) in [
+            ("base_model = \"sql\"", "models[0].base_model"),
+            ("base_model = \"\"", "models[0].base_model"),
+            (
+                "base_model = \"b\"\nblock_size = 32",
+                "models[0].block_size",
+            ),
+            (
+                "base_model = \"b\"\ntokenizer = \"builtin\"",
+                "models[0].tokenizer",
+            ),
+        ] {
+            let e = load(&format!("[[models]]\nname = \"sql\"\n{extra}"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key), "{extra}: {e}");
+        }
     }
 
     #[test]

@@ -19,7 +19,7 @@ use hyper_util::rt::TokioExecutor;
 use tokio_util::sync::CancellationToken;
 
 use super::capacity::parse_kv_blocks;
-use super::{Fleet, Worker};
+use super::{Fleet, ServedModel, Worker};
 
 /// Called when a worker's KV cache capacity (in blocks) becomes known or changes.
 pub type CapacityHook = Arc<dyn Fn(&Worker, usize) + Send + Sync>;
@@ -181,13 +181,22 @@ async fn get(
     tokio::time::timeout(timeout, fut).await.ok().flatten()
 }
 
-/// The model ids of an OpenAI `GET /v1/models` answer.
-pub fn parse_models(body: &[u8]) -> Option<Vec<String>> {
+/// The models of an OpenAI `GET /v1/models` answer. vLLM lists each LoRA adapter as a model
+/// of its own whose `parent` is the base model it runs on.
+pub fn parse_models(body: &[u8]) -> Option<Vec<ServedModel>> {
     let v: serde_json::Value = serde_json::from_slice(body).ok()?;
     let data = v.get("data")?.as_array()?;
     Some(
         data.iter()
-            .filter_map(|m| m.get("id").and_then(|i| i.as_str()).map(str::to_owned))
+            .filter_map(|m| {
+                let id = m.get("id")?.as_str()?.to_owned();
+                let parent = m
+                    .get("parent")
+                    .and_then(|p| p.as_str())
+                    .filter(|p| !p.is_empty() && *p != id)
+                    .map(str::to_owned);
+                Some(ServedModel { id, parent })
+            })
             .collect(),
     )
 }
@@ -196,11 +205,29 @@ pub fn parse_models(body: &[u8]) -> Option<Vec<String>> {
 mod tests {
     use super::*;
 
+    fn ids(models: &[ServedModel]) -> Vec<&str> {
+        models.iter().map(|m| m.id.as_str()).collect()
+    }
+
     #[test]
     fn parses_openai_model_lists() {
         let body = br#"{"object":"list","data":[{"id":"a","object":"model"},{"id":"b"},{"x":1}]}"#;
-        assert_eq!(parse_models(body).unwrap(), ["a", "b"]);
+        let models = parse_models(body).unwrap();
+        assert_eq!(ids(&models), ["a", "b"]);
+        assert!(models.iter().all(|m| m.parent.is_none()));
         assert!(parse_models(b"{}").is_none());
         assert!(parse_models(b"garbage").is_none());
+    }
+
+    #[test]
+    fn vllm_lora_adapters_name_their_base_model() {
+        // vLLM's list: the base model (`parent: null`), then each adapter with its base.
+        let body = br#"{"object":"list","data":[
+            {"id":"qwen3","object":"model","root":"/models/qwen3","parent":null},
+            {"id":"sql-lora","object":"model","root":"/adapters/sql","parent":"qwen3"}]}"#;
+        let models = parse_models(body).unwrap();
+        assert_eq!(ids(&models), ["qwen3", "sql-lora"]);
+        assert_eq!(models[0].parent, None);
+        assert_eq!(models[1].parent.as_deref(), Some("qwen3"));
     }
 }

@@ -17,7 +17,7 @@ use std::sync::{Arc, RwLock};
 pub use breaker::{Breaker, BreakerConfig, CircuitState};
 pub use health::HealthConfig;
 pub use load::{Load, LoadGuard, LoadSnapshot};
-pub use worker::{BaseUrl, DownHook, Worker, WorkerSpec, WorkerUrlError};
+pub use worker::{BaseUrl, DownHook, ServedModel, Worker, WorkerSpec, WorkerUrlError};
 
 /// The set of workers.
 pub struct Fleet {
@@ -87,6 +87,11 @@ impl Fleet {
     pub fn models(&self) -> Vec<String> {
         let set: BTreeSet<String> = self.workers().iter().flat_map(|w| w.models()).collect();
         set.into_iter().collect()
+    }
+
+    /// The base model of `model` if some worker reported it as a LoRA adapter.
+    pub fn adapter_base(&self, model: &str) -> Option<String> {
+        self.workers().iter().find_map(|w| w.adapter_base(model))
     }
 
     /// Whether at least one worker is healthy and serves a model.

@@ -100,6 +100,25 @@ pub struct WorkerSpec {
     pub kv_blocks: Option<usize>,
 }
 
+/// A model a worker reported in its `GET /v1/models`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServedModel {
+    /// The name requests use.
+    pub id: String,
+    /// For a LoRA adapter, the base model it runs on (vLLM's `parent`).
+    pub parent: Option<String>,
+}
+
+/// A base model (no `parent`).
+impl From<&str> for ServedModel {
+    fn from(id: &str) -> Self {
+        ServedModel {
+            id: id.to_owned(),
+            parent: None,
+        }
+    }
+}
+
 /// Called when a worker is declared down: whatever it cached is presumed lost (a replica
 /// that comes back is a new process with a cold cache).
 pub type DownHook = Arc<dyn Fn(&Worker) + Send + Sync>;
@@ -116,7 +135,7 @@ pub struct Worker {
     pub load: Arc<Load>,
     /// Passive failure detection from live traffic.
     pub breaker: Breaker,
-    discovered_models: RwLock<Vec<String>>,
+    discovered_models: RwLock<Vec<ServedModel>>,
     healthy: AtomicBool,
     draining: AtomicBool,
     /// Consecutive health checks that disagreed with the current state.
@@ -178,8 +197,19 @@ impl Worker {
         }
         self.discovered_models
             .read()
-            .map(|m| m.clone())
+            .map(|m| m.iter().map(|m| m.id.clone()).collect())
             .unwrap_or_default()
+    }
+
+    /// The base model of `model` if this worker reported it as a LoRA adapter.
+    pub fn adapter_base(&self, model: &str) -> Option<String> {
+        self.discovered_models
+            .read()
+            .ok()?
+            .iter()
+            .find(|m| m.id == model)?
+            .parent
+            .clone()
     }
 
     /// Whether the worker serves `model`.
@@ -189,12 +219,12 @@ impl Worker {
         }
         self.discovered_models
             .read()
-            .map(|m| m.iter().any(|x| x == model))
+            .map(|m| m.iter().any(|x| x.id == model))
             .unwrap_or(false)
     }
 
     /// Records the models the worker reported.
-    pub fn set_discovered_models(&self, models: Vec<String>) {
+    pub fn set_discovered_models(&self, models: Vec<ServedModel>) {
         if let Ok(mut m) = self.discovered_models.write() {
             *m = models;
         }
@@ -352,5 +382,16 @@ mod tests {
         w.set_discovered_models(vec!["b".into()]);
         assert!(w.serves("b"));
         assert_eq!(w.models(), vec!["b".to_string()]);
+        assert_eq!(w.adapter_base("b"), None);
+        w.set_discovered_models(vec![
+            "b".into(),
+            ServedModel {
+                id: "b-lora".into(),
+                parent: Some("b".into()),
+            },
+        ]);
+        assert!(w.serves("b-lora"));
+        assert_eq!(w.adapter_base("b-lora").as_deref(), Some("b"));
+        assert_eq!(w.adapter_base("b"), None);
     }
 }

@@ -281,6 +281,12 @@ impl KvIndex {
         );
     }
 
+    /// Counts `events` the caller received but could not apply (e.g. their worker's model is
+    /// not known yet, so their hashes cannot be seeded).
+    pub fn count_skipped(&self, events: u64) {
+        IndexStats::add(&self.stats.events_skipped, events);
+    }
+
     /// Records that `worker`'s KV cache holds `blocks` blocks (vLLM's `num_gpu_blocks`), so its
     /// part of the index is sized for them now and after every clear instead of growing as
     /// the cache warms; returns the blocks granted. All reservations together stay within

@@ -10,6 +10,7 @@
 //! nothing behind.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
@@ -25,6 +26,14 @@ use crate::tokens::model::hash_seed;
 /// waits (ZeroMQ then buffers, since the receive high-water mark is unbounded).
 const QUEUE: usize = 4096;
 
+/// How long events wait for their worker's model to become known (its first health check
+/// discovers it) before batches are skipped instead, so a worker whose model list never
+/// arrives cannot make events pile up.
+const MODEL_WAIT: Duration = Duration::from_secs(10);
+
+/// The worker's base model, whose name seeds its blocks' hashes; `None` while unknown.
+pub type ModelOf = Box<dyn Fn() -> Option<String> + Send + Sync>;
+
 /// A running event feed for one worker.
 pub struct WorkerFeed {
     worker: WorkerIdx,
@@ -35,22 +44,31 @@ pub struct WorkerFeed {
 
 impl WorkerFeed {
     /// Subscribes to the worker's events and applies them to `holdings`; block chains are
-    /// seeded for `model` (with the salt and LoRA name each event carries). Must be called on
-    /// a Tokio runtime.
+    /// seeded for the model `model` names when a batch arrives (with the salt and LoRA name
+    /// each event carries). Must be called on a Tokio runtime.
     pub fn start(
         holdings: Arc<Holdings>,
         worker: WorkerIdx,
-        model: String,
+        model: ModelOf,
         config: SubscriberConfig,
     ) -> Result<WorkerFeed, SubscriberError> {
         let (tx, mut rx) = mpsc::channel(QUEUE);
         let subscriber = Subscriber::spawn(config, tx)?;
         let index = Arc::clone(&holdings);
         let task = tokio::spawn(async move {
-            let seeds = move |salt: Option<&str>, lora: Option<&str>| hash_seed(&model, lora, salt);
+            let mut model_wait = ModelWait::default();
             while let Some(msg) = rx.recv().await {
                 match msg.event {
                     SubscriberEvent::Batch { batch, .. } => {
+                        let Some(model) = model_wait.model(&model).await else {
+                            if model_wait.first_skip() {
+                                tracing::warn!(worker = %msg.worker, "KV events arrive but the worker's model is not known yet; skipping them until it is");
+                            }
+                            index.exact.count_skipped(batch.events.len() as u64);
+                            continue;
+                        };
+                        let seeds =
+                            |salt: Option<&str>, lora: Option<&str>| hash_seed(&model, lora, salt);
                         index.exact.apply(worker, &batch, &seeds);
                     }
                     SubscriberEvent::Reset { last_seq, seq } => {
@@ -82,6 +100,36 @@ impl WorkerFeed {
     /// The subscriber's counters.
     pub fn stats(&self) -> Option<&Arc<SubscriberStats>> {
         self.subscriber.as_ref().map(SubscriberHandle::stats)
+    }
+}
+
+/// Waits once, up to [`MODEL_WAIT`], for a worker's model to become known.
+#[derive(Default)]
+struct ModelWait {
+    /// When the first batch found the model unknown.
+    since: Option<Instant>,
+    warned: bool,
+}
+
+impl ModelWait {
+    async fn model(&mut self, model: &ModelOf) -> Option<String> {
+        loop {
+            if let Some(m) = model() {
+                self.since = None;
+                self.warned = false;
+                return Some(m);
+            }
+            let since = *self.since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= MODEL_WAIT {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Whether this is the first batch skipped since the model was last known.
+    fn first_skip(&mut self) -> bool {
+        !std::mem::replace(&mut self.warned, true)
     }
 }
 

@@ -112,6 +112,16 @@ impl AppState {
             .is_none_or(|m| m.forward_cache_salt)
     }
 
+    /// The base model `model` runs on when it is a LoRA adapter: configured (`[[models]]
+    /// base_model`) or reported by a worker (the `parent` of vLLM's `/v1/models` entries).
+    pub fn adapter_base(&self, model: &str) -> Option<String> {
+        self.models
+            .iter()
+            .find(|m| m.name == model)
+            .and_then(|m| m.base_model.clone())
+            .or_else(|| self.fleet.adapter_base(model))
+    }
+
     /// The index's clock: time since the router started.
     pub fn now(&self) -> Duration {
         self.started.elapsed()
@@ -147,10 +157,25 @@ impl AppState {
         if let Some(replay) = &w.spec.kv_replay {
             sub = sub.with_replay(replay.clone());
         }
-        // Engine events do not name the model: a worker's blocks are hashed for its first
-        // model, which is every worker's case in a single-model fleet.
-        let model = w.models().into_iter().next().unwrap_or_default();
-        match WorkerFeed::start(Arc::clone(&self.holdings), WorkerIdx(w.slot), model, sub) {
+        // Engine events do not name the model: a worker's blocks are hashed for its first base
+        // model (adapters' blocks carry their `lora_name`), which is every worker's case in a
+        // single-model fleet. It is read when events arrive, since a worker configured without
+        // models learns them at its first health check.
+        let worker = Arc::clone(w);
+        let adapters: Vec<String> = self
+            .models
+            .iter()
+            .filter(|m| m.base_model.is_some())
+            .map(|m| m.name.clone())
+            .collect();
+        let model = move || {
+            worker
+                .models()
+                .into_iter()
+                .find(|m| !adapters.contains(m) && worker.adapter_base(m).is_none())
+        };
+        let holdings = Arc::clone(&self.holdings);
+        match WorkerFeed::start(holdings, WorkerIdx(w.slot), Box::new(model), sub) {
             Ok(feed) => {
                 feeds.insert(w.slot, feed);
                 if let Some(blocks) = w.kv_blocks() {

@@ -42,6 +42,9 @@ pub struct Behavior {
     pub break_mid_stream: bool,
     /// Status of GET /health.
     pub health_status: u16,
+    /// (adapter, base model) pairs: `GET /v1/models` lists these models with the base as
+    /// `parent`, as vLLM lists LoRA adapters.
+    pub adapters: Vec<(String, String)>,
 }
 
 impl Default for Behavior {
@@ -53,6 +56,7 @@ impl Default for Behavior {
             hold_last_chunk: false,
             break_mid_stream: false,
             health_status: 200,
+            adapters: Vec::new(),
         }
     }
 }
@@ -138,10 +142,17 @@ async fn health(State(s): State<Arc<BackendState>>) -> StatusCode {
 }
 
 async fn models_list(State(s): State<Arc<BackendState>>) -> Response {
+    let adapters = s.behavior.lock().unwrap().adapters.clone();
+    let parent = |m: &String| {
+        adapters
+            .iter()
+            .find(|(a, _)| a == m)
+            .map(|(_, b)| b.clone())
+    };
     let data: Vec<_> = s
         .models
         .iter()
-        .map(|m| serde_json::json!({"id": m, "object": "model"}))
+        .map(|m| serde_json::json!({"id": m, "object": "model", "parent": parent(m)}))
         .collect();
     axum::Json(serde_json::json!({"object": "list", "data": data})).into_response()
 }
