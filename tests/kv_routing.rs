@@ -259,7 +259,10 @@ async fn each_engines_kv_capacity_is_read_from_its_metrics_and_reserved_in_the_i
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let metrics = loop {
         let m = s.metrics().await;
-        if (gauge(&m, "e0").is_some() && gauge(&m, "e1").is_some())
+        // The gauges show what was read; the room is reserved on a blocking thread just after.
+        let reserved =
+            sample(&m, "kvroute_index_bytes").is_some_and(|b| b >= 2.0 * f64::from(blocks) * 16.0);
+        if (gauge(&m, "e0").is_some() && gauge(&m, "e1").is_some() && reserved)
             || std::time::Instant::now() > deadline
         {
             break m;

@@ -283,20 +283,26 @@ pub fn start(config: &Config, listener: TcpListener) -> anyhow::Result<RouterHan
     start_with_state(state, config, listener)
 }
 
-/// Sizes the exact index's part for a worker's KV cache (see [`KvIndex::reserve`]).
-fn reserve_capacity(holdings: &Holdings, w: &Worker, blocks: usize) {
+/// Sizes the exact index's part for a worker's KV cache (see [`KvIndex::reserve`]), on a
+/// blocking thread: the room (megabytes for a large cache) is allocated and written under the
+/// index's write lock, which must not hold up an async worker thread. Must be called on a
+/// Tokio runtime.
+fn reserve_capacity(holdings: &Arc<Holdings>, w: &Worker, blocks: usize) {
     if w.spec.kv_events.is_none() {
         return;
     }
-    let granted = holdings.exact.reserve(WorkerIdx(w.slot), blocks);
-    if granted < blocks {
-        tracing::warn!(
-            worker = w.id(),
-            blocks,
-            granted,
-            "the index's max_entries bounds the room reserved for this worker's KV cache"
-        );
-    }
+    let (holdings, slot, id) = (Arc::clone(holdings), w.slot, w.id().to_string());
+    tokio::task::spawn_blocking(move || {
+        let granted = holdings.exact.reserve(WorkerIdx(slot), blocks);
+        if granted < blocks {
+            tracing::warn!(
+                worker = id,
+                blocks,
+                granted,
+                "the index's max_entries bounds the room reserved for this worker's KV cache"
+            );
+        }
+    });
 }
 
 /// Starts a router with prepared `state` (tests, `demo`) on `listener`.
