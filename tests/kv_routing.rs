@@ -171,7 +171,6 @@ impl Stack {
     }
 }
 
-/// A prompt of `words` distinct words (≈ one builtin token each) starting with `tag`.
 /// The value of the series named exactly `series` (name and labels) in Prometheus text.
 fn sample(metrics: &str, series: &str) -> Option<f64> {
     metrics
@@ -180,6 +179,7 @@ fn sample(metrics: &str, series: &str) -> Option<f64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// A prompt of `words` distinct words (≈ one builtin token each) starting with `tag`.
 fn prompt(tag: &str, words: usize) -> String {
     (0..words).map(|i| format!(" {tag}{i}")).collect()
 }
@@ -277,6 +277,30 @@ async fn each_engines_kv_capacity_is_read_from_its_metrics_and_reserved_in_the_i
         .unwrap_or_else(|| panic!("kvroute_index_bytes missing: {metrics}"));
     assert!(bytes >= 2.0 * f64::from(blocks) * 16.0, "{bytes}");
     s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_without_events_has_its_capacity_read_too() {
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    let engine = start_engine(any, "tcp://127.0.0.1:*", "tcp://127.0.0.1:*", 1.0).await;
+    let text = format!(
+        "policy = \"kv_aware\"\nshutdown_grace_s = 1.0\n[health]\ninterval_s = 0.2\n\
+         [[workers]]\nid = \"plain\"\nurl = \"http://{}\"\nmodels = [\"{MODEL}\"]\n",
+        engine.addr
+    );
+    let config = Config::from_toml(&text, Path::new("test")).unwrap();
+    let router =
+        kvroute::server::start(&config, TcpListener::bind("127.0.0.1:0").await.unwrap()).unwrap();
+    let series = "kvroute_worker_kv_blocks{worker=\"plain\"}";
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut found = None;
+    while found.is_none() && std::time::Instant::now() < deadline {
+        found = sample(&common::metrics_text(router.addr).await, series);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(found, Some(f64::from(EngineArgs::default().num_blocks)));
+    router.shutdown().await;
+    let _ = engine.handle.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

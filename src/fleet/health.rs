@@ -3,10 +3,10 @@
 //! Every interval each worker's health endpoint is asked, with a timeout; a worker that does
 //! not answer 2xx gets no new requests until it does. Workers configured without a model list
 //! are asked for `GET /v1/models` on the same beat, so a redeployed replica serving a new model
-//! is picked up without restarting the router. Workers that publish KV events and have no
-//! configured capacity are asked for `GET /metrics` until it tells their KV cache size (see
-//! [`super::capacity`]), again after each restart, since a restarted engine may have been
-//! given a different share of GPU memory.
+//! is picked up without restarting the router. Workers without a configured KV capacity are
+//! asked for `GET /metrics` until it tells their KV cache size (see [`super::capacity`]),
+//! again after each restart, since a restarted engine may have been given a different share of
+//! GPU memory.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -123,15 +123,14 @@ pub async fn check_worker(
     now
 }
 
-/// Reads the KV capacity of a healthy worker that publishes KV events (the exact index is
-/// what uses it) while it is neither configured nor known.
+/// Reads the KV capacity of a healthy worker while it is neither configured nor known.
 async fn learn_capacity(
     client: &ProbeClient,
     worker: &Arc<Worker>,
     config: &HealthConfig,
     on_capacity: Option<&CapacityHook>,
 ) {
-    if worker.spec.kv_events.is_none() || worker.kv_blocks().is_some() {
+    if worker.kv_blocks().is_some() {
         return;
     }
     let Some((status, body)) = get(client, worker, "/metrics", config.timeout).await else {

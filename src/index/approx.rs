@@ -41,6 +41,8 @@ struct Predicted {
     /// Blocks in recording order with the expiry they were recorded with; an entry whose
     /// expiry no longer matches the table was re-recorded later and is stale.
     order: VecDeque<(u64, u64)>,
+    /// The worker's KV cache size in blocks, when known: it cannot hold more.
+    cache_blocks: Option<usize>,
 }
 
 impl Predicted {
@@ -127,8 +129,30 @@ impl ApproxIndex {
         if workers.len() <= i {
             workers.resize_with(i + 1, Predicted::default);
         }
-        workers[i].expire(now);
-        workers[i].record(blocks, expires, self.config.capacity_per_worker);
+        let p = &mut workers[i];
+        let capacity = p.cache_blocks.map_or(self.config.capacity_per_worker, |c| {
+            c.min(self.config.capacity_per_worker)
+        });
+        p.expire(now);
+        p.record(blocks, expires, capacity);
+    }
+
+    /// Caps `worker`'s predictions at its KV cache size in blocks (read from its metrics), when
+    /// that is below the configured capacity: an engine cannot keep more than its cache holds,
+    /// so older predictions beyond it are likely evicted already. Kept across clears.
+    pub fn set_cache_blocks(&self, worker: WorkerIdx, blocks: usize) {
+        let mut workers = self.write();
+        let i = worker.0 as usize;
+        if workers.len() <= i {
+            workers.resize_with(i + 1, Predicted::default);
+        }
+        let p = &mut workers[i];
+        p.cache_blocks = Some(blocks);
+        while p.expiry.len() > blocks.min(self.config.capacity_per_worker) {
+            if !p.pop_oldest() {
+                break;
+            }
+        }
     }
 
     /// Drops expired predictions of every worker (call periodically; lookups already ignore
@@ -143,7 +167,10 @@ impl ApproxIndex {
     /// Drops every prediction of `worker`.
     pub fn clear_worker(&self, worker: WorkerIdx) {
         if let Some(p) = self.write().get_mut(worker.0 as usize) {
-            *p = Predicted::default();
+            *p = Predicted {
+                cache_blocks: p.cache_blocks,
+                ..Predicted::default()
+            };
         }
     }
 
@@ -248,6 +275,27 @@ mod tests {
         // The two oldest blocks went first, so the old request lost its leading blocks.
         assert_eq!(a.lookup(&old, secs(3)).get(WorkerIdx(1)), 0);
         assert_eq!(a.lookup(&old[2..], secs(3)).get(WorkerIdx(1)), 4);
+    }
+
+    #[test]
+    fn a_known_cache_size_below_the_capacity_caps_predictions() {
+        let a = ApproxIndex::new(ApproxConfig {
+            ttl: secs(1000),
+            capacity_per_worker: 10,
+        });
+        let old = blocks(0, 6);
+        a.record_routed(WorkerIdx(1), &old, secs(1));
+        a.set_cache_blocks(WorkerIdx(1), 4);
+        // Shrunk at once, oldest first, and the cap holds for new predictions and clears.
+        assert_eq!(a.len(WorkerIdx(1)), 4);
+        assert_eq!(a.lookup(&old[2..], secs(2)).get(WorkerIdx(1)), 4);
+        a.clear_worker(WorkerIdx(1));
+        a.record_routed(WorkerIdx(1), &blocks(50, 6), secs(3));
+        assert_eq!(a.len(WorkerIdx(1)), 4);
+        // A cache larger than the configured capacity does not raise it.
+        a.set_cache_blocks(WorkerIdx(2), 1_000);
+        a.record_routed(WorkerIdx(2), &blocks(100, 20), secs(3));
+        assert_eq!(a.len(WorkerIdx(2)), 10);
     }
 
     #[test]

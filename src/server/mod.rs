@@ -132,6 +132,9 @@ impl AppState {
     pub fn start_feeds(&self) {
         for w in self.fleet.workers().iter() {
             self.start_feed(w);
+            if let Some(blocks) = w.kv_blocks() {
+                reserve_capacity(&self.holdings, w, blocks);
+            }
         }
     }
 
@@ -178,9 +181,6 @@ impl AppState {
         match WorkerFeed::start(holdings, WorkerIdx(w.slot), Box::new(model), sub) {
             Ok(feed) => {
                 feeds.insert(w.slot, feed);
-                if let Some(blocks) = w.kv_blocks() {
-                    reserve_capacity(&self.holdings, w, blocks);
-                }
             }
             Err(e) => tracing::error!(worker = w.id(), error = %e, "cannot subscribe to KV events"),
         }
@@ -283,11 +283,13 @@ pub fn start(config: &Config, listener: TcpListener) -> anyhow::Result<RouterHan
     start_with_state(state, config, listener)
 }
 
-/// Sizes the exact index's part for a worker's KV cache (see [`KvIndex::reserve`]), on a
-/// blocking thread: the room (megabytes for a large cache) is allocated and written under the
-/// index's write lock, which must not hold up an async worker thread. Must be called on a
-/// Tokio runtime.
+/// Tells the index a worker's KV cache size: its approximate predictions are capped at it and,
+/// for a worker that publishes events, the exact index's part is sized for it (see
+/// [`KvIndex::reserve`]) on a blocking thread: that room (megabytes for a large cache) is
+/// allocated and written under the index's write lock, which must not hold up an async worker
+/// thread. Must be called on a Tokio runtime.
 fn reserve_capacity(holdings: &Arc<Holdings>, w: &Worker, blocks: usize) {
+    holdings.approx.set_cache_blocks(WorkerIdx(w.slot), blocks);
     if w.spec.kv_events.is_none() {
         return;
     }
