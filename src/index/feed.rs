@@ -103,7 +103,8 @@ impl WorkerFeed {
     }
 }
 
-/// Waits once, up to [`MODEL_WAIT`], for a worker's model to become known.
+/// Waits for a worker's model to become known, up to [`MODEL_WAIT`] from the first batch that
+/// found it unknown; later batches of the same unknown spell are skipped without waiting.
 #[derive(Default)]
 struct ModelWait {
     /// When the first batch found the model unknown.
