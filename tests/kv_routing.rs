@@ -126,15 +126,8 @@ impl Stack {
     }
 
     async fn explain(&self, prompt: &str) -> Value {
-        self.http
-            .post(self.url("/debug/route"))
-            .json(&json!({"model": MODEL, "prompt": prompt}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
+        let body = json!({"model": MODEL, "prompt": prompt});
+        common::post_json(&self.url("/debug/route"), &body).await
     }
 
     /// Overlap blocks the index reports for `worker` on `prompt`.

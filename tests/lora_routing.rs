@@ -11,7 +11,7 @@ use kvroute::kv_events::{
     BlockStored, EngineHash, EventBatch, KvEvent, Publisher, PublisherConfig,
 };
 use kvroute::server::RouterHandle;
-use serde_json::{Value, json};
+use serde_json::json;
 
 const BASE: &str = "base-model";
 const ADAPTER: &str = "sql-lora";
@@ -36,15 +36,7 @@ fn stored(first_id: u64, lora: Option<&str>) -> EventBatch {
 /// Overlap of worker `w0` for the prompt `0..64` sent as `model`, from `/debug/route`.
 async fn overlap(router: &RouterHandle, model: &str) -> u64 {
     let body = json!({"model": model, "prompt": (0..(BLOCKS * 16) as u32).collect::<Vec<_>>()});
-    let v: Value = common::client()
-        .post(format!("http://{}/debug/route", router.addr))
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v = common::post_json(&format!("http://{}/debug/route", router.addr), &body).await;
     v["candidates"]
         .as_array()
         .and_then(|c| c.iter().find(|c| c["worker"] == "w0"))

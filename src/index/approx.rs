@@ -230,12 +230,16 @@ mod tests {
         Duration::from_secs(s)
     }
 
+    fn index(ttl: Duration, capacity_per_worker: usize) -> ApproxIndex {
+        ApproxIndex::new(ApproxConfig {
+            ttl,
+            capacity_per_worker,
+        })
+    }
+
     #[test]
     fn routed_blocks_count_as_leading_until_the_ttl() {
-        let a = ApproxIndex::new(ApproxConfig {
-            ttl: secs(10),
-            capacity_per_worker: 1000,
-        });
+        let a = index(secs(10), 1000);
         let req = blocks(0, 8);
         a.record_routed(WorkerIdx(3), &req[..5], secs(100));
         assert_eq!(a.lookup(&req, secs(105)).get(WorkerIdx(3)), 5);
@@ -247,10 +251,7 @@ mod tests {
 
     #[test]
     fn re_routing_refreshes_the_ttl() {
-        let a = ApproxIndex::new(ApproxConfig {
-            ttl: secs(10),
-            capacity_per_worker: 1000,
-        });
+        let a = index(secs(10), 1000);
         let req = blocks(0, 4);
         a.record_routed(WorkerIdx(0), &req, secs(0));
         a.record_routed(WorkerIdx(0), &req, secs(8));
@@ -262,10 +263,7 @@ mod tests {
 
     #[test]
     fn capacity_drops_the_oldest_predictions() {
-        let a = ApproxIndex::new(ApproxConfig {
-            ttl: secs(1000),
-            capacity_per_worker: 10,
-        });
+        let a = index(secs(1000), 10);
         let old = blocks(0, 6);
         let new = blocks(50, 6);
         a.record_routed(WorkerIdx(1), &old, secs(1));
@@ -279,10 +277,7 @@ mod tests {
 
     #[test]
     fn a_known_cache_size_below_the_capacity_caps_predictions() {
-        let a = ApproxIndex::new(ApproxConfig {
-            ttl: secs(1000),
-            capacity_per_worker: 10,
-        });
+        let a = index(secs(1000), 10);
         let old = blocks(0, 6);
         a.record_routed(WorkerIdx(1), &old, secs(1));
         a.set_cache_blocks(WorkerIdx(1), 4);

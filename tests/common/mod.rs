@@ -347,6 +347,19 @@ pub async fn metrics_text(addr: SocketAddr) -> String {
         .unwrap()
 }
 
+/// POSTs `body` as JSON and parses the JSON answer.
+pub async fn post_json(url: &str, body: &serde_json::Value) -> serde_json::Value {
+    client()
+        .post(url)
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 /// `POST /v1/completions` with a JSON body.
 pub async fn complete(
     c: &reqwest::Client,
