@@ -253,6 +253,52 @@ async fn admin_api_adds_drains_and_removes_workers() {
     r.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workers_reserved_index_room_goes_with_the_worker() {
+    let b = Backend::start("a", &["m"]).await;
+    let publisher = kvroute::kv_events::Publisher::bind(kvroute::kv_events::PublisherConfig::new(
+        "tcp://127.0.0.1:*",
+    ))
+    .unwrap();
+    let r = start_router(&router_config(
+        "kv_aware",
+        &[(b.url(), vec!["m"])],
+        &tenants_toml(),
+    ))
+    .await;
+    let c = client();
+    let admin = format!("http://{}/admin/workers", r.addr);
+    let empty = r.state.holdings.exact.heap_bytes();
+    let room = 100_000 * 16;
+    let added = c
+        .post(&admin)
+        .bearer_auth("key-admin")
+        .json(&json!({"id": "w-kv", "url": b.url(), "models": ["m"],
+            "kv_events": publisher.endpoint(), "kv_blocks": 100_000}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(added.status(), 201);
+    assert!(
+        eventually(|| r.state.holdings.exact.heap_bytes() >= empty + room).await,
+        "no room reserved: {} bytes",
+        r.state.holdings.exact.heap_bytes()
+    );
+    let removed = c
+        .delete(format!("{admin}/w-kv"))
+        .bearer_auth("key-admin")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(removed.status(), 200);
+    assert!(
+        eventually(|| r.state.holdings.exact.heap_bytes() < empty + room).await,
+        "the removed worker's room stayed: {} bytes",
+        r.state.holdings.exact.heap_bytes()
+    );
+    r.shutdown().await;
+}
+
 #[tokio::test]
 async fn over_capacity_requests_get_429_with_retry_after() {
     let b = Backend::start("a", &["m"]).await;

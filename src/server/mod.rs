@@ -133,7 +133,7 @@ impl AppState {
         for w in self.fleet.workers().iter() {
             self.start_feed(w);
             if let Some(blocks) = w.kv_blocks() {
-                reserve_capacity(&self.holdings, w, blocks);
+                reserve_capacity(&self.holdings, &self.fleet, w, blocks);
             }
         }
     }
@@ -188,8 +188,8 @@ impl AppState {
 
     /// What the health checker calls with a worker's KV capacity read from its metrics.
     fn capacity_hook(&self) -> CapacityHook {
-        let holdings = Arc::clone(&self.holdings);
-        Arc::new(move |w: &Worker, blocks| reserve_capacity(&holdings, w, blocks))
+        let (holdings, fleet) = (Arc::clone(&self.holdings), Arc::clone(&self.fleet));
+        Arc::new(move |w: &Worker, blocks| reserve_capacity(&holdings, &fleet, w, blocks))
     }
 
     /// Whether the worker in `slot` has a KV-event feed.
@@ -288,14 +288,21 @@ pub fn start(config: &Config, listener: TcpListener) -> anyhow::Result<RouterHan
 /// [`KvIndex::reserve`]) on a blocking thread: that room (megabytes for a large cache) is
 /// allocated and written under the index's write lock, which must not hold up an async worker
 /// thread. Must be called on a Tokio runtime.
-fn reserve_capacity(holdings: &Arc<Holdings>, w: &Worker, blocks: usize) {
+fn reserve_capacity(holdings: &Arc<Holdings>, fleet: &Arc<Fleet>, w: &Worker, blocks: usize) {
     holdings.approx.set_cache_blocks(WorkerIdx(w.slot), blocks);
     if w.spec.kv_events.is_none() {
         return;
     }
-    let (holdings, slot, id) = (Arc::clone(holdings), w.slot, w.id().to_string());
+    let (holdings, fleet) = (Arc::clone(holdings), Arc::clone(fleet));
+    let (slot, id) = (w.slot, w.id().to_string());
     tokio::task::spawn_blocking(move || {
         let granted = holdings.exact.reserve(WorkerIdx(slot), blocks);
+        // A worker removed meanwhile (the fleet forgets it before its feed releases its
+        // entries) must not keep the room: slots are never reused.
+        if !fleet.workers().iter().any(|w| w.slot == slot) {
+            holdings.exact.remove_worker(WorkerIdx(slot));
+            return;
+        }
         if granted < blocks {
             tracing::warn!(
                 worker = id,
