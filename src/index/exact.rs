@@ -297,7 +297,6 @@ impl KvIndex {
         let others = st.map.reserved_total() - st.map.reserved(worker);
         let granted = blocks.min(self.config.max_entries.saturating_sub(others));
         st.map.reserve(worker, granted);
-        self.publish_entries(&st);
         granted
     }
 

@@ -1,8 +1,9 @@
 //! A compact open-addressing hash table keyed by already-random `u64`s.
 //!
 //! The index's maps are keyed by hashes (run-start block hashes in `runs`, mixed engine ids in
-//! the per-worker engine-id maps), so hashing them again would be wasted work, and a general-purpose map spends memory on control
-//! bytes and a 50 %-ish average load after doubling. This table is *bucketized* linear probing:
+//! the per-worker engine-id maps), so hashing them again would be wasted work, and a
+//! general-purpose map spends memory on control bytes and a 50 %-ish average load after
+//! doubling. This table is *bucketized* linear probing:
 //!
 //! - slots come in 64-byte, cache-line-aligned buckets (five 12-byte slots for `u32` values,
 //!   four 16-byte ones for `u64`), so a search or an insertion almost always touches one cache

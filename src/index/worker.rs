@@ -15,11 +15,12 @@ pub(crate) type Bits = u32;
 /// Workers per page (bits of [`Bits`]).
 pub(crate) const PAGE_WORKERS: u32 = Bits::BITS;
 
-/// A worker's dense index, assigned by `fleet` (0, 1, 2, … reusing freed numbers).
+/// A worker's dense index, assigned by `fleet` in the order workers join (0, 1, 2, …; a removed
+/// worker's number is not handed out again).
 ///
 /// Workers 0–31 share the holder set stored in each block's slot; every further 32 workers add a
 /// side array of holder sets per run, which a lookup walks only while one of them still holds
-/// the request's prefix. Any number works; `fleet` should hand out the lowest free number.
+/// the request's prefix. Any number works; low numbers keep the pages few.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Default)]
 pub struct WorkerIdx(pub u32);
 

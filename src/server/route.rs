@@ -43,11 +43,8 @@ pub(super) async fn analyse(
     }
     // A LoRA adapter's prompts are the base model's tokens, hashed with the adapter's name, as
     // the engine's events name the adapter's blocks.
-    let (seed_model, lora) = match state.adapter_base(&view.model) {
-        Some(base) => (base, Some(view.model.clone())),
-        None => (view.model.clone(), None),
-    };
-    let tokens = state.tokens.get(&seed_model);
+    let base = state.adapter_base(&view.model);
+    let tokens = state.tokens.get(base.as_deref().unwrap_or(&view.model));
     let block_size = tokens.block_size();
     let started = Instant::now();
     let (ids, view) = tokio::task::spawn_blocking(move || (tokens.prompt_ids(&view), view))
@@ -69,7 +66,10 @@ pub(super) async fn analyse(
         .decision
         .with_label_values(&[state.policy.name(), "tokenize"])
         .observe(started.elapsed().as_secs_f64());
-    let seed = hash_seed(&seed_model, lora.as_deref(), cache_salt);
+    let seed = match &base {
+        Some(base) => hash_seed(base, Some(&view.model), cache_salt),
+        None => hash_seed(&view.model, None, cache_salt),
+    };
     let hashes = crate::tokens::block_hashes(seed, &ids, block_size);
     let overlaps = state.holdings.lookup(&hashes, state.now());
     let analysis = Analysis {
