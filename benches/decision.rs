@@ -1,20 +1,22 @@
 //! A whole routing decision for an ~8,000-token chat whose system prompt was seen before:
 //! render the chat template, tokenize (the system prompt's piece from the segment cache, the
 //! new question from the tokenizer), hash the blocks, look up 16 workers in the index, score
-//! with `kv_aware`. Two shapes: a short new question (~500 tokens) and a long one (~2,000).
+//! with `kv_aware` and admit, through the live decision core. Two shapes: a short new question (~500 tokens) and a long one (~2,000).
 //!
 //! `cargo bench --bench decision`
 
 use std::hint::black_box;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
-use kvroute::fleet::LoadSnapshot;
+use kvroute::fleet::{BaseUrl, LoadGuard, Worker, WorkerSpec};
 use kvroute::index::{Holdings, WorkerIdx};
 use kvroute::openai::{Endpoint, RequestView};
-use kvroute::policy::{Candidate, KvAware, KvAwareConfig, Policy, RouteRequest};
+use kvroute::policy::{KvAware, KvAwareConfig};
+use kvroute::routing::Decider;
 use kvroute::tokens::ModelTokens;
 use kvroute::tokens::model::{DEFAULT_CACHE_UNITS, hash_seed};
 use serde_json::json;
@@ -30,38 +32,51 @@ fn view(system: &str, question: &str) -> RequestView {
     RequestView::parse(Endpoint::ChatCompletions, &body).expect("valid request")
 }
 
-fn decide(model: &ModelTokens, holdings: &Holdings, policy: &KvAware, v: &RequestView) -> usize {
+/// The live decision for `v`: tokenize, analyse (hash, look up), choose and admit, through the
+/// same core the server calls.
+fn decide(model: &ModelTokens, decider: &Decider, workers: &[Arc<Worker>], v: &RequestView) -> u32 {
     let ids = model.prompt_ids(v).expect("tokenizes");
-    let hashes = model.block_hashes(&ids, hash_seed("qwen3", None, None));
-    let overlaps = holdings.lookup(&hashes, Duration::from_secs(1));
-    let candidates: Vec<Candidate> = (0..16u32)
-        .map(|w| Candidate {
-            id: format!("w{w}").into(),
-            slot: w,
-            load: LoadSnapshot {
-                in_flight: u64::from(w % 5),
-                queued_prefill_tokens: u64::from(w) * 700,
-                decoding: u64::from(w % 7),
-                active_prompt_tokens: u64::from(w) * 3000,
-            },
-            overlap_blocks: overlaps.get(WorkerIdx(w)),
+    let seed = hash_seed("qwen3", None, None);
+    let analysis = decider.analyse(&ids, seed, model.block_size(), Duration::from_secs(1));
+    let Some(choice) = decider.choose(&analysis, workers, &mut Vec::new()) else {
+        return u32::MAX;
+    };
+    let admitted = decider.admit(&analysis, &choice, Duration::from_secs(1));
+    admitted.worker().0
+}
+
+/// 16 workers with events (nothing is predicted on admission) and uneven load: worker `w`
+/// holds `w % 7` decoding requests and one request with `w × 700` tokens still to prefill.
+fn fleet() -> (Vec<Arc<Worker>>, Vec<LoadGuard>) {
+    let mut guards = Vec::new();
+    let workers: Vec<Arc<Worker>> = (0..16u32)
+        .map(|w| {
+            let spec = WorkerSpec {
+                id: format!("w{w}"),
+                url: BaseUrl::parse("http://127.0.0.1:1").expect("valid url"),
+                models: vec!["qwen3".into()],
+                kv_events: None,
+                kv_replay: None,
+                kv_blocks: None,
+            };
+            let worker = Arc::new(Worker::new(spec, w));
+            worker.set_event_feed(true);
+            for _ in 0..w % 7 {
+                let mut g = worker.load.admit(1000, 0);
+                g.first_token();
+                guards.push(g);
+            }
+            guards.push(worker.load.admit(u64::from(w) * 3000, u64::from(w) * 700));
+            worker
         })
         .collect();
-    let request = RouteRequest {
-        prompt_tokens: ids.len() as u64,
-        blocks: hashes.len() as u32,
-        block_size: 16,
-    };
-    policy
-        .choose(&request, &candidates)
-        .map(|d| d.chosen)
-        .unwrap_or(0)
+    (workers, guards)
 }
 
 fn benches(c: &mut Criterion) {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizers/qwen3");
     let model = ModelTokens::from_hf_dir(&dir, 16, DEFAULT_CACHE_UNITS).expect("qwen3 loads");
-    let policy = KvAware::new(KvAwareConfig::default(), 1);
+    let (workers, _guards) = fleet();
     let mut g = c.benchmark_group("decision_8k_chat");
     g.sample_size(20)
         .warm_up_time(Duration::from_secs(1))
@@ -75,7 +90,11 @@ fn benches(c: &mut Criterion) {
         let first = view(&system, "warm-up question");
         let ids = model.prompt_ids(&first).expect("tokenizes");
         eprintln!("{name}: {} tokens in the warm-up request", ids.len());
-        let holdings = Holdings::default();
+        let holdings = Arc::new(Holdings::default());
+        let decider = Decider::new(
+            Arc::new(KvAware::new(KvAwareConfig::default(), 1)),
+            Arc::clone(&holdings),
+        );
         let hashes = model.block_hashes(&ids, hash_seed("qwen3", None, None));
         holdings
             .approx
@@ -89,7 +108,7 @@ fn benches(c: &mut Criterion) {
                         &prose::words(question_words, n.fetch_add(1, Ordering::Relaxed)),
                     )
                 },
-                |v| black_box(decide(&model, &holdings, &policy, &v)),
+                |v| black_box(decide(&model, &decider, &workers, &v)),
                 BatchSize::SmallInput,
             )
         });

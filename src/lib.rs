@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod openai;
 pub mod policy;
 pub mod proxy;
+pub mod routing;
 pub mod server;
 pub mod sim;
 pub mod tokens;

@@ -138,6 +138,7 @@ pub struct Worker {
     discovered_models: RwLock<Vec<ServedModel>>,
     healthy: AtomicBool,
     draining: AtomicBool,
+    event_feed: AtomicBool,
     /// Consecutive health checks that disagreed with the current state.
     streak: AtomicU32,
     /// KV cache capacity read from the engine's metrics (0: not read yet).
@@ -179,6 +180,7 @@ impl Worker {
             discovered_models: RwLock::new(Vec::new()),
             healthy: AtomicBool::new(true),
             draining: AtomicBool::new(false),
+            event_feed: AtomicBool::new(false),
             streak: AtomicU32::new(0),
             discovered_kv_blocks: AtomicUsize::new(0),
             on_down,
@@ -290,6 +292,17 @@ impl Worker {
     /// Starts or stops draining.
     pub fn set_draining(&self, draining: bool) {
         self.draining.store(draining, Ordering::Relaxed);
+    }
+
+    /// Whether the worker's KV events feed the exact index (else its routed blocks are
+    /// predicted).
+    pub fn has_event_feed(&self) -> bool {
+        self.event_feed.load(Ordering::Relaxed)
+    }
+
+    /// Records whether an event feed is subscribed for this worker.
+    pub fn set_event_feed(&self, subscribed: bool) {
+        self.event_feed.store(subscribed, Ordering::Relaxed);
     }
 
     /// Whether a new request may be sent here at `now`: healthy, not draining, circuit not

@@ -20,6 +20,7 @@ use crate::kv_events::{
     Subscriber, SubscriberConfig, SubscriberError, SubscriberEvent, SubscriberHandle,
     SubscriberStats,
 };
+use crate::tokens::HashSeed;
 use crate::tokens::model::hash_seed;
 
 /// Events queued between the subscriber thread and the applying task; beyond it the thread
@@ -33,6 +34,13 @@ const MODEL_WAIT: Duration = Duration::from_secs(10);
 
 /// The worker's base model, whose name seeds its blocks' hashes; `None` while unknown.
 pub type ModelOf = Box<dyn Fn() -> Option<String> + Send + Sync>;
+
+/// How a worker's events are seeded: its base model, with the salt and LoRA name each event
+/// carries, exactly as a request for that model, adapter and salt is hashed. The simulator
+/// seeds its engines' events with the same function.
+pub fn seeds_for(model: &str) -> impl Fn(Option<&str>, Option<&str>) -> HashSeed + '_ {
+    move |salt, lora| hash_seed(model, lora, salt)
+}
 
 /// A running event feed for one worker.
 pub struct WorkerFeed {
@@ -67,9 +75,7 @@ impl WorkerFeed {
                             index.exact.count_skipped(batch.events.len() as u64);
                             continue;
                         };
-                        let seeds =
-                            |salt: Option<&str>, lora: Option<&str>| hash_seed(&model, lora, salt);
-                        index.exact.apply(worker, &batch, &seeds);
+                        index.exact.apply(worker, &batch, &seeds_for(&model));
                     }
                     SubscriberEvent::Reset { last_seq, seq } => {
                         tracing::info!(worker = %msg.worker, last_seq, seq, "KV-event publisher restarted; worker starts cold");

@@ -21,9 +21,10 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-use crate::fleet::{LoadGuard, Worker};
+use crate::fleet::Worker;
 use crate::metrics::Metrics;
 use crate::openai::ApiError;
+use crate::routing::{Attempt, Session};
 
 pub use body::{BodyTimeouts, End, ObservedBody, ResponseObserver};
 pub use retry_budget::{RetryBudget, RetryBudgetConfig};
@@ -59,15 +60,6 @@ impl Default for ProxyConfig {
             retry_budget: RetryBudgetConfig::default(),
         }
     }
-}
-
-/// A worker chosen for one attempt, holding its load until the response ends.
-#[derive(Debug)]
-pub struct Attempt {
-    /// The worker.
-    pub worker: Arc<Worker>,
-    /// The load the request holds on it.
-    pub guard: LoadGuard,
 }
 
 /// The pooled HTTP/1.1 client to the workers.
@@ -113,9 +105,8 @@ impl Upstream {
         &self.config
     }
 
-    /// Sends `body` to `path` on workers picked by `pick`, retrying on another worker while
-    /// nothing has reached the client. `pick` receives the slots already tried and returns
-    /// `None` when no other eligible worker is left.
+    /// Sends `body` to `path` on workers the routing `session` chooses, retrying on another
+    /// worker while nothing has reached the client, until the session has no worker left.
     ///
     /// Returns the attempt that answered and its response; the caller streams it on.
     pub async fn forward(
@@ -124,10 +115,9 @@ impl Upstream {
         client_headers: &HeaderMap,
         body: Bytes,
         metrics: &Metrics,
-        mut pick: impl FnMut(&[u32]) -> Option<Attempt>,
+        session: &mut Session<'_>,
     ) -> Result<(Attempt, Response<Incoming>), ApiError> {
         let headers = headers::upstream_request_headers(client_headers);
-        let mut tried: Vec<u32> = Vec::new();
         let mut last_error: Option<ApiError> = None;
         self.budget.record_request(Instant::now());
         let mut retry_reason: Option<&'static str> = None;
@@ -143,7 +133,7 @@ impl Upstream {
                     metrics.retries.with_label_values(&[reason]).inc();
                 }
             }
-            let Some(attempt) = pick(&tried) else {
+            let Some(attempt) = session.next_attempt() else {
                 break;
             };
             let worker_id = attempt.worker.id().to_string();
@@ -182,7 +172,6 @@ impl Upstream {
                         // Passive health: the health check brings it back once it answers.
                         attempt.worker.set_healthy(false);
                     }
-                    tried.push(attempt.worker.slot);
                     last_error = Some(ApiError::new(
                         StatusCode::BAD_GATEWAY,
                         "upstream_error",

@@ -36,7 +36,7 @@ fn describe(state: &AppState, w: &Worker) -> Value {
         "queued_tokens": load.queued_prefill_tokens,
         "decoding": load.decoding,
         "kv_events": w.spec.kv_events,
-        "kv_events_connected": state.has_feed(w.slot),
+        "kv_events_connected": w.has_event_feed(),
         "kv_blocks": w.kv_blocks(),
         "predicted_blocks": state.holdings.approx.len(WorkerIdx(w.slot)),
     })

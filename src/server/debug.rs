@@ -67,8 +67,7 @@ async fn explain(
     }
     let salt = caller.cache_salt(view.cache_salt.as_deref());
     let (analysis, view) = route::analyse(state, view, salt.as_deref()).await?;
-    let (workers, candidates) = route::candidates(&eligible, &analysis, &[]);
-    let decision = state.policy.choose(&analysis.request, &candidates);
+    let (workers, candidates, decision) = state.decider.explain(&analysis, &eligible);
     let listed: Vec<_> = candidates
         .iter()
         .enumerate()
@@ -81,7 +80,7 @@ async fn explain(
                 "in_flight": c.load.in_flight,
                 "decoding": c.load.decoding,
                 "active_prompt_tokens": c.load.active_prompt_tokens,
-                "kv_events": state.has_feed(workers[i].slot),
+                "kv_events": workers[i].has_event_feed(),
                 "predicted_ttft_s": decision.as_ref().and_then(|d| d.predicted_ttft_s.get(i).copied().flatten()),
                 "cost_s": decision.as_ref().and_then(|d| d.cost.get(i).copied().flatten()),
             })

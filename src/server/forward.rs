@@ -9,16 +9,14 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue};
 
-use super::admission::Ticket;
 use super::auth::{Caller, Keys};
 use super::body::read_limited;
+use super::observer::Observer;
 use super::{AppState, route};
 use crate::fleet::Worker;
-use crate::index::WorkerIdx;
-use crate::metrics::Metrics;
 use crate::openai::{ApiError, Endpoint, RequestView};
-use crate::policy::{Observation, Policy};
-use crate::proxy::{self, Attempt, BodyTimeouts, End, ObservedBody, ResponseObserver};
+use crate::proxy::{self, BodyTimeouts, ObservedBody};
+use crate::routing::Session;
 
 /// Header naming the worker that served a response.
 pub const WORKER_HEADER: &str = "x-kvroute-worker";
@@ -39,6 +37,14 @@ pub(super) async fn chat_completions(
     handle(state, Endpoint::ChatCompletions, headers, body).await
 }
 
+/// A request body as received and as routing reads it.
+struct Received {
+    endpoint: Endpoint,
+    bytes: Bytes,
+    json: serde_json::Value,
+    view: RequestView,
+}
+
 async fn handle(
     state: Arc<AppState>,
     endpoint: Endpoint,
@@ -46,166 +52,119 @@ async fn handle(
     body: Body,
 ) -> Response {
     let started = Instant::now();
-    let mut model = String::new();
-    match forward(&state, endpoint, headers, body, started, &mut model).await {
+    let (caller, received) = match receive(&state, endpoint, &headers, body).await {
+        Ok(r) => r,
+        Err(e) => return reject(&state, "-", e),
+    };
+    // A model name becomes a metric label only once a worker is known to serve it: client
+    // strings must not grow the metrics without bound.
+    let label = if state.fleet.knows_model(&received.view.model) {
+        received.view.model.clone()
+    } else {
+        "-".to_owned()
+    };
+    match forward(&state, caller, received, headers, started).await {
         Ok(resp) => resp,
-        Err(e) => {
-            let label = if model.is_empty() {
-                "-"
-            } else {
-                model.as_str()
-            };
-            state
-                .metrics
-                .requests
-                .with_label_values(&[label, "-", e.status.as_str()])
-                .inc();
-            e.into_response()
-        }
+        Err(e) => reject(&state, &label, e),
     }
 }
 
-async fn forward(
-    state: &Arc<AppState>,
+/// Counts a request answered with an error by the router itself.
+fn reject(state: &AppState, model_label: &str, e: ApiError) -> Response {
+    state
+        .metrics
+        .requests
+        .with_label_values(&[model_label, "-", e.status.as_str()])
+        .inc();
+    e.into_response()
+}
+
+/// Authenticates the caller and reads and validates the body.
+async fn receive(
+    state: &AppState,
     endpoint: Endpoint,
-    headers: HeaderMap,
+    headers: &HeaderMap,
     body: Body,
-    started: Instant,
-    model_out: &mut String,
-) -> Result<Response, ApiError> {
-    let caller = state.keys.caller(&headers)?;
-    let bytes = read_limited(
-        &headers,
-        body,
-        state.max_body_bytes,
-        state.body_read_timeout,
-    )
-    .await?;
-    let mut json: serde_json::Value = serde_json::from_slice(&bytes)
+) -> Result<(Caller, Received), ApiError> {
+    let caller = state.keys.caller(headers)?;
+    let bytes = read_limited(headers, body, state.max_body_bytes, state.body_read_timeout).await?;
+    let json: serde_json::Value = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}"), None))?;
     let view = RequestView::parse(endpoint, &json)?;
-    // A model name becomes a metric label only once a worker is known to serve it: client
-    // strings must not grow the metrics without bound.
-    if state.fleet.knows_model(&view.model) {
-        model_out.clone_from(&view.model);
-    }
+    let received = Received {
+        endpoint,
+        bytes,
+        json,
+        view,
+    };
+    Ok((caller, received))
+}
+
+/// Admits, routes and forwards a received request; the response streams back observed.
+async fn forward(
+    state: &Arc<AppState>,
+    caller: Caller,
+    received: Received,
+    headers: HeaderMap,
+    started: Instant,
+) -> Result<Response, ApiError> {
+    let Received {
+        endpoint,
+        bytes,
+        mut json,
+        view,
+    } = received;
     Keys::authorize_model(&caller, &view.model)?;
     let salt = caller.cache_salt(view.cache_salt.as_deref());
-    // A tenant's request carries its namespaced salt to the engine (or none at all, where the
-    // engine does not take it): a client-chosen salt is never passed on raw.
-    let bytes =
-        match (&caller, json.as_object_mut()) {
-            (Caller::Tenant(_), Some(obj)) => {
-                match (&salt, state.forwards_salt(&view.model)) {
-                    (Some(s), true) => {
-                        obj.insert("cache_salt".into(), serde_json::Value::String(s.clone()));
-                    }
-                    _ => {
-                        obj.remove("cache_salt");
-                    }
-                }
-                Bytes::from(serde_json::to_vec(&json).map_err(|e| {
-                    ApiError::invalid(format!("cannot re-encode the body: {e}"), None)
-                })?)
-            }
-            _ => bytes,
-        };
+    let bytes = tenant_body(
+        state,
+        &caller,
+        salt.as_deref(),
+        &view.model,
+        bytes,
+        &mut json,
+    )?;
     let ticket = state
         .admission
         .admit(caller.tenant(), &state.metrics)
         .await?;
-
-    let eligible = state.fleet.eligible(&view.model);
-    if eligible.is_empty() {
-        return Err(if state.fleet.knows_model(&view.model) {
-            no_worker()
-        } else {
-            ApiError::model_not_found(&view.model)
-        });
-    }
-
+    let eligible = eligible(state, &view.model)?;
     let decision_started = Instant::now();
     let (analysis, view) = route::analyse(state, view, salt.as_deref()).await?;
-    let mut first_pick = true;
-    let mut routed: Option<Routed> = None;
-    let metrics = &state.metrics;
-    let pick = |tried: &[u32]| -> Option<Attempt> {
-        let mut skip = tried.to_vec();
-        let (worker, chosen) = loop {
-            let (workers, candidates) = route::candidates(&eligible, &analysis, &skip);
-            let decision = route::choose(state, &analysis, &candidates)?;
-            let worker = workers[decision.chosen];
-            // A half-open circuit lets one probe through; a worker whose probe is taken is
-            // skipped for this request.
-            if worker.breaker.acquire(Instant::now()) {
-                break (Arc::clone(worker), candidates[decision.chosen].clone());
-            }
-            skip.push(worker.slot);
-        };
-        let chosen = &chosen;
-        if first_pick {
-            first_pick = false;
-            metrics
-                .decision
-                .with_label_values(&[state.policy.name(), "total"])
-                .observe(decision_started.elapsed().as_secs_f64());
-        }
-        let uncached = route::uncached_tokens(&analysis, chosen);
-        if analysis.request.blocks > 0 {
-            metrics
-                .prefix_queried_blocks
-                .with_label_values(&[worker.id()])
-                .inc_by(u64::from(analysis.request.blocks));
-            metrics
-                .prefix_hit_blocks
-                .with_label_values(&[worker.id()])
-                .inc_by(u64::from(
-                    chosen.overlap_blocks.min(analysis.request.blocks),
-                ));
-            if !state.has_feed(worker.slot) {
-                state.holdings.approx.record_routed(
-                    WorkerIdx(worker.slot),
-                    &analysis.hashes,
-                    state.now(),
-                );
-            }
-        }
-        routed = Some(Routed {
-            uncached_tokens: uncached,
-            queued_tokens: chosen.load.queued_prefill_tokens,
-            decoding: chosen.load.decoding,
-            at: Instant::now(),
-        });
-        let guard = worker.load.admit(analysis.request.prompt_tokens, uncached);
-        Some(Attempt { worker, guard })
-    };
-    // The client's key is the router's credential, not the worker's: never pass it on.
-    let mut headers = headers;
-    if state.keys.enabled() {
-        headers.remove(http::header::AUTHORIZATION);
-    }
+    let clock = || state.now();
+    let mut session = Session::new(
+        &state.decider,
+        &state.metrics,
+        eligible,
+        analysis,
+        &clock,
+        decision_started,
+    );
+    let headers = upstream_headers(state, headers);
     let (attempt, upstream) = state
         .upstream
-        .forward(endpoint.path(), &headers, bytes.clone(), metrics, pick)
+        .forward(
+            endpoint.path(),
+            &headers,
+            bytes,
+            &state.metrics,
+            &mut session,
+        )
         .await?;
-
     let (parts, incoming) = upstream.into_parts();
     let mut out_headers = proxy::headers::client_response_headers(&parts.headers);
     if let Ok(v) = HeaderValue::from_str(attempt.worker.id()) {
         out_headers.insert(WORKER_HEADER, v);
     }
     let sse = proxy::is_event_stream(&parts.headers);
-    let observer = Observer {
-        worker: Arc::clone(&attempt.worker),
-        guard: attempt.guard,
-        metrics: state.metrics.clone(),
-        policy: Arc::clone(&state.policy),
-        routed,
-        _ticket: ticket,
-        model: view.model,
-        status: parts.status,
+    let observer = Observer::new(
+        attempt,
+        state.metrics.clone(),
+        ticket,
+        view.model,
+        parts.status,
         started,
-    };
+    );
     let timeouts = BodyTimeouts {
         idle: state.upstream.config().idle_timeout,
         total: state.upstream.config().total_timeout,
@@ -218,6 +177,54 @@ async fn forward(
     Ok(resp)
 }
 
+/// The body to send: a tenant's request carries its namespaced salt to the engine (or none at
+/// all, where the engine does not take it); a client-chosen salt is never passed on raw.
+fn tenant_body(
+    state: &AppState,
+    caller: &Caller,
+    salt: Option<&str>,
+    model: &str,
+    bytes: Bytes,
+    json: &mut serde_json::Value,
+) -> Result<Bytes, ApiError> {
+    let (Caller::Tenant(_), Some(obj)) = (caller, json.as_object_mut()) else {
+        return Ok(bytes);
+    };
+    match (salt, state.forwards_salt(model)) {
+        (Some(s), true) => {
+            obj.insert("cache_salt".into(), serde_json::Value::String(s.to_owned()));
+        }
+        _ => {
+            obj.remove("cache_salt");
+        }
+    }
+    serde_json::to_vec(json)
+        .map(Bytes::from)
+        .map_err(|e| ApiError::invalid(format!("cannot re-encode the body: {e}"), None))
+}
+
+/// The workers that may take a request for `model` now: 404 for a model no worker serves,
+/// 503 when every worker that serves it is down, draining or open-circuited.
+fn eligible(state: &AppState, model: &str) -> Result<Vec<Arc<Worker>>, ApiError> {
+    let eligible = state.fleet.eligible(model);
+    if !eligible.is_empty() {
+        return Ok(eligible);
+    }
+    Err(if state.fleet.knows_model(model) {
+        no_worker()
+    } else {
+        ApiError::model_not_found(model)
+    })
+}
+
+/// The client's key is the router's credential, not the worker's: never pass it on.
+fn upstream_headers(state: &AppState, mut headers: HeaderMap) -> HeaderMap {
+    if state.keys.enabled() {
+        headers.remove(http::header::AUTHORIZATION);
+    }
+    headers
+}
+
 fn no_worker() -> ApiError {
     ApiError::new(
         http::StatusCode::SERVICE_UNAVAILABLE,
@@ -225,69 +232,4 @@ fn no_worker() -> ApiError {
         Some("no_worker_available"),
         "no healthy worker is available for this model; retry later",
     )
-}
-
-/// What the router predicted when it sent the request, for calibration at first token.
-#[derive(Clone, Copy, Debug)]
-struct Routed {
-    uncached_tokens: u64,
-    queued_tokens: u64,
-    decoding: u64,
-    at: Instant,
-}
-
-/// Records a proxied response's milestones in load accounting, metrics and the policy's
-/// calibration.
-struct Observer {
-    worker: Arc<Worker>,
-    guard: crate::fleet::LoadGuard,
-    metrics: Metrics,
-    policy: Arc<dyn Policy>,
-    routed: Option<Routed>,
-    /// The admission slot, held until the response ends.
-    _ticket: Ticket,
-    model: String,
-    status: http::StatusCode,
-    started: Instant,
-}
-
-impl ResponseObserver for Observer {
-    fn first_token(&mut self) {
-        self.guard.first_token();
-        if self.status.is_success() {
-            self.metrics
-                .ttft
-                .with_label_values(&[&self.model, self.worker.id()])
-                .observe(self.started.elapsed().as_secs_f64());
-            if let Some(r) = self.routed.take() {
-                self.policy.observe(&Observation {
-                    slot: self.worker.slot,
-                    uncached_tokens: r.uncached_tokens,
-                    queued_tokens: r.queued_tokens,
-                    decoding: r.decoding,
-                    ttft_s: r.at.elapsed().as_secs_f64(),
-                });
-            }
-        }
-    }
-
-    fn end(&mut self, end: End) {
-        self.guard.finish();
-        if end == End::UpstreamError {
-            self.worker.breaker.record_failure(Instant::now());
-        }
-        let status = match end {
-            End::Complete => self.status.as_str().to_owned(),
-            End::UpstreamError => "upstream_error".to_owned(),
-            End::Cancelled => "cancelled".to_owned(),
-        };
-        self.metrics
-            .requests
-            .with_label_values(&[&self.model, self.worker.id(), &status])
-            .inc();
-        self.metrics
-            .request_duration
-            .with_label_values(&[&self.model])
-            .observe(self.started.elapsed().as_secs_f64());
-    }
 }

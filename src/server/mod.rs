@@ -8,6 +8,7 @@ mod body;
 mod debug;
 mod forward;
 mod listen;
+mod observer;
 mod ops;
 mod route;
 
@@ -33,6 +34,7 @@ use crate::metrics::Metrics;
 use crate::openai::ApiError;
 use crate::policy::{self, Policy};
 use crate::proxy::Upstream;
+use crate::routing::Decider;
 use crate::tokens::ModelRegistry;
 
 /// Everything a request handler needs, shared by all requests.
@@ -41,6 +43,8 @@ pub struct AppState {
     pub fleet: Arc<Fleet>,
     /// The routing policy.
     pub policy: Arc<dyn Policy>,
+    /// The decision core: the policy over the index.
+    pub decider: Decider,
     /// The upstream client.
     pub upstream: Upstream,
     /// The metrics.
@@ -83,13 +87,15 @@ impl AppState {
             forget.exact.clear_worker(WorkerIdx(w.slot));
             forget.approx.clear_worker(WorkerIdx(w.slot));
         });
+        let policy = policy::build(&config.policy, &config.policy_settings())?;
         Ok(AppState {
+            decider: Decider::new(Arc::clone(&policy), Arc::clone(&holdings)),
             fleet: Arc::new(Fleet::with(
                 config.workers.clone(),
                 config.breaker,
                 Some(on_down),
             )),
-            policy: policy::build(&config.policy, &config.policy_settings())?,
+            policy,
             upstream: Upstream::new(config.proxy.clone()),
             metrics: Metrics::new(),
             max_body_bytes: config.max_body_bytes,
@@ -180,6 +186,7 @@ impl AppState {
         let holdings = Arc::clone(&self.holdings);
         match WorkerFeed::start(holdings, WorkerIdx(w.slot), Box::new(model), sub) {
             Ok(feed) => {
+                w.set_event_feed(true);
                 feeds.insert(w.slot, feed);
             }
             Err(e) => tracing::error!(worker = w.id(), error = %e, "cannot subscribe to KV events"),
@@ -190,14 +197,6 @@ impl AppState {
     fn capacity_hook(&self) -> CapacityHook {
         let (holdings, fleet) = (Arc::clone(&self.holdings), Arc::clone(&self.fleet));
         Arc::new(move |w: &Worker, blocks| reserve_capacity(&holdings, &fleet, w, blocks))
-    }
-
-    /// Whether the worker in `slot` has a KV-event feed.
-    pub fn has_feed(&self, slot: u32) -> bool {
-        self.feeds
-            .lock()
-            .map(|f| f.contains_key(&slot))
-            .unwrap_or(false)
     }
 
     /// Counters of every feed, by worker slot, for metrics.

@@ -1,24 +1,25 @@
-//! The router's side of a simulation: exactly the live router's decision and bookkeeping,
-//! in virtual time.
+//! The router's side of a simulation: the live decision core ([`crate::routing::Decider`])
+//! behind the simulator's events, in virtual time.
 //!
-//! `server::route` and `server::forward` do, per request: tokenize and hash the prompt and look
-//! it up in the index only when the policy uses prefixes (load-only policies see a default
-//! [`RouteRequest`] and admit zero tokens); build one [`Candidate`] per eligible worker with its
-//! load snapshot and overlap; let the policy choose; count the request on the chosen worker with
-//! [`Load::admit`] (prompt tokens, uncached tokens = prompt − overlap × block size); record the
-//! routed blocks in the approximate index when the worker has no event feed; at the first token
-//! release the queued prefill and feed the policy an [`Observation`]; release everything at the
-//! end. This file does the same with the same types ([`Load`], [`LoadGuard`], [`Holdings`]),
-//! so a simulated decision is the decision the live router would make in the same state.
+//! Like NVIDIA Dynamo's offline replay, which composes its live selector, radix tree and
+//! active-sequence tracker behind event handlers, this file only adapts: a simulated worker
+//! is a [`Target`] (eligible once it joined; exact events or predictions by the run's index
+//! mode), arrivals go through the same analyse → decide → admit as a live request, first
+//! tokens and ends release the same [`crate::fleet::LoadGuard`]s and feed the same
+//! calibration, and KV events land in the same [`Holdings`]. `routing::parity_tests` holds the
+//! two together.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::engine::events::batch;
-use crate::fleet::{Load, LoadGuard};
-use crate::index::{ApproxConfig, ApproxIndex, Holdings, IndexConfig, KvIndex, WorkerIdx};
+use crate::fleet::{Load, LoadSnapshot};
+use crate::index::{
+    ApproxConfig, ApproxIndex, Holdings, IndexConfig, KvIndex, WorkerIdx, seeds_for,
+};
 use crate::kv_events::KvEvent;
-use crate::policy::{Candidate, Observation, Policy, RouteRequest};
+use crate::policy::Policy;
+use crate::routing::{Admitted, Decider, Target};
 use crate::tokens::model::hash_seed;
 use crate::tokens::{BlockHash, HashSeed, block_hashes};
 
@@ -33,21 +34,45 @@ pub struct Routed {
     pub overlap_blocks: u32,
     /// Full blocks of the prompt (0 for load-only policies).
     pub blocks: u32,
-    guard: LoadGuard,
-    uncached_tokens: u64,
-    queued_tokens: u64,
-    decoding: u64,
+    admitted: Admitted,
     at: f64,
-    observed: bool,
 }
 
-/// The router: policy, index and per-worker load.
+/// A simulated worker as the decision sees it.
+struct SimTarget {
+    worker: WorkerIdx,
+    label: Arc<str>,
+    load: Arc<Load>,
+    eligible: bool,
+    events: bool,
+}
+
+impl Target for SimTarget {
+    fn worker(&self) -> WorkerIdx {
+        self.worker
+    }
+
+    fn label(&self) -> &Arc<str> {
+        &self.label
+    }
+
+    fn load(&self) -> &Arc<Load> {
+        &self.load
+    }
+
+    fn routable(&self) -> bool {
+        self.eligible
+    }
+
+    fn publishes_events(&self) -> bool {
+        self.events
+    }
+}
+
+/// The router: the decision core over per-worker targets.
 pub struct SimRouter {
-    policy: Arc<dyn Policy>,
-    holdings: Holdings,
-    loads: Vec<Arc<Load>>,
-    ids: Vec<Arc<str>>,
-    eligible: Vec<bool>,
+    decider: Decider,
+    targets: Vec<SimTarget>,
     mode: IndexMode,
     model: String,
     seed: HashSeed,
@@ -78,14 +103,18 @@ impl SimRouter {
                 capacity_per_worker: defaults.approx_capacity_blocks,
             }),
         );
+        let events = matches!(mode, IndexMode::Events { .. });
         SimRouter {
-            policy,
-            holdings,
-            loads: (0..max_workers)
-                .map(|_| Arc::new(Load::default()))
+            decider: Decider::new(policy, Arc::new(holdings)),
+            targets: (0..max_workers)
+                .map(|i| SimTarget {
+                    worker: WorkerIdx(i),
+                    label: format!("w{i}").into(),
+                    load: Arc::new(Load::default()),
+                    eligible: false,
+                    events,
+                })
                 .collect(),
-            ids: (0..max_workers).map(|i| format!("w{i}").into()).collect(),
-            eligible: vec![false; max_workers as usize],
             mode,
             model: model.to_string(),
             seed: hash_seed(model, None, None),
@@ -95,30 +124,38 @@ impl SimRouter {
 
     /// The policy's name.
     pub fn policy_name(&self) -> &'static str {
-        self.policy.name()
+        self.decider.policy().name()
     }
 
     /// The index (for inspection).
     pub fn holdings(&self) -> &Holdings {
-        &self.holdings
+        self.decider.holdings()
     }
 
     /// Makes worker `slot`, whose KV cache holds `kv_blocks` blocks, eligible for routing (at
     /// start or when it joins). With events, the exact index is sized for that cache, as the
     /// live router does once it has read the engine's `num_gpu_blocks`.
     pub fn enable(&mut self, slot: u32, kv_blocks: usize) {
-        if let Some(e) = self.eligible.get_mut(slot as usize) {
-            *e = true;
-            if matches!(self.mode, IndexMode::Events { .. }) {
-                self.holdings.exact.reserve(WorkerIdx(slot), kv_blocks);
+        if let Some(t) = self.targets.get_mut(slot as usize) {
+            t.eligible = true;
+            if t.events {
+                self.decider
+                    .holdings()
+                    .exact
+                    .reserve(WorkerIdx(slot), kv_blocks);
             }
         }
+    }
+
+    /// Every worker's router-side load, by slot.
+    pub fn loads(&self) -> Vec<LoadSnapshot> {
+        self.targets.iter().map(|t| t.load.snapshot()).collect()
     }
 
     /// Whether the router hashes prompts at all (the live router skips it for load-only
     /// policies).
     pub fn uses_prefix(&self) -> bool {
-        self.policy.uses_prefix()
+        self.decider.uses_prefix()
     }
 
     /// kvroute's block hashes of a prompt, as the live router computes them.
@@ -128,87 +165,46 @@ impl SimRouter {
 
     /// Routes a prompt at time `now`; `None` when no worker is eligible.
     pub fn route(&self, prompt: &[u32], now: f64) -> Option<Routed> {
-        let (request, hashes) = if self.policy.uses_prefix() {
-            let hashes = self.hashes(prompt);
-            let request = RouteRequest {
-                prompt_tokens: prompt.len() as u64,
-                blocks: u32::try_from(hashes.len()).unwrap_or(u32::MAX),
-                block_size: u32::try_from(self.block_size).unwrap_or(u32::MAX),
-            };
-            (request, hashes)
-        } else {
-            (RouteRequest::default(), Vec::new())
-        };
-        let overlaps = if hashes.is_empty() {
-            Default::default()
-        } else {
-            self.holdings.lookup(&hashes, duration(now))
-        };
-        let candidates: Vec<Candidate> = (0..self.loads.len())
-            .filter(|&i| self.eligible[i])
-            .map(|i| Candidate {
-                id: Arc::clone(&self.ids[i]),
-                slot: i as u32,
-                load: self.loads[i].snapshot(),
-                overlap_blocks: overlaps.get(WorkerIdx(i as u32)),
-            })
-            .collect();
-        let decision = self.policy.choose(&request, &candidates)?;
-        let chosen = candidates.get(decision.chosen)?;
-        let cached = u64::from(chosen.overlap_blocks) * u64::from(request.block_size);
-        let uncached = request.prompt_tokens.saturating_sub(cached);
-        if request.blocks > 0 && matches!(self.mode, IndexMode::Approx) {
-            self.holdings
-                .approx
-                .record_routed(WorkerIdx(chosen.slot), &hashes, duration(now));
-        }
-        let guard = self.loads[chosen.slot as usize].admit(request.prompt_tokens, uncached);
+        let analysis = self
+            .decider
+            .analyse(prompt, self.seed, self.block_size, duration(now));
+        let choice = self
+            .decider
+            .choose(&analysis, &self.targets, &mut Vec::new())?;
+        let admitted = self.decider.admit(&analysis, &choice, duration(now));
         Some(Routed {
-            slot: chosen.slot,
-            overlap_blocks: chosen.overlap_blocks.min(request.blocks),
-            blocks: request.blocks,
-            guard,
-            uncached_tokens: uncached,
-            queued_tokens: chosen.load.queued_prefill_tokens,
-            decoding: chosen.load.decoding,
+            slot: admitted.worker().0,
+            overlap_blocks: admitted.overlap_blocks,
+            blocks: admitted.blocks,
+            admitted,
             at: now,
-            observed: false,
         })
     }
 
     /// The request's first token arrived at `now`.
     pub fn first_token(&self, routed: &mut Routed, now: f64) {
-        routed.guard.first_token();
-        if !routed.observed {
-            routed.observed = true;
-            self.policy.observe(&Observation {
-                slot: routed.slot,
-                uncached_tokens: routed.uncached_tokens,
-                queued_tokens: routed.queued_tokens,
-                decoding: routed.decoding,
-                ttft_s: now - routed.at,
-            });
-        }
+        routed.admitted.first_token();
+        routed.admitted.observe_ttft(now - routed.at);
     }
 
     /// The request ended (finished, failed or cancelled).
     pub fn finish(&self, routed: &mut Routed) {
-        routed.guard.finish();
+        routed.admitted.finish();
     }
 
     /// Applies one batch of worker `slot`'s KV events (events mode).
     pub fn apply_events(&self, slot: u32, ts: f64, events: Vec<KvEvent>) {
-        let model = self.model.as_str();
-        let seeds = |salt: Option<&str>, lora: Option<&str>| hash_seed(model, lora, salt);
-        self.holdings
-            .exact
-            .apply(WorkerIdx(slot), &batch(ts, events), &seeds);
+        self.decider.holdings().exact.apply(
+            WorkerIdx(slot),
+            &batch(ts, events),
+            &seeds_for(&self.model),
+        );
     }
 
     /// Worker `slot`'s event stream restarted: what the live feed does on a publisher reset.
     pub fn worker_restarted(&self, slot: u32) {
         if matches!(self.mode, IndexMode::Events { .. }) {
-            self.holdings.exact.clear_worker(WorkerIdx(slot));
+            self.decider.holdings().exact.clear_worker(WorkerIdx(slot));
         }
     }
 }

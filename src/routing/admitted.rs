@@ -1,0 +1,91 @@
+//! A request admitted on a worker: the load it holds and what the router predicted.
+
+use std::sync::Arc;
+
+use super::analysis::Analysis;
+use crate::fleet::LoadGuard;
+use crate::index::WorkerIdx;
+use crate::policy::{Candidate, Observation, Policy};
+
+/// What the router predicted when it sent the request, for calibration at the first token.
+#[derive(Clone, Copy, Debug)]
+struct Predicted {
+    uncached_tokens: u64,
+    queued_tokens: u64,
+    decoding: u64,
+}
+
+/// The load a routed request holds on its worker until it ends, and the prediction the
+/// policy learns from once its first token arrives. Dropping it releases the load.
+pub struct Admitted {
+    worker: WorkerIdx,
+    guard: LoadGuard,
+    policy: Arc<dyn Policy>,
+    predicted: Option<Predicted>,
+    /// Leading blocks the router believed the worker held (at most the prompt's blocks).
+    pub overlap_blocks: u32,
+    /// Full blocks of the prompt (0 for load-only policies).
+    pub blocks: u32,
+}
+
+impl std::fmt::Debug for Admitted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admitted")
+            .field("worker", &self.worker)
+            .field("overlap_blocks", &self.overlap_blocks)
+            .field("blocks", &self.blocks)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Admitted {
+    pub(super) fn new(
+        worker: WorkerIdx,
+        guard: LoadGuard,
+        policy: Arc<dyn Policy>,
+        analysis: &Analysis,
+        chosen: &Candidate,
+        uncached_tokens: u64,
+    ) -> Admitted {
+        Admitted {
+            worker,
+            guard,
+            policy,
+            predicted: Some(Predicted {
+                uncached_tokens,
+                queued_tokens: chosen.load.queued_prefill_tokens,
+                decoding: chosen.load.decoding,
+            }),
+            overlap_blocks: chosen.overlap_blocks.min(analysis.request.blocks),
+            blocks: analysis.request.blocks,
+        }
+    }
+
+    /// The worker it was admitted on.
+    pub fn worker(&self) -> WorkerIdx {
+        self.worker
+    }
+
+    /// The first token arrived: the prefill no longer queues others.
+    pub fn first_token(&mut self) {
+        self.guard.first_token();
+    }
+
+    /// Feeds the policy the observed time to first token, once per request.
+    pub fn observe_ttft(&mut self, ttft_s: f64) {
+        if let Some(p) = self.predicted.take() {
+            self.policy.observe(&Observation {
+                slot: self.worker.0,
+                uncached_tokens: p.uncached_tokens,
+                queued_tokens: p.queued_tokens,
+                decoding: p.decoding,
+                ttft_s,
+            });
+        }
+    }
+
+    /// The request ended (completed, failed or cancelled): everything it held is released.
+    pub fn finish(&mut self) {
+        self.guard.finish();
+    }
+}

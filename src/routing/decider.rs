@@ -1,0 +1,155 @@
+//! The decision itself: candidates, the policy's choice, and admission on the chosen worker.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::admitted::Admitted;
+use super::analysis::Analysis;
+use super::target::Target;
+use crate::index::{Holdings, WorkerIdx};
+use crate::policy::{Candidate, Policy, RouteDecision};
+use crate::tokens::HashSeed;
+
+/// The policy and the index, shared by every decision of a router (live or simulated).
+pub struct Decider {
+    policy: Arc<dyn Policy>,
+    holdings: Arc<Holdings>,
+}
+
+/// A chosen target with what the policy saw and said.
+#[derive(Debug)]
+pub struct Choice<'t, T> {
+    /// The chosen target.
+    pub target: &'t T,
+    /// Its candidate entry (load snapshot and overlap at decision time).
+    pub candidate: Candidate,
+    /// The policy's decision over all candidates.
+    pub decision: RouteDecision,
+}
+
+impl Decider {
+    /// A decider over `policy` and `holdings`.
+    pub fn new(policy: Arc<dyn Policy>, holdings: Arc<Holdings>) -> Decider {
+        Decider { policy, holdings }
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &Arc<dyn Policy> {
+        &self.policy
+    }
+
+    /// The index.
+    pub fn holdings(&self) -> &Arc<Holdings> {
+        &self.holdings
+    }
+
+    /// Whether decisions need the prompt's tokens (load-only policies skip tokenization).
+    pub fn uses_prefix(&self) -> bool {
+        self.policy.uses_prefix()
+    }
+
+    /// The analysis of a tokenized prompt at `now`, or the load-only one when the policy does
+    /// not weigh prefixes.
+    pub fn analyse(
+        &self,
+        ids: &[u32],
+        seed: HashSeed,
+        block_size: usize,
+        now: Duration,
+    ) -> Analysis {
+        if !self.uses_prefix() {
+            return Analysis::load_only();
+        }
+        Analysis::of_prompt(ids, seed, block_size, &self.holdings, now)
+    }
+
+    /// The routable `targets` not in `skip`, with each one's candidate entry, in order.
+    pub fn candidates<'t, T: Target>(
+        &self,
+        analysis: &Analysis,
+        targets: &'t [T],
+        skip: &[WorkerIdx],
+    ) -> (Vec<&'t T>, Vec<Candidate>) {
+        let picked: Vec<&T> = targets
+            .iter()
+            .filter(|t| !skip.contains(&t.worker()) && t.routable())
+            .collect();
+        let candidates = picked
+            .iter()
+            .map(|t| Candidate {
+                id: Arc::clone(t.label()),
+                slot: t.worker().0,
+                load: t.load().snapshot(),
+                overlap_blocks: analysis.overlaps.get(t.worker()),
+            })
+            .collect();
+        (picked, candidates)
+    }
+
+    /// The policy's choice among `targets` not in `skip`, without taking anything (what
+    /// `/debug/route` shows).
+    pub fn explain<'t, T: Target>(
+        &self,
+        analysis: &Analysis,
+        targets: &'t [T],
+    ) -> (Vec<&'t T>, Vec<Candidate>, Option<RouteDecision>) {
+        let (picked, candidates) = self.candidates(analysis, targets, &[]);
+        let decision = self.policy.choose(&analysis.request, &candidates);
+        (picked, candidates, decision)
+    }
+
+    /// Chooses a target not in `skip` that grants a request; a target whose circuit refuses
+    /// (its half-open probe is taken) is added to `skip` and the policy asked again. `None`
+    /// when no target is left.
+    pub fn choose<'t, T: Target>(
+        &self,
+        analysis: &Analysis,
+        targets: &'t [T],
+        skip: &mut Vec<WorkerIdx>,
+    ) -> Option<Choice<'t, T>> {
+        loop {
+            let (picked, mut candidates) = self.candidates(analysis, targets, skip);
+            let decision = self.policy.choose(&analysis.request, &candidates)?;
+            let target = *picked.get(decision.chosen)?;
+            if target.acquire() {
+                let candidate = candidates.swap_remove(decision.chosen);
+                return Some(Choice {
+                    target,
+                    candidate,
+                    decision,
+                });
+            }
+            skip.push(target.worker());
+        }
+    }
+
+    /// Counts the request on the chosen target's load and, when that worker publishes no KV
+    /// events, predicts the prompt's blocks there from `now` on.
+    pub fn admit<T: Target>(
+        &self,
+        analysis: &Analysis,
+        choice: &Choice<'_, T>,
+        now: Duration,
+    ) -> Admitted {
+        let c = &choice.candidate;
+        let worker = choice.target.worker();
+        let uncached = analysis.uncached_tokens(c.overlap_blocks);
+        if analysis.request.blocks > 0 && !choice.target.publishes_events() {
+            self.holdings
+                .approx
+                .record_routed(worker, &analysis.hashes, now);
+        }
+        let guard = choice
+            .target
+            .load()
+            .admit(analysis.request.prompt_tokens, uncached);
+        Admitted::new(
+            worker,
+            guard,
+            Arc::clone(&self.policy),
+            analysis,
+            c,
+            uncached,
+        )
+    }
+}

@@ -1,0 +1,31 @@
+//! The routing decision, free of transport: analyse → candidates → decide → admit.
+//!
+//! Every caller that routes runs this code and keeps no copy of it: the live server (first
+//! attempt and every retry, through a [`Session`]), `/debug/route` (without admitting), the
+//! virtual-time simulator (`sim::router` is a thin adapter over [`Decider`]) and the decision
+//! bench. So a simulated decision is the live one, and a parity test holds them together.
+//!
+//! - **analyse**: a prompt's token ids → kvroute's chained block hashes → per-worker overlap from
+//!   the index ([`Analysis`]); load-only policies skip it.
+//! - **candidates**: the routable [`Target`]s not yet tried, each with its load snapshot and
+//!   overlap.
+//! - **decide**: the policy picks; a half-open circuit lets one probe through, so a target that
+//!   refuses is skipped and the policy asked again.
+//! - **admit**: the request is counted on the chosen worker's load, its blocks are predicted
+//!   there when the worker publishes no events, and what was predicted is kept ([`Admitted`])
+//!   for the policy's calibration at the first token.
+//!
+//! Time is passed in (the index clock as a `Duration`), never read, so the simulator drives the
+//! same code in virtual time.
+
+mod admitted;
+mod analysis;
+mod decider;
+mod session;
+mod target;
+
+pub use admitted::Admitted;
+pub use analysis::Analysis;
+pub use decider::{Choice, Decider};
+pub use session::{Attempt, Session};
+pub use target::Target;

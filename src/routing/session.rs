@@ -1,0 +1,103 @@
+//! One live request's decisions: the first attempt and every retry, on the shared core.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::admitted::Admitted;
+use super::analysis::Analysis;
+use super::decider::Decider;
+use super::target::Target;
+use crate::fleet::Worker;
+use crate::index::WorkerIdx;
+use crate::metrics::Metrics;
+
+/// A worker chosen for one attempt, with the load the request holds on it.
+#[derive(Debug)]
+pub struct Attempt {
+    /// The worker.
+    pub worker: Arc<Worker>,
+    /// The admission (load, prediction) on it; released when dropped.
+    pub admitted: Admitted,
+    /// When the attempt was routed (its TTFT for calibration counts from here).
+    pub at: Instant,
+}
+
+/// The decisions of one request: each [`Session::next_attempt`] routes to a worker not tried yet, so
+/// the proxy retries without knowing how workers are chosen.
+pub struct Session<'d> {
+    decider: &'d Decider,
+    metrics: &'d Metrics,
+    eligible: Vec<Arc<Worker>>,
+    analysis: Analysis,
+    tried: Vec<WorkerIdx>,
+    clock: &'d (dyn Fn() -> Duration + Sync),
+    started: Instant,
+    first: bool,
+}
+
+impl<'d> Session<'d> {
+    /// A session over the `eligible` workers for an analysed request whose decision began at
+    /// `started`; `clock` is the index clock.
+    pub fn new(
+        decider: &'d Decider,
+        metrics: &'d Metrics,
+        eligible: Vec<Arc<Worker>>,
+        analysis: Analysis,
+        clock: &'d (dyn Fn() -> Duration + Sync),
+        started: Instant,
+    ) -> Session<'d> {
+        Session {
+            decider,
+            metrics,
+            eligible,
+            analysis,
+            tried: Vec::new(),
+            clock,
+            started,
+            first: true,
+        }
+    }
+
+    /// Routes the request to a worker not tried yet and admits it there; `None` when none is
+    /// left. Every call after the first means the previous attempt failed.
+    pub fn next_attempt(&mut self) -> Option<Attempt> {
+        let policy = self.decider.policy().name();
+        let scoring = Instant::now();
+        // Workers whose circuit refuses are skipped for this attempt only: their probe may be
+        // free again by the next one.
+        let mut skip = self.tried.clone();
+        let choice = self
+            .decider
+            .choose(&self.analysis, &self.eligible, &mut skip);
+        self.metrics
+            .decision
+            .with_label_values(&[policy, "score"])
+            .observe(scoring.elapsed().as_secs_f64());
+        let choice = choice?;
+        if std::mem::take(&mut self.first) {
+            self.metrics
+                .decision
+                .with_label_values(&[policy, "total"])
+                .observe(self.started.elapsed().as_secs_f64());
+        }
+        let worker = Arc::clone(choice.target);
+        let blocks = self.analysis.request.blocks;
+        if blocks > 0 {
+            self.metrics
+                .prefix_queried_blocks
+                .with_label_values(&[worker.id()])
+                .inc_by(u64::from(blocks));
+            self.metrics
+                .prefix_hit_blocks
+                .with_label_values(&[worker.id()])
+                .inc_by(u64::from(choice.candidate.overlap_blocks.min(blocks)));
+        }
+        let admitted = self.decider.admit(&self.analysis, &choice, (self.clock)());
+        self.tried.push(worker.worker());
+        Some(Attempt {
+            worker,
+            admitted,
+            at: Instant::now(),
+        })
+    }
+}

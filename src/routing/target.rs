@@ -1,0 +1,53 @@
+//! What the decision needs of a worker it may route to.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::fleet::{Load, Worker};
+use crate::index::WorkerIdx;
+
+/// A worker as the decision sees it. The live fleet's [`Worker`] is one; the simulator has its
+/// own (no circuit breaker, eligibility by engine state), so both feed the same decision.
+pub trait Target {
+    /// The worker's identity in the index, load and policy.
+    fn worker(&self) -> WorkerIdx;
+    /// Its name, for explanations and metrics.
+    fn label(&self) -> &Arc<str>;
+    /// Its router-side load.
+    fn load(&self) -> &Arc<Load>;
+    /// Whether it may take a new request now.
+    fn routable(&self) -> bool;
+    /// Takes the right to send it a request: a half-open circuit lets one probe through and
+    /// refuses the rest.
+    fn acquire(&self) -> bool {
+        true
+    }
+    /// Whether its KV events feed the exact index; without them, routed blocks are predicted.
+    fn publishes_events(&self) -> bool;
+}
+
+impl Target for Arc<Worker> {
+    fn worker(&self) -> WorkerIdx {
+        WorkerIdx(self.slot)
+    }
+
+    fn label(&self) -> &Arc<str> {
+        &self.label
+    }
+
+    fn load(&self) -> &Arc<Load> {
+        &self.load
+    }
+
+    fn routable(&self) -> bool {
+        self.is_routable(Instant::now())
+    }
+
+    fn acquire(&self) -> bool {
+        self.breaker.acquire(Instant::now())
+    }
+
+    fn publishes_events(&self) -> bool {
+        self.has_event_feed()
+    }
+}
