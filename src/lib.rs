@@ -10,6 +10,7 @@ pub mod engine;
 pub mod fleet;
 pub mod index;
 pub mod kv_events;
+pub mod lifecycle;
 pub mod metrics;
 pub mod openai;
 pub mod policy;

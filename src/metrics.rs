@@ -3,6 +3,9 @@
 //! One [`Metrics`] per router, with its own registry (not the global default one), so several
 //! routers in one process — tests, `kvroute demo` — never mix their numbers.
 
+use std::collections::HashMap;
+
+use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
@@ -68,6 +71,22 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    /// Removes every series labelled with worker `id`: the worker left the fleet, and under
+    /// churn (Kubernetes pods replaced by the thousand) series of departed workers would grow
+    /// the exposition without bound and leave stale gauges behind.
+    pub fn forget_worker(&self, id: &str) {
+        forget(&self.requests, id);
+        forget(&self.ttft, id);
+        forget(&self.in_flight, id);
+        forget(&self.circuit_state, id);
+        forget(&self.upstream_errors, id);
+        forget(&self.worker_healthy, id);
+        forget(&self.worker_kv_blocks, id);
+        forget(&self.prefix_hit_blocks, id);
+        forget(&self.prefix_queried_blocks, id);
+        forget(&self.kv_stream, id);
+    }
+
     /// Creates and registers every metric.
     pub fn new() -> Metrics {
         let registry = Registry::new();
@@ -269,6 +288,23 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Metrics::new()
+    }
+}
+
+/// Removes the series of `vec` whose `worker` label is `id`, whatever its other labels.
+fn forget<T: MetricVecBuilder>(vec: &MetricVec<T>, id: &str) {
+    for family in vec.collect() {
+        for m in family.get_metric() {
+            let labels: HashMap<&str, &str> = m
+                .get_label()
+                .iter()
+                .map(|l| (l.name(), l.value()))
+                .collect();
+            if labels.get("worker") == Some(&id) {
+                // Absent already (a concurrent scrape removed it) is fine.
+                let _ = vec.remove(&labels);
+            }
+        }
     }
 }
 

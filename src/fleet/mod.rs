@@ -12,7 +12,7 @@ pub mod load;
 pub mod worker;
 
 use std::collections::BTreeSet;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 pub use breaker::{Breaker, BreakerConfig, CircuitState};
 pub use health::HealthConfig;
@@ -20,9 +20,17 @@ pub use load::{Load, LoadGuard, LoadSnapshot};
 pub use worker::{BaseUrl, DownHook, ServedModel, Worker, WorkerSpec, WorkerUrlError};
 
 /// The set of workers.
+///
+/// A worker's number (its slot: its key in the index, load and calibration) is handed out
+/// again once the worker that had it has left and nothing refers to it any more (in-flight
+/// requests, a feed, a reservation), so the per-worker parts of the index stay as few as the
+/// workers alive at once however many come and go (Kubernetes churn), and a late observation
+/// of a departed worker can never land on its successor.
 pub struct Fleet {
     workers: RwLock<Arc<[Arc<Worker>]>>,
     next_slot: std::sync::atomic::AtomicU32,
+    /// Numbers of workers that left, with the worker that had each; reusable once it is gone.
+    released: Mutex<Vec<(u32, Weak<Worker>)>>,
     breaker: BreakerConfig,
     on_down: Option<DownHook>,
 }
@@ -54,6 +62,7 @@ impl Fleet {
         Fleet {
             workers: RwLock::new(workers.into()),
             next_slot: std::sync::atomic::AtomicU32::new(n),
+            released: Mutex::new(Vec::new()),
             breaker,
             on_down,
         }
@@ -112,14 +121,39 @@ impl Fleet {
         if guard.iter().any(|w| w.id() == spec.id) {
             return Err(format!("a worker with id `{}` exists already", spec.id));
         }
-        let slot = self
-            .next_slot
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let slot = self.reusable_slot().unwrap_or_else(|| {
+            self.next_slot
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        });
         let w = Arc::new(Worker::with(spec, slot, self.breaker, self.on_down.clone()));
         let mut v: Vec<Arc<Worker>> = guard.iter().cloned().collect();
         v.push(Arc::clone(&w));
         *guard = v.into();
         Ok(w)
+    }
+
+    /// The lowest released number whose worker is gone, taken.
+    fn reusable_slot(&self) -> Option<u32> {
+        let mut released = self.released.lock().unwrap_or_else(|e| e.into_inner());
+        let (i, _) = released
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, w))| w.strong_count() == 0)
+            .min_by_key(|(_, (slot, _))| *slot)?;
+        Some(released.swap_remove(i).0)
+    }
+
+    /// Hands a removed worker's number back for reuse once `worker` is dropped everywhere.
+    /// Call it only when nothing of the worker is left in the index (its feed stopped, its
+    /// entries removed).
+    pub fn release(&self, worker: &Arc<Worker>) {
+        let mut released = self.released.lock().unwrap_or_else(|e| e.into_inner());
+        released.push((worker.slot, Arc::downgrade(worker)));
+    }
+
+    /// Whether `worker` (this very worker, not only its id) is in the fleet.
+    pub fn contains(&self, worker: &Arc<Worker>) -> bool {
+        self.workers().iter().any(|w| Arc::ptr_eq(w, worker))
     }
 
     /// Removes the worker with `id`; returns it if it was there.
@@ -174,5 +208,22 @@ mod tests {
         assert_eq!(c.slot, 2);
         assert_eq!(f.workers().len(), 2);
         assert!(f.remove("zz").is_none());
+    }
+
+    #[test]
+    fn a_released_number_is_reused_only_once_its_worker_is_gone() {
+        let f = Fleet::new(vec![spec("a", &["m"]), spec("b", &["m"])]);
+        let a = f.remove("a").unwrap();
+        f.release(&a);
+        // Something (an in-flight request) still holds `a`: its number must not be reused.
+        let c = f.add(spec("c", &["m"])).unwrap();
+        assert_eq!(c.slot, 2);
+        drop(a);
+        let d = f.add(spec("d", &["m"])).unwrap();
+        assert_eq!(d.slot, 0);
+        // A removed but unreleased number (its index entries not yet gone) is not reused.
+        let b = f.remove("b").unwrap();
+        drop(b);
+        assert_eq!(f.add(spec("e", &["m"])).unwrap().slot, 3);
     }
 }

@@ -174,6 +174,14 @@ impl ApproxIndex {
         }
     }
 
+    /// Forgets `worker` entirely, its cache size too: it left the fleet, and its number may
+    /// later name another worker.
+    pub fn remove_worker(&self, worker: WorkerIdx) {
+        if let Some(p) = self.write().get_mut(worker.0 as usize) {
+            *p = Predicted::default();
+        }
+    }
+
     /// Predicted blocks currently kept for `worker` (including expired ones not yet purged).
     pub fn len(&self, worker: WorkerIdx) -> usize {
         self.read()

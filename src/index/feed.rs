@@ -103,6 +103,18 @@ impl WorkerFeed {
         })
     }
 
+    /// Stops the subscriber and waits until the applying task has ended, then removes the
+    /// worker's entries: nothing of this feed reaches the index afterwards, so the worker's
+    /// number can be given to another worker.
+    pub async fn stop(mut self) {
+        // Joins the subscriber thread: no more events are queued.
+        self.subscriber.take();
+        self.task.abort();
+        // An abort takes effect at the task's next await; a batch being applied finishes.
+        let _ = (&mut self.task).await;
+        self.holdings.exact.remove_worker(self.worker);
+    }
+
     /// The subscriber's counters.
     pub fn stats(&self) -> Option<&Arc<SubscriberStats>> {
         self.subscriber.as_ref().map(SubscriberHandle::stats)

@@ -6,6 +6,7 @@ use std::time::Duration;
 use super::approx::ApproxIndex;
 use super::exact::KvIndex;
 use super::overlaps::Overlaps;
+use super::worker::WorkerIdx;
 use crate::tokens::BlockHash;
 
 /// The exact, event-fed index and the approximate predictions, looked up as one.
@@ -26,6 +27,20 @@ impl Holdings {
         Holdings { exact, approx }
     }
 
+    /// Drops everything known of what `worker` holds, exact and predicted: it went down, and a
+    /// replica that comes back is a new process with a cold cache. Its KV capacity is kept.
+    pub fn clear_worker(&self, worker: WorkerIdx) {
+        self.exact.clear_worker(worker);
+        self.approx.clear_worker(worker);
+    }
+
+    /// Forgets `worker` entirely (entries, predictions, reserved room, capacity): it left the
+    /// fleet, and its number may later name another worker.
+    pub fn remove_worker(&self, worker: WorkerIdx) {
+        self.exact.remove_worker(worker);
+        self.approx.remove_worker(worker);
+    }
+
     /// Per worker, the leading `blocks` held by the union of exact and predicted holdings.
     pub fn lookup(&self, blocks: &[BlockHash], now: Duration) -> Overlaps {
         let exact = self.exact.lookup(blocks);
@@ -43,7 +58,7 @@ impl Holdings {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::index::{ApproxConfig, IndexConfig, WorkerIdx};
+    use crate::index::{ApproxConfig, IndexConfig};
     use crate::kv_events::{BlockRemoved, BlockStored, EngineHash, EventBatch, KvEvent};
     use crate::tokens::{HashSeed, block_hashes};
 

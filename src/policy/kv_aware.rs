@@ -203,6 +203,10 @@ impl Policy for KvAware {
         })
     }
 
+    fn forget(&self, slot: u32) {
+        super::lock(&self.calibrators).remove(&slot);
+    }
+
     fn observe(&self, o: &Observation) {
         if !self.config.calibrate {
             return;
@@ -312,6 +316,24 @@ mod tests {
         let mut c = idle(2);
         c[0].overlap_blocks = 250;
         assert_eq!(p.choose(&req(8000), &c).unwrap().chosen, 1);
+    }
+
+    #[test]
+    fn a_forgotten_worker_is_scored_as_a_newcomer() {
+        let p = KvAware::new(KvAwareConfig::default(), 1);
+        for i in 0..200u64 {
+            p.observe(&Observation {
+                slot: 0,
+                uncached_tokens: 500 + i,
+                queued_tokens: 0,
+                decoding: 0,
+                ttft_s: (500 + i) as f64 / 2_000.0,
+            });
+        }
+        let slow = p.rates(0);
+        p.forget(0);
+        assert_ne!(p.rates(0), slow);
+        assert_eq!(p.rates(0), p.rates(7));
     }
 
     #[test]

@@ -105,6 +105,10 @@ pub trait Policy: Send + Sync {
 
     /// Feeds back an observed time to first token (default: ignored).
     fn observe(&self, _observation: &Observation) {}
+
+    /// Forgets what was learned about the worker in `slot`: it left the fleet, and its
+    /// number may later name another worker (default: nothing kept).
+    fn forget(&self, _slot: u32) {}
 }
 
 /// A policy name that is not known.

@@ -21,6 +21,7 @@ use serde_json::{Value, json};
 use super::AppState;
 use crate::fleet::{BaseUrl, Worker, WorkerSpec};
 use crate::index::WorkerIdx;
+use crate::lifecycle::LeaveError;
 use crate::openai::ApiError;
 
 fn describe(state: &AppState, w: &Worker) -> Value {
@@ -117,16 +118,14 @@ fn add_worker(state: &Arc<AppState>, headers: &HeaderMap, body: &[u8]) -> Result
         kv_replay: new.kv_replay,
         kv_blocks: new.kv_blocks,
     };
-    let worker = state.fleet.add(spec).map_err(|m| {
+    let worker = state.lifecycle.join(spec).map_err(|e| {
         ApiError::new(
             StatusCode::CONFLICT,
             "invalid_request_error",
             Some("worker_exists"),
-            m,
+            e.to_string(),
         )
     })?;
-    state.start_feeds();
-    tracing::info!(worker = worker.id(), "worker added");
     Ok(describe(state, &worker))
 }
 
@@ -139,12 +138,8 @@ pub(super) async fn drain(
     if let Err(e) = state.keys.admin(&headers) {
         return e.into_response();
     }
-    match state.fleet.get(&id) {
-        Some(w) => {
-            w.set_draining(true);
-            tracing::info!(worker = %id, "draining");
-            Json(describe(&state, &w)).into_response()
-        }
+    match state.lifecycle.drain(&id) {
+        Some(w) => Json(describe(&state, &w)).into_response(),
         None => not_found(&id).into_response(),
     }
 }
@@ -159,22 +154,18 @@ pub(super) async fn remove(
     if let Err(e) = state.keys.admin(&headers) {
         return e.into_response();
     }
-    let Some(w) = state.fleet.get(&id) else {
-        return not_found(&id).into_response();
-    };
     let force = q.get("force").is_some_and(|v| v == "true" || v == "1");
-    let in_flight = w.load.snapshot().in_flight;
-    if in_flight > 0 && !force {
-        return ApiError::new(
+    match state.lifecycle.leave(&id, force).await {
+        Ok(in_flight) => Json(json!({"removed": id, "in_flight": in_flight})).into_response(),
+        Err(LeaveError::NotFound(_)) => not_found(&id).into_response(),
+        Err(LeaveError::Busy { in_flight, .. }) => ApiError::new(
             StatusCode::CONFLICT,
             "invalid_request_error",
             Some("worker_busy"),
-            format!("worker `{id}` has {in_flight} requests in flight; drain it first or add ?force=true"),
+            format!(
+                "worker `{id}` has {in_flight} requests in flight; drain it first or add ?force=true"
+            ),
         )
-        .into_response();
+        .into_response(),
     }
-    state.fleet.remove(&id);
-    state.stop_feed(w.slot);
-    tracing::info!(worker = %id, in_flight, "worker removed");
-    Json(json!({"removed": id, "in_flight": in_flight})).into_response()
 }

@@ -12,9 +12,8 @@ mod observer;
 mod ops;
 mod route;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -24,12 +23,10 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, ModelConfig};
-use crate::fleet::health::{self, CapacityHook};
-use crate::fleet::{DownHook, Fleet, Worker};
-use crate::index::{
-    ApproxConfig, ApproxIndex, Holdings, IndexConfig, KvIndex, WorkerFeed, WorkerIdx,
-};
-use crate::kv_events::SubscriberConfig;
+use crate::fleet::Fleet;
+use crate::fleet::health;
+use crate::index::{ApproxConfig, ApproxIndex, Holdings, IndexConfig, KvIndex};
+use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
 use crate::openai::ApiError;
 use crate::policy::{self, Policy};
@@ -61,10 +58,10 @@ pub struct AppState {
     pub keys: auth::Keys,
     /// Concurrency limits.
     pub admission: admission::Admission,
+    /// Every worker's join, drain, down and leave.
+    pub lifecycle: Arc<Lifecycle>,
     /// Per-model settings (block size, salt forwarding).
     models: Vec<ModelConfig>,
-    /// KV-event feeds, by worker slot.
-    feeds: Mutex<HashMap<u32, WorkerFeed>>,
     /// Origin of the index's clock (approximate entries expire on it).
     started: Instant,
 }
@@ -82,22 +79,23 @@ impl AppState {
             }),
         );
         let holdings = Arc::new(holdings);
-        let forget = Arc::clone(&holdings);
-        let on_down: DownHook = Arc::new(move |w: &Worker| {
-            forget.exact.clear_worker(WorkerIdx(w.slot));
-            forget.approx.clear_worker(WorkerIdx(w.slot));
-        });
         let policy = policy::build(&config.policy, &config.policy_settings())?;
+        let metrics = Metrics::new();
+        let lifecycle = Arc::new(Lifecycle::new(
+            config.workers.clone(),
+            config.breaker,
+            Arc::clone(&holdings),
+            Arc::clone(&policy),
+            metrics.clone(),
+            &config.models,
+        ));
         Ok(AppState {
             decider: Decider::new(Arc::clone(&policy), Arc::clone(&holdings)),
-            fleet: Arc::new(Fleet::with(
-                config.workers.clone(),
-                config.breaker,
-                Some(on_down),
-            )),
+            fleet: Arc::clone(lifecycle.fleet()),
+            lifecycle,
             policy,
             upstream: Upstream::new(config.proxy.clone()),
-            metrics: Metrics::new(),
+            metrics,
             max_body_bytes: config.max_body_bytes,
             body_read_timeout: config.body_read_timeout,
             tokens: ModelRegistry::load(config)?,
@@ -105,7 +103,6 @@ impl AppState {
             keys: auth::Keys::new(&config.tenants, config.admin_key_sha256),
             admission: admission::Admission::new(config.limits, &config.tenants),
             models: config.models.clone(),
-            feeds: Mutex::new(HashMap::new()),
             started: Instant::now(),
         })
     }
@@ -131,84 +128,6 @@ impl AppState {
     /// The index's clock: time since the router started.
     pub fn now(&self) -> Duration {
         self.started.elapsed()
-    }
-
-    /// Subscribes to the KV events of every worker that publishes them and has none yet.
-    /// Must be called on a Tokio runtime.
-    pub fn start_feeds(&self) {
-        for w in self.fleet.workers().iter() {
-            self.start_feed(w);
-            if let Some(blocks) = w.kv_blocks() {
-                reserve_capacity(&self.holdings, &self.fleet, w, blocks);
-            }
-        }
-    }
-
-    /// Stops the worker's KV-event feed (its index entries are dropped with it).
-    fn stop_feed(&self, slot: u32) {
-        let feed = self.feeds.lock().ok().and_then(|mut f| f.remove(&slot));
-        drop(feed);
-        self.holdings.exact.clear_worker(WorkerIdx(slot));
-        self.holdings.approx.clear_worker(WorkerIdx(slot));
-    }
-
-    fn start_feed(&self, w: &Arc<Worker>) {
-        let Some(endpoint) = &w.spec.kv_events else {
-            return;
-        };
-        let Ok(mut feeds) = self.feeds.lock() else {
-            return;
-        };
-        if feeds.contains_key(&w.slot) {
-            return;
-        }
-        let mut sub = SubscriberConfig::new(w.id(), endpoint.clone());
-        if let Some(replay) = &w.spec.kv_replay {
-            sub = sub.with_replay(replay.clone());
-        }
-        // Engine events do not name the model: a worker's blocks are hashed for its first base
-        // model (adapters' blocks carry their `lora_name`), which is every worker's case in a
-        // single-model fleet. It is read when events arrive, since a worker configured without
-        // models learns them at its first health check.
-        let worker = Arc::clone(w);
-        let adapters: Vec<String> = self
-            .models
-            .iter()
-            .filter(|m| m.base_model.is_some())
-            .map(|m| m.name.clone())
-            .collect();
-        let model = move || {
-            worker
-                .models()
-                .into_iter()
-                .find(|m| !adapters.contains(m) && worker.adapter_base(m).is_none())
-        };
-        let holdings = Arc::clone(&self.holdings);
-        match WorkerFeed::start(holdings, WorkerIdx(w.slot), Box::new(model), sub) {
-            Ok(feed) => {
-                w.set_event_feed(true);
-                feeds.insert(w.slot, feed);
-            }
-            Err(e) => tracing::error!(worker = w.id(), error = %e, "cannot subscribe to KV events"),
-        }
-    }
-
-    /// What the health checker calls with a worker's KV capacity read from its metrics.
-    fn capacity_hook(&self) -> CapacityHook {
-        let (holdings, fleet) = (Arc::clone(&self.holdings), Arc::clone(&self.fleet));
-        Arc::new(move |w: &Worker, blocks| reserve_capacity(&holdings, &fleet, w, blocks))
-    }
-
-    /// Counters of every feed, by worker slot, for metrics.
-    fn feed_stats(&self) -> Vec<(u32, Arc<crate::kv_events::SubscriberStats>)> {
-        self.feeds
-            .lock()
-            .map(|f| {
-                f.iter()
-                    .filter_map(|(slot, feed)| feed.stats().map(|s| (*slot, Arc::clone(s))))
-                    .collect()
-            })
-            .unwrap_or_default()
     }
 }
 
@@ -282,37 +201,6 @@ pub fn start(config: &Config, listener: TcpListener) -> anyhow::Result<RouterHan
     start_with_state(state, config, listener)
 }
 
-/// Tells the index a worker's KV cache size: its approximate predictions are capped at it and,
-/// for a worker that publishes events, the exact index's part is sized for it (see
-/// [`KvIndex::reserve`]) on a blocking thread: that room (megabytes for a large cache) is
-/// allocated and written under the index's write lock, which must not hold up an async worker
-/// thread. Must be called on a Tokio runtime.
-fn reserve_capacity(holdings: &Arc<Holdings>, fleet: &Arc<Fleet>, w: &Worker, blocks: usize) {
-    holdings.approx.set_cache_blocks(WorkerIdx(w.slot), blocks);
-    if w.spec.kv_events.is_none() {
-        return;
-    }
-    let (holdings, fleet) = (Arc::clone(holdings), Arc::clone(fleet));
-    let (slot, id) = (w.slot, w.id().to_string());
-    tokio::task::spawn_blocking(move || {
-        let granted = holdings.exact.reserve(WorkerIdx(slot), blocks);
-        // A worker removed meanwhile (the fleet forgets it before its feed releases its
-        // entries) must not keep the room: slots are never reused.
-        if !fleet.workers().iter().any(|w| w.slot == slot) {
-            holdings.exact.remove_worker(WorkerIdx(slot));
-            return;
-        }
-        if granted < blocks {
-            tracing::warn!(
-                worker = id,
-                blocks,
-                granted,
-                "the index's max_entries bounds the room reserved for this worker's KV cache"
-            );
-        }
-    });
-}
-
 /// Starts a router with prepared `state` (tests, `demo`) on `listener`.
 pub fn start_with_state(
     state: Arc<AppState>,
@@ -320,12 +208,12 @@ pub fn start_with_state(
     listener: TcpListener,
 ) -> anyhow::Result<RouterHandle> {
     let addr = listener.local_addr()?;
-    state.start_feeds();
+    state.lifecycle.start();
     let stop = CancellationToken::new();
     let health_task = health::spawn(
         Arc::clone(&state.fleet),
         config.health.clone(),
-        Some(state.capacity_hook()),
+        Some(state.lifecycle.capacity_hook()),
         stop.clone(),
     );
     let app = app(Arc::clone(&state));

@@ -56,7 +56,7 @@ pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         index.events_skipped,
     );
     sync_counter(&m.index_evictions, index.evictions);
-    for (slot, stats) in state.feed_stats() {
+    for (slot, stats) in state.lifecycle.feed_stats() {
         let Some(w) = workers.iter().find(|w| w.slot == slot) else {
             continue;
         };

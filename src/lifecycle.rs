@@ -1,0 +1,251 @@
+//! One owner of a worker's life in the router: join, drain, down, leave.
+//!
+//! A worker's arrival touches its KV-event feed, the index room reserved for its cache and its
+//! live state; its departure must undo all of it — stop the feed before the entries go (or a
+//! late batch re-adds them), release the reserved room, forget the policy's calibration and the
+//! worker's metric series, and only then let its number name another worker. Static config, the
+//! admin API and discovery sources all go through here, so no path does half of it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use thiserror::Error;
+
+use crate::config::ModelConfig;
+use crate::fleet::health::CapacityHook;
+use crate::fleet::{BreakerConfig, DownHook, Fleet, Worker, WorkerSpec};
+use crate::index::{Holdings, WorkerFeed, WorkerIdx};
+use crate::kv_events::{SubscriberConfig, SubscriberStats};
+use crate::metrics::Metrics;
+use crate::policy::Policy;
+
+/// Why a worker could not join.
+#[derive(Debug, Error, PartialEq)]
+pub enum JoinError {
+    /// Another worker has the id.
+    #[error("a worker with id `{0}` exists already")]
+    Exists(String),
+}
+
+/// Why a worker could not leave.
+#[derive(Debug, Error, PartialEq)]
+pub enum LeaveError {
+    /// No worker has the id.
+    #[error("no worker has the id `{0}`")]
+    NotFound(String),
+    /// Requests are in flight and the removal was not forced.
+    #[error("worker `{id}` has {in_flight} requests in flight; drain it first or force it")]
+    Busy {
+        /// The worker.
+        id: String,
+        /// Its requests in flight.
+        in_flight: u64,
+    },
+}
+
+/// The workers' lives: the fleet, plus everything each worker holds elsewhere in the router.
+pub struct Lifecycle {
+    fleet: Arc<Fleet>,
+    holdings: Arc<Holdings>,
+    policy: Arc<dyn Policy>,
+    metrics: Metrics,
+    /// Models configured as LoRA adapters (their blocks carry their own name).
+    adapters: Vec<String>,
+    /// KV-event feeds, by worker slot.
+    feeds: Mutex<HashMap<u32, WorkerFeed>>,
+}
+
+impl Lifecycle {
+    /// The fleet of `specs`, whose workers' index entries live in `holdings`; a worker declared
+    /// down loses its entries (a replica that comes back is a new process with a cold cache).
+    pub fn new(
+        specs: Vec<WorkerSpec>,
+        breaker: BreakerConfig,
+        holdings: Arc<Holdings>,
+        policy: Arc<dyn Policy>,
+        metrics: Metrics,
+        models: &[ModelConfig],
+    ) -> Lifecycle {
+        let forget = Arc::clone(&holdings);
+        let on_down: DownHook = Arc::new(move |w: &Worker| forget.clear_worker(WorkerIdx(w.slot)));
+        Lifecycle {
+            fleet: Arc::new(Fleet::with(specs, breaker, Some(on_down))),
+            holdings,
+            policy,
+            metrics,
+            adapters: models
+                .iter()
+                .filter(|m| m.base_model.is_some())
+                .map(|m| m.name.clone())
+                .collect(),
+            feeds: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The fleet.
+    pub fn fleet(&self) -> &Arc<Fleet> {
+        &self.fleet
+    }
+
+    fn feeds(&self) -> MutexGuard<'_, HashMap<u32, WorkerFeed>> {
+        self.feeds.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Brings every configured worker in: subscribes to its KV events and reserves the index
+    /// room of a known KV capacity. Must be called on a Tokio runtime.
+    pub fn start(&self) {
+        for w in self.fleet.workers().iter() {
+            self.arrive(w);
+        }
+    }
+
+    /// Adds a worker at run time. Must be called on a Tokio runtime.
+    pub fn join(&self, spec: WorkerSpec) -> Result<Arc<Worker>, JoinError> {
+        let id = spec.id.clone();
+        let worker = self.fleet.add(spec).map_err(|_| JoinError::Exists(id))?;
+        self.arrive(&worker);
+        tracing::info!(worker = worker.id(), slot = worker.slot, "worker joined");
+        Ok(worker)
+    }
+
+    /// Stops sending new requests to the worker `id`; in-flight ones finish.
+    pub fn drain(&self, id: &str) -> Option<Arc<Worker>> {
+        let w = self.fleet.get(id)?;
+        w.set_draining(true);
+        tracing::info!(worker = %id, "draining");
+        Some(w)
+    }
+
+    /// Removes the worker `id`: refused while requests are in flight unless `force` (they
+    /// finish on their open connections). Returns the requests it had in flight. Its feed is
+    /// stopped before its entries are removed, and its number is released only after that.
+    pub async fn leave(&self, id: &str, force: bool) -> Result<u64, LeaveError> {
+        let w = self
+            .fleet
+            .get(id)
+            .ok_or_else(|| LeaveError::NotFound(id.to_owned()))?;
+        let in_flight = w.load.snapshot().in_flight;
+        if in_flight > 0 && !force {
+            return Err(LeaveError::Busy {
+                id: id.to_owned(),
+                in_flight,
+            });
+        }
+        let Some(w) = self.fleet.remove(id) else {
+            // Removed meanwhile by another call, which does the rest.
+            return Err(LeaveError::NotFound(id.to_owned()));
+        };
+        let feed = self.feeds().remove(&w.slot);
+        if let Some(feed) = feed {
+            feed.stop().await;
+        }
+        w.set_event_feed(false);
+        self.holdings.remove_worker(WorkerIdx(w.slot));
+        self.policy.forget(w.slot);
+        self.metrics.forget_worker(w.id());
+        self.fleet.release(&w);
+        tracing::info!(worker = %id, slot = w.slot, in_flight, "worker left");
+        Ok(in_flight)
+    }
+
+    /// What the health checker calls with a worker's KV capacity read from its metrics.
+    pub fn capacity_hook(self: &Arc<Self>) -> CapacityHook {
+        let me = Arc::clone(self);
+        Arc::new(move |w: &Worker, blocks| {
+            if let Some(w) = me
+                .fleet
+                .workers()
+                .iter()
+                .find(|x| std::ptr::eq(x.as_ref(), w))
+            {
+                me.reserve(w, blocks);
+            }
+        })
+    }
+
+    /// Counters of every feed, by worker slot, for metrics.
+    pub fn feed_stats(&self) -> Vec<(u32, Arc<SubscriberStats>)> {
+        self.feeds()
+            .iter()
+            .filter_map(|(slot, feed)| feed.stats().map(|s| (*slot, Arc::clone(s))))
+            .collect()
+    }
+
+    /// A worker's arrival: its feed, and its known capacity's room.
+    fn arrive(&self, w: &Arc<Worker>) {
+        self.subscribe(w);
+        if let Some(blocks) = w.kv_blocks() {
+            self.reserve(w, blocks);
+        }
+    }
+
+    fn subscribe(&self, w: &Arc<Worker>) {
+        let Some(endpoint) = &w.spec.kv_events else {
+            return;
+        };
+        let mut feeds = self.feeds();
+        if feeds.contains_key(&w.slot) {
+            return;
+        }
+        let mut sub = SubscriberConfig::new(w.id(), endpoint.clone());
+        if let Some(replay) = &w.spec.kv_replay {
+            sub = sub.with_replay(replay.clone());
+        }
+        // Engine events do not name the model: a worker's blocks are hashed for its first base
+        // model (adapters' blocks carry their `lora_name`), which is every worker's case in a
+        // single-model fleet. It is read when events arrive, since a worker configured without
+        // models learns them at its first health check.
+        let worker = Arc::clone(w);
+        let adapters = self.adapters.clone();
+        let model = move || {
+            worker
+                .models()
+                .into_iter()
+                .find(|m| !adapters.contains(m) && worker.adapter_base(m).is_none())
+        };
+        let holdings = Arc::clone(&self.holdings);
+        match WorkerFeed::start(holdings, WorkerIdx(w.slot), Box::new(model), sub) {
+            Ok(feed) => {
+                w.set_event_feed(true);
+                feeds.insert(w.slot, feed);
+            }
+            Err(e) => tracing::error!(worker = w.id(), error = %e, "cannot subscribe to KV events"),
+        }
+    }
+
+    /// Tells the index a worker's KV cache size: its approximate predictions are capped at it
+    /// and, for a worker that publishes events, the exact index's part is sized for it (see
+    /// [`crate::index::KvIndex::reserve`]) on a blocking thread: that room (megabytes for a
+    /// large cache) is allocated and written under the index's write lock, which must not hold
+    /// up an async worker thread. Must be called on a Tokio runtime.
+    fn reserve(&self, w: &Arc<Worker>, blocks: usize) {
+        self.holdings
+            .approx
+            .set_cache_blocks(WorkerIdx(w.slot), blocks);
+        if w.spec.kv_events.is_none() {
+            return;
+        }
+        let (holdings, fleet, w) = (
+            Arc::clone(&self.holdings),
+            Arc::clone(&self.fleet),
+            Arc::clone(w),
+        );
+        tokio::task::spawn_blocking(move || {
+            let granted = holdings.exact.reserve(WorkerIdx(w.slot), blocks);
+            // A worker that left meanwhile must not keep the room. Holding `w` keeps its
+            // number from being reused until this is done.
+            if !fleet.contains(&w) {
+                holdings.exact.remove_worker(WorkerIdx(w.slot));
+                return;
+            }
+            if granted < blocks {
+                tracing::warn!(
+                    worker = w.id(),
+                    blocks,
+                    granted,
+                    "the index's max_entries bounds the room reserved for this worker's KV cache"
+                );
+            }
+        });
+    }
+}
