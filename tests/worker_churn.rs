@@ -80,7 +80,7 @@ async fn ten_thousand_workers_come_and_go_and_the_index_returns_to_its_baseline(
         async move {
             // One worker in 500 has a live event feed (each stop waits out a poll interval).
             let w = life
-                .join(spec(&format!("pod-{n}"), n % 500 == 0))
+                .join(spec(&format!("pod-{n}"), n.is_multiple_of(500)))
                 .expect("joins");
             holdings.exact.apply(
                 WorkerIdx(w.slot),
