@@ -269,11 +269,6 @@ impl Metrics {
         }
     }
 
-    /// The registry, for modules that register their own collectors (index, events).
-    pub fn registry(&self) -> &Registry {
-        &self.registry
-    }
-
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         let mut buf = Vec::new();

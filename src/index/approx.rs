@@ -155,15 +155,6 @@ impl ApproxIndex {
         }
     }
 
-    /// Drops expired predictions of every worker (call periodically; lookups already ignore
-    /// them, this only returns memory).
-    pub fn purge(&self, now: Duration) {
-        let now = nanos(now);
-        for p in self.write().iter_mut() {
-            p.expire(now);
-        }
-    }
-
     /// Drops every prediction of `worker`.
     pub fn clear_worker(&self, worker: WorkerIdx) {
         if let Some(p) = self.write().get_mut(worker.0 as usize) {
@@ -182,7 +173,8 @@ impl ApproxIndex {
         }
     }
 
-    /// Predicted blocks currently kept for `worker` (including expired ones not yet purged).
+    /// Predicted blocks currently kept for `worker`, including expired ones: those are dropped
+    /// when the worker is next routed to (memory stays bounded by the capacity meanwhile).
     pub fn len(&self, worker: WorkerIdx) -> usize {
         self.read()
             .get(worker.0 as usize)
@@ -253,8 +245,6 @@ mod tests {
         assert_eq!(a.lookup(&req, secs(105)).get(WorkerIdx(3)), 5);
         assert_eq!(a.lookup(&req, secs(105)).get(WorkerIdx(0)), 0);
         assert_eq!(a.lookup(&req, secs(110)).get(WorkerIdx(3)), 0);
-        a.purge(secs(111));
-        assert_eq!(a.len(WorkerIdx(3)), 0);
     }
 
     #[test]

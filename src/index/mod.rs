@@ -11,8 +11,8 @@
 //!
 //! Workers are dense [`WorkerIdx`] numbers assigned by `fleet`, so "who holds this block" is a
 //! 32-bit set per 32 workers. Memory is bounded by [`IndexConfig::max_entries`] (block, worker)
-//! pairs. [`workload`] generates the reproducible benchmark workload of issue 4; the figures
-//! are in `benches/index.rs`.
+//! pairs. `workload` (feature `testing`: only tests and benches use it) generates the
+//! reproducible benchmark workload of issue 4; the figures are in `benches/index.rs`.
 //!
 //! ```
 //! use kvroute::index::{IndexConfig, KvIndex, WorkerIdx};
@@ -46,6 +46,7 @@ mod runs;
 mod stats;
 mod table;
 mod worker;
+#[cfg(any(test, feature = "testing"))]
 pub mod workload;
 
 pub use approx::{ApproxConfig, ApproxIndex};

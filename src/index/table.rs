@@ -199,6 +199,7 @@ fn advise_huge_pages(addr: usize, bytes: usize) {
         // SAFETY: the range lies inside an allocation we own and have not touched yet;
         // MADV_HUGEPAGE only changes how the kernel backs it and cannot fail in a way that
         // affects memory safety (an error just leaves 4 KiB pages).
+        #[allow(unsafe_code)]
         unsafe {
             libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
         }
@@ -234,7 +235,10 @@ pub(crate) fn prefetch_line<T>(p: &T) {
         use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
         // SAFETY: SSE is part of the x86_64 baseline, and a prefetch is only a cache hint that
         // never faults; the pointer is valid anyway.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>((p as *const T).cast::<i8>()) };
+        #[allow(unsafe_code)]
+        unsafe {
+            _mm_prefetch::<_MM_HINT_T0>((p as *const T).cast::<i8>())
+        };
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;

@@ -5,48 +5,17 @@
 //! (vLLM ≤ 0.23, SGLang ≤ 0.5.19) or a map tagged by `"type"` (vLLM ≥ 0.24, SGLang ≥ 0.5.20).
 //! So one subscriber keeps working across an engine upgrade. How each event's fields are read
 //! lives in [`super::fields`]; this file only finds the events.
-
-use thiserror::Error;
+//!
+//! Imports go one way: [`super::msgpack`] (the reader and [`DecodeError`]) ← [`super::fields`]
+//! (one event) ← this file (the batch).
 
 use super::fields;
 use super::msgpack::Reader;
 use super::wire::EventBatch;
 
-/// Why a payload could not be decoded. The subscriber counts these and skips the batch.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum DecodeError {
-    /// The payload ended inside a value.
-    #[error("payload truncated")]
-    Truncated,
-    /// A value had the wrong msgpack type.
-    #[error("expected {expected} at byte {offset}")]
-    UnexpectedType {
-        /// What the decoder was looking for.
-        expected: &'static str,
-        /// Byte offset of the offending value in the payload.
-        offset: usize,
-    },
-    /// The reserved msgpack marker 0xc1 appeared.
-    #[error("reserved msgpack marker 0xc1")]
-    Reserved,
-    /// A string was not UTF-8.
-    #[error("string is not valid UTF-8")]
-    InvalidUtf8,
-    /// The batch array had fewer than two elements.
-    #[error("batch has {0} elements, expected at least 2")]
-    BatchTooShort(usize),
-    /// A field every release sends was missing from a known event.
-    #[error("{event} is missing field {field}")]
-    MissingField {
-        /// The event type.
-        event: &'static str,
-        /// The missing field.
-        field: &'static str,
-    },
-    /// An integer did not fit its field (a token id above `u32::MAX`, for instance).
-    #[error("integer out of range for {0}")]
-    OutOfRange(&'static str),
-}
+// Re-exported where callers decode, so the public path stays `kv_events::decode::DecodeError`;
+// it is defined in the lowest of the three files that return it.
+pub use super::msgpack::DecodeError;
 
 /// Decodes one msgpack payload into a batch, whatever release produced it.
 ///

@@ -5,8 +5,7 @@
 //! metadata is lenient: a value of an unexpected type is skipped rather than failing the batch,
 //! because a future release changing a field we barely use must not blind the index.
 
-use super::decode::DecodeError;
-use super::msgpack::{Kind, Reader};
+use super::msgpack::{DecodeError, Kind, Reader};
 use super::wire::{BlockRemoved, BlockStored, EngineHash, KvEvent};
 
 /// Event fields the router reads; everything else is skipped.

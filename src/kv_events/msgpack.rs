@@ -5,8 +5,48 @@
 //! from the payload slice, borrows strings, and skips what it does not need without recursion
 //! (so hostile nesting cannot overflow the stack). Every read is bounds-checked and returns a
 //! [`DecodeError`]; nothing here can panic on arbitrary bytes.
+//!
+//! [`DecodeError`] is defined here, at the bottom of the decoder, and not in `decode.rs`:
+//! the reader, the field decoder and the batch decoder all return it, and keeping it in the
+//! lowest file makes their imports go one way (msgpack ← fields ← decode).
 
-use super::decode::DecodeError;
+use thiserror::Error;
+
+/// Why a payload could not be decoded. The subscriber counts these and skips the batch.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum DecodeError {
+    /// The payload ended inside a value.
+    #[error("payload truncated")]
+    Truncated,
+    /// A value had the wrong msgpack type.
+    #[error("expected {expected} at byte {offset}")]
+    UnexpectedType {
+        /// What the decoder was looking for.
+        expected: &'static str,
+        /// Byte offset of the offending value in the payload.
+        offset: usize,
+    },
+    /// The reserved msgpack marker 0xc1 appeared.
+    #[error("reserved msgpack marker 0xc1")]
+    Reserved,
+    /// A string was not UTF-8.
+    #[error("string is not valid UTF-8")]
+    InvalidUtf8,
+    /// The batch array had fewer than two elements.
+    #[error("batch has {0} elements, expected at least 2")]
+    BatchTooShort(usize),
+    /// A field every release sends was missing from a known event.
+    #[error("{event} is missing field {field}")]
+    MissingField {
+        /// The event type.
+        event: &'static str,
+        /// The missing field.
+        field: &'static str,
+    },
+    /// An integer did not fit its field (a token id above `u32::MAX`, for instance).
+    #[error("integer out of range for {0}")]
+    OutOfRange(&'static str),
+}
 
 /// The msgpack type family of the next value, enough to choose how to read it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

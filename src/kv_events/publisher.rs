@@ -164,12 +164,14 @@ impl Publisher {
     }
 
     /// Publishes an already encoded payload as is (e.g. a malformed one, in tests).
+    #[cfg(any(test, feature = "testing"))]
     pub fn publish_raw(&self, payload: Vec<u8>) -> u64 {
         self.enqueue(payload, true)
     }
 
     /// Numbers and buffers a batch for replay without sending it live: a message lost on the
     /// way, for fault-injection tests of the subscriber's gap handling.
+    #[cfg(any(test, feature = "testing"))]
     pub fn publish_lost(&self, batch: &EventBatch) -> u64 {
         self.enqueue(encode_batch(batch, self.layout), false)
     }

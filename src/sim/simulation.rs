@@ -171,6 +171,7 @@ impl<'t> Simulation<'t> {
     }
 
     /// kvroute's block hashes of trace request `i`'s prompt.
+    #[cfg(any(test, feature = "testing"))]
     pub fn request_hashes(&self, i: usize) -> Vec<crate::tokens::BlockHash> {
         let prompt = self.config.synth.prompt_tokens(&self.trace.requests[i]);
         self.router.hashes(&prompt)

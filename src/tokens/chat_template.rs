@@ -20,7 +20,6 @@
 //! Templates are compiled once per model; a render costs microseconds.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use minijinja::syntax::SyntaxConfig;
 use minijinja::{Environment, Error, ErrorKind, Value};
@@ -137,17 +136,6 @@ impl ChatTemplate {
             }
         };
         ChatTemplate::compile(templates, special_tokens_of(config)).map(Some)
-    }
-
-    /// Reads and compiles the template of a `tokenizer_config.json` file.
-    pub fn from_tokenizer_config_file(path: &Path) -> Result<Option<ChatTemplate>, TokenError> {
-        let load_err = |reason: String| TokenError::Load {
-            path: path.display().to_string(),
-            reason,
-        };
-        let text = std::fs::read_to_string(path).map_err(|e| load_err(e.to_string()))?;
-        let config: Json = serde_json::from_str(&text).map_err(|e| load_err(e.to_string()))?;
-        ChatTemplate::from_tokenizer_config(&config)
     }
 
     /// Compiles a single template source with the special tokens of `config`
