@@ -14,6 +14,7 @@ use crate::config::{Config, ConfigError};
 use crate::engine::{EngineArgs, EngineHandle};
 use crate::fleet::{BaseUrl, WorkerSpec};
 use crate::kv_events::{Publisher, PublisherConfig};
+use crate::policy::PolicyKind;
 use crate::server::RouterHandle;
 
 /// `kvroute demo` flags.
@@ -32,8 +33,8 @@ pub struct DemoArgs {
     #[arg(long, default_value = "kvroute/sim")]
     pub model: String,
     /// Routing policy.
-    #[arg(long, default_value = "kv_aware")]
-    pub policy: String,
+    #[arg(long, value_enum, default_value_t = PolicyKind::DEFAULT)]
+    pub policy: PolicyKind,
     /// Divide every simulated step time by this (faster than a real GPU).
     #[arg(long, default_value_t = 1.0)]
     pub speedup: f64,
@@ -56,7 +57,7 @@ impl Default for DemoArgs {
             listen: SocketAddr::from(([127, 0, 0, 1], 8000)),
             engine_base_port: 8101,
             model: "kvroute/sim".into(),
-            policy: "kv_aware".into(),
+            policy: PolicyKind::DEFAULT,
             speedup: 1.0,
             num_blocks: 16_384,
             block_size: 16,

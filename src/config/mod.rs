@@ -18,7 +18,7 @@ use file::FileConfig;
 use thiserror::Error;
 
 use crate::fleet::{BaseUrl, BreakerConfig, HealthConfig, WorkerSpec};
-use crate::policy::{KvAwareConfig, POLICY_NAMES, PolicySettings};
+use crate::policy::{KvAwareConfig, PolicyKind, PolicySettings};
 use crate::proxy::{ProxyConfig, RetryBudgetConfig};
 
 /// A configuration problem, phrased for the operator.
@@ -78,8 +78,8 @@ pub struct ServeArgs {
     #[arg(long)]
     pub listen: Option<String>,
     /// Routing policy.
-    #[arg(long)]
-    pub policy: Option<String>,
+    #[arg(long, value_enum)]
+    pub policy: Option<PolicyKind>,
     /// A worker: URL[=MODEL,…][@tcp://HOST:PORT] (models discovered when omitted; the
     /// tcp:// part is its KV-event endpoint). Repeat for more workers.
     #[arg(long = "worker")]
@@ -94,8 +94,8 @@ pub struct ServeArgs {
 pub struct Config {
     /// Where to listen.
     pub listen: SocketAddr,
-    /// Policy name (one of [`POLICY_NAMES`]).
-    pub policy: String,
+    /// The routing policy.
+    pub policy: PolicyKind,
     /// Seed for policies' random choices.
     pub seed: u64,
     /// Log format.
@@ -274,7 +274,7 @@ impl Config {
 /// Default listen address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8000";
 /// Default policy.
-pub const DEFAULT_POLICY: &str = "kv_aware";
+pub const DEFAULT_POLICY: PolicyKind = PolicyKind::DEFAULT;
 /// Default request body limit: 32 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: u64 = 32 << 20;
 
@@ -306,20 +306,19 @@ impl Config {
                 format!("`{listen_text}` is not an address; write e.g. \"127.0.0.1:8000\""),
             )
         })?;
-        let policy = args
-            .policy
-            .clone()
-            .or(file.policy)
-            .unwrap_or_else(|| DEFAULT_POLICY.into());
-        if !POLICY_NAMES.contains(&policy.as_str()) {
-            return Err(invalid(
-                "policy",
-                format!(
-                    "unknown policy `{policy}`; use one of {}",
-                    POLICY_NAMES.join(", ")
-                ),
-            ));
-        }
+        let policy = match (args.policy, file.policy) {
+            (Some(kind), _) => kind,
+            (None, Some(name)) => name.parse().map_err(|_| {
+                invalid(
+                    "policy",
+                    format!(
+                        "unknown policy `{name}`; use one of {}",
+                        PolicyKind::known_names()
+                    ),
+                )
+            })?,
+            (None, None) => DEFAULT_POLICY,
+        };
         let max_body_bytes = file.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
         if max_body_bytes < 1024 {
             return Err(invalid("max_body_bytes", "must be at least 1024"));
@@ -803,7 +802,7 @@ mod tests {
     fn flags_override_file() {
         let args = ServeArgs {
             listen: Some("127.0.0.1:9999".into()),
-            policy: Some("random".into()),
+            policy: Some(PolicyKind::Random),
             workers: vec!["http://127.0.0.1:2=m".into()],
             ..Default::default()
         };
@@ -814,7 +813,7 @@ mod tests {
         .unwrap();
         let c = Config::build(file, &args).unwrap();
         assert_eq!(c.listen.port(), 9999);
-        assert_eq!(c.policy, "random");
+        assert_eq!(c.policy, PolicyKind::Random);
         assert_eq!(c.workers.len(), 2);
     }
 

@@ -89,7 +89,7 @@ impl AppState {
                 config.breaker,
                 Some(on_down),
             )),
-            policy: policy::build(&config.policy, &config.policy_settings())?,
+            policy: policy::build(config.policy, &config.policy_settings()),
             upstream: Upstream::new(config.proxy.clone()),
             metrics: Metrics::new(),
             max_body_bytes: config.max_body_bytes,
