@@ -147,8 +147,8 @@ fn demo_config(args: &DemoArgs, workers: Vec<WorkerSpec>) -> Result<Config, Conf
         args.tokenizer.replace('\\', "\\\\").replace('"', "\\\"")
     };
     let text = format!(
-        "listen = \"{}\"\npolicy = \"{}\"\nshutdown_grace_s = 5.0\n[health]\ninterval_s = 1.0\n[[models]]\nname = \"{}\"\ntokenizer = \"{}\"\nblock_size = {}\n",
-        args.listen, args.policy, args.model, tokenizer, args.block_size
+        "policy = \"{}\"\n[server]\nlisten = \"{}\"\nshutdown_grace_s = 5.0\n[health]\ninterval_s = 1.0\n[[models]]\nname = \"{}\"\ntokenizer = \"{}\"\nblock_size = {}\n",
+        args.policy, args.listen, args.model, tokenizer, args.block_size
     );
     let mut config = Config::from_toml(&text, Path::new("demo"))?;
     config.workers = workers;
@@ -183,4 +183,17 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     println!("stopping…");
     demo.shutdown().await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_demo_config_uses_current_keys() {
+        let c = demo_config(&DemoArgs::default(), Vec::new()).unwrap();
+        assert_eq!(c.policy, PolicyKind::DEFAULT);
+        assert_eq!(c.listen, DemoArgs::default().listen);
+        assert!(c.deprecations.is_empty(), "{:?}", c.deprecations);
+    }
 }

@@ -92,6 +92,12 @@ fn example_config_loads() {
 }
 
 #[test]
+fn the_example_config_uses_no_deprecated_key() {
+    let c = load(include_str!("../../config/kvroute.example.toml")).unwrap();
+    assert!(c.deprecations.is_empty(), "{:?}", c.deprecations);
+}
+
+#[test]
 fn lora_adapters_name_their_base_model_and_take_its_tokenizer() {
     let c = load("[[models]]\nname = \"base\"\n[[models]]\nname = \"sql\"\nbase_model = \"base\"")
         .unwrap();
