@@ -6,7 +6,7 @@ use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use kvroute::fleet::LoadSnapshot;
-use kvroute::policy::{Candidate, POLICY_NAMES, RouteRequest, by_name};
+use kvroute::policy::{Candidate, PolicyKind, RouteRequest, seeded};
 
 fn candidates(n: usize) -> Vec<Candidate> {
     (0..n)
@@ -32,9 +32,9 @@ fn bench(c: &mut Criterion) {
         block_size: 16,
     };
     let mut group = c.benchmark_group("decision_16_workers");
-    for name in POLICY_NAMES {
-        let policy = by_name(name, 1).expect("known policy");
-        group.bench_function(*name, |b| {
+    for kind in PolicyKind::ALL {
+        let policy = seeded(kind, 1);
+        group.bench_function(kind.name(), |b| {
             b.iter(|| black_box(policy.choose(black_box(&req), black_box(&cands))))
         });
     }

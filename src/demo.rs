@@ -14,6 +14,7 @@ use crate::config::{Config, ConfigError};
 use crate::engine::{EngineArgs, EngineHandle};
 use crate::fleet::{BaseUrl, WorkerSpec};
 use crate::kv_events::{Publisher, PublisherConfig};
+use crate::policy::PolicyKind;
 use crate::server::RouterHandle;
 
 /// `kvroute demo` flags.
@@ -32,8 +33,8 @@ pub struct DemoArgs {
     #[arg(long, default_value = "kvroute/sim")]
     pub model: String,
     /// Routing policy.
-    #[arg(long, default_value = "kv_aware")]
-    pub policy: String,
+    #[arg(long, value_enum, default_value_t = PolicyKind::DEFAULT)]
+    pub policy: PolicyKind,
     /// Divide every simulated step time by this (faster than a real GPU).
     #[arg(long, default_value_t = 1.0)]
     pub speedup: f64,
@@ -56,7 +57,7 @@ impl Default for DemoArgs {
             listen: SocketAddr::from(([127, 0, 0, 1], 8000)),
             engine_base_port: 8101,
             model: "kvroute/sim".into(),
-            policy: "kv_aware".into(),
+            policy: PolicyKind::DEFAULT,
             speedup: 1.0,
             num_blocks: 16_384,
             block_size: 16,
@@ -146,8 +147,8 @@ fn demo_config(args: &DemoArgs, workers: Vec<WorkerSpec>) -> Result<Config, Conf
         args.tokenizer.replace('\\', "\\\\").replace('"', "\\\"")
     };
     let text = format!(
-        "listen = \"{}\"\npolicy = \"{}\"\nshutdown_grace_s = 5.0\n[health]\ninterval_s = 1.0\n[[models]]\nname = \"{}\"\ntokenizer = \"{}\"\nblock_size = {}\n",
-        args.listen, args.policy, args.model, tokenizer, args.block_size
+        "policy = \"{}\"\n[server]\nlisten = \"{}\"\nshutdown_grace_s = 5.0\n[health]\ninterval_s = 1.0\n[[models]]\nname = \"{}\"\ntokenizer = \"{}\"\nblock_size = {}\n",
+        args.policy, args.listen, args.model, tokenizer, args.block_size
     );
     let mut config = Config::from_toml(&text, Path::new("demo"))?;
     config.workers = workers;
@@ -182,4 +183,17 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     println!("stopping…");
     demo.shutdown().await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_demo_config_uses_current_keys() {
+        let c = demo_config(&DemoArgs::default(), Vec::new()).unwrap();
+        assert_eq!(c.policy, PolicyKind::DEFAULT);
+        assert_eq!(c.listen, DemoArgs::default().listen);
+        assert!(c.deprecations.is_empty(), "{:?}", c.deprecations);
+    }
 }

@@ -55,6 +55,7 @@ fn main() -> std::process::ExitCode {
             Command::Serve(args) => {
                 let config = Config::load(&args)?;
                 init_logging(config.log_format);
+                config.warn_deprecations();
                 kvroute::server::run(config).await
             }
             Command::Engine(args) => {

@@ -17,7 +17,7 @@ use kvroute::bench::synthetic::{SyntheticKind, SyntheticSpec};
 async fn replay_through_router_records_workers() {
     let a = Backend::start("a", &["m"]).await;
     let b = Backend::start("b", &["m"]).await;
-    let r = start_router_over("round_robin", &[&a, &b], "").await;
+    let r = start_router_over(PolicyKind::RoundRobin, &[&a, &b], "").await;
     let trace = SyntheticSpec {
         kind: SyntheticKind::SharedPrefix {
             prefixes: 2,

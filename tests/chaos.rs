@@ -27,6 +27,7 @@ use kvroute::kv_events::{
     BlockRemoved, BlockStored, EngineHash, EventBatch, KvEvent, Publisher, PublisherConfig,
 };
 use kvroute::openai::{Endpoint, RequestView};
+use kvroute::policy::PolicyKind;
 use kvroute::server::RouterHandle;
 use kvroute::tokens::model::hash_seed;
 use kvroute::tokens::{BlockHash, ModelTokens, block_hashes};
@@ -73,7 +74,7 @@ async fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     cond()
 }
 
-fn router_config(policy: &str, workers: &str, extra: &str) -> Config {
+fn router_config(policy: PolicyKind, workers: &str, extra: &str) -> Config {
     let text = format!(
         "policy = \"{policy}\"\nshutdown_grace_s = 1.0\n{extra}\n[health]\ninterval_s = 0.2\ntimeout_s = 0.5\n[[models]]\nname = \"{MODEL}\"\nblock_size = 16\n{workers}"
     );
@@ -303,7 +304,7 @@ async fn kill_and_restart() {
             )
         })
         .collect();
-    let router = start_router(&router_config("round_robin", &workers, "")).await;
+    let router = start_router(&router_config(PolicyKind::RoundRobin, &workers, "")).await;
     let http = http();
     let url = format!("http://{}/v1/completions", router.addr);
     let slot = |id: &str| router.state.fleet.get(id).unwrap().slot;
@@ -585,7 +586,7 @@ async fn gap_scenario(replay: bool) {
     let other = bind_publisher(&other_ep, None);
     let workers = worker_toml("w0", &backend.url(), Some(&endpoint), replay_ep.as_deref())
         + &worker_toml("w1", &backend.url(), Some(&other_ep), None);
-    let router = start_router(&router_config("kv_aware", &workers, "")).await;
+    let router = start_router(&router_config(PolicyKind::KvAware, &workers, "")).await;
     let s0 = router.state.fleet.get("w0").unwrap().slot;
     let s1 = router.state.fleet.get("w1").unwrap().slot;
     connect(&router, s0, &publisher, 1_000_000).await;
@@ -708,7 +709,11 @@ async fn a_stalled_engine_ends_streams_with_an_error_event() {
     });
     let workers = worker_toml("ok", &healthy.url(), None, None)
         + &worker_toml("stalled", &stalled.url(), None, None);
-    let config = router_config("round_robin", &workers, "[proxy]\nidle_timeout_s = 1.0\n");
+    let config = router_config(
+        PolicyKind::RoundRobin,
+        &workers,
+        "[proxy]\nidle_timeout_s = 1.0\n",
+    );
     let router = start_router(&config).await;
     let http = http();
     let url = format!("http://{}/v1/completions", router.addr);

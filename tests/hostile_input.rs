@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use chaos_support::BigBackend;
-use common::{assert_openai_error, router_config, start_router};
+use common::{PolicyKind, assert_openai_error, router_config, start_router};
 use kvroute::server::RouterHandle;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -525,7 +525,7 @@ async fn setup(extra: &str) -> Setup {
     let backend = BigBackend::start().await;
     // kv_aware tokenizes every prompt, so rows exercise the tokenizer and chat template too.
     let config = router_config(
-        "kv_aware",
+        PolicyKind::KvAware,
         &[(backend.url(), vec![MODEL])],
         &format!("max_body_bytes = {LIMIT}\n{extra}"),
     );

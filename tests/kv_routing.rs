@@ -12,6 +12,7 @@ use kvroute::config::Config;
 use kvroute::engine::{EngineArgs, EngineHandle};
 use kvroute::fleet::{BaseUrl, WorkerSpec};
 use kvroute::kv_events::{Publisher, PublisherConfig};
+use kvroute::policy::PolicyKind;
 use kvroute::server::RouterHandle;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
@@ -55,7 +56,7 @@ struct Stack {
 }
 
 impl Stack {
-    async fn start(n: usize, speedup: f64, policy: &str) -> Stack {
+    async fn start(n: usize, speedup: f64, policy: PolicyKind) -> Stack {
         let mut engines = Vec::new();
         for _ in 0..n {
             let any = SocketAddr::from(([127, 0, 0, 1], 0));
@@ -179,7 +180,7 @@ fn prompt(tag: &str, words: usize) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_prefix_requests_concentrate_on_the_warm_worker() {
-    let s = Stack::start(4, 50.0, "kv_aware").await;
+    let s = Stack::start(4, 50.0, PolicyKind::KvAware).await;
     let system = prompt("sys", 1600);
     let (warm, _) = s.complete(&format!("{system} first question"), 2).await;
     // 1,600 words ≈ 1,600 tokens = 100 full blocks; wait for the events to land.
@@ -241,7 +242,7 @@ async fn same_prefix_requests_concentrate_on_the_warm_worker() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_engines_kv_capacity_is_read_from_its_metrics_and_reserved_in_the_index() {
-    let s = Stack::start(2, 1.0, "kv_aware").await;
+    let s = Stack::start(2, 1.0, PolicyKind::KvAware).await;
     let blocks = EngineArgs::default().num_blocks;
     let gauge = |metrics: &str, worker: &str| {
         sample(
@@ -298,7 +299,7 @@ async fn a_worker_without_events_has_its_capacity_read_too() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_overloaded_warm_worker_is_bypassed() {
-    let s = Stack::start(2, 50.0, "kv_aware").await;
+    let s = Stack::start(2, 50.0, PolicyKind::KvAware).await;
     let system = prompt("ctx", 800);
     let (warm, _) = s.complete(&format!("{system} q0"), 2).await;
     assert!(s.wait_overlap(&system, &warm, 45).await >= 45);
@@ -320,7 +321,7 @@ async fn an_overloaded_warm_worker_is_bypassed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unique_prompts_spread_like_least_request() {
-    let s = Stack::start(4, 1.0, "kv_aware").await;
+    let s = Stack::start(4, 1.0, PolicyKind::KvAware).await;
     // Sixteen unique prompts at once: each decision sees the queued prefill of the previous.
     let futures: Vec<_> = (0..16)
         .map(|i| {
@@ -357,7 +358,7 @@ async fn unique_prompts_spread_like_least_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_engines_blocks_vanish() {
-    let mut s = Stack::start(2, 50.0, "kv_aware").await;
+    let mut s = Stack::start(2, 50.0, PolicyKind::KvAware).await;
     let system = prompt("old", 640);
     let (warm, _) = s.complete(&format!("{system} a"), 2).await;
     s.complete(&format!("{system} b"), 2).await;

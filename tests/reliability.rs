@@ -31,7 +31,7 @@ fn tenants_toml() -> String {
 async fn tenants_authenticate_and_get_their_own_cache_namespace() {
     let b = Backend::start("a", &["m", "small"]).await;
     let r = start_router(&router_config(
-        "kv_aware",
+        PolicyKind::KvAware,
         &[(b.url(), vec!["m", "small"])],
         &tenants_toml(),
     ))
@@ -132,7 +132,7 @@ async fn tenants_authenticate_and_get_their_own_cache_namespace() {
 async fn admin_api_adds_drains_and_removes_workers() {
     let a = Backend::start("a", &["m"]).await;
     let b = Backend::start("b", &["m"]).await;
-    let r = start_router_over("round_robin", &[&a], &tenants_toml()).await;
+    let r = start_router_over(PolicyKind::RoundRobin, &[&a], &tenants_toml()).await;
     let c = client();
     let admin = format!("http://{}/admin/workers", r.addr);
     assert_openai_error(c.get(&admin).send().await.unwrap(), 401).await;
@@ -261,7 +261,7 @@ async fn a_workers_reserved_index_room_goes_with_the_worker() {
     ))
     .unwrap();
     let r = start_router(&router_config(
-        "kv_aware",
+        PolicyKind::KvAware,
         &[(b.url(), vec!["m"])],
         &tenants_toml(),
     ))
@@ -304,7 +304,7 @@ async fn over_capacity_requests_get_429_with_retry_after() {
     let b = Backend::start("a", &["m"]).await;
     b.set(|x| x.hold_last_chunk = true);
     let r = start_router_over(
-        "round_robin",
+        PolicyKind::RoundRobin,
         &[&b],
         "[limits]\nmax_concurrency = 1\nmax_queue = 0\n",
     )
@@ -352,7 +352,7 @@ async fn a_failing_worker_trips_its_breaker_and_is_probed_later() {
     let good = Backend::start("good", &["m"]).await;
     bad.set(|x| x.fail_status = Some(503));
     let r = start_router_over(
-        "round_robin",
+        PolicyKind::RoundRobin,
         &[&bad, &good],
         "[proxy]\nbreaker_failures = 2\nbreaker_open_s = 2.0\nretry_budget_min_per_s = 100\n",
     )
@@ -402,7 +402,12 @@ async fn a_failing_worker_trips_its_breaker_and_is_probed_later() {
 async fn a_stalled_stream_ends_with_an_error_event() {
     let b = Backend::start("a", &["m"]).await;
     b.set(|x| x.hold_last_chunk = true);
-    let r = start_router_over("round_robin", &[&b], "[proxy]\nidle_timeout_s = 0.3\n").await;
+    let r = start_router_over(
+        PolicyKind::RoundRobin,
+        &[&b],
+        "[proxy]\nidle_timeout_s = 0.3\n",
+    )
+    .await;
     let started = Instant::now();
     let resp = client()
         .post(format!("http://{}/v1/completions", r.addr))
@@ -437,7 +442,12 @@ async fn a_stalled_stream_ends_with_an_error_event() {
 #[tokio::test]
 async fn a_slow_loris_body_gets_408() {
     let b = Backend::start("a", &["m"]).await;
-    let r = start_router_over("round_robin", &[&b], "[proxy]\nbody_read_timeout_s = 0.3\n").await;
+    let r = start_router_over(
+        PolicyKind::RoundRobin,
+        &[&b],
+        "[proxy]\nbody_read_timeout_s = 0.3\n",
+    )
+    .await;
     let addr = r.addr;
     let answer = tokio::task::spawn_blocking(move || {
         let mut s = std::net::TcpStream::connect(addr).unwrap();
@@ -462,7 +472,7 @@ async fn the_retry_budget_stops_retry_storms() {
     x.set(|b| b.fail_status = Some(500));
     y.set(|b| b.fail_status = Some(500));
     let r = start_router_over(
-        "round_robin",
+        PolicyKind::RoundRobin,
         &[&x, &y],
         "[proxy]\nretry_budget_ratio = 0.0\nretry_budget_min_per_s = 0.2\nbreaker_failures = 100\n",
     )
@@ -486,7 +496,7 @@ async fn the_retry_budget_stops_retry_storms() {
 async fn a_dead_worker_loses_its_index_entries_and_comes_back_cold() {
     let b = Backend::start("a", &["m"]).await;
     let r = start_router_over(
-        "kv_aware",
+        PolicyKind::KvAware,
         &[&b],
         "[health]\ninterval_s = 0.05\nunhealthy_threshold = 2\n",
     )

@@ -12,7 +12,7 @@ async fn shutdown_lets_in_flight_streams_finish() {
     let b = Backend::start("a", &["m"]).await;
     b.set(|x| x.hold_last_chunk = true);
     let cfg = router_config(
-        "round_robin",
+        PolicyKind::RoundRobin,
         &[(b.url(), vec!["m"])],
         "shutdown_grace_s = 10.0",
     );
@@ -58,7 +58,7 @@ async fn grace_period_bounds_shutdown() {
     let b = Backend::start("a", &["m"]).await;
     b.set(|x| x.hold_last_chunk = true);
     let cfg = router_config(
-        "round_robin",
+        PolicyKind::RoundRobin,
         &[(b.url(), vec!["m"])],
         "shutdown_grace_s = 0.3",
     );

@@ -12,7 +12,7 @@ use futures_util::StreamExt;
 #[tokio::test]
 async fn body_is_forwarded_byte_for_byte_and_worker_is_named() {
     let b = Backend::start("a", &["m"]).await;
-    let r = start_router_over("round_robin", &[&b], "").await;
+    let r = start_router_over(PolicyKind::RoundRobin, &[&b], "").await;
     // Odd spacing, key order, unicode escapes and unknown fields must all survive.
     let body = "{ \"prompt\":\"h\\u00e9llo\",  \"model\" : \"m\", \"x_unknown\": {\"deep\":[1,2.50]}, \"max_tokens\":3 }";
     let resp = client()
@@ -41,7 +41,7 @@ async fn sse_arrives_chunk_by_chunk() {
         x.chunks = 3;
         x.hold_last_chunk = true;
     });
-    let r = start_router_over("round_robin", &[&b], "").await;
+    let r = start_router_over(PolicyKind::RoundRobin, &[&b], "").await;
     let resp = client()
         .post(format!("http://{}/v1/chat/completions", r.addr))
         .json(&serde_json::json!({"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}))
@@ -73,7 +73,7 @@ async fn sse_arrives_chunk_by_chunk() {
     r.shutdown().await;
 }
 
-async fn distribution(policy: &str, n: usize, requests: usize) -> Vec<usize> {
+async fn distribution(policy: PolicyKind, n: usize, requests: usize) -> Vec<usize> {
     let backends: Vec<Backend> = futures_util::future::join_all(
         (0..n).map(|i| async move { Backend::start(&format!("b{i}"), &["m"]).await }),
     )
@@ -92,12 +92,15 @@ async fn distribution(policy: &str, n: usize, requests: usize) -> Vec<usize> {
 
 #[tokio::test]
 async fn round_robin_spreads_evenly() {
-    assert_eq!(distribution("round_robin", 3, 30).await, [10, 10, 10]);
+    assert_eq!(
+        distribution(PolicyKind::RoundRobin, 3, 30).await,
+        [10, 10, 10]
+    );
 }
 
 #[tokio::test]
 async fn random_and_power_of_two_reach_every_worker() {
-    for policy in ["random", "power_of_two"] {
+    for policy in [PolicyKind::Random, PolicyKind::PowerOfTwo] {
         let d = distribution(policy, 3, 60).await;
         assert_eq!(d.iter().sum::<usize>(), 60);
         assert!(d.iter().all(|&n| n >= 5), "{policy}: {d:?}");
@@ -110,7 +113,7 @@ async fn least_request_avoids_the_busy_worker() {
     let idle = Backend::start("idle", &["m"]).await;
     busy.set(|x| x.hold_last_chunk = true);
     idle.set(|x| x.hold_last_chunk = true);
-    let r = start_router_over("least_request", &[&busy, &idle], "").await;
+    let r = start_router_over(PolicyKind::LeastRequest, &[&busy, &idle], "").await;
     let c = client();
     let url = format!("http://{}/v1/completions", r.addr);
     // Two held streams occupy both workers once; then a third goes to one of them.
@@ -150,7 +153,7 @@ async fn requests_go_only_to_workers_serving_the_model() {
     // The third worker's models are discovered from its /v1/models.
     let c3 = Backend::start("c", &["m3"]).await;
     let mut cfg = router_config(
-        "round_robin",
+        PolicyKind::RoundRobin,
         &[(a.url(), vec!["m1"]), (b.url(), vec!["m1", "m2"])],
         "",
     );
@@ -212,7 +215,7 @@ async fn requests_go_only_to_workers_serving_the_model() {
 #[tokio::test]
 async fn bad_requests_get_openai_errors() {
     let b = Backend::start("a", &["m"]).await;
-    let r = start_router_over("round_robin", &[&b], "max_body_bytes = 4096").await;
+    let r = start_router_over(PolicyKind::RoundRobin, &[&b], "max_body_bytes = 4096").await;
     let c = client();
     let base = format!("http://{}", r.addr);
     let post = |path: &str, body: String| {
@@ -288,7 +291,7 @@ async fn bad_requests_get_openai_errors() {
 async fn no_eligible_or_reachable_worker() {
     let b = Backend::start("a", &["m"]).await;
     b.set(|x| x.health_status = 503);
-    let r = start_router_over("round_robin", &[&b], "[health]\ninterval_s = 0.05").await;
+    let r = start_router_over(PolicyKind::RoundRobin, &[&b], "[health]\ninterval_s = 0.05").await;
     let c = client();
     let url = format!("http://{}/v1/completions", r.addr);
     let w0 = r.state.fleet.get("w0").unwrap();
@@ -321,7 +324,7 @@ async fn no_eligible_or_reachable_worker() {
     let dead_url = format!("http://{}", dead.local_addr().unwrap());
     drop(dead);
     let r = start_router(&router_config(
-        "round_robin",
+        PolicyKind::RoundRobin,
         &[(dead_url, vec!["m"])],
         "[health]\ninterval_s = 3600",
     ))
@@ -338,7 +341,7 @@ async fn no_eligible_or_reachable_worker() {
 async fn client_disconnect_cancels_upstream_and_releases_load() {
     let b = Backend::start("a", &["m"]).await;
     b.set(|x| x.hold_last_chunk = true);
-    let r = start_router_over("round_robin", &[&b], "").await;
+    let r = start_router_over(PolicyKind::RoundRobin, &[&b], "").await;
     let resp = client()
         .post(format!("http://{}/v1/completions", r.addr))
         .json(&serde_json::json!({"model":"m","prompt":"x","stream":true}))
@@ -374,7 +377,7 @@ async fn a_5xx_before_the_first_byte_is_retried_on_another_worker() {
     let bad = Backend::start("bad", &["m"]).await;
     let good = Backend::start("good", &["m"]).await;
     bad.set(|x| x.fail_status = Some(500));
-    let r = start_router_over("round_robin", &[&bad, &good], "").await;
+    let r = start_router_over(PolicyKind::RoundRobin, &[&bad, &good], "").await;
     let c = client();
     for _ in 0..4 {
         let resp = complete(&c, r.addr, &serde_json::json!({"model":"m","prompt":"x"})).await;
@@ -406,7 +409,7 @@ async fn connect_failure_is_retried_on_another_worker() {
     drop(dead);
     let good = Backend::start("good", &["m"]).await;
     let r = start_router(&router_config(
-        "round_robin",
+        PolicyKind::RoundRobin,
         &[(dead_url, vec!["m"]), (good.url(), vec!["m"])],
         "[health]\ninterval_s = 3600",
     ))
@@ -429,7 +432,7 @@ async fn a_stream_that_started_is_never_replayed() {
     let flaky = Backend::start("flaky", &["m"]).await;
     let other = Backend::start("other", &["m"]).await;
     flaky.set(|x| x.break_mid_stream = true);
-    let r = start_router_over("round_robin", &[&flaky, &other], "").await;
+    let r = start_router_over(PolicyKind::RoundRobin, &[&flaky, &other], "").await;
     let resp = client()
         .post(format!("http://{}/v1/completions", r.addr))
         .json(&serde_json::json!({"model":"m","prompt":"x","stream":true}))
@@ -458,7 +461,7 @@ async fn a_stream_that_started_is_never_replayed() {
 #[tokio::test]
 async fn metrics_move_with_traffic() {
     let b = Backend::start("a", &["m"]).await;
-    let r = start_router_over("least_request", &[&b], "").await;
+    let r = start_router_over(PolicyKind::LeastRequest, &[&b], "").await;
     let c = client();
     for stream in [false, true, true] {
         let resp = c.post(format!("http://{}/v1/chat/completions", r.addr))

@@ -15,7 +15,7 @@ use kvroute::index::{
 };
 use kvroute::kv_events::{BlockStored, EngineHash, EventBatch, KvEvent};
 use kvroute::metrics::Metrics;
-use kvroute::policy::{self, POLICY_NAMES};
+use kvroute::policy::{self, PolicyKind};
 use kvroute::routing::{Admitted, Decider, Session};
 use kvroute::sim::IndexMode;
 use kvroute::sim::router::{Routed, SimRouter};
@@ -102,7 +102,7 @@ struct Live {
 }
 
 impl Live {
-    fn new(policy: &str, events: bool) -> Live {
+    fn new(policy: PolicyKind, events: bool) -> Live {
         let specs = (0..WORKERS)
             .map(|i| WorkerSpec {
                 id: format!("w{i}"),
@@ -124,7 +124,7 @@ impl Live {
         }
         Live {
             fleet,
-            decider: Decider::new(policy::by_name(policy, 7).unwrap(), holdings),
+            decider: Decider::new(policy::seeded(policy, 7), holdings),
             metrics: Metrics::new(),
             now: Duration::ZERO,
         }
@@ -174,16 +174,10 @@ fn stored(prompt: &[u32], ids: &mut u64) -> KvEvent {
     })
 }
 
-fn run(policy: &str, mode: IndexMode, seed: u64) {
+fn run(policy: PolicyKind, mode: IndexMode, seed: u64) {
     let events = matches!(mode, IndexMode::Events { .. });
     let live = &mut Live::new(policy, events);
-    let mut sim = SimRouter::new(
-        policy::by_name(policy, 7).unwrap(),
-        mode,
-        MODEL,
-        BLOCK,
-        WORKERS,
-    );
+    let mut sim = SimRouter::new(policy::seeded(policy, 7), mode, MODEL, BLOCK, WORKERS);
     for w in 0..WORKERS {
         sim.enable(w, KV_BLOCKS);
     }
@@ -286,7 +280,7 @@ fn run(policy: &str, mode: IndexMode, seed: u64) {
 
 #[test]
 fn the_simulator_decides_and_accounts_as_the_live_router_for_every_policy() {
-    for policy in POLICY_NAMES {
+    for policy in PolicyKind::ALL {
         for mode in [IndexMode::Approx, IndexMode::Events { delay_s: 0.0 }] {
             run(policy, mode, 11);
         }

@@ -3,6 +3,7 @@
 
 use kvroute::bench::synthetic::{SyntheticKind, SyntheticSpec};
 use kvroute::index::WorkerIdx;
+use kvroute::policy::PolicyKind;
 use kvroute::sim::{FleetChange, PolicyResult, SimConfig, Simulation};
 
 fn shared_prefix(requests: usize, rate: f64, output_tokens: u32) -> kvroute::bench::Trace {
@@ -30,12 +31,12 @@ fn kv_aware_beats_round_robin_on_shared_prefixes() {
     let trace = shared_prefix(400, 20.0, 8);
     let mut config = SimConfig::default();
     config.engine.num_blocks = 256;
-    let result = |p: &str| {
+    let result = |p: PolicyKind| {
         let run = Simulation::new(&trace, &config, p).unwrap().run();
         PolicyResult::from_run(&run, config.slo, None)
     };
-    let kv = result("kv_aware");
-    let rr = result("round_robin");
+    let kv = result(PolicyKind::KvAware);
+    let rr = result(PolicyKind::RoundRobin);
     assert_eq!(kv.errors + rr.errors, 0);
     assert!(
         kv.hit_rate > rr.hit_rate + 0.1,
@@ -60,7 +61,7 @@ fn a_restarted_worker_keeps_no_index_entries_for_its_old_blocks() {
             changes,
             ..SimConfig::default()
         };
-        let mut sim = Simulation::new(&trace, &config, "round_robin").unwrap();
+        let mut sim = Simulation::new(&trace, &config, PolicyKind::RoundRobin).unwrap();
         sim.run_until(1000.0);
         let held_by = |w: WorkerIdx| {
             (0..trace.len())
@@ -100,7 +101,7 @@ fn a_restart_mid_run_fails_in_flight_requests_and_a_joining_worker_gets_traffic(
         ],
         ..SimConfig::default()
     };
-    let run = Simulation::new(&trace, &config, "least_request")
+    let run = Simulation::new(&trace, &config, PolicyKind::LeastRequest)
         .unwrap()
         .run();
     let restarted = run

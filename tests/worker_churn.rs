@@ -61,7 +61,7 @@ async fn ten_thousand_workers_come_and_go_and_the_index_returns_to_its_baseline(
             .collect(),
         BreakerConfig::default(),
         Arc::clone(&holdings),
-        policy::by_name("kv_aware", 1).unwrap(),
+        policy::seeded(policy::PolicyKind::KvAware, 1),
         metrics.clone(),
         &[],
     );

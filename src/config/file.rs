@@ -8,12 +8,18 @@ use super::LogFormat;
 #[derive(Deserialize, Debug, Default)]
 #[serde(deny_unknown_fields)]
 pub(super) struct FileConfig {
+    /// Deprecated: `server.listen`.
     pub(super) listen: Option<String>,
+    /// A string, not a `PolicyKind`: see `policy::policy` for why.
     pub(super) policy: Option<String>,
     pub(super) seed: Option<u64>,
     pub(super) log_format: Option<LogFormat>,
+    /// Deprecated: `server.max_body_bytes`.
     pub(super) max_body_bytes: Option<u64>,
+    /// Deprecated: `server.shutdown_grace_s`.
     pub(super) shutdown_grace_s: Option<f64>,
+    #[serde(default)]
+    pub(super) server: FileServer,
     #[serde(default)]
     pub(super) proxy: FileProxy,
     #[serde(default)]
@@ -37,6 +43,16 @@ pub(super) struct FileConfig {
 
 #[derive(Deserialize, Debug, Default)]
 #[serde(deny_unknown_fields)]
+pub(super) struct FileServer {
+    pub(super) listen: Option<String>,
+    pub(super) max_body_bytes: Option<u64>,
+    pub(super) shutdown_grace_s: Option<f64>,
+    pub(super) header_read_timeout_s: Option<f64>,
+    pub(super) body_read_timeout_s: Option<f64>,
+}
+
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
 pub(super) struct FileProxy {
     pub(super) connect_timeout_s: Option<f64>,
     pub(super) first_byte_timeout_s: Option<f64>,
@@ -44,7 +60,9 @@ pub(super) struct FileProxy {
     pub(super) pool_max_idle_per_host: Option<usize>,
     pub(super) idle_timeout_s: Option<f64>,
     pub(super) total_timeout_s: Option<f64>,
+    /// Deprecated: `server.body_read_timeout_s`.
     pub(super) body_read_timeout_s: Option<f64>,
+    /// Deprecated: `server.header_read_timeout_s`.
     pub(super) header_read_timeout_s: Option<f64>,
     pub(super) retry_budget_ratio: Option<f64>,
     pub(super) retry_budget_min_per_s: Option<f64>,

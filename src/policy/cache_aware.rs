@@ -52,7 +52,7 @@ fn least_loaded(candidates: &[Candidate]) -> usize {
 
 impl Policy for CacheAware {
     fn name(&self) -> &'static str {
-        "cache_aware"
+        super::PolicyKind::CacheAware.name()
     }
 
     fn uses_prefix(&self) -> bool {

@@ -39,7 +39,7 @@ impl Default for DynamoCost {
 
 impl Policy for DynamoCost {
     fn name(&self) -> &'static str {
-        "dynamo_cost"
+        super::PolicyKind::DynamoCost.name()
     }
 
     fn uses_prefix(&self) -> bool {

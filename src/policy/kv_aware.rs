@@ -142,7 +142,7 @@ impl KvAware {
 
 impl Policy for KvAware {
     fn name(&self) -> &'static str {
-        "kv_aware"
+        super::PolicyKind::KvAware.name()
     }
 
     fn uses_prefix(&self) -> bool {

@@ -15,7 +15,7 @@ pub struct LeastRequest {
 
 impl Policy for LeastRequest {
     fn name(&self) -> &'static str {
-        "least_request"
+        super::PolicyKind::LeastRequest.name()
     }
 
     fn choose(&self, _request: &RouteRequest, candidates: &[Candidate]) -> Option<RouteDecision> {

@@ -8,6 +8,7 @@
 pub mod cache_aware;
 pub mod calibration;
 pub mod dynamo_cost;
+mod kind;
 pub mod kv_aware;
 pub mod least_request;
 pub mod power_of_two;
@@ -16,12 +17,11 @@ pub mod round_robin;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use thiserror::Error;
-
 use crate::fleet::LoadSnapshot;
 
 pub use cache_aware::{CacheAware, CacheAwareConfig};
 pub use dynamo_cost::DynamoCost;
+pub use kind::{PolicyKind, UnknownPolicy};
 pub use kv_aware::{KvAware, KvAwareConfig};
 pub use least_request::LeastRequest;
 pub use power_of_two::PowerOfTwo;
@@ -111,22 +111,6 @@ pub trait Policy: Send + Sync {
     fn forget(&self, _slot: u32) {}
 }
 
-/// A policy name that is not known.
-#[derive(Debug, Error, PartialEq)]
-#[error("unknown policy `{0}`; known policies: {known}", known = POLICY_NAMES.join(", "))]
-pub struct UnknownPolicy(pub String);
-
-/// Every policy name accepted by [`by_name`].
-pub const POLICY_NAMES: &[&str] = &[
-    "kv_aware",
-    "round_robin",
-    "random",
-    "least_request",
-    "power_of_two",
-    "cache_aware",
-    "dynamo_cost",
-];
-
 /// Settings of the policies that have any.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct PolicySettings {
@@ -140,11 +124,10 @@ pub struct PolicySettings {
     pub dynamo_overlap_weight: Option<f64>,
 }
 
-/// Builds the policy called `name` with default settings; `seed` makes random choices
-/// reproducible.
-pub fn by_name(name: &str, seed: u64) -> Result<Arc<dyn Policy>, UnknownPolicy> {
+/// Builds `kind` with default settings; `seed` makes random choices reproducible.
+pub fn seeded(kind: PolicyKind, seed: u64) -> Arc<dyn Policy> {
     build(
-        name,
+        kind,
         &PolicySettings {
             seed,
             ..Default::default()
@@ -152,23 +135,22 @@ pub fn by_name(name: &str, seed: u64) -> Result<Arc<dyn Policy>, UnknownPolicy> 
     )
 }
 
-/// Builds the policy called `name` with `settings`.
-pub fn build(name: &str, settings: &PolicySettings) -> Result<Arc<dyn Policy>, UnknownPolicy> {
+/// Builds `kind` with `settings`.
+pub fn build(kind: PolicyKind, settings: &PolicySettings) -> Arc<dyn Policy> {
     let seed = settings.seed;
-    Ok(match name {
-        "kv_aware" => Arc::new(KvAware::new(settings.kv_aware, seed)),
-        "cache_aware" => Arc::new(CacheAware::new(settings.cache_aware)),
-        "dynamo_cost" => Arc::new(DynamoCost::new(
+    match kind {
+        PolicyKind::KvAware => Arc::new(KvAware::new(settings.kv_aware, seed)),
+        PolicyKind::CacheAware => Arc::new(CacheAware::new(settings.cache_aware)),
+        PolicyKind::DynamoCost => Arc::new(DynamoCost::new(
             settings
                 .dynamo_overlap_weight
                 .unwrap_or(dynamo_cost::DEFAULT_OVERLAP_WEIGHT),
         )),
-        "round_robin" => Arc::new(RoundRobin::default()),
-        "random" => Arc::new(Random::new(seed)),
-        "least_request" => Arc::new(LeastRequest::default()),
-        "power_of_two" => Arc::new(PowerOfTwo::new(seed)),
-        other => return Err(UnknownPolicy(other.to_string())),
-    })
+        PolicyKind::RoundRobin => Arc::new(RoundRobin::default()),
+        PolicyKind::Random => Arc::new(Random::new(seed)),
+        PolicyKind::LeastRequest => Arc::new(LeastRequest::default()),
+        PolicyKind::PowerOfTwo => Arc::new(PowerOfTwo::new(seed)),
+    }
 }
 
 /// Locks a policy's internal state; a panic elsewhere cannot leave a policy unusable.
@@ -211,12 +193,12 @@ mod tests {
 
     #[test]
     fn every_named_policy_builds_and_handles_empty_fleets() {
-        for name in POLICY_NAMES {
-            let p = by_name(name, 7).unwrap();
-            assert_eq!(p.name(), *name);
+        for kind in PolicyKind::ALL {
+            let p = seeded(kind, 7);
+            assert_eq!(p.name(), kind.name());
             assert!(p.choose(&RouteRequest::default(), &[]).is_none());
         }
-        let e = by_name("nope", 0).err().unwrap();
+        let e = "nope".parse::<PolicyKind>().err().unwrap();
         assert!(e.to_string().contains("round_robin"));
     }
 }

@@ -27,7 +27,7 @@ impl PowerOfTwo {
 
 impl Policy for PowerOfTwo {
     fn name(&self) -> &'static str {
-        "power_of_two"
+        super::PolicyKind::PowerOfTwo.name()
     }
 
     fn choose(&self, _request: &RouteRequest, candidates: &[Candidate]) -> Option<RouteDecision> {

@@ -24,7 +24,7 @@ impl Random {
 
 impl Policy for Random {
     fn name(&self) -> &'static str {
-        "random"
+        super::PolicyKind::Random.name()
     }
 
     fn choose(&self, _request: &RouteRequest, candidates: &[Candidate]) -> Option<RouteDecision> {

@@ -12,7 +12,7 @@ pub struct RoundRobin {
 
 impl Policy for RoundRobin {
     fn name(&self) -> &'static str {
-        "round_robin"
+        super::PolicyKind::RoundRobin.name()
     }
 
     fn choose(&self, _request: &RouteRequest, candidates: &[Candidate]) -> Option<RouteDecision> {

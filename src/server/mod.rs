@@ -79,7 +79,7 @@ impl AppState {
             }),
         );
         let holdings = Arc::new(holdings);
-        let policy = policy::build(&config.policy, &config.policy_settings())?;
+        let policy = policy::build(config.policy, &config.policy_settings());
         let metrics = Metrics::new();
         let lifecycle = Arc::new(Lifecycle::new(
             config.workers.clone(),

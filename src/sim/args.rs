@@ -16,7 +16,7 @@ use crate::bench::synthesis::PromptSynth;
 use crate::bench::synthetic::{SyntheticKind, SyntheticSpec};
 use crate::bench::trace::{MOONCAKE_BLOCK_TOKENS, Trace, Transforms};
 use crate::engine::{EngineConfig, TimingArgs};
-use crate::policy::{KvAwareConfig, POLICY_NAMES, PolicySettings};
+use crate::policy::{KvAwareConfig, PolicyKind, PolicySettings};
 
 use super::config::{FleetChange, IndexMode, SimConfig};
 
@@ -208,24 +208,18 @@ fn parse_restart(s: &str) -> Result<(u32, f64), String> {
 
 impl SimulateArgs {
     /// The policies to run, validated, in the given order (default: all).
-    pub fn policy_names(&self) -> anyhow::Result<Vec<String>> {
-        let names: Vec<String> = match &self.policies {
-            Some(p) => p
+    pub fn policy_kinds(&self) -> anyhow::Result<Vec<PolicyKind>> {
+        match &self.policies {
+            // Strings, not `PolicyKind`s, on the command line: `oracle` is accepted (and
+            // always run), but it is not a policy.
+            Some(p) => Ok(p
                 .iter()
-                .map(|s| s.trim().to_string())
-                .filter(|s| !s.is_empty() && s != "oracle")
-                .collect(),
-            None => POLICY_NAMES.iter().map(|s| s.to_string()).collect(),
-        };
-        for n in &names {
-            if !POLICY_NAMES.contains(&n.as_str()) {
-                bail!(
-                    "unknown policy `{n}`; known policies: {}",
-                    POLICY_NAMES.join(", ")
-                );
-            }
+                .map(|s| s.trim())
+                .filter(|s| !s.is_empty() && *s != "oracle")
+                .map(str::parse)
+                .collect::<Result<_, _>>()?),
+            None => Ok(PolicyKind::ALL.to_vec()),
         }
-        Ok(names)
     }
 
     /// The workload after every transform (window, first N, speed-up, input cap), with a

@@ -17,6 +17,7 @@ use super::output::{summary_table, write_all};
 use super::results::Results;
 use super::scenario::Scenario;
 use super::simulation::{PolicyRun, Simulation};
+use crate::policy::PolicyKind;
 
 /// Everything one `kvroute simulate` invocation produced.
 #[derive(Debug)]
@@ -109,7 +110,7 @@ pub fn run_one(
         bail!("the workload has no request (check --window and --max-requests)");
     }
     let config = args.sim_config()?;
-    let names = args.policy_names()?;
+    let names = args.policy_kinds()?;
     let timed = simulate_all(trace, &config, &names, args.jobs.max(1))?;
     let started = Instant::now();
     let o = oracle(trace, &config);
@@ -131,12 +132,12 @@ pub fn run_one(
 pub fn simulate_all(
     trace: &Trace,
     config: &SimConfig,
-    names: &[String],
+    names: &[PolicyKind],
     jobs: usize,
 ) -> anyhow::Result<Vec<(PolicyRun, f64)>> {
-    let one = |name: &String| -> anyhow::Result<(PolicyRun, f64)> {
+    let one = |name: &PolicyKind| -> anyhow::Result<(PolicyRun, f64)> {
         let started = Instant::now();
-        let run = Simulation::new(trace, config, name)?.run();
+        let run = Simulation::new(trace, config, *name)?.run();
         let secs = started.elapsed().as_secs_f64();
         eprintln!("  {name}: {} requests in {secs:.2} s", run.records.len());
         Ok((run, secs))

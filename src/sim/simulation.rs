@@ -17,7 +17,7 @@ use crate::bench::trace::Trace;
 use crate::engine::{EngineConfig, EngineCore, EngineCounters, RequestId, StepOutcome};
 use crate::index::Holdings;
 use crate::kv_events::KvEvent;
-use crate::policy::{self, UnknownPolicy};
+use crate::policy::{self, PolicyKind};
 
 use super::config::{FleetChange, IndexMode, SimConfig, SimConfigError};
 use super::queue::EventQueue;
@@ -33,9 +33,6 @@ pub enum SimError {
     /// The configuration is invalid.
     #[error(transparent)]
     Config(#[from] SimConfigError),
-    /// The policy name is unknown.
-    #[error(transparent)]
-    Policy(#[from] UnknownPolicy),
 }
 
 /// What happened to every request, and the engines' totals.
@@ -120,9 +117,9 @@ fn add(a: &mut EngineCounters, b: EngineCounters) {
 
 impl<'t> Simulation<'t> {
     /// A simulation of `policy` over `trace` with `config`.
-    pub fn new(trace: &'t Trace, config: &SimConfig, policy: &str) -> Result<Self, SimError> {
+    pub fn new(trace: &'t Trace, config: &SimConfig, policy: PolicyKind) -> Result<Self, SimError> {
         config.validate()?;
-        let policy = policy::build(policy, &config.policy)?;
+        let policy = policy::build(policy, &config.policy);
         let max = config.max_workers();
         let mut router = SimRouter::new(
             policy,

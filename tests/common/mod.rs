@@ -15,6 +15,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use kvroute::config::Config;
+pub use kvroute::policy::PolicyKind;
 use kvroute::server::RouterHandle;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
@@ -276,7 +277,7 @@ fn async_stream(
 }
 
 /// Config for a router in front of `workers` (`(url, models)`), plus extra TOML.
-pub fn router_config(policy: &str, workers: &[(String, Vec<&str>)], extra: &str) -> Config {
+pub fn router_config(policy: PolicyKind, workers: &[(String, Vec<&str>)], extra: &str) -> Config {
     let grace = if extra.contains("shutdown_grace_s") {
         ""
     } else {
@@ -301,7 +302,11 @@ pub async fn start_router(config: &Config) -> RouterHandle {
 
 /// Starts a router with `policy` in front of `backends`, each serving model "m" (workers `w0`,
 /// `w1`, … in order), plus extra TOML.
-pub async fn start_router_over(policy: &str, backends: &[&Backend], extra: &str) -> RouterHandle {
+pub async fn start_router_over(
+    policy: PolicyKind,
+    backends: &[&Backend],
+    extra: &str,
+) -> RouterHandle {
     let workers: Vec<(String, Vec<&str>)> = backends.iter().map(|b| (b.url(), vec!["m"])).collect();
     start_router(&router_config(policy, &workers, extra)).await
 }

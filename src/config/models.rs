@@ -1,0 +1,159 @@
+//! `[tokens]` and `[[models]]`: how each model's prompts become tokens and KV blocks.
+
+use std::path::PathBuf;
+
+use super::file::{FileModel, FileTokens};
+use super::{ConfigError, invalid};
+
+/// KV block size of models not listed in `[[models]]` (vLLM's default `--block-size`).
+pub const DEFAULT_BLOCK_SIZE: u32 = 16;
+/// Memory for cached token ids of repeated prompt segments, per model, in MiB.
+pub const DEFAULT_TOKEN_CACHE_MB: u64 = 32;
+/// Whether a tenant's cache salt is sent to a model's engines unless configured otherwise.
+pub const DEFAULT_FORWARD_CACHE_SALT: bool = true;
+/// Largest KV block size accepted: engines use 16 to a few hundred tokens.
+const MAX_BLOCK_SIZE: u32 = 4096;
+
+/// Where a model's tokenizer comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TokenizerSource {
+    /// The file-free builtin tokenizer (what `kvroute engine` uses by default).
+    Builtin,
+    /// A directory with `tokenizer.json` (and `tokenizer_config.json` / `chat_template.jinja`
+    /// for chat), or a `tokenizer.json` file.
+    Path(PathBuf),
+}
+
+/// How one model's prompts become tokens and blocks.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    /// The model name as clients send it.
+    pub name: String,
+    /// Its tokenizer.
+    pub tokenizer: TokenizerSource,
+    /// KV block size of its engines (vLLM `--block-size`, SGLang `--page-size`).
+    pub block_size: u32,
+    /// Send the tenant's cache salt to the engine as vLLM's `cache_salt` request field.
+    pub forward_cache_salt: bool,
+    /// When this name is a LoRA adapter: the base model it runs on. Its prompts are tokenized
+    /// with the base model's tokenizer and hashed as the base model with this adapter, as the
+    /// engine's KV events name its blocks (`lora_name`).
+    pub base_model: Option<String>,
+}
+
+impl ModelConfig {
+    /// The settings of a model that has no `[[models]]` entry.
+    pub(super) fn unlisted(name: &str, block_size: u32) -> ModelConfig {
+        ModelConfig {
+            name: name.to_string(),
+            tokenizer: TokenizerSource::Builtin,
+            block_size,
+            forward_cache_salt: DEFAULT_FORWARD_CACHE_SALT,
+            base_model: None,
+        }
+    }
+}
+
+/// What `[tokens]` and `[[models]]` configure together.
+pub(super) struct Models {
+    /// Block size of unlisted models.
+    pub(super) default_block_size: u32,
+    /// Listed models.
+    pub(super) models: Vec<ModelConfig>,
+    /// Token cache per model, in bytes.
+    pub(super) token_cache_bytes: u64,
+}
+
+impl Models {
+    /// The settings of `[tokens]` and `[[models]]`.
+    pub(super) fn from_file(
+        tokens: &FileTokens,
+        file: Vec<FileModel>,
+    ) -> Result<Models, ConfigError> {
+        let default_block_size = tokens.default_block_size.unwrap_or(DEFAULT_BLOCK_SIZE);
+        block_size_ok("tokens.default_block_size", default_block_size)?;
+        let mut models = Vec::new();
+        for (i, m) in file.into_iter().enumerate() {
+            let model = model(&format!("models[{i}]"), m, default_block_size, &models)?;
+            models.push(model);
+        }
+        Ok(Models {
+            default_block_size,
+            models,
+            token_cache_bytes: tokens.cache_mb.unwrap_or(DEFAULT_TOKEN_CACHE_MB) << 20,
+        })
+    }
+}
+
+/// One `[[models]]` entry, checked against the entries before it.
+fn model(
+    key: &str,
+    m: FileModel,
+    default_block_size: u32,
+    before: &[ModelConfig],
+) -> Result<ModelConfig, ConfigError> {
+    if m.name.is_empty() {
+        return Err(invalid(format!("{key}.name"), "must not be empty"));
+    }
+    if before.iter().any(|x| x.name == m.name) {
+        return Err(invalid(
+            format!("{key}.name"),
+            format!("model `{}` is listed twice", m.name),
+        ));
+    }
+    let tokenizer = match m.tokenizer.as_deref() {
+        None | Some("builtin") => TokenizerSource::Builtin,
+        Some(path) => {
+            let p = PathBuf::from(path);
+            if !p.exists() {
+                return Err(invalid(
+                    format!("{key}.tokenizer"),
+                    format!(
+                        "`{path}` does not exist; give a directory with tokenizer.json, a tokenizer.json file, or \"builtin\""
+                    ),
+                ));
+            }
+            TokenizerSource::Path(p)
+        }
+    };
+    let block_size = m.block_size.unwrap_or(default_block_size);
+    block_size_ok(&format!("{key}.block_size"), block_size)?;
+    if m.base_model.is_some() {
+        for (k, set) in [
+            ("tokenizer", m.tokenizer.is_some()),
+            ("block_size", m.block_size.is_some()),
+        ] {
+            if set {
+                return Err(invalid(
+                    format!("{key}.{k}"),
+                    "a LoRA adapter uses its base model's; set it on the base model's entry",
+                ));
+            }
+        }
+    }
+    if let Some(base) = &m.base_model
+        && (base.is_empty() || *base == m.name)
+    {
+        return Err(invalid(
+            format!("{key}.base_model"),
+            "must name the model this LoRA adapter runs on, not be empty or the adapter itself",
+        ));
+    }
+    Ok(ModelConfig {
+        name: m.name,
+        tokenizer,
+        block_size,
+        forward_cache_salt: m.forward_cache_salt.unwrap_or(DEFAULT_FORWARD_CACHE_SALT),
+        base_model: m.base_model,
+    })
+}
+
+fn block_size_ok(key: &str, bs: u32) -> Result<(), ConfigError> {
+    if bs == 0 || bs > MAX_BLOCK_SIZE {
+        return Err(invalid(
+            key,
+            format!("{bs} is not a KV block size; use the engine's (vLLM default 16)"),
+        ));
+    }
+    Ok(())
+}

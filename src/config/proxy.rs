@@ -1,0 +1,85 @@
+//! `[proxy]`: the upstream client (timeouts, retries, pool) and the per-worker circuit
+//! breakers. Defaults are `ProxyConfig::default()` and `BreakerConfig::default()`, next to the
+//! code that uses them; an unset key takes exactly that value.
+
+use super::file::FileProxy;
+use super::values::{non_negative, seconds};
+use super::{ConfigError, invalid};
+use crate::fleet::BreakerConfig;
+use crate::proxy::{ProxyConfig, RetryBudgetConfig};
+
+/// Most retries allowed: each one multiplies load on a fleet that is already failing.
+const MAX_RETRIES: u32 = 5;
+
+/// The upstream client settings of `[proxy]`.
+pub(super) fn proxy(file: &FileProxy) -> Result<ProxyConfig, ConfigError> {
+    let d = ProxyConfig::default();
+    let proxy = ProxyConfig {
+        connect_timeout: seconds(
+            "proxy.connect_timeout_s",
+            file.connect_timeout_s,
+            d.connect_timeout,
+            0.001,
+        )?,
+        first_byte_timeout: seconds(
+            "proxy.first_byte_timeout_s",
+            file.first_byte_timeout_s,
+            d.first_byte_timeout,
+            0.001,
+        )?,
+        retries: file.retries.unwrap_or(d.retries),
+        pool_max_idle_per_host: file
+            .pool_max_idle_per_host
+            .unwrap_or(d.pool_max_idle_per_host),
+        idle_timeout: seconds(
+            "proxy.idle_timeout_s",
+            file.idle_timeout_s,
+            d.idle_timeout,
+            0.001,
+        )?,
+        total_timeout: seconds(
+            "proxy.total_timeout_s",
+            file.total_timeout_s,
+            d.total_timeout,
+            0.001,
+        )?,
+        retry_budget: RetryBudgetConfig {
+            ratio: non_negative(
+                "proxy.retry_budget_ratio",
+                file.retry_budget_ratio,
+                d.retry_budget.ratio,
+            )?,
+            min_per_s: non_negative(
+                "proxy.retry_budget_min_per_s",
+                file.retry_budget_min_per_s,
+                d.retry_budget.min_per_s,
+            )?,
+            ..d.retry_budget
+        },
+    };
+    if proxy.retries > MAX_RETRIES {
+        return Err(invalid(
+            "proxy.retries",
+            "at most 5: retries multiply load during an outage",
+        ));
+    }
+    Ok(proxy)
+}
+
+/// The circuit breaker settings of `[proxy]` (`breaker_*`).
+pub(super) fn breaker(file: &FileProxy) -> Result<BreakerConfig, ConfigError> {
+    let d = BreakerConfig::default();
+    let breaker = BreakerConfig {
+        failure_threshold: file.breaker_failures.unwrap_or(d.failure_threshold),
+        open_for: seconds(
+            "proxy.breaker_open_s",
+            file.breaker_open_s,
+            d.open_for,
+            0.001,
+        )?,
+    };
+    if breaker.failure_threshold == 0 {
+        return Err(invalid("proxy.breaker_failures", "must be at least 1"));
+    }
+    Ok(breaker)
+}

@@ -1,0 +1,247 @@
+//! Tests of the whole configuration: defaults, flags over file, errors that name their key,
+//! the example file, and the keys that moved to `[server]`.
+
+use std::path::Path;
+
+use super::*;
+use crate::policy::PolicyKind;
+
+fn load(text: &str) -> Result<Config, ConfigError> {
+    Config::from_toml(text, Path::new("test.toml"))
+}
+
+#[test]
+fn defaults() {
+    let c = load("").unwrap();
+    assert_eq!(c.listen.to_string(), DEFAULT_LISTEN);
+    assert_eq!(c.policy, DEFAULT_POLICY);
+    assert_eq!(c.max_body_bytes, 32 << 20);
+    assert!(c.workers.is_empty());
+}
+
+#[test]
+fn worker_flags() {
+    let w = parse_worker_flag("http://127.0.0.1:8101").unwrap();
+    assert_eq!(w.id, "127.0.0.1:8101");
+    assert!(w.models.is_empty());
+    let w = parse_worker_flag("http://h:1=a,b@tcp://h:5557").unwrap();
+    assert_eq!(w.models, ["a", "b"]);
+    assert_eq!(w.kv_events.as_deref(), Some("tcp://h:5557"));
+    assert!(parse_worker_flag("ftp://x").unwrap_err().contains("http"));
+}
+
+#[test]
+fn flags_override_file() {
+    let args = ServeArgs {
+        listen: Some("127.0.0.1:9999".into()),
+        policy: Some(PolicyKind::Random),
+        workers: vec!["http://127.0.0.1:2=m".into()],
+        ..Default::default()
+    };
+    let file = parse_file(
+        "listen = \"127.0.0.1:1\"\npolicy = \"round_robin\"\n[[workers]]\nurl = \"http://127.0.0.1:1\"\n",
+        Path::new("f"),
+    )
+    .unwrap();
+    let c = Config::build(file, &args).unwrap();
+    assert_eq!(c.listen.port(), 9999);
+    assert_eq!(c.policy, PolicyKind::Random);
+    assert_eq!(c.workers.len(), 2);
+}
+
+#[test]
+fn errors_name_the_key() {
+    let cases = [
+        ("listen = \"nope\"", "listen"),
+        ("policy = \"fastest\"", "policy"),
+        ("[proxy]\nretries = 50", "proxy.retries"),
+        ("[health]\ninterval_s = -1", "health.interval_s"),
+        ("[[workers]]\nurl = \"https://x\"", "workers[0].url"),
+        (
+            "[[workers]]\nurl = \"http://a:1\"\nkv_events = \"a:1\"",
+            "workers[0].kv_events",
+        ),
+        (
+            "[[workers]]\nurl = \"http://a:1\"\n[[workers]]\nurl = \"http://a:1\"",
+            "workers",
+        ),
+    ];
+    for (text, key) in cases {
+        match load(text) {
+            Err(ConfigError::Invalid { key: k, .. }) => assert_eq!(k, key, "{text}"),
+            other => panic!("{text}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn unknown_keys_are_rejected_with_their_name() {
+    let e = load("polcy = \"random\"").unwrap_err().to_string();
+    assert!(e.contains("polcy"), "{e}");
+    let e = load("[proxy]\nretry = 1").unwrap_err().to_string();
+    assert!(e.contains("retry"), "{e}");
+}
+
+#[test]
+fn example_config_loads() {
+    let text = include_str!("../../config/kvroute.example.toml");
+    let c = load(text).unwrap();
+    assert!(!c.workers.is_empty());
+    assert_eq!(c.workers[0].kv_blocks, Some(27264));
+    assert_eq!(c.workers[1].kv_blocks, None);
+}
+
+#[test]
+fn the_example_config_uses_no_deprecated_key() {
+    let c = load(include_str!("../../config/kvroute.example.toml")).unwrap();
+    assert!(c.deprecations.is_empty(), "{:?}", c.deprecations);
+}
+
+#[test]
+fn lora_adapters_name_their_base_model_and_take_its_tokenizer() {
+    let c = load("[[models]]\nname = \"base\"\n[[models]]\nname = \"sql\"\nbase_model = \"base\"")
+        .unwrap();
+    assert_eq!(c.model("sql").base_model.as_deref(), Some("base"));
+    assert_eq!(c.model("base").base_model, None);
+    for (extra, key) in [
+        ("base_model = \"sql\"", "models[0].base_model"),
+        ("base_model = \"\"", "models[0].base_model"),
+        (
+            "base_model = \"b\"\nblock_size = 32",
+            "models[0].block_size",
+        ),
+        (
+            "base_model = \"b\"\ntokenizer = \"builtin\"",
+            "models[0].tokenizer",
+        ),
+    ] {
+        let e = load(&format!("[[models]]\nname = \"sql\"\n{extra}"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(key), "{extra}: {e}");
+    }
+}
+
+#[test]
+fn a_zero_kv_capacity_is_rejected_with_its_key() {
+    let e = load("[[workers]]\nurl = \"http://127.0.0.1:1\"\nkv_blocks = 0")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("workers[0].kv_blocks"), "{e}");
+}
+
+#[test]
+fn front_door_keys_live_under_server() {
+    let c = load(
+        "[server]\nlisten = \"127.0.0.1:9001\"\nmax_body_bytes = 4096\nshutdown_grace_s = 2.0\nheader_read_timeout_s = 3.0\nbody_read_timeout_s = 4.0",
+    )
+    .unwrap();
+    assert_eq!(c.listen.port(), 9001);
+    assert_eq!(c.max_body_bytes, 4096);
+    assert_eq!(c.shutdown_grace, Duration::from_secs(2));
+    assert_eq!(c.header_read_timeout, Duration::from_secs(3));
+    assert_eq!(c.body_read_timeout, Duration::from_secs(4));
+    assert!(c.deprecations.is_empty());
+    let e = load("[server]\nmax_body_bytes = 10")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("`server.max_body_bytes`"), "{e}");
+}
+
+#[test]
+fn old_front_door_keys_still_work_with_a_warning_naming_the_new_key() {
+    let c = load(
+        "listen = \"127.0.0.1:9002\"\nmax_body_bytes = 4096\nshutdown_grace_s = 2.0\n[proxy]\nheader_read_timeout_s = 3.0\nbody_read_timeout_s = 4.0",
+    )
+    .unwrap();
+    assert_eq!(c.listen.port(), 9002);
+    assert_eq!(c.max_body_bytes, 4096);
+    assert_eq!(c.shutdown_grace, Duration::from_secs(2));
+    assert_eq!(c.header_read_timeout, Duration::from_secs(3));
+    assert_eq!(c.body_read_timeout, Duration::from_secs(4));
+    assert_eq!(c.deprecations, MOVED_TO_SERVER);
+    let warnings: Vec<String> = c.deprecations.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        warnings,
+        [
+            "`listen` is deprecated; use `server.listen`",
+            "`max_body_bytes` is deprecated; use `server.max_body_bytes`",
+            "`shutdown_grace_s` is deprecated; use `server.shutdown_grace_s`",
+            "`proxy.header_read_timeout_s` is deprecated; use `server.header_read_timeout_s`",
+            "`proxy.body_read_timeout_s` is deprecated; use `server.body_read_timeout_s`",
+        ]
+    );
+    // A bad value is reported under the key the operator wrote.
+    let e = load("[proxy]\nbody_read_timeout_s = -1")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("`proxy.body_read_timeout_s`"), "{e}");
+}
+
+#[test]
+fn a_front_door_key_at_both_places_is_an_error() {
+    for (text, key) in [
+        (
+            "listen = \"127.0.0.1:1\"\n[server]\nlisten = \"127.0.0.1:2\"",
+            "server.listen",
+        ),
+        (
+            "max_body_bytes = 4096\n[server]\nmax_body_bytes = 4096",
+            "server.max_body_bytes",
+        ),
+        (
+            "shutdown_grace_s = 1.0\n[server]\nshutdown_grace_s = 1.0",
+            "server.shutdown_grace_s",
+        ),
+        (
+            "[proxy]\nheader_read_timeout_s = 1.0\n[server]\nheader_read_timeout_s = 1.0",
+            "server.header_read_timeout_s",
+        ),
+        (
+            "[proxy]\nbody_read_timeout_s = 1.0\n[server]\nbody_read_timeout_s = 1.0",
+            "server.body_read_timeout_s",
+        ),
+    ] {
+        match load(text) {
+            Err(ConfigError::Invalid { key: k, message }) => {
+                assert_eq!(k, key, "{text}");
+                assert!(message.contains("deprecated"), "{message}");
+            }
+            other => panic!("{text}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn the_listen_flag_overrides_server_listen() {
+    let args = ServeArgs {
+        listen: Some("127.0.0.1:9999".into()),
+        ..Default::default()
+    };
+    let file = parse_file("[server]\nlisten = \"127.0.0.1:1\"\n", Path::new("f")).unwrap();
+    assert_eq!(Config::build(file, &args).unwrap().listen.port(), 9999);
+}
+
+#[test]
+fn defaults_are_the_named_constants() {
+    let c = load("").unwrap();
+    assert_eq!(c.shutdown_grace, DEFAULT_SHUTDOWN_GRACE);
+    assert_eq!(c.header_read_timeout, DEFAULT_HEADER_READ_TIMEOUT);
+    assert_eq!(c.body_read_timeout, DEFAULT_BODY_READ_TIMEOUT);
+    assert_eq!(c.max_body_bytes as u64, DEFAULT_MAX_BODY_BYTES);
+    assert_eq!(c.default_block_size, DEFAULT_BLOCK_SIZE);
+    assert_eq!(c.token_cache_bytes, DEFAULT_TOKEN_CACHE_MB << 20);
+    assert_eq!(c.seed, DEFAULT_SEED);
+    let proxy = ProxyConfig::default();
+    assert_eq!(c.proxy.connect_timeout, proxy.connect_timeout);
+    assert_eq!(c.proxy.total_timeout, proxy.total_timeout);
+    assert_eq!(c.proxy.retries, proxy.retries);
+    assert_eq!(c.breaker, BreakerConfig::default());
+    assert_eq!(c.index, IndexSettings::default());
+    assert_eq!(c.limits, Limits::default());
+    assert_eq!(c.kv_aware, KvAwareConfig::default());
+    assert_eq!(
+        c.model("unlisted").forward_cache_salt,
+        DEFAULT_FORWARD_CACHE_SALT
+    );
+}
