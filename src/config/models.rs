@@ -3,6 +3,8 @@
 use std::path::PathBuf;
 
 use super::file::{FileModel, FileTokens};
+pub use crate::tokens::TokenizerSource;
+use crate::tokens::ModelSource;
 use super::{ConfigError, invalid};
 
 /// KV block size of models not listed in `[[models]]` (vLLM's default `--block-size`).
@@ -13,16 +15,6 @@ pub const DEFAULT_TOKEN_CACHE_MB: u64 = 32;
 pub const DEFAULT_FORWARD_CACHE_SALT: bool = true;
 /// Largest KV block size accepted: engines use 16 to a few hundred tokens.
 const MAX_BLOCK_SIZE: u32 = 4096;
-
-/// Where a model's tokenizer comes from.
-#[derive(Clone, Debug, PartialEq)]
-pub enum TokenizerSource {
-    /// The file-free builtin tokenizer (what `kvroute engine` uses by default).
-    Builtin,
-    /// A directory with `tokenizer.json` (and `tokenizer_config.json` / `chat_template.jinja`
-    /// for chat), or a `tokenizer.json` file.
-    Path(PathBuf),
-}
 
 /// How one model's prompts become tokens and blocks.
 #[derive(Clone, Debug, PartialEq)]
@@ -39,6 +31,17 @@ pub struct ModelConfig {
     /// with the base model's tokenizer and hashed as the base model with this adapter, as the
     /// engine's KV events name its blocks (`lora_name`).
     pub base_model: Option<String>,
+}
+
+impl ModelConfig {
+    /// What the tokenizer registry loads for this model.
+    pub fn token_source(&self) -> ModelSource<'_> {
+        ModelSource {
+            name: &self.name,
+            tokenizer: &self.tokenizer,
+            block_size: self.block_size as usize,
+        }
+    }
 }
 
 impl ModelConfig {

@@ -98,7 +98,11 @@ impl AppState {
             metrics,
             max_body_bytes: config.max_body_bytes,
             body_read_timeout: config.body_read_timeout,
-            tokens: ModelRegistry::load(config)?,
+            tokens: ModelRegistry::load(
+                config.models.iter().map(|m| m.token_source()),
+                config.token_cache_bytes,
+                config.default_block_size as usize,
+            )?,
             holdings,
             keys: auth::Keys::new(&config.tenants, config.admin_key_sha256),
             admission: admission::Admission::new(config.limits, &config.tenants),

@@ -14,6 +14,6 @@ pub mod tokenizer;
 pub use chat_template::{ChatRequest, ChatTemplate};
 pub use hash::{BlockHash, HashSeed, block_hashes, chain_hash};
 pub use model::ModelTokens;
-pub use registry::ModelRegistry;
+pub use registry::{ModelRegistry, ModelSource, TokenizerSource};
 pub use segment::{SegmentCache, Segmenter};
 pub use tokenizer::{TokenError, Tokenizer};

@@ -11,7 +11,28 @@ use std::sync::{Arc, RwLock};
 
 use super::model::ModelTokens;
 use super::tokenizer::{TokenError, Tokenizer};
-use crate::config::{Config, TokenizerSource};
+use std::path::PathBuf;
+
+/// Where a model's tokenizer comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TokenizerSource {
+    /// The file-free builtin tokenizer (what `kvroute engine` uses by default).
+    Builtin,
+    /// A directory with `tokenizer.json` (and `tokenizer_config.json` / `chat_template.jinja`
+    /// for chat), or a `tokenizer.json` file.
+    Path(PathBuf),
+}
+
+/// One configured model as the registry loads it.
+#[derive(Clone, Copy, Debug)]
+pub struct ModelSource<'a> {
+    /// The model name as clients send it.
+    pub name: &'a str,
+    /// Its tokenizer.
+    pub tokenizer: &'a TokenizerSource,
+    /// KV block size of its engines.
+    pub block_size: usize,
+}
 
 /// Per-model [`ModelTokens`], shared by all requests.
 #[derive(Debug)]
@@ -21,12 +42,18 @@ pub struct ModelRegistry {
 }
 
 impl ModelRegistry {
-    /// Loads every model listed in `config`.
-    pub fn load(config: &Config) -> Result<ModelRegistry, TokenError> {
-        let cache_units = usize::try_from(config.token_cache_bytes / 4).unwrap_or(usize::MAX);
+    /// Loads every configured model; a model not among them gets the builtin tokenizer with
+    /// `default_block_size`. `token_cache_bytes` bounds each model's cache of repeated prompt
+    /// segments.
+    pub fn load<'a>(
+        configured: impl IntoIterator<Item = ModelSource<'a>>,
+        token_cache_bytes: u64,
+        default_block_size: usize,
+    ) -> Result<ModelRegistry, TokenError> {
+        let cache_units = usize::try_from(token_cache_bytes / 4).unwrap_or(usize::MAX);
         let mut models = HashMap::new();
-        for m in &config.models {
-            let bs = m.block_size as usize;
+        for m in configured {
+            let bs = m.block_size;
             let tokens = match &m.tokenizer {
                 TokenizerSource::Builtin => ModelTokens::builtin(bs),
                 TokenizerSource::Path(p) if p.is_dir() => {
@@ -37,11 +64,11 @@ impl ModelRegistry {
             if let Err(why) = tokens.segmenting() {
                 tracing::info!(model = %m.name, reason = %why.0, "repeated prompt segments are not cached");
             }
-            models.insert(m.name.clone(), Arc::new(tokens));
+            models.insert(m.name.to_owned(), Arc::new(tokens));
         }
         Ok(ModelRegistry {
             models: RwLock::new(models),
-            default_block_size: config.default_block_size as usize,
+            default_block_size,
         })
     }
 
@@ -92,11 +119,12 @@ mod tests {
             env!("CARGO_MANIFEST_DIR"),
             "/tests/fixtures/tokenizers/qwen3"
         );
-        let text = format!(
-            "[tokens]\ndefault_block_size = 32\n[[models]]\nname = \"qwen\"\ntokenizer = \"{dir}\"\nblock_size = 16\n"
-        );
-        let config = Config::from_toml(&text, Path::new("t")).unwrap();
-        let r = ModelRegistry::load(&config).unwrap();
+        let qwen = ModelSource {
+            name: "qwen",
+            tokenizer: &TokenizerSource::Path(dir.into()),
+            block_size: 16,
+        };
+        let r = ModelRegistry::load([qwen], 32 << 20, 32).unwrap();
         let q = r.get("qwen");
         assert_eq!(q.block_size(), 16);
         assert!(matches!(q.tokenizer(), Tokenizer::Hf(_)));
