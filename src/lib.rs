@@ -14,6 +14,8 @@ pub mod metrics;
 pub mod openai;
 pub mod policy;
 pub mod proxy;
+pub mod report;
 pub mod server;
 pub mod sim;
 pub mod tokens;
+pub mod workload;

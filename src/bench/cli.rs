@@ -8,15 +8,16 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, Subcommand};
 
 use super::plan::{RequestShape, plan};
-use super::plot::{load_chart, records_load, ttft_cdf_chart};
 use super::replay::{ReplayConfig, completions_url, replay};
-use super::report::{ClientOverhead, RunResult, Slo, Summary, compare};
-use super::synthesis::PromptSynth;
-use super::synthetic::{SyntheticKind, SyntheticSpec};
-use super::trace::{MOONCAKE_BLOCK_TOKENS, Trace, Transforms};
+use crate::report::plot::{load_chart, records_load, ttft_cdf_chart};
+use crate::report::{ClientOverhead, RunResult, Slo, Summary, compare};
+use crate::workload::SyntheticChoice;
+use crate::workload::synthesis::PromptSynth;
+use crate::workload::synthetic::{SyntheticKind, SyntheticSpec};
+use crate::workload::trace::{MOONCAKE_BLOCK_TOKENS, Trace, Transforms};
 
 /// `kvroute bench …`: either a run (the flags below) or a subcommand.
 #[derive(Args, Debug, Clone)]
@@ -46,19 +47,6 @@ pub struct CompareArgs {
     /// Also draw the runs' TTFT CDFs on one chart (SVG).
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
-}
-
-/// Synthetic workloads selectable on the command line.
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SyntheticChoice {
-    /// System prompts with zipf popularity plus unique questions.
-    SharedPrefix,
-    /// Conversations whose next turn extends the previous prompt.
-    MultiTurn,
-    /// Every prompt unique.
-    Unique,
-    /// One hot prefix at a high rate.
-    HotPrefix,
 }
 
 /// Flags of a bench run.

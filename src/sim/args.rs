@@ -10,13 +10,13 @@ use std::path::PathBuf;
 use anyhow::bail;
 use clap::Args;
 
-use crate::bench::cli::SyntheticChoice;
-use crate::bench::report::Slo;
-use crate::bench::synthesis::PromptSynth;
-use crate::bench::synthetic::{SyntheticKind, SyntheticSpec};
-use crate::bench::trace::{MOONCAKE_BLOCK_TOKENS, Trace, Transforms};
 use crate::engine::{EngineConfig, TimingArgs};
 use crate::policy::{KvAwareConfig, POLICY_NAMES, PolicySettings};
+use crate::report::Slo;
+use crate::workload::SyntheticChoice;
+use crate::workload::synthesis::PromptSynth;
+use crate::workload::synthetic::{SyntheticKind, SyntheticSpec};
+use crate::workload::trace::{MOONCAKE_BLOCK_TOKENS, Trace, Transforms};
 
 use super::config::{FleetChange, IndexMode, SimConfig};
 

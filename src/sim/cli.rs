@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::bail;
 
-use crate::bench::trace::Trace;
+use crate::workload::trace::Trace;
 
 use super::args::SimulateArgs;
 use super::config::SimConfig;
