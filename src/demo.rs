@@ -11,7 +11,7 @@ use clap::Args;
 use tokio::net::TcpListener;
 
 use crate::config::{Config, ConfigError};
-use crate::engine::{EngineArgs, EngineHandle};
+use crate::engine::{EngineArgs, EngineCoreArgs, EngineHandle};
 use crate::fleet::{BaseUrl, WorkerSpec};
 use crate::kv_events::{Publisher, PublisherConfig};
 use crate::server::RouterHandle;
@@ -96,9 +96,12 @@ pub async fn start(args: &DemoArgs) -> anyhow::Result<Demo> {
         let engine_args = EngineArgs {
             model: args.model.clone(),
             kv_events_endpoint: "none".into(),
-            block_size: args.block_size,
-            num_blocks: args.num_blocks,
-            speedup: args.speedup,
+            core: EngineCoreArgs {
+                block_size: args.block_size,
+                num_blocks: args.num_blocks,
+                engine_speedup: args.speedup,
+                ..EngineCoreArgs::default()
+            },
             seed: i as u64,
             tokenizer: args.tokenizer.clone(),
             ..EngineArgs::default()

@@ -17,6 +17,6 @@ pub mod stats;
 pub mod summary;
 
 pub use record::{Outcome, RequestRecord};
-pub use slo::Slo;
+pub use slo::{Slo, SloArgs};
 pub use stats::Stats;
 pub use summary::{ClientOverhead, ReportError, RunResult, Summary, compare};

@@ -169,7 +169,7 @@ mod tests {
             "description = \"d\"\n[flags]\nsynthetic = \"unique\"\nrequests = 5\njoin-at = [1.5, 2.0]\nrestart-at = [\"0@3\"]\n",
         )
         .unwrap();
-        assert_eq!(s.args.requests, 5);
+        assert_eq!(s.args.workload.requests, 5);
         assert_eq!(s.args.join_at, vec![1.5, 2.0]);
         assert_eq!(s.args.restart_at, vec![(0, 3.0)]);
         assert!(s.command().starts_with("kvroute simulate"));

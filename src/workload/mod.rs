@@ -14,7 +14,7 @@ pub mod synthesis;
 pub mod synthetic;
 pub mod trace;
 
-pub use args::SyntheticChoice;
+pub use args::{Naming, SyntheticChoice, WorkloadArgs};
 pub use synthesis::PromptSynth;
 pub use synthetic::{SyntheticKind, SyntheticSpec};
 pub use trace::{Trace, TraceError, TraceRequest};
