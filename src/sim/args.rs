@@ -49,7 +49,7 @@ pub fn simulate_defaults(arg: Arg) -> Arg {
 #[derive(Args, Clone, Debug, PartialEq)]
 #[command(mut_args(simulate_defaults))]
 pub struct SimulateArgs {
-    /// Run a named scenario of the suite (`all` for every one; see `benches/scenarios/`), or a
+    /// Run a named scenario of the suite (`all` for every one; see `src/sim/scenarios/`), or a
     /// scenario file (`*.toml`). Only --out, --policies and --jobs may be given with it.
     #[arg(long, value_name = "NAME")]
     pub scenario: Option<String>,
