@@ -2,8 +2,8 @@
 //!
 //! - `core/*`: the pure model in virtual time, as `sim` drives it. Throughput is simulated
 //!   requests per second of wall time (criterion's elements/s).
-//! - `http/*`: the real-time face with a huge `--speedup` (model time ≈ 0), so a round trip
-//!   measures the overhead of HTTP, JSON, tokenization and the engine task.
+//! - `http/*`: the real-time face with a huge `--engine-speedup` (model time ≈ 0), so a round
+//!   trip measures the overhead of HTTP, JSON, tokenization and the engine task.
 
 use std::hint::black_box;
 

@@ -11,7 +11,7 @@ use clap::Args;
 use tokio::net::TcpListener;
 
 use crate::config::{Config, ConfigError};
-use crate::engine::{EngineArgs, EngineHandle};
+use crate::engine::{EngineArgs, EngineCoreArgs, EngineHandle};
 use crate::fleet::{BaseUrl, WorkerSpec};
 use crate::kv_events::{Publisher, PublisherConfig};
 use crate::policy::PolicyKind;
@@ -35,15 +35,9 @@ pub struct DemoArgs {
     /// Routing policy.
     #[arg(long, value_enum, default_value_t = PolicyKind::DEFAULT)]
     pub policy: PolicyKind,
-    /// Divide every simulated step time by this (faster than a real GPU).
-    #[arg(long, default_value_t = 1.0)]
-    pub speedup: f64,
-    /// KV blocks per engine.
-    #[arg(long, default_value_t = 16_384)]
-    pub num_blocks: u32,
-    /// Tokens per KV block.
-    #[arg(long, default_value_t = 16)]
-    pub block_size: usize,
+    /// Every engine's KV cache shape, scheduler limits and step time (as `kvroute engine`).
+    #[command(flatten)]
+    pub core: EngineCoreArgs,
     /// `builtin`, or a Hugging Face tokenizer directory / tokenizer.json used by the engines and
     /// the router alike.
     #[arg(long, default_value = "builtin")]
@@ -58,9 +52,7 @@ impl Default for DemoArgs {
             engine_base_port: 8101,
             model: "kvroute/sim".into(),
             policy: PolicyKind::DEFAULT,
-            speedup: 1.0,
-            num_blocks: 16_384,
-            block_size: 16,
+            core: EngineCoreArgs::default(),
             tokenizer: "builtin".into(),
         }
     }
@@ -97,9 +89,7 @@ pub async fn start(args: &DemoArgs) -> anyhow::Result<Demo> {
         let engine_args = EngineArgs {
             model: args.model.clone(),
             kv_events_endpoint: "none".into(),
-            block_size: args.block_size,
-            num_blocks: args.num_blocks,
-            speedup: args.speedup,
+            core: args.core.clone(),
             seed: i as u64,
             tokenizer: args.tokenizer.clone(),
             ..EngineArgs::default()
@@ -148,7 +138,7 @@ fn demo_config(args: &DemoArgs, workers: Vec<WorkerSpec>) -> Result<Config, Conf
     };
     let text = format!(
         "policy = \"{}\"\n[server]\nlisten = \"{}\"\nshutdown_grace_s = 5.0\n[health]\ninterval_s = 1.0\n[[models]]\nname = \"{}\"\ntokenizer = \"{}\"\nblock_size = {}\n",
-        args.policy, args.listen, args.model, tokenizer, args.block_size
+        args.policy, args.listen, args.model, tokenizer, args.core.block_size
     );
     let mut config = Config::from_toml(&text, Path::new("demo"))?;
     config.workers = workers;

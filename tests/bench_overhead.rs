@@ -18,8 +18,8 @@ use axum::http::Response;
 use axum::routing::post;
 use kvroute::bench::plan::{RequestShape, plan};
 use kvroute::bench::replay::{ReplayConfig, completions_url, replay};
-use kvroute::bench::synthesis::PromptSynth;
-use kvroute::bench::synthetic::{SyntheticKind, SyntheticSpec};
+use kvroute::workload::synthesis::PromptSynth;
+use kvroute::workload::synthetic::{SyntheticKind, SyntheticSpec};
 
 /// Output tokens per request, each its own SSE event, 1 ms apart.
 const TOKENS: usize = 16;

@@ -14,11 +14,12 @@ use axum::extract::State;
 use axum::http::{Response, StatusCode};
 use axum::routing::post;
 use clap::Parser;
+use kvroute::bench::BenchCli;
 use kvroute::bench::plan::{PlannedRequest, RequestShape, plan};
 use kvroute::bench::replay::{ReplayConfig, completions_url, replay};
-use kvroute::bench::synthesis::PromptSynth;
-use kvroute::bench::trace::{Trace, TraceRequest};
-use kvroute::bench::{BenchCli, Outcome, RunResult};
+use kvroute::report::{Outcome, RunResult};
+use kvroute::workload::synthesis::PromptSynth;
+use kvroute::workload::trace::{Trace, TraceRequest};
 
 /// How the backend answers.
 #[derive(Clone)]
@@ -198,7 +199,7 @@ async fn server_errors_are_counted_by_status() {
         assert!(r.error.as_deref().unwrap().contains("backend exploded"));
         assert_eq!(r.ttft_s, None);
     }
-    let s = kvroute::bench::Summary::from_records(&run.records, Default::default(), run.wall_s);
+    let s = kvroute::report::Summary::from_records(&run.records, Default::default(), run.wall_s);
     assert_eq!((s.ok, s.errors), (0, 4));
     assert_eq!(s.errors_by_kind.get("http_500"), Some(&4));
     assert_eq!(s.slo_attainment, 0.0);

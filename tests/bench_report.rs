@@ -1,7 +1,7 @@
 //! Reports: summary arithmetic, JSON round trip, Markdown and the comparison table.
 
-use kvroute::bench::report::{ClientOverhead, Slo, Summary, compare};
-use kvroute::bench::{Outcome, RequestRecord, RunResult};
+use kvroute::report::{ClientOverhead, Slo, Summary, compare};
+use kvroute::report::{Outcome, RequestRecord, RunResult};
 
 fn rec(i: usize, ttft: f64, e2e: f64, outcome: Outcome, worker: &str) -> RequestRecord {
     RequestRecord {

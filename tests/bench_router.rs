@@ -9,9 +9,9 @@ use std::time::Duration;
 use common::*;
 use kvroute::bench::plan::{RequestShape, plan};
 use kvroute::bench::replay::{ReplayConfig, completions_url, replay};
-use kvroute::bench::report::{Slo, Summary};
-use kvroute::bench::synthesis::PromptSynth;
-use kvroute::bench::synthetic::{SyntheticKind, SyntheticSpec};
+use kvroute::report::{Slo, Summary};
+use kvroute::workload::synthesis::PromptSynth;
+use kvroute::workload::synthetic::{SyntheticKind, SyntheticSpec};
 
 #[tokio::test]
 async fn replay_through_router_records_workers() {

@@ -1,7 +1,7 @@
 //! Prompt synthesis: determinism, equal ids give equal content, exact prefixes.
 
-use kvroute::bench::synthesis::PromptSynth;
-use kvroute::bench::trace::TraceRequest;
+use kvroute::workload::synthesis::PromptSynth;
+use kvroute::workload::trace::TraceRequest;
 
 fn req(input: u32, ids: &[u64], block_tokens: u32) -> TraceRequest {
     TraceRequest {

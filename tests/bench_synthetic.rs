@@ -2,8 +2,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use kvroute::bench::synthetic::{SyntheticKind, SyntheticSpec};
-use kvroute::bench::trace::Trace;
+use kvroute::workload::synthetic::{SyntheticKind, SyntheticSpec};
+use kvroute::workload::trace::Trace;
 
 fn spec(kind: SyntheticKind) -> SyntheticSpec {
     SyntheticSpec {
@@ -118,7 +118,7 @@ fn multi_turn_turns_extend_previous_prompts() {
     let s = spec(multi_turn());
     let t = s.generate().unwrap();
     // Group by first block id (each conversation's first block is fresh).
-    let mut by_conv: HashMap<u64, Vec<&kvroute::bench::TraceRequest>> = HashMap::new();
+    let mut by_conv: HashMap<u64, Vec<&kvroute::workload::TraceRequest>> = HashMap::new();
     for r in &t.requests {
         by_conv.entry(r.hash_ids[0]).or_default().push(r);
     }
@@ -147,7 +147,7 @@ fn multi_turn_token_prompts_are_prefixes() {
         ..spec(multi_turn())
     };
     let t = s.generate().unwrap();
-    let synth = kvroute::bench::synthesis::PromptSynth::default();
+    let synth = kvroute::workload::synthesis::PromptSynth::default();
     let mut checked = 0;
     for a in &t.requests {
         for b in &t.requests {

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use kvroute::bench::trace::{MOONCAKE_BLOCK_TOKENS, Trace, TraceError, TraceRequest};
+use kvroute::workload::trace::{MOONCAKE_BLOCK_TOKENS, Trace, TraceError, TraceRequest};
 
 fn fixture() -> Trace {
     Trace::from_mooncake_file(Path::new("tests/fixtures/mooncake_head.jsonl")).unwrap()

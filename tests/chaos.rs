@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use chaos_support::{EngineAddrs, EngineProcess, RouterProcess, report, rss_mib};
 use futures_util::StreamExt;
 use kvroute::config::Config;
-use kvroute::engine::{EngineArgs, EngineHandle};
+use kvroute::engine::{EngineArgs, EngineCoreArgs, EngineHandle};
 use kvroute::index::WorkerIdx;
 use kvroute::kv_events::{
     BlockRemoved, BlockStored, EngineHash, EventBatch, KvEvent, Publisher, PublisherConfig,
@@ -773,7 +773,10 @@ async fn start_sim_engine(seed: u64, speedup: f64) -> SimEngine {
     let args = EngineArgs {
         model: MODEL.into(),
         kv_events_endpoint: "none".into(),
-        speedup,
+        core: EngineCoreArgs {
+            engine_speedup: speedup,
+            ..EngineCoreArgs::default()
+        },
         seed,
         ..EngineArgs::default()
     };

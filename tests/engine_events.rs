@@ -341,13 +341,16 @@ fn free_port() -> u16 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_flags_pick_an_older_array_layout() {
-    use kvroute::engine::EngineArgs;
+    use kvroute::engine::{EngineArgs, EngineCoreArgs};
     let args = EngineArgs {
         kv_events_endpoint: format!("tcp://127.0.0.1:{}", free_port()),
         kv_replay_endpoint: format!("tcp://127.0.0.1:{}", free_port()),
         kv_events_layout: "vllm-0.22".into(),
         model: MODEL.into(),
-        speedup: 100.0,
+        core: EngineCoreArgs {
+            engine_speedup: 100.0,
+            ..EngineCoreArgs::default()
+        },
         ..EngineArgs::default()
     };
     let config = args.serve_config().unwrap();

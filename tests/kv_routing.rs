@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use kvroute::config::Config;
-use kvroute::engine::{EngineArgs, EngineHandle};
+use kvroute::engine::{EngineArgs, EngineCoreArgs, EngineHandle};
 use kvroute::fleet::{BaseUrl, WorkerSpec};
 use kvroute::kv_events::{Publisher, PublisherConfig};
 use kvroute::policy::PolicyKind;
@@ -30,7 +30,10 @@ async fn start_engine(addr: SocketAddr, events: &str, replay: &str, speedup: f64
     let args = EngineArgs {
         model: MODEL.into(),
         kv_events_endpoint: "none".into(),
-        speedup,
+        core: EngineCoreArgs {
+            engine_speedup: speedup,
+            ..EngineCoreArgs::default()
+        },
         ..EngineArgs::default()
     };
     let mut serve = args.serve_config().unwrap();
@@ -243,7 +246,7 @@ async fn same_prefix_requests_concentrate_on_the_warm_worker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_engines_kv_capacity_is_read_from_its_metrics_and_reserved_in_the_index() {
     let s = Stack::start(2, 1.0, PolicyKind::KvAware).await;
-    let blocks = EngineArgs::default().num_blocks;
+    let blocks = EngineArgs::default().core.num_blocks;
     let gauge = |metrics: &str, worker: &str| {
         sample(
             metrics,
@@ -292,7 +295,10 @@ async fn a_worker_without_events_has_its_capacity_read_too() {
         found = sample(&common::metrics_text(router.addr).await, series);
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(found, Some(f64::from(EngineArgs::default().num_blocks)));
+    assert_eq!(
+        found,
+        Some(f64::from(EngineArgs::default().core.num_blocks))
+    );
     router.shutdown().await;
     let _ = engine.handle.shutdown().await;
 }

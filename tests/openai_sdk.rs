@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::process::Command;
 
 use kvroute::demo::{DemoArgs, start};
+use kvroute::engine::EngineCoreArgs;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the openai Python package; run by .ci/run"]
@@ -15,7 +16,10 @@ async fn official_openai_sdk_streams_chat_and_completions() {
         engines: 2,
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         engine_base_port: 0,
-        speedup: 20.0,
+        core: EngineCoreArgs {
+            engine_speedup: 20.0,
+            ..EngineCoreArgs::default()
+        },
         ..DemoArgs::default()
     };
     let demo = start(&args).await.expect("demo starts");

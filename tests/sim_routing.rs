@@ -1,12 +1,12 @@
 //! Simulated routing: kv_aware against round_robin where caching matters, and a restarted
 //! worker's index entries.
 
-use kvroute::bench::synthetic::{SyntheticKind, SyntheticSpec};
 use kvroute::index::WorkerIdx;
 use kvroute::policy::PolicyKind;
 use kvroute::sim::{FleetChange, PolicyResult, SimConfig, Simulation};
+use kvroute::workload::synthetic::{SyntheticKind, SyntheticSpec};
 
-fn shared_prefix(requests: usize, rate: f64, output_tokens: u32) -> kvroute::bench::Trace {
+fn shared_prefix(requests: usize, rate: f64, output_tokens: u32) -> kvroute::workload::Trace {
     SyntheticSpec {
         kind: SyntheticKind::SharedPrefix {
             prefixes: 24,

@@ -8,15 +8,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, Subcommand};
 
 use super::plan::{RequestShape, plan};
-use super::plot::{load_chart, records_load, ttft_cdf_chart};
 use super::replay::{ReplayConfig, completions_url, replay};
-use super::report::{ClientOverhead, RunResult, Slo, Summary, compare};
-use super::synthesis::PromptSynth;
-use super::synthetic::{SyntheticKind, SyntheticSpec};
-use super::trace::{MOONCAKE_BLOCK_TOKENS, Trace, Transforms};
+use crate::report::plot::{load_chart, records_load, ttft_cdf_chart};
+use crate::report::{ClientOverhead, RunResult, SloArgs, Summary, compare};
+use crate::workload::{Naming, Trace, WorkloadArgs};
 
 /// `kvroute bench …`: either a run (the flags below) or a subcommand.
 #[derive(Args, Debug, Clone)]
@@ -48,98 +46,33 @@ pub struct CompareArgs {
     pub plot: Option<PathBuf>,
 }
 
-/// Synthetic workloads selectable on the command line.
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SyntheticChoice {
-    /// System prompts with zipf popularity plus unique questions.
-    SharedPrefix,
-    /// Conversations whose next turn extends the previous prompt.
-    MultiTurn,
-    /// Every prompt unique.
-    Unique,
-    /// One hot prefix at a high rate.
-    HotPrefix,
-}
-
-/// Flags of a bench run.
+/// Flags of a bench run: the shared workload and SLO groups plus what only a real-time client
+/// needs (where to send, how to shape and pace requests, where to write the evidence).
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
     /// Base URL of the OpenAI endpoint (`http://host:port`, `/v1/completions` is added) or the
     /// full completions URL. Required for a run.
     #[arg(long, value_name = "URL")]
     pub target: Option<String>,
-    /// A Mooncake JSONL trace (timestamp ms, input_length, output_length, hash_ids).
-    #[arg(long, value_name = "FILE", conflicts_with = "synthetic")]
-    pub trace: Option<PathBuf>,
-    /// Tokens per block id of the trace file (Mooncake: 512).
-    #[arg(long, default_value_t = 512, value_name = "N")]
-    pub trace_block_tokens: u32,
-    /// A synthetic workload instead of a trace.
-    #[arg(long, value_enum, value_name = "KIND")]
-    pub synthetic: Option<SyntheticChoice>,
-    /// Synthetic: number of requests.
-    #[arg(long, default_value_t = 200)]
-    pub requests: usize,
-    /// Synthetic: mean arrival rate, requests per second (Poisson).
-    #[arg(long, default_value_t = 10.0)]
-    pub rate: f64,
-    /// Synthetic: mean unique prompt tokens per request (±50 %).
-    #[arg(long, default_value_t = 256)]
-    pub input_tokens: u32,
-    /// Synthetic: mean output tokens per request (±50 %).
-    #[arg(long, default_value_t = 64)]
-    pub output_tokens: u32,
-    /// Synthetic: tokens per block id (sharing granularity).
-    #[arg(long, default_value_t = 64)]
-    pub block_tokens: u32,
-    /// Synthetic shared-prefix: number of system prompts.
-    #[arg(long, default_value_t = 8)]
-    pub prefixes: usize,
-    /// Synthetic shared-prefix / hot-prefix: shared prefix length in tokens.
-    #[arg(long, default_value_t = 1024)]
-    pub prefix_tokens: u32,
-    /// Synthetic shared-prefix: zipf exponent of prompt popularity.
-    #[arg(long, default_value_t = 1.1)]
-    pub zipf: f64,
-    /// Synthetic multi-turn: turns per conversation.
-    #[arg(long, default_value_t = 4)]
-    pub turns: u32,
-    /// Synthetic multi-turn: mean seconds between turns.
-    #[arg(long, default_value_t = 2.0)]
-    pub think_time: f64,
-    /// Synthetic hot-prefix: fraction of requests carrying the hot prefix.
-    #[arg(long, default_value_t = 0.9)]
-    pub hot_fraction: f64,
-    /// Replay only arrivals in START:END seconds of the trace (re-based to 0).
-    #[arg(long, value_name = "START:END", value_parser = parse_window)]
-    pub window: Option<(f64, f64)>,
-    /// Divide inter-arrival times by X (2 = twice the rate).
-    #[arg(long, value_name = "X")]
+    /// The workload.
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
+    /// Old spelling of `--trace-speedup` (bench only: `simulate --speedup` is the engine's),
+    /// kept so existing command lines still mean what they meant.
+    #[arg(long, value_name = "X", hide = true, conflicts_with = "trace_speedup")]
     pub speedup: Option<f64>,
-    /// Cap prompts at N tokens, keeping their exact prefix.
-    #[arg(long, value_name = "N")]
-    pub max_input_tokens: Option<u32>,
-    /// Replay only the first N requests (after the window).
-    #[arg(long, value_name = "N")]
-    pub max_requests: Option<usize>,
     /// The `model` field sent with every request.
     #[arg(long, default_value = "default")]
     pub model: String,
-    /// Token ids used for synthesized prompts, START:END (end exclusive).
-    #[arg(long, value_name = "START:END", default_value = "1000:30000", value_parser = parse_vocab)]
-    pub vocab: (u32, u32),
     /// Send text prompts (one word per token) instead of token ids.
     #[arg(long)]
     pub text_prompt: bool,
     /// Do not send `ignore_eos` / `min_tokens` (for servers that reject them).
     #[arg(long)]
     pub no_force_output_length: bool,
-    /// TTFT target in seconds, for attainment and goodput.
-    #[arg(long, value_name = "SECONDS")]
-    pub slo_ttft: Option<f64>,
-    /// End-to-end latency target in seconds.
-    #[arg(long, value_name = "SECONDS")]
-    pub slo_e2e: Option<f64>,
+    /// Service targets.
+    #[command(flatten)]
+    pub slo: SloArgs,
     /// Write the JSON result here; a Markdown summary and SVG plots are written beside it.
     #[arg(long, value_name = "FILE.json")]
     pub out: Option<PathBuf>,
@@ -160,92 +93,19 @@ pub struct BenchArgs {
     pub no_progress: bool,
 }
 
-fn parse_pair<T: std::str::FromStr>(s: &str) -> Result<(T, T), String> {
-    let (a, b) = s
-        .split_once(':')
-        .ok_or_else(|| format!("`{s}` is not START:END"))?;
-    let parse = |x: &str| {
-        x.trim()
-            .parse::<T>()
-            .map_err(|_| format!("`{x}` in `{s}` is not a number"))
-    };
-    Ok((parse(a)?, parse(b)?))
-}
-
-fn parse_window(s: &str) -> Result<(f64, f64), String> {
-    let (a, b) = parse_pair::<f64>(s)?;
-    if a >= 0.0 && b > a {
-        Ok((a, b))
-    } else {
-        Err(format!("window `{s}` needs 0 <= START < END"))
-    }
-}
-
-fn parse_vocab(s: &str) -> Result<(u32, u32), String> {
-    let (a, b) = parse_pair::<u32>(s)?;
-    if b > a {
-        Ok((a, b))
-    } else {
-        Err(format!("vocab range `{s}` needs START < END"))
-    }
-}
-
 impl BenchArgs {
+    /// The workload flags with the old `--speedup` folded into `--trace-speedup`.
+    pub fn workload_args(&self) -> WorkloadArgs {
+        WorkloadArgs {
+            trace_speedup: self.workload.trace_speedup.or(self.speedup),
+            ..self.workload.clone()
+        }
+    }
+
     /// The workload these flags describe, after every transform, applied in this order:
     /// window, first N, speed-up, input cap.
     pub fn workload(&self) -> anyhow::Result<(Trace, String)> {
-        let (trace, mut label) = match (&self.trace, self.synthetic) {
-            (Some(path), None) => {
-                let mut trace = Trace::from_mooncake_file(path)?;
-                if self.trace_block_tokens != MOONCAKE_BLOCK_TOKENS {
-                    trace = trace.with_block_tokens(self.trace_block_tokens)?;
-                }
-                (trace, format!("trace {}", path.display()))
-            }
-            (None, Some(kind)) => {
-                let spec = self.synthetic_spec(kind);
-                (spec.generate()?, format!("synthetic {spec}"))
-            }
-            (Some(_), Some(_)) => bail!("give either --trace or --synthetic, not both"),
-            (None, None) => bail!("give a workload: --trace FILE or --synthetic KIND"),
-        };
-        let trace = Transforms {
-            window: self.window,
-            max_requests: self.max_requests,
-            speed_up: self.speedup,
-            max_input_tokens: self.max_input_tokens,
-        }
-        .apply(trace, &mut label)?;
-        Ok((trace, label))
-    }
-
-    /// The synthetic spec of these flags for `kind`.
-    pub fn synthetic_spec(&self, kind: SyntheticChoice) -> SyntheticSpec {
-        let kind = match kind {
-            SyntheticChoice::SharedPrefix => SyntheticKind::SharedPrefix {
-                prefixes: self.prefixes,
-                prefix_tokens: self.prefix_tokens,
-                zipf_s: self.zipf,
-            },
-            SyntheticChoice::MultiTurn => SyntheticKind::MultiTurn {
-                turns: self.turns,
-                think_s: self.think_time,
-            },
-            SyntheticChoice::Unique => SyntheticKind::Unique,
-            SyntheticChoice::HotPrefix => SyntheticKind::HotPrefix {
-                prefix_tokens: self.prefix_tokens,
-                hot_fraction: self.hot_fraction,
-            },
-        };
-        SyntheticSpec {
-            kind,
-            requests: self.requests,
-            rate: self.rate,
-            input_tokens: self.input_tokens,
-            output_tokens: self.output_tokens,
-            block_tokens: self.block_tokens,
-            seed: self.seed,
-        }
+        self.workload_args().load(self.seed, Naming::Full)
     }
 }
 
@@ -295,7 +155,7 @@ async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
     if trace.is_empty() {
         bail!("the workload has no request (check --window and --max-requests)");
     }
-    let synth = PromptSynth::new(args.vocab.0, args.vocab.1, args.seed);
+    let synth = args.workload.prompt_synth(args.seed);
     let shape = RequestShape {
         model: args.model.clone(),
         force_output_length: !args.no_force_output_length,
@@ -315,11 +175,7 @@ async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
         progress: !args.no_progress,
     };
     let run = replay(planned, config).await?;
-    let slo = Slo {
-        ttft_s: args.slo_ttft,
-        e2e_s: args.slo_e2e,
-    };
-    let summary = Summary::from_records(&run.records, slo, run.wall_s);
+    let summary = Summary::from_records(&run.records, args.slo.slo(), run.wall_s);
     let name = args.name.clone().unwrap_or_else(|| {
         args.out
             .as_deref()
@@ -375,6 +231,7 @@ fn write_outputs(out: &Path, result: &RunResult, markdown: &str) -> anyhow::Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::workload::SyntheticChoice;
     use clap::{Parser, Subcommand};
 
     /// The shape `src/main.rs` wires it into.
@@ -415,9 +272,9 @@ mod tests {
         ])
         .unwrap();
         assert!(b.command.is_none());
-        assert_eq!(b.run.synthetic, Some(SyntheticChoice::MultiTurn));
-        assert_eq!(b.run.window, Some((10.0, 20.0)));
-        assert_eq!(b.run.vocab, (1000, 30000));
+        assert_eq!(b.run.workload.synthetic, Some(SyntheticChoice::MultiTurn));
+        assert_eq!(b.run.workload.window, Some((10.0, 20.0)));
+        assert_eq!(b.run.workload.vocab, (1000, 30000));
         let (trace, label) = b.run.workload().unwrap();
         assert!(label.contains("window 10:20"), "{label}");
         assert!(trace.requests.iter().all(|r| r.arrival_s < 5.0 + 1e-9));
@@ -429,5 +286,22 @@ mod tests {
         }
         assert!(parse(&["kvroute", "bench", "compare"]).is_err());
         assert!(parse(&["kvroute", "bench", "--vocab", "9:3"]).is_err());
+    }
+
+    #[test]
+    fn old_spellings_still_mean_what_they_meant() {
+        let run = |extra: &[&str]| {
+            let mut a = vec!["kvroute", "bench", "--synthetic", "unique"];
+            a.extend_from_slice(extra);
+            parse(&a).unwrap().run
+        };
+        // `bench --speedup` always scaled the trace's arrivals.
+        let old = run(&["--speedup", "2", "--trace-block-tokens", "64"]);
+        let new = run(&["--trace-speedup", "2", "--trace-block-size", "64"]);
+        assert_eq!(old.workload_args(), new.workload_args());
+        assert_eq!(old.workload_args().trace_speedup, Some(2.0));
+        assert_eq!(old.workload_args().trace_block_size, 64);
+        assert_eq!(old.workload().unwrap(), new.workload().unwrap());
+        assert!(parse(&["kvroute", "bench", "--speedup", "2", "--trace-speedup", "2"]).is_err());
     }
 }

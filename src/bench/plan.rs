@@ -8,8 +8,8 @@
 use bytes::Bytes;
 use serde::Serialize;
 
-use super::synthesis::PromptSynth;
-use super::trace::Trace;
+use crate::workload::synthesis::PromptSynth;
+use crate::workload::trace::Trace;
 
 /// How requests are shaped for the server.
 #[derive(Clone, Debug)]
@@ -102,7 +102,7 @@ pub fn plan(trace: &Trace, synth: &PromptSynth, shape: &RequestShape) -> Vec<Pla
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::trace::TraceRequest;
+    use crate::workload::trace::TraceRequest;
 
     #[test]
     fn body_carries_token_ids_and_output_length() {

@@ -25,9 +25,9 @@ use thiserror::Error;
 use tokio::sync::Semaphore;
 
 use super::plan::PlannedRequest;
-use super::record::{Outcome, RequestRecord};
 use super::stream::StreamTally;
 use crate::proxy::error_chain;
+use crate::report::record::{Outcome, RequestRecord};
 
 /// A request sent this much after its due time counts as late.
 pub const LATE_AFTER: Duration = Duration::from_millis(10);

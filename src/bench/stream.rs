@@ -131,7 +131,10 @@ impl StreamTally {
         let mean = self.gaps_s.iter().sum::<f64>() / self.gaps_s.len() as f64;
         let mut sorted = self.gaps_s.clone();
         sorted.sort_by(f64::total_cmp);
-        (Some(mean), Some(super::report::percentile(&sorted, 0.99)))
+        (
+            Some(mean),
+            Some(crate::report::stats::percentile(&sorted, 0.99)),
+        )
     }
 }
 

@@ -3,9 +3,9 @@
 use std::path::PathBuf;
 
 use super::file::{FileModel, FileTokens};
-pub use crate::tokens::TokenizerSource;
-use crate::tokens::ModelSource;
 use super::{ConfigError, invalid};
+use crate::tokens::ModelSource;
+pub use crate::tokens::TokenizerSource;
 
 /// KV block size of models not listed in `[[models]]` (vLLM's default `--block-size`).
 pub const DEFAULT_BLOCK_SIZE: u32 = 16;

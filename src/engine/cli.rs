@@ -7,10 +7,10 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Args;
 
+use super::args::EngineCoreArgs;
 use super::core::EngineConfig;
 use super::events::{KvEventSink, NoEvents};
 use super::server::{ServeConfig, start};
-use super::timing::StepTiming;
 use crate::kv_events::{Layout, Publisher, PublisherConfig};
 use crate::tokens::model::DEFAULT_CACHE_UNITS;
 use crate::tokens::{ModelTokens, Tokenizer};
@@ -41,24 +41,9 @@ pub struct EngineArgs {
     /// Batches kept for replay (vLLM's `buffer_steps`).
     #[arg(long, default_value_t = 10_000)]
     pub kv_replay_buffer: usize,
-    /// Tokens per KV block.
-    #[arg(long, default_value_t = 16)]
-    pub block_size: usize,
-    /// KV blocks (cache capacity = blocks × block size tokens).
-    #[arg(long, default_value_t = 16_384)]
-    pub num_blocks: u32,
-    /// Most running sequences.
-    #[arg(long, default_value_t = 256)]
-    pub max_num_seqs: usize,
-    /// Token budget of one step.
-    #[arg(long, default_value_t = 8192)]
-    pub max_num_batched_tokens: usize,
-    /// Longest prompt + output accepted (default: the whole KV cache).
-    #[arg(long)]
-    pub max_model_len: Option<usize>,
-    /// Divides every step time (a faster simulated GPU).
-    #[arg(long, default_value_t = 1.0)]
-    pub speedup: f64,
+    /// KV cache shape, scheduler limits and step time.
+    #[command(flatten)]
+    pub core: EngineCoreArgs,
     /// Seed of generated tokens and engine block hashes.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -68,15 +53,11 @@ pub struct EngineArgs {
     /// Output tokens when a request sets no max_tokens.
     #[arg(long, default_value_t = 16)]
     pub default_max_tokens: usize,
-    /// Step-time model coefficients.
-    #[command(flatten)]
-    pub timing: TimingArgs,
 }
 
 impl Default for EngineArgs {
     fn default() -> Self {
         // Mirror the clap defaults so in-process users (demo, tests) start from the same place.
-        let t = StepTiming::default();
         let c = EngineConfig::default();
         EngineArgs {
             listen: SocketAddr::from(([127, 0, 0, 1], 8100)),
@@ -86,74 +67,10 @@ impl Default for EngineArgs {
             kv_events_layout: "vllm-0.33".into(),
             kv_events_topic: String::new(),
             kv_replay_buffer: 10_000,
-            block_size: c.block_size,
-            num_blocks: c.num_blocks,
-            max_num_seqs: c.max_num_seqs,
-            max_num_batched_tokens: c.max_num_batched_tokens,
-            max_model_len: None,
-            speedup: t.speedup,
+            core: EngineCoreArgs::default(),
             seed: c.seed,
             tokenizer: "builtin".into(),
             default_max_tokens: 16,
-            timing: TimingArgs::default(),
-        }
-    }
-}
-
-/// The step-time model's coefficients as flags, shared by `kvroute engine` and
-/// `kvroute simulate` (the defaults are NVIDIA Dynamo's mocker fit for vLLM).
-#[derive(Args, Debug, Clone, PartialEq)]
-pub struct TimingArgs {
-    /// Prefill ms = A·t² + B·t + C for t batched prefill tokens: A.
-    #[arg(long, default_value_t = 4.209989e-7)]
-    pub prefill_a: f64,
-    /// Prefill coefficient B.
-    #[arg(long, default_value_t = 1.518344e-2)]
-    pub prefill_b: f64,
-    /// Prefill constant C.
-    #[arg(long, default_value_t = 16.50142)]
-    pub prefill_c: f64,
-    /// Decode ms = D·p² + E·p + F for KV usage p: D.
-    #[arg(long, default_value_t = -25.74, allow_hyphen_values = true)]
-    pub decode_a: f64,
-    /// Decode coefficient E.
-    #[arg(long, default_value_t = 54.01)]
-    pub decode_b: f64,
-    /// Decode constant F.
-    #[arg(long, default_value_t = 5.74)]
-    pub decode_c: f64,
-    /// Floor of a decode step, ms.
-    #[arg(long, default_value_t = 1.0)]
-    pub min_decode_ms: f64,
-}
-
-impl Default for TimingArgs {
-    fn default() -> Self {
-        let t = StepTiming::default();
-        TimingArgs {
-            prefill_a: t.prefill_a,
-            prefill_b: t.prefill_b,
-            prefill_c: t.prefill_c,
-            decode_a: t.decode_a,
-            decode_b: t.decode_b,
-            decode_c: t.decode_c,
-            min_decode_ms: t.min_decode_ms,
-        }
-    }
-}
-
-impl TimingArgs {
-    /// The step-time model, with every step divided by `speedup`.
-    pub fn step_timing(&self, speedup: f64) -> StepTiming {
-        StepTiming {
-            prefill_a: self.prefill_a,
-            prefill_b: self.prefill_b,
-            prefill_c: self.prefill_c,
-            decode_a: self.decode_a,
-            decode_b: self.decode_b,
-            decode_c: self.decode_c,
-            min_decode_ms: self.min_decode_ms,
-            speedup,
         }
     }
 }
@@ -161,23 +78,14 @@ impl TimingArgs {
 impl EngineArgs {
     /// The model-core configuration these flags describe.
     pub fn engine_config(&self) -> EngineConfig {
-        EngineConfig {
-            block_size: self.block_size,
-            num_blocks: self.num_blocks,
-            max_num_seqs: self.max_num_seqs,
-            max_num_batched_tokens: self.max_num_batched_tokens,
-            max_model_len: self.max_model_len,
-            timing: self.timing.step_timing(self.speedup),
-            seed: self.seed,
-            ..EngineConfig::default()
-        }
+        self.core.engine_config(self.seed)
     }
 
     /// Loads the tokenizer named by `--tokenizer`: `builtin`, a Hugging Face model directory
     /// (tokenizer.json with tokenizer_config.json or chat_template.jinja), or a tokenizer.json
     /// file (with its directory's tokenizer_config.json when present).
     pub fn load_tokens(&self) -> anyhow::Result<ModelTokens> {
-        let block_size = self.block_size;
+        let block_size = self.core.block_size;
         if self.tokenizer == "builtin" {
             return Ok(ModelTokens::builtin(block_size));
         }
@@ -314,6 +222,6 @@ mod tests {
         let c = a.engine_config();
         assert_eq!((c.block_size, c.num_blocks, c.seed), (32, 100, 9));
         assert_eq!((c.timing.speedup, c.timing.decode_a), (4.0, -1.5));
-        assert_eq!(a.timing.decode_a, -1.5);
+        assert_eq!(a.core.timing.decode_a, -1.5);
     }
 }

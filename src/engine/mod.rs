@@ -10,6 +10,7 @@
 //!   behind the OpenAI API, exposes vLLM's metrics and publishes KV events in vLLM's wire
 //!   format through a [`events::KvEventSink`].
 
+pub mod args;
 pub mod block_hash;
 pub mod cli;
 pub mod core;
@@ -25,8 +26,9 @@ pub mod scheduler;
 pub mod server;
 pub mod timing;
 
+pub use args::{EngineCoreArgs, TimingArgs};
 pub use block_hash::EngineHasher;
-pub use cli::{EngineArgs, TimingArgs, run};
+pub use cli::{EngineArgs, run};
 pub use core::{
     AddError, ConfigError, EngineConfig, EngineCore, EngineCounters, StepOutcome, TokenEvent,
 };

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::bail;
 
-use crate::bench::trace::Trace;
+use crate::workload::trace::Trace;
 
 use super::args::SimulateArgs;
 use super::config::SimConfig;
@@ -88,13 +88,13 @@ fn describe(a: &SimulateArgs, trace: &Trace) -> String {
         a.restart_at,
         a.index,
         a.event_delay,
-        a.block_size,
-        a.num_blocks,
-        a.max_num_batched_tokens,
-        a.max_num_seqs,
-        a.speedup,
-        a.slo_ttft,
-        a.slo_e2e,
+        a.core.block_size,
+        a.core.num_blocks,
+        a.core.max_num_batched_tokens,
+        a.core.max_num_seqs,
+        a.core.engine_speedup,
+        a.slo.slo_ttft,
+        a.slo.slo_e2e,
         a.seed,
     )
 }

@@ -6,10 +6,10 @@
 
 use thiserror::Error;
 
-use crate::bench::report::Slo;
-use crate::bench::synthesis::PromptSynth;
 use crate::engine::{ConfigError, EngineConfig};
 use crate::policy::PolicySettings;
+use crate::report::Slo;
+use crate::workload::synthesis::PromptSynth;
 
 /// How the router's index learns what each engine caches.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -15,10 +15,10 @@
 
 use std::collections::HashSet;
 
-use crate::bench::trace::Trace;
 use crate::engine::{AddError, EngineConfig};
 use crate::tokens::block_hashes;
 use crate::tokens::model::hash_seed;
+use crate::workload::trace::Trace;
 
 use super::config::SimConfig;
 use super::record::SimRecord;
@@ -101,7 +101,7 @@ pub fn oracle(trace: &Trace, config: &SimConfig) -> PolicyRun {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::trace::TraceRequest;
+    use crate::workload::trace::TraceRequest;
 
     fn req(at: f64, ids: &[u64], tokens: u32) -> TraceRequest {
         TraceRequest {

@@ -1,11 +1,11 @@
 //! Writing a run's evidence: `results.json`, `summary.md`, `ttft_cdf.svg` and one
-//! `load_<policy>.svg` per policy, with the charts `bench::plot` draws for real-time runs.
+//! `load_<policy>.svg` per policy, with the charts `report::plot` draws for real-time runs.
 
 use std::path::Path;
 
 use anyhow::Context;
 
-use crate::bench::plot::{
+use crate::report::plot::{
     ChartSpec, Series, cdf_points, in_flight_over_time, line_chart, load_chart,
 };
 

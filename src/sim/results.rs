@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::bench::report::{Slo, Stats};
+use crate::report::{Slo, Stats};
 
 use super::simulation::PolicyRun;
 

@@ -5,8 +5,9 @@
 //! `kvroute simulate` flags (`requests = 2000` is `--requests 2000`, `join-at = [30.0]` is
 //! `--join-at 30`, `x = true` is `--x`). Keeping scenarios as plain flags means each one is
 //! exactly a command line anyone can rerun or vary, and the suite cannot drift from the CLI.
-//! The suite in `benches/scenarios/` is compiled into the binary, so a name works from any
-//! directory; a path ending in `.toml` runs any other file.
+//! The suite lives beside this file in `src/sim/scenarios/` (it is the simulator's input, not a
+//! benchmark harness) and is compiled into the binary, so a name works from any directory; a
+//! path ending in `.toml` runs any other file.
 
 use std::path::Path;
 
@@ -20,32 +21,17 @@ use super::args::SimulateArgs;
 pub const SUITE: &[(&str, &str)] = &[
     (
         "shared-prefix",
-        include_str!("../../benches/scenarios/shared-prefix.toml"),
+        include_str!("scenarios/shared-prefix.toml"),
     ),
-    (
-        "unique",
-        include_str!("../../benches/scenarios/unique.toml"),
-    ),
-    (
-        "multi-turn",
-        include_str!("../../benches/scenarios/multi-turn.toml"),
-    ),
-    (
-        "hot-prefix",
-        include_str!("../../benches/scenarios/hot-prefix.toml"),
-    ),
+    ("unique", include_str!("scenarios/unique.toml")),
+    ("multi-turn", include_str!("scenarios/multi-turn.toml")),
+    ("hot-prefix", include_str!("scenarios/hot-prefix.toml")),
     (
         "eviction-pressure",
-        include_str!("../../benches/scenarios/eviction-pressure.toml"),
+        include_str!("scenarios/eviction-pressure.toml"),
     ),
-    (
-        "cold-join",
-        include_str!("../../benches/scenarios/cold-join.toml"),
-    ),
-    (
-        "restart",
-        include_str!("../../benches/scenarios/restart.toml"),
-    ),
+    ("cold-join", include_str!("scenarios/cold-join.toml")),
+    ("restart", include_str!("scenarios/restart.toml")),
 ];
 
 #[derive(Deserialize)]
@@ -169,7 +155,7 @@ mod tests {
             "description = \"d\"\n[flags]\nsynthetic = \"unique\"\nrequests = 5\njoin-at = [1.5, 2.0]\nrestart-at = [\"0@3\"]\n",
         )
         .unwrap();
-        assert_eq!(s.args.requests, 5);
+        assert_eq!(s.args.workload.requests, 5);
         assert_eq!(s.args.join_at, vec![1.5, 2.0]);
         assert_eq!(s.args.restart_at, vec![(0, 3.0)]);
         assert!(s.command().starts_with("kvroute simulate"));

@@ -13,11 +13,11 @@ use std::collections::BTreeSet;
 
 use thiserror::Error;
 
-use crate::bench::trace::Trace;
 use crate::engine::{EngineConfig, EngineCore, EngineCounters, RequestId, StepOutcome};
 use crate::index::Holdings;
 use crate::kv_events::KvEvent;
 use crate::policy::{self, PolicyKind};
+use crate::workload::trace::Trace;
 
 use super::config::{FleetChange, IndexMode, SimConfig, SimConfigError};
 use super::queue::EventQueue;

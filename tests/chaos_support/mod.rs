@@ -148,7 +148,7 @@ impl EngineProcess {
             .args(["--model", model])
             .args(["--kv-events-endpoint", &addrs.events])
             .args(["--kv-replay-endpoint", &addrs.replay])
-            .args(["--speedup", &speedup.to_string()])
+            .args(["--engine-speedup", &speedup.to_string()])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
