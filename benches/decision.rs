@@ -12,8 +12,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
+use kvroute::fleet::WorkerId;
 use kvroute::fleet::{BaseUrl, LoadGuard, Worker, WorkerSpec};
-use kvroute::index::{Holdings, WorkerIdx};
+use kvroute::index::Holdings;
 use kvroute::openai::{Endpoint, RequestView};
 use kvroute::policy::{KvAware, KvAwareConfig};
 use kvroute::routing::Decider;
@@ -59,7 +60,7 @@ fn fleet() -> (Vec<Arc<Worker>>, Vec<LoadGuard>) {
                 kv_replay: None,
                 kv_blocks: None,
             };
-            let worker = Arc::new(Worker::new(spec, w));
+            let worker = Arc::new(Worker::new(spec, WorkerId(w)));
             worker.set_event_feed(true);
             for _ in 0..w % 7 {
                 let mut g = worker.load.admit(1000, 0);
@@ -98,7 +99,7 @@ fn benches(c: &mut Criterion) {
         let hashes = model.block_hashes(&ids, hash_seed("qwen3", None, None));
         holdings
             .approx
-            .record_routed(WorkerIdx(3), &hashes, Duration::ZERO);
+            .record_routed(WorkerId(3), &hashes, Duration::ZERO);
         let n = AtomicU64::new(10);
         g.bench_function(name, |b| {
             b.iter_batched(

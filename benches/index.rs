@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 
 use criterion::Criterion;
 use hdrhistogram::Histogram;
+use kvroute::fleet::WorkerId;
 use kvroute::index::workload::{Workload, WorkloadConfig, engine_id, seed};
-use kvroute::index::{IndexConfig, KvIndex, WorkerIdx};
+use kvroute::index::{IndexConfig, KvIndex};
 use kvroute::kv_events::{BlockRemoved, EventBatch, KvEvent};
 use kvroute::tokens::HashSeed;
 
@@ -111,7 +112,7 @@ fn build(w: &Workload, capacity: Capacity) -> (KvIndex, Duration, Duration) {
             Capacity::Uniform => largest,
         };
         if blocks > 0 {
-            idx.reserve(WorkerIdx(i as u32), blocks);
+            idx.reserve(WorkerId(i as u32), blocks);
         }
     }
     if matches!(capacity, Capacity::Warm) {
@@ -120,7 +121,7 @@ fn build(w: &Workload, capacity: Capacity) -> (KvIndex, Duration, Duration) {
         }
         // Every worker removes what it holds: the index is empty again, its maps as grown.
         for (i, held) in w.held.iter().enumerate() {
-            let worker = WorkerIdx(i as u32);
+            let worker = WorkerId(i as u32);
             let removed = BlockRemoved {
                 block_hashes: held.iter().map(|b| engine_id(worker, *b)).collect(),
                 ..BlockRemoved::default()

@@ -5,14 +5,14 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use kvroute::fleet::LoadSnapshot;
+use kvroute::fleet::{LoadSnapshot, WorkerId};
 use kvroute::policy::{Candidate, PolicyKind, RouteRequest, seeded};
 
 fn candidates(n: usize) -> Vec<Candidate> {
     (0..n)
         .map(|i| Candidate {
             id: format!("worker-{i}").into(),
-            slot: i as u32,
+            worker: WorkerId(i as u32),
             load: LoadSnapshot {
                 in_flight: (i * 7 % 13) as u64,
                 queued_prefill_tokens: (i * 1000 % 7000) as u64,

@@ -12,9 +12,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use thiserror::Error;
 
 use crate::config::ModelConfig;
+use crate::fleet::WorkerId;
 use crate::fleet::health::CapacityHook;
 use crate::fleet::{BreakerConfig, DownHook, Fleet, Worker, WorkerSpec};
-use crate::index::{Holdings, WorkerFeed, WorkerIdx};
+use crate::index::{Holdings, WorkerFeed};
 use crate::kv_events::{SubscriberConfig, SubscriberStats};
 use crate::metrics::Metrics;
 use crate::policy::Policy;
@@ -51,8 +52,8 @@ pub struct Lifecycle {
     metrics: Metrics,
     /// Models configured as LoRA adapters (their blocks carry their own name).
     adapters: Vec<String>,
-    /// KV-event feeds, by worker slot.
-    feeds: Mutex<HashMap<u32, WorkerFeed>>,
+    /// KV-event feeds, by worker.
+    feeds: Mutex<HashMap<WorkerId, WorkerFeed>>,
 }
 
 impl Lifecycle {
@@ -67,7 +68,7 @@ impl Lifecycle {
         models: &[ModelConfig],
     ) -> Lifecycle {
         let forget = Arc::clone(&holdings);
-        let on_down: DownHook = Arc::new(move |w: &Worker| forget.clear_worker(WorkerIdx(w.slot)));
+        let on_down: DownHook = Arc::new(move |w: &Worker| forget.clear_worker(w.key));
         Lifecycle {
             fleet: Arc::new(Fleet::with(specs, breaker, Some(on_down))),
             holdings,
@@ -87,7 +88,7 @@ impl Lifecycle {
         &self.fleet
     }
 
-    fn feeds(&self) -> MutexGuard<'_, HashMap<u32, WorkerFeed>> {
+    fn feeds(&self) -> MutexGuard<'_, HashMap<WorkerId, WorkerFeed>> {
         self.feeds.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -104,7 +105,7 @@ impl Lifecycle {
         let id = spec.id.clone();
         let worker = self.fleet.add(spec).map_err(|_| JoinError::Exists(id))?;
         self.arrive(&worker);
-        tracing::info!(worker = worker.id(), slot = worker.slot, "worker joined");
+        tracing::info!(worker = worker.id(), key = %worker.key, "worker joined");
         Ok(worker)
     }
 
@@ -135,16 +136,16 @@ impl Lifecycle {
             // Removed meanwhile by another call, which does the rest.
             return Err(LeaveError::NotFound(id.to_owned()));
         };
-        let feed = self.feeds().remove(&w.slot);
+        let feed = self.feeds().remove(&w.key);
         if let Some(feed) = feed {
             feed.stop().await;
         }
         w.set_event_feed(false);
-        self.holdings.remove_worker(WorkerIdx(w.slot));
-        self.policy.forget(w.slot);
+        self.holdings.remove_worker(w.key);
+        self.policy.forget(w.key);
         self.metrics.forget_worker(w.id());
         self.fleet.release(&w);
-        tracing::info!(worker = %id, slot = w.slot, in_flight, "worker left");
+        tracing::info!(worker = %id, key = %w.key, in_flight, "worker left");
         Ok(in_flight)
     }
 
@@ -163,8 +164,8 @@ impl Lifecycle {
         })
     }
 
-    /// Counters of every feed, by worker slot, for metrics.
-    pub fn feed_stats(&self) -> Vec<(u32, Arc<SubscriberStats>)> {
+    /// Counters of every feed, by worker, for metrics.
+    pub fn feed_stats(&self) -> Vec<(WorkerId, Arc<SubscriberStats>)> {
         self.feeds()
             .iter()
             .filter_map(|(slot, feed)| feed.stats().map(|s| (*slot, Arc::clone(s))))
@@ -184,7 +185,7 @@ impl Lifecycle {
             return;
         };
         let mut feeds = self.feeds();
-        if feeds.contains_key(&w.slot) {
+        if feeds.contains_key(&w.key) {
             return;
         }
         let mut sub = SubscriberConfig::new(w.id(), endpoint.clone());
@@ -204,10 +205,10 @@ impl Lifecycle {
                 .find(|m| !adapters.contains(m) && worker.adapter_base(m).is_none())
         };
         let holdings = Arc::clone(&self.holdings);
-        match WorkerFeed::start(holdings, WorkerIdx(w.slot), Box::new(model), sub) {
+        match WorkerFeed::start(holdings, w.key, Box::new(model), sub) {
             Ok(feed) => {
                 w.set_event_feed(true);
-                feeds.insert(w.slot, feed);
+                feeds.insert(w.key, feed);
             }
             Err(e) => tracing::error!(worker = w.id(), error = %e, "cannot subscribe to KV events"),
         }
@@ -219,9 +220,7 @@ impl Lifecycle {
     /// large cache) is allocated and written under the index's write lock, which must not hold
     /// up an async worker thread. Must be called on a Tokio runtime.
     fn reserve(&self, w: &Arc<Worker>, blocks: usize) {
-        self.holdings
-            .approx
-            .set_cache_blocks(WorkerIdx(w.slot), blocks);
+        self.holdings.approx.set_cache_blocks(w.key, blocks);
         if w.spec.kv_events.is_none() {
             return;
         }
@@ -231,11 +230,11 @@ impl Lifecycle {
             Arc::clone(w),
         );
         tokio::task::spawn_blocking(move || {
-            let granted = holdings.exact.reserve(WorkerIdx(w.slot), blocks);
+            let granted = holdings.exact.reserve(w.key, blocks);
             // A worker that left meanwhile must not keep the room. Holding `w` keeps its
             // number from being reused until this is done.
             if !fleet.contains(&w) {
-                holdings.exact.remove_worker(WorkerIdx(w.slot));
+                holdings.exact.remove_worker(w.key);
                 return;
             }
             if granted < blocks {

@@ -22,7 +22,7 @@ use chaos_support::{EngineAddrs, EngineProcess, RouterProcess, report, rss_mib};
 use futures_util::StreamExt;
 use kvroute::config::Config;
 use kvroute::engine::{EngineArgs, EngineCoreArgs, EngineHandle};
-use kvroute::index::WorkerIdx;
+use kvroute::fleet::WorkerId;
 use kvroute::kv_events::{
     BlockRemoved, BlockStored, EngineHash, EventBatch, KvEvent, Publisher, PublisherConfig,
 };
@@ -52,14 +52,9 @@ fn prompt_hashes(text: &str) -> Vec<BlockHash> {
     block_hashes(hash_seed(MODEL, None, None), &ids, 16)
 }
 
-/// Leading blocks of `hashes` the router's event-fed index holds for `slot`.
-fn held(router: &RouterHandle, slot: u32, hashes: &[BlockHash]) -> u32 {
-    router
-        .state
-        .holdings
-        .exact
-        .lookup(hashes)
-        .get(WorkerIdx(slot))
+/// Leading blocks of `hashes` the router's event-fed index holds for `worker`.
+fn held(router: &RouterHandle, worker: WorkerId, hashes: &[BlockHash]) -> u32 {
+    router.state.holdings.exact.lookup(hashes).get(worker)
 }
 
 /// Polls `cond` every 20 ms until it holds or `limit` passes.
@@ -307,8 +302,8 @@ async fn kill_and_restart() {
     let router = start_router(&router_config(PolicyKind::RoundRobin, &workers, "")).await;
     let http = http();
     let url = format!("http://{}/v1/completions", router.addr);
-    let slot = |id: &str| router.state.fleet.get(id).unwrap().slot;
-    let (s0, s1) = (slot("e0"), slot("e1"));
+    let key = |id: &str| router.state.fleet.get(id).unwrap().key;
+    let (s0, s1) = (key("e0"), key("e1"));
 
     // Warm both engines directly with a known prompt each and wait for the index to see it.
     let warm: Vec<String> = (0..2).map(|i| prompt(&format!("warm{i}x"), 320)).collect();
@@ -529,8 +524,8 @@ fn chain_hashes(tokens: &[u32]) -> Vec<BlockHash> {
     block_hashes(hash_seed(MODEL, None, None), tokens, 16)
 }
 
-/// Publishes `probe` until the index shows it for `slot` (the subscriber is connected).
-async fn connect(router: &RouterHandle, slot: u32, publisher: &Publisher, probe_base: u32) {
+/// Publishes `probe` until the index shows it for `worker` (the subscriber is connected).
+async fn connect(router: &RouterHandle, worker: WorkerId, publisher: &Publisher, probe_base: u32) {
     let tokens = chain(probe_base, 1);
     let h = chain_hashes(&tokens);
     for _ in 0..100 {
@@ -539,7 +534,7 @@ async fn connect(router: &RouterHandle, slot: u32, publisher: &Publisher, probe_
             None,
             tokens.clone(),
         )]));
-        if wait_for(Duration::from_millis(50), || held(router, slot, &h) == 1).await {
+        if wait_for(Duration::from_millis(50), || held(router, worker, &h) == 1).await {
             return;
         }
     }
@@ -587,8 +582,8 @@ async fn gap_scenario(replay: bool) {
     let workers = worker_toml("w0", &backend.url(), Some(&endpoint), replay_ep.as_deref())
         + &worker_toml("w1", &backend.url(), Some(&other_ep), None);
     let router = start_router(&router_config(PolicyKind::KvAware, &workers, "")).await;
-    let s0 = router.state.fleet.get("w0").unwrap().slot;
-    let s1 = router.state.fleet.get("w1").unwrap().slot;
+    let s0 = router.state.fleet.get("w0").unwrap().key;
+    let s1 = router.state.fleet.get("w1").unwrap().key;
     connect(&router, s0, &publisher, 1_000_000).await;
     connect(&router, s1, &other, 2_000_000).await;
     let probe = chain_hashes(&chain(1_000_000, 1));

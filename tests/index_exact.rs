@@ -1,6 +1,7 @@
 //! The exact index against hand-built KV events: every rule of issue 4's "The index".
 
-use kvroute::index::{IndexConfig, KvIndex, WorkerIdx};
+use kvroute::fleet::WorkerId;
+use kvroute::index::{IndexConfig, KvIndex};
 use kvroute::kv_events::{BlockRemoved, BlockStored, EngineHash, EventBatch, KvEvent};
 use kvroute::tokens::{BlockHash, HashSeed, block_hashes};
 
@@ -43,8 +44,8 @@ fn request(toks: &[u32]) -> Vec<BlockHash> {
     block_hashes(seeds(None, None), toks, BS as usize)
 }
 
-const W0: WorkerIdx = WorkerIdx(0);
-const W1: WorkerIdx = WorkerIdx(1);
+const W0: WorkerId = WorkerId(0);
+const W1: WorkerId = WorkerId(1);
 
 #[test]
 fn a_chain_continues_from_its_parents_kvroute_hash() {
@@ -110,11 +111,11 @@ fn all_blocks_cleared_and_clear_worker_drop_only_that_worker() {
     let idx = KvIndex::new(IndexConfig::default());
     let toks = tokens(3, 1);
     let req = request(&toks);
-    for (w, base) in [(W0, 0), (W1, 10), (WorkerIdx(2), 20)] {
+    for (w, base) in [(W0, 0), (W1, 10), (WorkerId(2), 20)] {
         idx.apply(w, &batch(vec![stored(base..base + 3, None, &toks)]), &seeds);
     }
     idx.apply(W1, &batch(vec![KvEvent::AllCleared]), &seeds);
-    idx.clear_worker(WorkerIdx(2));
+    idx.clear_worker(WorkerId(2));
     let o = idx.lookup(&req);
     assert_eq!(o.iter().collect::<Vec<_>>(), vec![(W0, 3)]);
     assert_eq!(idx.entries(), 3);
@@ -247,7 +248,7 @@ fn max_entries_evicts_and_counts() {
     for w in 0..4u32 {
         let toks = tokens(300, w * 10_000);
         let a = idx.apply(
-            WorkerIdx(w),
+            WorkerId(w),
             &batch(vec![stored(0..300, None, &toks)]),
             &seeds,
         );
@@ -262,7 +263,7 @@ fn max_entries_evicts_and_counts() {
         let req = request(&tokens(300, w * 10_000));
         let holders = idx.holders(&req);
         let held = (0..req.len())
-            .filter(|&b| holders.holds(WorkerIdx(w), b))
+            .filter(|&b| holders.holds(WorkerId(w), b))
             .count();
         assert!((100..=300).contains(&held), "worker {w}: {held}");
     }
@@ -276,7 +277,7 @@ fn reserved_capacity_survives_clears_and_stays_within_the_entry_bound() {
     let empty = idx.heap_bytes();
     assert_eq!(idx.reserve(W0, 60_000), 60_000);
     // The second worker gets only what the bound leaves.
-    assert_eq!(idx.reserve(WorkerIdx(1), 60_000), 40_000);
+    assert_eq!(idx.reserve(WorkerId(1), 60_000), 40_000);
     let reserved = idx.heap_bytes();
     // 100,000 engine-map entries of 16 bytes at most 85 % full.
     assert!(reserved > empty + 100_000 * 16, "{reserved}");
@@ -295,7 +296,7 @@ fn reserved_capacity_survives_clears_and_stays_within_the_entry_bound() {
         "{}",
         idx.heap_bytes()
     );
-    assert_eq!(idx.reserve(WorkerIdx(1), 100_000), 100_000);
+    assert_eq!(idx.reserve(WorkerId(1), 100_000), 100_000);
     let o = idx.lookup(&request(&toks));
     assert!(o.is_empty());
 }
@@ -307,7 +308,7 @@ fn many_workers_beyond_one_word() {
     for w in 0..150u32 {
         let n = u64::from(w % 8) + 1;
         let t = &toks[..(n as usize) * BS as usize];
-        idx.apply(WorkerIdx(w), &batch(vec![stored(0..n, None, t)]), &seeds);
+        idx.apply(WorkerId(w), &batch(vec![stored(0..n, None, t)]), &seeds);
     }
     let o = idx.lookup(&request(&toks));
     assert_eq!(o.len(), 150);
@@ -328,12 +329,12 @@ fn lookups_run_while_events_are_applied() {
             std::thread::spawn(move || {
                 for round in 0..50u64 {
                     let ids = round * 1000..round * 1000 + 200;
-                    idx.apply(WorkerIdx(w), &batch(vec![stored(ids, None, &toks)]), &seeds);
+                    idx.apply(WorkerId(w), &batch(vec![stored(ids, None, &toks)]), &seeds);
                     let gone: Vec<u64> = (round * 1000..round * 1000 + 200).collect();
-                    idx.apply(WorkerIdx(w), &batch(vec![removed(&gone)]), &seeds);
+                    idx.apply(WorkerId(w), &batch(vec![removed(&gone)]), &seeds);
                 }
                 idx.apply(
-                    WorkerIdx(w),
+                    WorkerId(w),
                     &batch(vec![stored(0..200, None, &toks)]),
                     &seeds,
                 );

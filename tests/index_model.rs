@@ -3,7 +3,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use kvroute::index::{IndexConfig, KvIndex, WorkerIdx};
+use kvroute::fleet::WorkerId;
+use kvroute::index::{IndexConfig, KvIndex};
 use kvroute::kv_events::{BlockRemoved, BlockStored, EngineHash, EventBatch, KvEvent};
 use kvroute::tokens::{BlockHash, HashSeed, chain_hash};
 use proptest::prelude::*;
@@ -105,7 +106,7 @@ proptest! {
                         block_size: BS as u32,
                         ..BlockStored::default()
                     });
-                    idx.apply(WorkerIdx(*worker), &batch(ev), &seeds);
+                    idx.apply(WorkerId(*worker), &batch(ev), &seeds);
                     let set = held.entry(*worker).or_default();
                     // The model: placed only if the parent is held (or there is none).
                     if from == 0 || set.contains(&hashes[from - 1]) {
@@ -120,11 +121,11 @@ proptest! {
                         block_hashes: vec![engine_id(*worker, hashes[at])],
                         ..BlockRemoved::default()
                     });
-                    idx.apply(WorkerIdx(*worker), &batch(ev), &seeds);
+                    idx.apply(WorkerId(*worker), &batch(ev), &seeds);
                     held.entry(*worker).or_default().remove(&hashes[at]);
                 }
                 Op::Clear { worker } => {
-                    idx.apply(WorkerIdx(*worker), &batch(KvEvent::AllCleared), &seeds);
+                    idx.apply(WorkerId(*worker), &batch(KvEvent::AllCleared), &seeds);
                     held.remove(worker);
                 }
             }
@@ -136,7 +137,7 @@ proptest! {
                     let expected = held
                         .get(&w)
                         .map_or(0, |s| p.iter().take_while(|b| s.contains(b)).count());
-                    prop_assert_eq!(o.get(WorkerIdx(w)) as usize, expected, "worker {}", w);
+                    prop_assert_eq!(o.get(WorkerId(w)) as usize, expected, "worker {}", w);
                 }
             }
         }

@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
+use kvroute::fleet::WorkerId;
 use kvroute::index::workload::{Workload, WorkloadConfig, engine_id, seed};
-use kvroute::index::{ApproxConfig, ApproxIndex, Holdings, IndexConfig, KvIndex, WorkerIdx};
+use kvroute::index::{ApproxConfig, ApproxIndex, Holdings, IndexConfig, KvIndex};
 use kvroute::tokens::HashSeed;
 
 fn seeds(_: Option<&str>, _: Option<&str>) -> HashSeed {
@@ -28,7 +29,7 @@ fn index_matches_the_engines_after_the_workload() {
     );
     // Every engine id the engines still hold maps to the block they hold.
     for (i, held) in w.held.iter().enumerate() {
-        let worker = WorkerIdx(i as u32);
+        let worker = WorkerId(i as u32);
         for b in held {
             assert_eq!(idx.kvroute_of(worker, engine_id(worker, *b)), Some(*b));
         }
@@ -39,7 +40,7 @@ fn index_matches_the_engines_after_the_workload() {
         w.lookup_into(i, &mut buf);
         let o = idx.lookup(&buf);
         for worker in 0..w.config.workers {
-            let worker = WorkerIdx(worker);
+            let worker = WorkerId(worker);
             assert_eq!(
                 o.get(worker),
                 w.expected_overlap(&buf, worker),

@@ -505,12 +505,7 @@ async fn a_dead_worker_loses_its_index_entries_and_comes_back_cold() {
     let prompt: String = (0..200).map(|i| format!(" w{i}")).collect();
     complete(&c, r.addr, &json!({"model": "m", "prompt": prompt})).await;
     let w = r.state.fleet.get("w0").unwrap();
-    let predicted = || {
-        r.state
-            .holdings
-            .approx
-            .len(kvroute::index::WorkerIdx(w.slot))
-    };
+    let predicted = || r.state.holdings.approx.len(w.key);
     assert!(
         predicted() >= 12,
         "routed blocks are predicted on a worker without events"

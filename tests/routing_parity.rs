@@ -9,10 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvroute::config::IndexSettings;
+use kvroute::fleet::WorkerId;
 use kvroute::fleet::{BaseUrl, Fleet, LoadSnapshot, Worker, WorkerSpec};
-use kvroute::index::{
-    ApproxConfig, ApproxIndex, Holdings, IndexConfig, KvIndex, WorkerIdx, seeds_for,
-};
+use kvroute::index::{ApproxConfig, ApproxIndex, Holdings, IndexConfig, KvIndex, seeds_for};
 use kvroute::kv_events::{BlockStored, EngineHash, EventBatch, KvEvent};
 use kvroute::metrics::Metrics;
 use kvroute::policy::{self, PolicyKind};
@@ -119,7 +118,7 @@ impl Live {
             // What the server does when a worker's feed subscribes and its capacity is known.
             w.set_event_feed(events);
             if events {
-                holdings.exact.reserve(WorkerIdx(w.slot), KV_BLOCKS);
+                holdings.exact.reserve(w.key, KV_BLOCKS);
             }
         }
         Live {
@@ -194,7 +193,7 @@ fn run(policy: PolicyKind, mode: IndexMode, seed: u64) {
             Step::Arrive { prompt } => {
                 let l = live.route(&prompt);
                 let s = sim.route(&prompt, t);
-                let lw = l.as_ref().map(|(w, _)| w.slot);
+                let lw = l.as_ref().map(|(w, _)| w.key.0);
                 let sw = s.as_ref().map(|r| r.slot);
                 assert_eq!(lw, sw, "decision differs at {at}");
                 if let (Some((_, a)), Some(r)) = (&l, &s) {
@@ -245,16 +244,13 @@ fn run(policy: PolicyKind, mode: IndexMode, seed: u64) {
                 live.decider
                     .holdings()
                     .exact
-                    .apply(WorkerIdx(r.slot), &batch, &seeds_for(MODEL));
+                    .apply(WorkerId(r.slot), &batch, &seeds_for(MODEL));
                 sim.apply_events(r.slot, t, vec![event]);
             }
             Step::Restart { worker } => {
                 if events {
                     // What the live feed does on a publisher reset.
-                    live.decider
-                        .holdings()
-                        .exact
-                        .clear_worker(WorkerIdx(worker));
+                    live.decider.holdings().exact.clear_worker(WorkerId(worker));
                 }
                 sim.worker_restarted(worker);
             }

@@ -1,7 +1,7 @@
 //! Simulated routing: kv_aware against round_robin where caching matters, and a restarted
 //! worker's index entries.
 
-use kvroute::index::WorkerIdx;
+use kvroute::fleet::WorkerId;
 use kvroute::policy::PolicyKind;
 use kvroute::sim::{FleetChange, PolicyResult, SimConfig, Simulation};
 use kvroute::workload::synthetic::{SyntheticKind, SyntheticSpec};
@@ -63,7 +63,7 @@ fn a_restarted_worker_keeps_no_index_entries_for_its_old_blocks() {
         };
         let mut sim = Simulation::new(&trace, &config, PolicyKind::RoundRobin).unwrap();
         sim.run_until(1000.0);
-        let held_by = |w: WorkerIdx| {
+        let held_by = |w: WorkerId| {
             (0..trace.len())
                 .map(|i| {
                     let chain = sim.request_hashes(i);
@@ -72,7 +72,7 @@ fn a_restarted_worker_keeps_no_index_entries_for_its_old_blocks() {
                 })
                 .sum::<usize>()
         };
-        let (held, other) = (held_by(WorkerIdx(0)), held_by(WorkerIdx(1)));
+        let (held, other) = (held_by(WorkerId(0)), held_by(WorkerId(1)));
         let run = sim.finish();
         (held, other, run)
     };

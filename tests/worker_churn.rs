@@ -6,10 +6,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use kvroute::fleet::WorkerId;
 use kvroute::fleet::{BaseUrl, BreakerConfig, WorkerSpec};
-use kvroute::index::{
-    ApproxConfig, ApproxIndex, Holdings, IndexConfig, KvIndex, WorkerIdx, seeds_for,
-};
+use kvroute::index::{ApproxConfig, ApproxIndex, Holdings, IndexConfig, KvIndex, seeds_for};
 use kvroute::kv_events::{BlockStored, EngineHash, EventBatch, KvEvent};
 use kvroute::lifecycle::Lifecycle;
 use kvroute::metrics::Metrics;
@@ -69,7 +68,7 @@ async fn ten_thousand_workers_come_and_go_and_the_index_returns_to_its_baseline(
     for w in life.fleet().workers().iter() {
         holdings
             .exact
-            .apply(WorkerIdx(w.slot), &stored(w.slot, 1 << 40), &seeds_for("m"));
+            .apply(w.key, &stored(w.key.0, 1 << 40), &seeds_for("m"));
     }
     // One warm-up cycle sizes the tables a churning worker uses; memory after it is the
     // baseline every later cycle must come back to.
@@ -82,13 +81,11 @@ async fn ten_thousand_workers_come_and_go_and_the_index_returns_to_its_baseline(
             let w = life
                 .join(spec(&format!("pod-{n}"), n.is_multiple_of(500)))
                 .expect("joins");
-            holdings.exact.apply(
-                WorkerIdx(w.slot),
-                &stored(n % 3, u64::from(n) << 8),
-                &seeds_for("m"),
-            );
+            holdings
+                .exact
+                .apply(w.key, &stored(n % 3, u64::from(n) << 8), &seeds_for("m"));
             holdings.approx.record_routed(
-                WorkerIdx(w.slot),
+                w.key,
                 &kvroute::tokens::block_hashes(
                     kvroute::tokens::model::hash_seed("m", None, None),
                     &(0..64).collect::<Vec<u32>>(),
@@ -97,18 +94,18 @@ async fn ten_thousand_workers_come_and_go_and_the_index_returns_to_its_baseline(
                 Duration::from_secs(1),
             );
             metrics.prefix_hit_blocks.with_label_values(&[w.id()]).inc();
-            let slot = w.slot;
+            let key = w.key;
             drop(w);
             life.leave(&format!("pod-{n}"), false)
                 .await
                 .expect("leaves");
-            slot
+            key
         }
     };
     cycle(0).await;
     let baseline = holdings.exact.heap_bytes();
     let entries = holdings.exact.entries();
-    let mut highest = 0;
+    let mut highest = WorkerId(0);
     for n in 1..=10_000 {
         highest = highest.max(cycle(n).await);
     }
@@ -118,7 +115,7 @@ async fn ten_thousand_workers_come_and_go_and_the_index_returns_to_its_baseline(
         "index memory grew from {baseline} to {} bytes",
         holdings.exact.heap_bytes()
     );
-    assert_eq!(highest, 4, "a departed worker's number is reused");
+    assert_eq!(highest, WorkerId(4), "a departed worker's number is reused");
     assert!(
         !metrics.render().contains("pod-"),
         "a departed worker's metric series are removed"

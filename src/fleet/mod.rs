@@ -10,6 +10,7 @@ pub mod capacity;
 pub mod health;
 pub mod load;
 pub mod worker;
+pub mod worker_id;
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, RwLock, Weak};
@@ -18,19 +19,20 @@ pub use breaker::{Breaker, BreakerConfig, CircuitState};
 pub use health::HealthConfig;
 pub use load::{Load, LoadGuard, LoadSnapshot};
 pub use worker::{BaseUrl, DownHook, ServedModel, Worker, WorkerSpec, WorkerUrlError};
+pub use worker_id::WorkerId;
 
 /// The set of workers.
 ///
-/// A worker's number (its slot: its key in the index, load and calibration) is handed out
+/// A worker's [`WorkerId`] (its key in the index, load and calibration) is handed out
 /// again once the worker that had it has left and nothing refers to it any more (in-flight
 /// requests, a feed, a reservation), so the per-worker parts of the index stay as few as the
 /// workers alive at once however many come and go (Kubernetes churn), and a late observation
 /// of a departed worker can never land on its successor.
 pub struct Fleet {
     workers: RwLock<Arc<[Arc<Worker>]>>,
-    next_slot: std::sync::atomic::AtomicU32,
+    next_key: std::sync::atomic::AtomicU32,
     /// Numbers of workers that left, with the worker that had each; reusable once it is gone.
-    released: Mutex<Vec<(u32, Weak<Worker>)>>,
+    released: Mutex<Vec<(WorkerId, Weak<Worker>)>>,
     breaker: BreakerConfig,
     on_down: Option<DownHook>,
 }
@@ -56,12 +58,19 @@ impl Fleet {
         let workers: Vec<Arc<Worker>> = specs
             .into_iter()
             .enumerate()
-            .map(|(i, s)| Arc::new(Worker::with(s, i as u32, breaker, on_down.clone())))
+            .map(|(i, s)| {
+                Arc::new(Worker::with(
+                    s,
+                    WorkerId(i as u32),
+                    breaker,
+                    on_down.clone(),
+                ))
+            })
             .collect();
         let n = workers.len() as u32;
         Fleet {
             workers: RwLock::new(workers.into()),
-            next_slot: std::sync::atomic::AtomicU32::new(n),
+            next_key: std::sync::atomic::AtomicU32::new(n),
             released: Mutex::new(Vec::new()),
             breaker,
             on_down,
@@ -121,11 +130,13 @@ impl Fleet {
         if guard.iter().any(|w| w.id() == spec.id) {
             return Err(format!("a worker with id `{}` exists already", spec.id));
         }
-        let slot = self.reusable_slot().unwrap_or_else(|| {
-            self.next_slot
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        let key = self.reusable_key().unwrap_or_else(|| {
+            WorkerId(
+                self.next_key
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            )
         });
-        let w = Arc::new(Worker::with(spec, slot, self.breaker, self.on_down.clone()));
+        let w = Arc::new(Worker::with(spec, key, self.breaker, self.on_down.clone()));
         let mut v: Vec<Arc<Worker>> = guard.iter().cloned().collect();
         v.push(Arc::clone(&w));
         *guard = v.into();
@@ -133,13 +144,13 @@ impl Fleet {
     }
 
     /// The lowest released number whose worker is gone, taken.
-    fn reusable_slot(&self) -> Option<u32> {
+    fn reusable_key(&self) -> Option<WorkerId> {
         let mut released = self.released.lock().unwrap_or_else(|e| e.into_inner());
         let (i, _) = released
             .iter()
             .enumerate()
             .filter(|(_, (_, w))| w.strong_count() == 0)
-            .min_by_key(|(_, (slot, _))| *slot)?;
+            .min_by_key(|(_, (key, _))| *key)?;
         Some(released.swap_remove(i).0)
     }
 
@@ -148,7 +159,7 @@ impl Fleet {
     /// entries removed).
     pub fn release(&self, worker: &Arc<Worker>) {
         let mut released = self.released.lock().unwrap_or_else(|e| e.into_inner());
-        released.push((worker.slot, Arc::downgrade(worker)));
+        released.push((worker.key, Arc::downgrade(worker)));
     }
 
     /// Whether `worker` (this very worker, not only its id) is in the fleet.
@@ -202,10 +213,10 @@ mod tests {
         let f = Fleet::new(vec![spec("a", &["m"])]);
         assert!(f.add(spec("a", &["m"])).is_err());
         let b = f.add(spec("b", &["m"])).unwrap();
-        assert_eq!(b.slot, 1);
+        assert_eq!(b.key, WorkerId(1));
         assert!(f.remove("a").is_some());
         let c = f.add(spec("c", &["m"])).unwrap();
-        assert_eq!(c.slot, 2);
+        assert_eq!(c.key, WorkerId(2));
         assert_eq!(f.workers().len(), 2);
         assert!(f.remove("zz").is_none());
     }
@@ -217,13 +228,13 @@ mod tests {
         f.release(&a);
         // Something (an in-flight request) still holds `a`: its number must not be reused.
         let c = f.add(spec("c", &["m"])).unwrap();
-        assert_eq!(c.slot, 2);
+        assert_eq!(c.key, WorkerId(2));
         drop(a);
         let d = f.add(spec("d", &["m"])).unwrap();
-        assert_eq!(d.slot, 0);
+        assert_eq!(d.key, WorkerId(0));
         // A removed but unreleased number (its index entries not yet gone) is not reused.
         let b = f.remove("b").unwrap();
         drop(b);
-        assert_eq!(f.add(spec("e", &["m"])).unwrap().slot, 3);
+        assert_eq!(f.add(spec("e", &["m"])).unwrap().key, WorkerId(3));
     }
 }

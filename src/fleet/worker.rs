@@ -9,6 +9,7 @@ use thiserror::Error;
 
 use super::breaker::{Breaker, BreakerConfig};
 use super::load::Load;
+use super::worker_id::WorkerId;
 
 /// Why a worker URL was rejected.
 #[derive(Debug, Error, PartialEq)]
@@ -127,8 +128,9 @@ pub type DownHook = Arc<dyn Fn(&Worker) + Send + Sync>;
 pub struct Worker {
     /// What was configured.
     pub spec: WorkerSpec,
-    /// Dense number of the worker, stable for its lifetime in the fleet (index key).
-    pub slot: u32,
+    /// The worker's identity inside the router (index, load, calibration), stable for its
+    /// lifetime in the fleet.
+    pub key: WorkerId,
     /// The id, shared cheaply with every routing decision's candidates.
     pub label: Arc<str>,
     /// Router-side load.
@@ -150,7 +152,7 @@ impl std::fmt::Debug for Worker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Worker")
             .field("id", &self.spec.id)
-            .field("slot", &self.slot)
+            .field("key", &self.key)
             .field("healthy", &self.is_healthy())
             .field("draining", &self.is_draining())
             .finish()
@@ -160,21 +162,21 @@ impl std::fmt::Debug for Worker {
 impl Worker {
     /// A worker that starts healthy: the first health check corrects that within one interval,
     /// and a failing first request is retried on another worker.
-    pub fn new(spec: WorkerSpec, slot: u32) -> Worker {
-        Worker::with(spec, slot, BreakerConfig::default(), None)
+    pub fn new(spec: WorkerSpec, key: WorkerId) -> Worker {
+        Worker::with(spec, key, BreakerConfig::default(), None)
     }
 
     /// A worker with its breaker settings and the hook to call when it goes down.
     pub fn with(
         spec: WorkerSpec,
-        slot: u32,
+        key: WorkerId,
         breaker: BreakerConfig,
         on_down: Option<DownHook>,
     ) -> Worker {
         Worker {
             label: spec.id.as_str().into(),
             spec,
-            slot,
+            key,
             load: Arc::new(Load::default()),
             breaker: Breaker::new(breaker),
             discovered_models: RwLock::new(Vec::new()),
@@ -331,7 +333,7 @@ mod tests {
             kv_replay: None,
             kv_blocks: None,
         };
-        let w = Worker::with(spec, 0, BreakerConfig::default(), Some(hook));
+        let w = Worker::with(spec, WorkerId(0), BreakerConfig::default(), Some(hook));
         assert!(w.observe_check(false, 2, 3));
         assert!(w.observe_check(false, 2, 3));
         assert!(w.observe_check(true, 2, 3), "a success resets the streak");
@@ -381,7 +383,7 @@ mod tests {
             kv_replay: None,
             kv_blocks: None,
         };
-        let w = Worker::new(spec.clone(), 0);
+        let w = Worker::new(spec.clone(), WorkerId(0));
         w.set_discovered_models(vec!["b".into()]);
         assert!(w.serves("a") && !w.serves("b"));
         let w = Worker::new(
@@ -389,7 +391,7 @@ mod tests {
                 models: vec![],
                 ..spec
             },
-            1,
+            WorkerId(1),
         );
         assert!(!w.serves("b"));
         w.set_discovered_models(vec!["b".into()]);

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use super::overlaps::Overlaps;
 use super::table::Table;
-use super::worker::WorkerIdx;
+use crate::fleet::WorkerId;
 use crate::tokens::BlockHash;
 
 /// Configuration of an [`ApproxIndex`].
@@ -121,7 +121,7 @@ impl ApproxIndex {
 
     /// Records that a request with `blocks` was routed to `worker` at `now` (any monotonic
     /// clock, as a duration since its epoch). Also expires old predictions of that worker.
-    pub fn record_routed(&self, worker: WorkerIdx, blocks: &[BlockHash], now: Duration) {
+    pub fn record_routed(&self, worker: WorkerId, blocks: &[BlockHash], now: Duration) {
         let now = nanos(now);
         let expires = now.saturating_add(nanos(self.config.ttl));
         let mut workers = self.write();
@@ -140,7 +140,7 @@ impl ApproxIndex {
     /// Caps `worker`'s predictions at its KV cache size in blocks (read from its metrics), when
     /// that is below the configured capacity: an engine cannot keep more than its cache holds,
     /// so older predictions beyond it are likely evicted already. Kept across clears.
-    pub fn set_cache_blocks(&self, worker: WorkerIdx, blocks: usize) {
+    pub fn set_cache_blocks(&self, worker: WorkerId, blocks: usize) {
         let mut workers = self.write();
         let i = worker.0 as usize;
         if workers.len() <= i {
@@ -156,7 +156,7 @@ impl ApproxIndex {
     }
 
     /// Drops every prediction of `worker`.
-    pub fn clear_worker(&self, worker: WorkerIdx) {
+    pub fn clear_worker(&self, worker: WorkerId) {
         if let Some(p) = self.write().get_mut(worker.0 as usize) {
             *p = Predicted {
                 cache_blocks: p.cache_blocks,
@@ -167,7 +167,7 @@ impl ApproxIndex {
 
     /// Forgets `worker` entirely, its cache size too: it left the fleet, and its number may
     /// later name another worker.
-    pub fn remove_worker(&self, worker: WorkerIdx) {
+    pub fn remove_worker(&self, worker: WorkerId) {
         if let Some(p) = self.write().get_mut(worker.0 as usize) {
             *p = Predicted::default();
         }
@@ -175,7 +175,7 @@ impl ApproxIndex {
 
     /// Predicted blocks currently kept for `worker`, including expired ones: those are dropped
     /// when the worker is next routed to (memory stays bounded by the capacity meanwhile).
-    pub fn len(&self, worker: WorkerIdx) -> usize {
+    pub fn len(&self, worker: WorkerId) -> usize {
         self.read()
             .get(worker.0 as usize)
             .map_or(0, |p| p.expiry.len())
@@ -194,7 +194,7 @@ impl ApproxIndex {
         blocks: &[BlockHash],
         now: Duration,
         exact: &Overlaps,
-        exact_holds: impl Fn(WorkerIdx, usize) -> bool,
+        exact_holds: impl Fn(WorkerId, usize) -> bool,
     ) -> Overlaps {
         let now = nanos(now);
         let mut out = exact.clone();
@@ -202,7 +202,7 @@ impl ApproxIndex {
             if p.expiry.is_empty() {
                 continue;
             }
-            let w = WorkerIdx(i as u32);
+            let w = WorkerId(i as u32);
             let mut n = exact.get(w) as usize;
             while let Some(b) = blocks.get(n) {
                 if !(p.holds(*b, now) || exact_holds(w, n)) {
@@ -241,22 +241,22 @@ mod tests {
     fn routed_blocks_count_as_leading_until_the_ttl() {
         let a = index(secs(10), 1000);
         let req = blocks(0, 8);
-        a.record_routed(WorkerIdx(3), &req[..5], secs(100));
-        assert_eq!(a.lookup(&req, secs(105)).get(WorkerIdx(3)), 5);
-        assert_eq!(a.lookup(&req, secs(105)).get(WorkerIdx(0)), 0);
-        assert_eq!(a.lookup(&req, secs(110)).get(WorkerIdx(3)), 0);
+        a.record_routed(WorkerId(3), &req[..5], secs(100));
+        assert_eq!(a.lookup(&req, secs(105)).get(WorkerId(3)), 5);
+        assert_eq!(a.lookup(&req, secs(105)).get(WorkerId(0)), 0);
+        assert_eq!(a.lookup(&req, secs(110)).get(WorkerId(3)), 0);
     }
 
     #[test]
     fn re_routing_refreshes_the_ttl() {
         let a = index(secs(10), 1000);
         let req = blocks(0, 4);
-        a.record_routed(WorkerIdx(0), &req, secs(0));
-        a.record_routed(WorkerIdx(0), &req, secs(8));
+        a.record_routed(WorkerId(0), &req, secs(0));
+        a.record_routed(WorkerId(0), &req, secs(8));
         // The first recording's queue entries expire at 10 but must not drop the refreshed ones.
-        a.record_routed(WorkerIdx(0), &blocks(100, 1), secs(12));
-        assert_eq!(a.lookup(&req, secs(15)).get(WorkerIdx(0)), 4);
-        assert_eq!(a.lookup(&req, secs(18)).get(WorkerIdx(0)), 0);
+        a.record_routed(WorkerId(0), &blocks(100, 1), secs(12));
+        assert_eq!(a.lookup(&req, secs(15)).get(WorkerId(0)), 4);
+        assert_eq!(a.lookup(&req, secs(18)).get(WorkerId(0)), 0);
     }
 
     #[test]
@@ -264,47 +264,47 @@ mod tests {
         let a = index(secs(1000), 10);
         let old = blocks(0, 6);
         let new = blocks(50, 6);
-        a.record_routed(WorkerIdx(1), &old, secs(1));
-        a.record_routed(WorkerIdx(1), &new, secs(2));
-        assert_eq!(a.len(WorkerIdx(1)), 10);
-        assert_eq!(a.lookup(&new, secs(3)).get(WorkerIdx(1)), 6);
+        a.record_routed(WorkerId(1), &old, secs(1));
+        a.record_routed(WorkerId(1), &new, secs(2));
+        assert_eq!(a.len(WorkerId(1)), 10);
+        assert_eq!(a.lookup(&new, secs(3)).get(WorkerId(1)), 6);
         // The two oldest blocks went first, so the old request lost its leading blocks.
-        assert_eq!(a.lookup(&old, secs(3)).get(WorkerIdx(1)), 0);
-        assert_eq!(a.lookup(&old[2..], secs(3)).get(WorkerIdx(1)), 4);
+        assert_eq!(a.lookup(&old, secs(3)).get(WorkerId(1)), 0);
+        assert_eq!(a.lookup(&old[2..], secs(3)).get(WorkerId(1)), 4);
     }
 
     #[test]
     fn a_known_cache_size_below_the_capacity_caps_predictions() {
         let a = index(secs(1000), 10);
         let old = blocks(0, 6);
-        a.record_routed(WorkerIdx(1), &old, secs(1));
-        a.set_cache_blocks(WorkerIdx(1), 4);
+        a.record_routed(WorkerId(1), &old, secs(1));
+        a.set_cache_blocks(WorkerId(1), 4);
         // Shrunk at once, oldest first, and the cap holds for new predictions and clears.
-        assert_eq!(a.len(WorkerIdx(1)), 4);
-        assert_eq!(a.lookup(&old[2..], secs(2)).get(WorkerIdx(1)), 4);
-        a.clear_worker(WorkerIdx(1));
-        a.record_routed(WorkerIdx(1), &blocks(50, 6), secs(3));
-        assert_eq!(a.len(WorkerIdx(1)), 4);
+        assert_eq!(a.len(WorkerId(1)), 4);
+        assert_eq!(a.lookup(&old[2..], secs(2)).get(WorkerId(1)), 4);
+        a.clear_worker(WorkerId(1));
+        a.record_routed(WorkerId(1), &blocks(50, 6), secs(3));
+        assert_eq!(a.len(WorkerId(1)), 4);
         // A cache larger than the configured capacity does not raise it.
-        a.set_cache_blocks(WorkerIdx(2), 1_000);
-        a.record_routed(WorkerIdx(2), &blocks(100, 20), secs(3));
-        assert_eq!(a.len(WorkerIdx(2)), 10);
+        a.set_cache_blocks(WorkerId(2), 1_000);
+        a.record_routed(WorkerId(2), &blocks(100, 20), secs(3));
+        assert_eq!(a.len(WorkerId(2)), 10);
     }
 
     #[test]
     fn leading_blocks_only() {
         let a = ApproxIndex::new(ApproxConfig::default());
         let req = blocks(0, 6);
-        a.record_routed(WorkerIdx(0), &[req[0], req[1], req[3]], secs(0));
-        assert_eq!(a.lookup(&req, secs(1)).get(WorkerIdx(0)), 2);
+        a.record_routed(WorkerId(0), &[req[0], req[1], req[3]], secs(0));
+        assert_eq!(a.lookup(&req, secs(1)).get(WorkerId(0)), 2);
     }
 
     #[test]
     fn clear_worker_forgets_predictions() {
         let a = ApproxIndex::new(ApproxConfig::default());
         let req = blocks(0, 3);
-        a.record_routed(WorkerIdx(2), &req, secs(0));
-        a.clear_worker(WorkerIdx(2));
+        a.record_routed(WorkerId(2), &req, secs(0));
+        a.clear_worker(WorkerId(2));
         assert!(a.lookup(&req, secs(0)).is_empty());
     }
 }

@@ -28,7 +28,8 @@ use std::mem::size_of;
 use super::overlaps::Overlaps;
 use super::runs::{Loc, Runs};
 use super::table::{Table, mix};
-use super::worker::{Bits, PAGE_WORKERS, WorkerIdx};
+use super::worker::{Bits, PAGE_WORKERS};
+use crate::fleet::WorkerId;
 use crate::kv_events::EngineHash;
 use crate::tokens::BlockHash;
 
@@ -54,7 +55,7 @@ pub(crate) struct BlockMap {
     runs: Runs,
     workers: Vec<WorkerBlocks>,
     /// (worker, block) pairs named by more than one engine id: how many extra names.
-    aliases: HashMap<(WorkerIdx, Loc), u32>,
+    aliases: HashMap<(WorkerId, Loc), u32>,
     /// Total (block, worker) pairs: the sum of the engine maps' sizes.
     entries: usize,
 }
@@ -78,10 +79,10 @@ impl BlockMap {
         self.runs.heap_bytes()
             + engines
             + self.workers.capacity() * size_of::<WorkerBlocks>()
-            + self.aliases.capacity() * size_of::<((WorkerIdx, Loc), u32)>()
+            + self.aliases.capacity() * size_of::<((WorkerId, Loc), u32)>()
     }
 
-    fn worker_mut(&mut self, w: WorkerIdx) -> &mut WorkerBlocks {
+    fn worker_mut(&mut self, w: WorkerId) -> &mut WorkerBlocks {
         let i = w.0 as usize;
         if self.workers.len() <= i {
             self.workers.resize_with(i + 1, WorkerBlocks::default);
@@ -96,7 +97,7 @@ impl BlockMap {
     /// worker's map reaches its capacity anyway. Sizing it up front spares the growth steps on
     /// the way there: each moves every entry into fresh memory under the write lock while
     /// lookups wait (on the index benchmark, growth was 19–21 ms of a 150–190 ms build).
-    pub(crate) fn reserve(&mut self, worker: WorkerIdx, blocks: usize) {
+    pub(crate) fn reserve(&mut self, worker: WorkerId, blocks: usize) {
         let wb = self.worker_mut(worker);
         wb.reserved = blocks;
         wb.engine.reserve(blocks);
@@ -108,14 +109,14 @@ impl BlockMap {
     }
 
     /// The capacity reserved for `worker` (0 when unknown).
-    pub(crate) fn reserved(&self, worker: WorkerIdx) -> usize {
+    pub(crate) fn reserved(&self, worker: WorkerId) -> usize {
         self.workers
             .get(worker.0 as usize)
             .map_or(0, |w| w.reserved)
     }
 
     /// Where the block `worker` stored under engine id `id` is.
-    fn loc_of(&self, worker: WorkerIdx, id: EngineHash) -> Option<Loc> {
+    fn loc_of(&self, worker: WorkerId, id: EngineHash) -> Option<Loc> {
         self.workers
             .get(worker.0 as usize)?
             .engine
@@ -124,7 +125,7 @@ impl BlockMap {
     }
 
     /// The kvroute hash `worker` recorded for engine block `id`.
-    pub(crate) fn kvroute_of(&self, worker: WorkerIdx, id: EngineHash) -> Option<BlockHash> {
+    pub(crate) fn kvroute_of(&self, worker: WorkerId, id: EngineHash) -> Option<BlockHash> {
         self.loc_of(worker, id).map(|l| self.runs.hash_at(l))
     }
 
@@ -134,7 +135,7 @@ impl BlockMap {
     /// are inserted: the inserts are independent, so their cache misses overlap.
     pub(crate) fn store_run(
         &mut self,
-        worker: WorkerIdx,
+        worker: WorkerId,
         parent: Option<EngineHash>,
         ids: &[EngineHash],
         blocks: &[BlockHash],
@@ -160,7 +161,7 @@ impl BlockMap {
 
     /// Records that `worker` holds the block at `loc` under engine id `id`; whether the pair
     /// is new.
-    fn record(&mut self, worker: WorkerIdx, id: EngineHash, loc: Loc) -> bool {
+    fn record(&mut self, worker: WorkerId, id: EngineHash, loc: Loc) -> bool {
         let old = self.workers[worker.0 as usize]
             .engine
             .insert(mix(id.0), loc.pack());
@@ -190,7 +191,7 @@ impl BlockMap {
 
     /// Drops one of `worker`'s names for the block at `loc`: the block itself once no name is
     /// left.
-    fn release(&mut self, worker: WorkerIdx, loc: Loc) {
+    fn release(&mut self, worker: WorkerId, loc: Loc) {
         if !self.aliases.is_empty()
             && let Some(n) = self.aliases.get_mut(&(worker, loc))
         {
@@ -205,7 +206,7 @@ impl BlockMap {
 
     /// Removes a run of `worker`'s engine ids, resolving them all first (prefetching ahead)
     /// and then releasing the blocks (prefetching ahead again).
-    pub(crate) fn remove_run(&mut self, worker: WorkerIdx, ids: &[EngineHash]) -> Effect {
+    pub(crate) fn remove_run(&mut self, worker: WorkerId, ids: &[EngineHash]) -> Effect {
         let mut effect = Effect::default();
         let Some(wb) = self.workers.get_mut(worker.0 as usize) else {
             effect.unknown = ids.len() as u64;
@@ -236,7 +237,7 @@ impl BlockMap {
     }
 
     /// Drops every entry of `worker`; returns how many.
-    pub(crate) fn clear_worker(&mut self, worker: WorkerIdx) -> usize {
+    pub(crate) fn clear_worker(&mut self, worker: WorkerId) -> usize {
         let Some(wb) = self.workers.get_mut(worker.0 as usize) else {
             return 0;
         };
@@ -261,7 +262,7 @@ impl BlockMap {
             else {
                 break;
             };
-            let worker = WorkerIdx(victim as u32);
+            let worker = WorkerId(victim as u32);
             // Evict in small batches so the victim choice stays balanced across workers.
             let batch = (self.entries - target).min(64);
             for _ in 0..batch {
@@ -332,14 +333,14 @@ mod tests {
     fn leading_blocks_stop_at_the_first_gap() {
         let mut m = BlockMap::default();
         let c = chain(10);
-        m.store_run(WorkerIdx(0), None, &ids(0, 10), &c);
-        m.store_run(WorkerIdx(1), None, &ids(100, 3), &c[..3]);
-        m.store_run(WorkerIdx(1), Some(EngineHash(102)), &ids(104, 6), &c[4..]);
+        m.store_run(WorkerId(0), None, &ids(0, 10), &c);
+        m.store_run(WorkerId(1), None, &ids(100, 3), &c[..3]);
+        m.store_run(WorkerId(1), Some(EngineHash(102)), &ids(104, 6), &c[4..]);
         let o = m.lookup(&c);
-        assert_eq!(o.get(WorkerIdx(0)), 10);
-        assert_eq!(o.get(WorkerIdx(1)), 3);
+        assert_eq!(o.get(WorkerId(0)), 10);
+        assert_eq!(o.get(WorkerId(1)), 3);
         assert_eq!(m.entries(), 19);
-        assert_eq!(m.kvroute_of(WorkerIdx(1), EngineHash(105)), Some(c[5]));
+        assert_eq!(m.kvroute_of(WorkerId(1), EngineHash(105)), Some(c[5]));
     }
 
     #[test]
@@ -348,7 +349,7 @@ mod tests {
         let c = chain(5);
         for w in [0u32, 63, 64, 130] {
             let n = w as usize % 5 + 1;
-            m.store_run(WorkerIdx(w), None, &ids(0, n), &c[..n]);
+            m.store_run(WorkerId(w), None, &ids(0, n), &c[..n]);
         }
         let o = m.lookup(&c);
         let got: Vec<_> = o.iter().map(|(w, n)| (w.0, n)).collect();
@@ -364,15 +365,15 @@ mod tests {
     fn remove_and_clear_drop_entries_and_blocks() {
         let mut m = BlockMap::default();
         let c = chain(4);
-        m.store_run(WorkerIdx(2), None, &ids(0, 4), &c);
-        m.store_run(WorkerIdx(3), None, &ids(0, 4), &c);
-        assert_eq!(m.remove_run(WorkerIdx(2), &[EngineHash(1)]).removed, 1);
-        assert_eq!(m.remove_run(WorkerIdx(2), &[EngineHash(1)]).unknown, 1);
-        assert_eq!(m.lookup(&c).get(WorkerIdx(2)), 1);
-        assert_eq!(m.clear_worker(WorkerIdx(3)), 4);
-        assert_eq!(m.lookup(&c).get(WorkerIdx(3)), 0);
+        m.store_run(WorkerId(2), None, &ids(0, 4), &c);
+        m.store_run(WorkerId(3), None, &ids(0, 4), &c);
+        assert_eq!(m.remove_run(WorkerId(2), &[EngineHash(1)]).removed, 1);
+        assert_eq!(m.remove_run(WorkerId(2), &[EngineHash(1)]).unknown, 1);
+        assert_eq!(m.lookup(&c).get(WorkerId(2)), 1);
+        assert_eq!(m.clear_worker(WorkerId(3)), 4);
+        assert_eq!(m.lookup(&c).get(WorkerId(3)), 0);
         assert_eq!(m.entries(), 3);
-        m.clear_worker(WorkerIdx(2));
+        m.clear_worker(WorkerId(2));
         assert_eq!(m.runs.len(), 0);
         assert_eq!(m.runs.blocks(), 0);
     }
@@ -381,14 +382,14 @@ mod tests {
     fn a_block_named_twice_stays_until_both_names_go() {
         let mut m = BlockMap::default();
         let c = chain(3);
-        m.store_run(WorkerIdx(0), None, &ids(0, 3), &c);
+        m.store_run(WorkerId(0), None, &ids(0, 3), &c);
         // The same content again under new engine ids.
-        m.store_run(WorkerIdx(0), None, &ids(10, 3), &c);
+        m.store_run(WorkerId(0), None, &ids(10, 3), &c);
         assert_eq!(m.entries(), 6);
-        m.remove_run(WorkerIdx(0), &ids(0, 3));
-        assert_eq!(m.lookup(&c).get(WorkerIdx(0)), 3);
-        m.remove_run(WorkerIdx(0), &ids(10, 3));
-        assert_eq!(m.lookup(&c).get(WorkerIdx(0)), 0);
+        m.remove_run(WorkerId(0), &ids(0, 3));
+        assert_eq!(m.lookup(&c).get(WorkerId(0)), 3);
+        m.remove_run(WorkerId(0), &ids(10, 3));
+        assert_eq!(m.lookup(&c).get(WorkerId(0)), 0);
         assert!(m.aliases.is_empty());
         assert_eq!(m.runs.blocks(), 0);
     }
@@ -397,27 +398,27 @@ mod tests {
     fn a_reused_engine_id_moves_to_the_new_content() {
         let mut m = BlockMap::default();
         let c = chain(4);
-        m.store_run(WorkerIdx(0), None, &ids(0, 2), &c[..2]);
+        m.store_run(WorkerId(0), None, &ids(0, 2), &c[..2]);
         // Id 1 now names block 2 (block 1 was dropped without a BlockRemoved).
-        m.store_run(WorkerIdx(0), Some(EngineHash(0)), &[EngineHash(1)], &[c[2]]);
+        m.store_run(WorkerId(0), Some(EngineHash(0)), &[EngineHash(1)], &[c[2]]);
         assert_eq!(m.entries(), 2);
-        assert_eq!(m.kvroute_of(WorkerIdx(0), EngineHash(1)), Some(c[2]));
-        assert_eq!(m.lookup(&c).get(WorkerIdx(0)), 1);
+        assert_eq!(m.kvroute_of(WorkerId(0), EngineHash(1)), Some(c[2]));
+        assert_eq!(m.lookup(&c).get(WorkerId(0)), 1);
     }
 
     #[test]
     fn eviction_takes_from_the_largest_worker() {
         let mut m = BlockMap::default();
         let c = chain(100);
-        m.store_run(WorkerIdx(0), None, &ids(0, 100), &c);
-        m.store_run(WorkerIdx(1), None, &ids(0, 10), &c[..10]);
+        m.store_run(WorkerId(0), None, &ids(0, 100), &c);
+        m.store_run(WorkerId(1), None, &ids(0, 10), &c[..10]);
         assert_eq!(m.evict_to(60), 50);
         assert_eq!(m.entries(), 60);
         assert_eq!(m.workers[0].engine.len(), 50);
         assert_eq!(m.workers[1].engine.len(), 10);
         let held0 = m.holders(&c)[0]
             .iter()
-            .filter(|b| **b & WorkerIdx(0).bit() != 0)
+            .filter(|b| **b & WorkerId(0).bit() != 0)
             .count();
         assert_eq!(held0, 50);
     }

@@ -19,7 +19,8 @@ use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use super::blocks::BlockMap;
 use super::overlaps::Overlaps;
 use super::stats::{IndexStats, StatsSnapshot};
-use super::worker::{Bits, WorkerIdx};
+use super::worker::Bits;
+use crate::fleet::WorkerId;
 use crate::kv_events::{BlockRemoved, BlockStored, EngineHash, EventBatch, KvEvent};
 use crate::tokens::{BlockHash, HashSeed, chain_hash};
 
@@ -81,7 +82,7 @@ pub struct ChainHolders {
 
 impl ChainHolders {
     /// Whether `worker` holds block `position` of the chain.
-    pub fn holds(&self, worker: WorkerIdx, position: usize) -> bool {
+    pub fn holds(&self, worker: WorkerId, position: usize) -> bool {
         self.pages
             .get(worker.page())
             .and_then(|p| p.get(position))
@@ -105,7 +106,7 @@ struct Guarded {
 }
 
 impl Guarded {
-    fn generation(&self, w: WorkerIdx) -> u64 {
+    fn generation(&self, w: WorkerId) -> u64 {
         self.generations.get(w.0 as usize).copied().unwrap_or(0)
     }
 }
@@ -154,7 +155,7 @@ impl KvIndex {
     /// choose between them if each rank is its own URL, so such ranks are configured as
     /// separate workers (external load balancing). Batches of one worker must be applied in
     /// sequence order.
-    pub fn apply(&self, worker: WorkerIdx, batch: &EventBatch, seeds: &impl SeedFor) -> Applied {
+    pub fn apply(&self, worker: WorkerId, batch: &EventBatch, seeds: &impl SeedFor) -> Applied {
         let mut applied = Applied::default();
         let mut scratch = Vec::with_capacity(512);
         for event in &batch.events {
@@ -193,7 +194,7 @@ impl KvIndex {
     /// chain whose parent this index does not know).
     fn store(
         &self,
-        worker: WorkerIdx,
+        worker: WorkerId,
         s: &BlockStored,
         seeds: &impl SeedFor,
         hashes: &mut Vec<BlockHash>,
@@ -254,7 +255,7 @@ impl KvIndex {
         true
     }
 
-    fn remove(&self, worker: WorkerIdx, r: &BlockRemoved, applied: &mut Applied) {
+    fn remove(&self, worker: WorkerId, r: &BlockRemoved, applied: &mut Applied) {
         for ids in r.block_hashes.chunks(WRITE_CHUNK) {
             let mut st = self.write();
             let effect = st.map.remove_run(worker, ids);
@@ -292,7 +293,7 @@ impl KvIndex {
     /// the cache warms; returns the blocks granted. All reservations together stay within
     /// `max_entries`, so a wrong or hostile capacity cannot allocate past the bound. 0 forgets
     /// the worker's reservation (a removed worker).
-    pub fn reserve(&self, worker: WorkerIdx, blocks: usize) -> usize {
+    pub fn reserve(&self, worker: WorkerId, blocks: usize) -> usize {
         let mut st = self.write();
         let others = st.map.reserved_total() - st.map.reserved(worker);
         let granted = blocks.min(self.config.max_entries.saturating_sub(others));
@@ -301,7 +302,7 @@ impl KvIndex {
     }
 
     /// Clears `worker` and forgets its reservation: for a worker leaving the fleet.
-    pub fn remove_worker(&self, worker: WorkerIdx) {
+    pub fn remove_worker(&self, worker: WorkerId) {
         self.reserve(worker, 0);
         self.clear_worker(worker);
     }
@@ -309,7 +310,7 @@ impl KvIndex {
     /// Drops every entry of `worker` (AllBlocksCleared, restart, removal, gap without replay).
     /// Holds the write lock for the whole worker (≈ 5 ms per 100,000 entries): a rare event,
     /// and clearing in pieces would let lookups see a half-cleared worker.
-    pub fn clear_worker(&self, worker: WorkerIdx) {
+    pub fn clear_worker(&self, worker: WorkerId) {
         let mut st = self.write();
         let i = worker.0 as usize;
         if st.generations.len() <= i {
@@ -336,7 +337,7 @@ impl KvIndex {
     }
 
     /// The kvroute hash `worker` recorded for its engine block `id`, if any.
-    pub fn kvroute_of(&self, worker: WorkerIdx, id: EngineHash) -> Option<BlockHash> {
+    pub fn kvroute_of(&self, worker: WorkerId, id: EngineHash) -> Option<BlockHash> {
         self.read().map.kvroute_of(worker, id)
     }
 }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use super::holdings::Holdings;
-use super::worker::WorkerIdx;
+use crate::fleet::WorkerId;
 use crate::kv_events::{
     Subscriber, SubscriberConfig, SubscriberError, SubscriberEvent, SubscriberHandle,
     SubscriberStats,
@@ -44,7 +44,7 @@ pub fn seeds_for(model: &str) -> impl Fn(Option<&str>, Option<&str>) -> HashSeed
 
 /// A running event feed for one worker.
 pub struct WorkerFeed {
-    worker: WorkerIdx,
+    worker: WorkerId,
     holdings: Arc<Holdings>,
     subscriber: Option<SubscriberHandle>,
     task: tokio::task::JoinHandle<()>,
@@ -56,7 +56,7 @@ impl WorkerFeed {
     /// each event carries). Must be called on a Tokio runtime.
     pub fn start(
         holdings: Arc<Holdings>,
-        worker: WorkerIdx,
+        worker: WorkerId,
         model: ModelOf,
         config: SubscriberConfig,
     ) -> Result<WorkerFeed, SubscriberError> {

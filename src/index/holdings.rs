@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::approx::ApproxIndex;
 use super::exact::KvIndex;
 use super::overlaps::Overlaps;
-use super::worker::WorkerIdx;
+use crate::fleet::WorkerId;
 use crate::tokens::BlockHash;
 
 /// The exact, event-fed index and the approximate predictions, looked up as one.
@@ -29,14 +29,14 @@ impl Holdings {
 
     /// Drops everything known of what `worker` holds, exact and predicted: it went down, and a
     /// replica that comes back is a new process with a cold cache. Its KV capacity is kept.
-    pub fn clear_worker(&self, worker: WorkerIdx) {
+    pub fn clear_worker(&self, worker: WorkerId) {
         self.exact.clear_worker(worker);
         self.approx.clear_worker(worker);
     }
 
     /// Forgets `worker` entirely (entries, predictions, reserved room, capacity): it left the
     /// fleet, and its number may later name another worker.
-    pub fn remove_worker(&self, worker: WorkerIdx) {
+    pub fn remove_worker(&self, worker: WorkerId) {
         self.exact.remove_worker(worker);
         self.approx.remove_worker(worker);
     }
@@ -76,7 +76,7 @@ mod tests {
 
     #[test]
     fn a_predicted_block_bridges_a_gap_in_the_exact_holdings() {
-        let w = WorkerIdx(1);
+        let w = WorkerId(1);
         let tokens: Vec<u32> = (0..8 * 16).collect();
         let exact = KvIndex::new(IndexConfig::default());
         let stored = BlockStored {

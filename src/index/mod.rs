@@ -9,13 +9,14 @@
 //! - [`ApproxIndex`] records the blocks of routed requests with a TTL and a per-worker bound.
 //! - [`Holdings`] looks both up as one: per worker, the number of *leading* blocks held.
 //!
-//! Workers are dense [`WorkerIdx`] numbers assigned by `fleet`, so "who holds this block" is a
+//! Workers are dense [`WorkerId`] numbers assigned by `fleet`, so "who holds this block" is a
 //! 32-bit set per 32 workers. Memory is bounded by [`IndexConfig::max_entries`] (block, worker)
 //! pairs. `workload` (feature `testing`: only tests and benches use it) generates the
 //! reproducible benchmark workload of issue 4; the figures are in `benches/index.rs`.
 //!
 //! ```
-//! use kvroute::index::{IndexConfig, KvIndex, WorkerIdx};
+//! use kvroute::fleet::WorkerId;
+//! use kvroute::index::{IndexConfig, KvIndex};
 //! use kvroute::kv_events::{BlockStored, EngineHash, EventBatch, KvEvent};
 //! use kvroute::tokens::{HashSeed, block_hashes};
 //!
@@ -30,10 +31,10 @@
 //!     ..BlockStored::default()
 //! };
 //! let batch = EventBatch { ts: 0.0, events: vec![KvEvent::Stored(stored)], dp_rank: None };
-//! index.apply(WorkerIdx(3), &batch, &seeds);
+//! index.apply(WorkerId(3), &batch, &seeds);
 //!
 //! let request = block_hashes(HashSeed::new("my-model", None, None), &tokens, 16);
-//! assert_eq!(index.lookup(&request).get(WorkerIdx(3)), 2);
+//! assert_eq!(index.lookup(&request).get(WorkerId(3)), 2);
 //! ```
 
 mod approx;
@@ -55,4 +56,3 @@ pub use feed::{WorkerFeed, seeds_for};
 pub use holdings::Holdings;
 pub use overlaps::Overlaps;
 pub use stats::{IndexStats, StatsSnapshot};
-pub use worker::WorkerIdx;

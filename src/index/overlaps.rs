@@ -1,6 +1,6 @@
 //! The answer of a lookup: per worker, how many leading blocks of a request it holds.
 
-use super::worker::WorkerIdx;
+use crate::fleet::WorkerId;
 
 /// Per worker, the number of leading blocks of a request it holds (only workers holding at
 /// least one), sorted by worker.
@@ -9,7 +9,7 @@ use super::worker::WorkerIdx;
 /// worker holding blocks 0–9 and 20–29 of a request saves 10 blocks, not 20.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Overlaps {
-    counts: Vec<(WorkerIdx, u32)>,
+    counts: Vec<(WorkerId, u32)>,
 }
 
 impl Overlaps {
@@ -19,14 +19,14 @@ impl Overlaps {
     }
 
     /// Leading blocks held by `worker` (0 if none).
-    pub fn get(&self, worker: WorkerIdx) -> u32 {
+    pub fn get(&self, worker: WorkerId) -> u32 {
         self.counts
             .binary_search_by_key(&worker, |(w, _)| *w)
             .map_or(0, |i| self.counts[i].1)
     }
 
     /// Raises `worker`'s count to at least `blocks`.
-    pub fn raise(&mut self, worker: WorkerIdx, blocks: u32) {
+    pub fn raise(&mut self, worker: WorkerId, blocks: u32) {
         if blocks == 0 {
             return;
         }
@@ -37,7 +37,7 @@ impl Overlaps {
     }
 
     /// Workers with a non-zero count and their counts, by worker.
-    pub fn iter(&self) -> impl Iterator<Item = (WorkerIdx, u32)> + '_ {
+    pub fn iter(&self) -> impl Iterator<Item = (WorkerId, u32)> + '_ {
         self.counts.iter().copied()
     }
 
@@ -58,7 +58,7 @@ impl Overlaps {
 
     /// Appends a count for a worker larger than every worker already present (the lookup
     /// produces workers in order; `raise` keeps the order otherwise).
-    pub(crate) fn push_sorted(&mut self, worker: WorkerIdx, blocks: u32) {
+    pub(crate) fn push_sorted(&mut self, worker: WorkerId, blocks: u32) {
         debug_assert!(self.counts.last().is_none_or(|(w, _)| *w < worker));
         if blocks > 0 {
             self.counts.push((worker, blocks));
@@ -78,15 +78,15 @@ mod tests {
     #[test]
     fn raise_keeps_the_maximum_and_worker_order() {
         let mut o = Overlaps::new();
-        o.raise(WorkerIdx(5), 3);
-        o.raise(WorkerIdx(1), 7);
-        o.raise(WorkerIdx(5), 2);
-        o.raise(WorkerIdx(9), 0);
+        o.raise(WorkerId(5), 3);
+        o.raise(WorkerId(1), 7);
+        o.raise(WorkerId(5), 2);
+        o.raise(WorkerId(9), 0);
         assert_eq!(
             o.iter().collect::<Vec<_>>(),
-            vec![(WorkerIdx(1), 7), (WorkerIdx(5), 3)]
+            vec![(WorkerId(1), 7), (WorkerId(5), 3)]
         );
-        assert_eq!(o.get(WorkerIdx(9)), 0);
+        assert_eq!(o.get(WorkerId(9)), 0);
         assert_eq!(o.max(), 7);
     }
 }

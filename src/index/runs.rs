@@ -27,7 +27,8 @@ use std::mem::size_of;
 
 use super::overlaps::Overlaps;
 use super::table::Table;
-use super::worker::{Bits, PAGE_WORKERS, WorkerIdx, workers_in};
+use super::worker::{Bits, PAGE_WORKERS, workers_in};
+use crate::fleet::WorkerId;
 use crate::tokens::BlockHash;
 
 /// Where a block lives: a run and the block's offset in it.
@@ -292,7 +293,7 @@ impl Runs {
     }
 
     /// Marks `worker` as holding the block at `loc`; `false` if it already did.
-    pub(crate) fn set(&mut self, loc: Loc, worker: WorkerIdx) -> bool {
+    pub(crate) fn set(&mut self, loc: Loc, worker: WorkerId) -> bool {
         let (offset, page) = (loc.offset as usize, worker.page());
         if self.runs[loc.run as usize].more.len() < page {
             self.with_run(loc.run, |run| run.add_pages(page));
@@ -312,7 +313,7 @@ impl Runs {
 
     /// Marks `worker` as no longer holding the block at `loc`, freeing what nobody needs any
     /// more; `false` if it did not hold it.
-    pub(crate) fn unset(&mut self, loc: Loc, worker: WorkerIdx) -> bool {
+    pub(crate) fn unset(&mut self, loc: Loc, worker: WorkerId) -> bool {
         let Some(run) = self.runs.get_mut(loc.run as usize) else {
             return false;
         };
@@ -416,7 +417,7 @@ impl Runs {
             lost[w.0 as usize] = end as u32;
         }
         for w in workers_in(0, held) {
-            out.push_sorted(WorkerIdx::from_page_bit(page, w.0), lost[w.0 as usize]);
+            out.push_sorted(WorkerId::from_page_bit(page, w.0), lost[w.0 as usize]);
         }
     }
 
@@ -435,8 +436,8 @@ impl Runs {
 mod tests {
     use super::*;
 
-    const W0: WorkerIdx = WorkerIdx(0);
-    const W1: WorkerIdx = WorkerIdx(1);
+    const W0: WorkerId = WorkerId(0);
+    const W1: WorkerId = WorkerId(1);
 
     fn chain(tag: u64, n: usize) -> Vec<BlockHash> {
         (0..n as u64)
@@ -447,7 +448,7 @@ mod tests {
     /// Stores `blocks` on `worker` after `parent`, as one event would.
     fn store(
         runs: &mut Runs,
-        worker: WorkerIdx,
+        worker: WorkerId,
         parent: Option<Loc>,
         blocks: &[BlockHash],
     ) -> Vec<Loc> {
@@ -546,15 +547,15 @@ mod tests {
     fn workers_beyond_the_first_page_have_their_own_holders() {
         let mut runs = Runs::default();
         let c = chain(1, 5);
-        let locs = store(&mut runs, WorkerIdx(40), None, &c);
+        let locs = store(&mut runs, WorkerId(40), None, &c);
         store(&mut runs, W0, None, &c[..2]);
         let mut o = Overlaps::new();
         runs.lookup_page(&c, 1, &mut o);
-        assert_eq!(o.get(WorkerIdx(40)), 5);
+        assert_eq!(o.get(WorkerId(40)), 5);
         assert_eq!(lookup(&runs, &c), vec![(0, 2)]);
         assert_eq!(runs.holders(&c, 1), vec![1 << 8; 5]);
         for l in locs {
-            runs.unset(l, WorkerIdx(40));
+            runs.unset(l, WorkerId(40));
         }
         assert_eq!(runs.blocks(), 2);
     }
@@ -571,14 +572,14 @@ mod tests {
         };
         // Chains that share prefixes and branch at random depths, on random workers.
         let roots: Vec<Vec<BlockHash>> = (0..8).map(|t| chain(t, 40)).collect();
-        let mut held: Vec<(Loc, WorkerIdx)> = Vec::new();
+        let mut held: Vec<(Loc, WorkerId)> = Vec::new();
         for step in 0..2_000u64 {
             if rand(3) > 0 || held.is_empty() {
                 let root = &roots[rand(8) as usize];
                 let depth = 1 + rand(39) as usize;
                 let mut blocks = root[..depth].to_vec();
                 blocks.extend(chain(100 + step, rand(5) as usize));
-                let w = WorkerIdx(rand(40) as u32);
+                let w = WorkerId(rand(40) as u32);
                 for l in store(&mut runs, w, None, &blocks) {
                     held.push((l, w));
                 }

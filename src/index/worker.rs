@@ -1,13 +1,13 @@
 //! Worker identity inside the index.
 //!
-//! The index never sees worker URLs or names: `fleet` assigns each worker (or each data-parallel
-//! rank of a worker) a dense small integer when it joins and reuses freed ones. Dense ids let the
+//! The index never sees worker URLs or names: `fleet` assigns each worker a [`WorkerId`] (the
+//! fleet's `WorkerId`), a small integer, when it joins and reuses freed ones. Dense ids let the
 //! index keep "which workers hold this block" as a 32-bit set per page of 32 workers instead of
 //! a list, which is what keeps a block's slot at 12 bytes and a lookup branch-light. 32 rather
 //! than 64 per page because most blocks are held by one worker: the wider set would cost 4
 //! more bytes on every block to save a second walk only in fleets of 33+ workers.
 
-use std::fmt;
+use crate::fleet::WorkerId;
 
 /// A set of workers of one page, one bit each.
 pub(crate) type Bits = u32;
@@ -15,16 +15,7 @@ pub(crate) type Bits = u32;
 /// Workers per page (bits of [`Bits`]).
 pub(crate) const PAGE_WORKERS: u32 = Bits::BITS;
 
-/// A worker's dense index, assigned by `fleet` in the order workers join (0, 1, 2, …; a removed
-/// worker's number is not handed out again).
-///
-/// Workers 0–31 share the holder set stored in each block's slot; every further 32 workers add a
-/// side array of holder sets per run, which a lookup walks only while one of them still holds
-/// the request's prefix. Any number works; low numbers keep the pages few.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Default)]
-pub struct WorkerIdx(pub u32);
-
-impl WorkerIdx {
+impl WorkerId {
     /// Which page of [`PAGE_WORKERS`] workers holds this worker's bit.
     pub(crate) fn page(self) -> usize {
         (self.0 / PAGE_WORKERS) as usize
@@ -37,25 +28,19 @@ impl WorkerIdx {
 
     /// The worker that owns bit `bit` of page `page`.
     pub(crate) fn from_page_bit(page: usize, bit: u32) -> Self {
-        WorkerIdx(page as u32 * PAGE_WORKERS + bit)
-    }
-}
-
-impl fmt::Display for WorkerIdx {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "w{}", self.0)
+        WorkerId(page as u32 * PAGE_WORKERS + bit)
     }
 }
 
 /// Iterates the workers whose bits are set in `bits` of page `page`, lowest first.
-pub(crate) fn workers_in(page: usize, mut bits: Bits) -> impl Iterator<Item = WorkerIdx> {
+pub(crate) fn workers_in(page: usize, mut bits: Bits) -> impl Iterator<Item = WorkerId> {
     std::iter::from_fn(move || {
         if bits == 0 {
             return None;
         }
         let b = bits.trailing_zeros();
         bits &= bits - 1;
-        Some(WorkerIdx::from_page_bit(page, b))
+        Some(WorkerId::from_page_bit(page, b))
     })
 }
 
@@ -66,7 +51,7 @@ mod tests {
     #[test]
     fn page_and_bit_round_trip() {
         for id in [0u32, 1, 63, 64, 65, 127, 128, 1000] {
-            let w = WorkerIdx(id);
+            let w = WorkerId(id);
             let got: Vec<_> = workers_in(w.page(), w.bit()).collect();
             assert_eq!(got, vec![w]);
         }

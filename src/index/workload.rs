@@ -19,7 +19,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-use super::worker::WorkerIdx;
+use crate::fleet::WorkerId;
 use crate::kv_events::{BlockRemoved, BlockStored, EngineHash, EventBatch, KvEvent};
 use crate::tokens::{BlockHash, HashSeed, block_hashes, chain_hash};
 
@@ -114,7 +114,7 @@ pub struct Workload {
     /// The configuration it was generated from.
     pub config: WorkloadConfig,
     /// Event batches in publication order, each with the worker that published it.
-    pub batches: Vec<(WorkerIdx, EventBatch)>,
+    pub batches: Vec<(WorkerId, EventBatch)>,
     /// Per worker, the kvroute hashes its engine holds after the last batch.
     pub held: Vec<HashSet<BlockHash>>,
     /// Per worker, the most blocks its engine held at any time: the smallest KV capacity
@@ -203,7 +203,7 @@ impl EngineCache {
 
 /// The engine's own id for a block: opaque, different per worker (like vLLM's per-process hash
 /// seed), stable for the same content on the same worker.
-pub fn engine_id(worker: WorkerIdx, block: BlockHash) -> EngineHash {
+pub fn engine_id(worker: WorkerId, block: BlockHash) -> EngineHash {
     EngineHash(xxh3_64_with_seed(
         &block.0.to_le_bytes(),
         u64::from(worker.0) + 1,
@@ -274,7 +274,7 @@ impl Workload {
             } else {
                 (rh[0].0 % u64::from(config.workers)) as u32
             };
-            let worker = WorkerIdx(worker);
+            let worker = WorkerId(worker);
             let n_suffix = rng.random_range(config.suffix_blocks.0..=config.suffix_blocks.1);
             let suffix_tokens = random_tokens(&mut rng, n_suffix * bs);
             let mut suffix = Vec::with_capacity(n_suffix);
@@ -319,7 +319,7 @@ impl Workload {
             w.suffix_hashes.push(suffix);
             if (req + 1) % config.evict_every == 0 {
                 for (i, engine) in engines.iter_mut().enumerate() {
-                    let worker = WorkerIdx(i as u32);
+                    let worker = WorkerId(i as u32);
                     let gone = engine.evict(config.evict_fraction);
                     if gone.is_empty() {
                         continue;
@@ -400,7 +400,7 @@ impl Workload {
     }
 
     /// The reference answer for `blocks`: per worker, the leading blocks its engine holds.
-    pub fn expected_overlap(&self, blocks: &[BlockHash], worker: WorkerIdx) -> u32 {
+    pub fn expected_overlap(&self, blocks: &[BlockHash], worker: WorkerId) -> u32 {
         self.held.get(worker.0 as usize).map_or(0, |h| {
             blocks.iter().take_while(|b| h.contains(b)).count() as u32
         })

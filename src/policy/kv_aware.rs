@@ -34,6 +34,7 @@ use rand::{Rng, SeedableRng};
 
 use super::calibration::{Calibrator, MIN_OBSERVATIONS, Rates};
 use super::{Candidate, Observation, Policy, RouteDecision, RouteRequest};
+use crate::fleet::WorkerId;
 
 /// Settings of the cost model.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -83,7 +84,7 @@ impl KvAwareConfig {
 #[derive(Debug)]
 pub struct KvAware {
     config: KvAwareConfig,
-    calibrators: Mutex<HashMap<u32, Calibrator>>,
+    calibrators: Mutex<HashMap<WorkerId, Calibrator>>,
     rng: Mutex<StdRng>,
 }
 
@@ -97,14 +98,14 @@ impl KvAware {
         }
     }
 
-    /// The rates currently used for the worker in `slot`.
-    pub fn rates(&self, slot: u32) -> Rates {
+    /// The rates currently used for `worker`.
+    pub fn rates(&self, worker: WorkerId) -> Rates {
         let cals = super::lock(&self.calibrators);
-        Self::rates_in(&cals, slot, self.pooled(&cals))
+        Self::rates_in(&cals, worker, self.pooled(&cals))
     }
 
     /// The mean rates of the calibrated workers, or the prior when none is.
-    fn pooled(&self, cals: &HashMap<u32, Calibrator>) -> Rates {
+    fn pooled(&self, cals: &HashMap<WorkerId, Calibrator>) -> Rates {
         let fitted: Vec<Rates> = cals
             .values()
             .filter(|c| c.observations() >= MIN_OBSERVATIONS)
@@ -121,8 +122,8 @@ impl KvAware {
         }
     }
 
-    fn rates_in(cals: &HashMap<u32, Calibrator>, slot: u32, pooled: Rates) -> Rates {
-        match cals.get(&slot) {
+    fn rates_in(cals: &HashMap<WorkerId, Calibrator>, worker: WorkerId, pooled: Rates) -> Rates {
+        match cals.get(&worker) {
             Some(c) if c.observations() >= MIN_OBSERVATIONS => c.rates(),
             _ => pooled,
         }
@@ -158,7 +159,7 @@ impl Policy for KvAware {
             let pooled = self.pooled(&cals);
             candidates
                 .iter()
-                .map(|c| self.predict(request, c, &Self::rates_in(&cals, c.slot, pooled)))
+                .map(|c| self.predict(request, c, &Self::rates_in(&cals, c.worker, pooled)))
                 .unzip()
         };
         let best = cost.iter().copied().fold(f64::INFINITY, f64::min);
@@ -203,8 +204,8 @@ impl Policy for KvAware {
         })
     }
 
-    fn forget(&self, slot: u32) {
-        super::lock(&self.calibrators).remove(&slot);
+    fn forget(&self, worker: WorkerId) {
+        super::lock(&self.calibrators).remove(&worker);
     }
 
     fn observe(&self, o: &Observation) {
@@ -214,7 +215,7 @@ impl Policy for KvAware {
         let mut cals = super::lock(&self.calibrators);
         let prior = self.config.prior();
         let forgetting = self.config.forgetting;
-        cals.entry(o.slot)
+        cals.entry(o.worker)
             .or_insert_with(|| Calibrator::new(prior, forgetting))
             .observe(
                 (o.queued_tokens + o.uncached_tokens) as f64,
@@ -299,10 +300,11 @@ mod tests {
         let p = KvAware::new(KvAwareConfig::default(), 1);
         // Worker 0 turns out 10× slower than worker 1.
         for (slot, rate) in [(0, 2_000.0), (1, 20_000.0)] {
+            let worker = WorkerId(slot);
             for i in 0..200u64 {
                 let tokens = 500 + i * 20;
                 p.observe(&Observation {
-                    slot,
+                    worker,
                     uncached_tokens: tokens,
                     queued_tokens: 0,
                     decoding: i % 4,
@@ -310,7 +312,7 @@ mod tests {
                 });
             }
         }
-        let r = p.rates(0);
+        let r = p.rates(WorkerId(0));
         assert!((r.seconds_per_token - 1.0 / 2_000.0).abs() < 2e-5, "{r:?}");
         // A half-warm but slow worker 0 loses to a cold fast worker 1.
         let mut c = idle(2);
@@ -323,17 +325,17 @@ mod tests {
         let p = KvAware::new(KvAwareConfig::default(), 1);
         for i in 0..200u64 {
             p.observe(&Observation {
-                slot: 0,
+                worker: WorkerId(0),
                 uncached_tokens: 500 + i,
                 queued_tokens: 0,
                 decoding: 0,
                 ttft_s: (500 + i) as f64 / 2_000.0,
             });
         }
-        let slow = p.rates(0);
-        p.forget(0);
-        assert_ne!(p.rates(0), slow);
-        assert_eq!(p.rates(0), p.rates(7));
+        let slow = p.rates(WorkerId(0));
+        p.forget(WorkerId(0));
+        assert_ne!(p.rates(WorkerId(0)), slow);
+        assert_eq!(p.rates(WorkerId(0)), p.rates(WorkerId(7)));
     }
 
     #[test]
@@ -341,10 +343,11 @@ mod tests {
         let p = KvAware::new(KvAwareConfig::default(), 1);
         // Workers 0 and 1 turn out 3× faster than the prior; worker 2 is new.
         for slot in [0, 1] {
+            let worker = WorkerId(slot);
             for i in 0..100u64 {
                 let tokens = 500 + i * 37;
                 p.observe(&Observation {
-                    slot,
+                    worker,
                     uncached_tokens: tokens,
                     queued_tokens: 0,
                     decoding: 0,
@@ -352,7 +355,7 @@ mod tests {
                 });
             }
         }
-        let r = p.rates(2);
+        let r = p.rates(WorkerId(2));
         assert!((r.seconds_per_token - 1.0 / 60_000.0).abs() < 2e-6, "{r:?}");
         // Idle and cold, the newcomer ties with its peers and wins on fewer in-flight.
         let mut c = idle(3);

@@ -17,7 +17,7 @@ pub mod round_robin;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::fleet::LoadSnapshot;
+use crate::fleet::{LoadSnapshot, WorkerId};
 
 pub use cache_aware::{CacheAware, CacheAwareConfig};
 pub use dynamo_cost::DynamoCost;
@@ -44,8 +44,8 @@ pub struct RouteRequest {
 pub struct Candidate {
     /// Worker id (for explanations only; policies must not special-case ids).
     pub id: Arc<str>,
-    /// The worker's dense slot in the fleet.
-    pub slot: u32,
+    /// The worker's identity.
+    pub worker: WorkerId,
     /// Router-side load.
     pub load: LoadSnapshot,
     /// Leading blocks of the prompt the worker holds (0 unless the policy uses prefixes).
@@ -77,8 +77,8 @@ impl RouteDecision {
 /// What the router learned about a finished prefill, for policies that calibrate themselves.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Observation {
-    /// The worker's slot.
-    pub slot: u32,
+    /// The worker.
+    pub worker: WorkerId,
     /// Prompt tokens the worker had to compute (prompt minus predicted cached prefix).
     pub uncached_tokens: u64,
     /// Tokens queued ahead of the request on that worker when it was routed.
@@ -106,9 +106,9 @@ pub trait Policy: Send + Sync {
     /// Feeds back an observed time to first token (default: ignored).
     fn observe(&self, _observation: &Observation) {}
 
-    /// Forgets what was learned about the worker in `slot`: it left the fleet, and its
-    /// number may later name another worker (default: nothing kept).
-    fn forget(&self, _slot: u32) {}
+    /// Forgets what was learned about `worker`: it left the fleet, and its id may later name
+    /// another worker (default: nothing kept).
+    fn forget(&self, _worker: WorkerId) {}
 }
 
 /// Settings of the policies that have any.
@@ -170,7 +170,7 @@ pub(crate) mod testing {
         (0..n)
             .map(|i| Candidate {
                 id: format!("w{i}").into(),
-                slot: i as u32,
+                worker: WorkerId(i as u32),
                 load: LoadSnapshot::default(),
                 overlap_blocks: 0,
             })

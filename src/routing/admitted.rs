@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use super::analysis::Analysis;
 use crate::fleet::LoadGuard;
-use crate::index::WorkerIdx;
+use crate::fleet::WorkerId;
 use crate::policy::{Candidate, Observation, Policy};
 
 /// What the router predicted when it sent the request, for calibration at the first token.
@@ -18,7 +18,7 @@ struct Predicted {
 /// The load a routed request holds on its worker until it ends, and the prediction the
 /// policy learns from once its first token arrives. Dropping it releases the load.
 pub struct Admitted {
-    worker: WorkerIdx,
+    worker: WorkerId,
     guard: LoadGuard,
     policy: Arc<dyn Policy>,
     predicted: Option<Predicted>,
@@ -40,7 +40,7 @@ impl std::fmt::Debug for Admitted {
 
 impl Admitted {
     pub(super) fn new(
-        worker: WorkerIdx,
+        worker: WorkerId,
         guard: LoadGuard,
         policy: Arc<dyn Policy>,
         analysis: &Analysis,
@@ -62,7 +62,7 @@ impl Admitted {
     }
 
     /// The worker it was admitted on.
-    pub fn worker(&self) -> WorkerIdx {
+    pub fn worker(&self) -> WorkerId {
         self.worker
     }
 
@@ -75,7 +75,7 @@ impl Admitted {
     pub fn observe_ttft(&mut self, ttft_s: f64) {
         if let Some(p) = self.predicted.take() {
             self.policy.observe(&Observation {
-                slot: self.worker.0,
+                worker: self.worker,
                 uncached_tokens: p.uncached_tokens,
                 queued_tokens: p.queued_tokens,
                 decoding: p.decoding,

@@ -6,7 +6,8 @@ use std::time::Duration;
 use super::admitted::Admitted;
 use super::analysis::Analysis;
 use super::target::Target;
-use crate::index::{Holdings, WorkerIdx};
+use crate::fleet::WorkerId;
+use crate::index::Holdings;
 use crate::policy::{Candidate, Policy, RouteDecision};
 use crate::tokens::HashSeed;
 
@@ -68,7 +69,7 @@ impl Decider {
         &self,
         analysis: &Analysis,
         targets: &'t [T],
-        skip: &[WorkerIdx],
+        skip: &[WorkerId],
     ) -> (Vec<&'t T>, Vec<Candidate>) {
         let picked: Vec<&T> = targets
             .iter()
@@ -78,7 +79,7 @@ impl Decider {
             .iter()
             .map(|t| Candidate {
                 id: Arc::clone(t.label()),
-                slot: t.worker().0,
+                worker: t.worker(),
                 load: t.load().snapshot(),
                 overlap_blocks: analysis.overlaps.get(t.worker()),
             })
@@ -105,7 +106,7 @@ impl Decider {
         &self,
         analysis: &Analysis,
         targets: &'t [T],
-        skip: &mut Vec<WorkerIdx>,
+        skip: &mut Vec<WorkerId>,
     ) -> Option<Choice<'t, T>> {
         loop {
             let (picked, mut candidates) = self.candidates(analysis, targets, skip);

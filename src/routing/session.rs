@@ -8,7 +8,7 @@ use super::analysis::Analysis;
 use super::decider::Decider;
 use super::target::Target;
 use crate::fleet::Worker;
-use crate::index::WorkerIdx;
+use crate::fleet::WorkerId;
 use crate::metrics::Metrics;
 
 /// A worker chosen for one attempt, with the load the request holds on it.
@@ -29,7 +29,7 @@ pub struct Session<'d> {
     metrics: &'d Metrics,
     eligible: Vec<Arc<Worker>>,
     analysis: Analysis,
-    tried: Vec<WorkerIdx>,
+    tried: Vec<WorkerId>,
     clock: &'d (dyn Fn() -> Duration + Sync),
     started: Instant,
     first: bool,

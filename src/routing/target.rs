@@ -3,14 +3,14 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::fleet::WorkerId;
 use crate::fleet::{Load, Worker};
-use crate::index::WorkerIdx;
 
 /// A worker as the decision sees it. The live fleet's [`Worker`] is one; the simulator has its
 /// own (no circuit breaker, eligibility by engine state), so both feed the same decision.
 pub trait Target {
     /// The worker's identity in the index, load and policy.
-    fn worker(&self) -> WorkerIdx;
+    fn worker(&self) -> WorkerId;
     /// Its name, for explanations and metrics.
     fn label(&self) -> &Arc<str>;
     /// Its router-side load.
@@ -27,8 +27,8 @@ pub trait Target {
 }
 
 impl Target for Arc<Worker> {
-    fn worker(&self) -> WorkerIdx {
-        WorkerIdx(self.slot)
+    fn worker(&self) -> WorkerId {
+        self.key
     }
 
     fn label(&self) -> &Arc<str> {

@@ -20,7 +20,6 @@ use serde_json::{Value, json};
 
 use super::AppState;
 use crate::fleet::{BaseUrl, Worker, WorkerSpec};
-use crate::index::WorkerIdx;
 use crate::lifecycle::LeaveError;
 use crate::openai::ApiError;
 
@@ -39,7 +38,7 @@ fn describe(state: &AppState, w: &Worker) -> Value {
         "kv_events": w.spec.kv_events,
         "kv_events_connected": w.has_event_feed(),
         "kv_blocks": w.kv_blocks(),
-        "predicted_blocks": state.holdings.approx.len(WorkerIdx(w.slot)),
+        "predicted_blocks": state.holdings.approx.len(w.key),
     })
 }
 

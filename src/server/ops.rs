@@ -57,7 +57,7 @@ pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     );
     sync_counter(&m.index_evictions, index.evictions);
     for (slot, stats) in state.lifecycle.feed_stats() {
-        let Some(w) = workers.iter().find(|w| w.slot == slot) else {
+        let Some(w) = workers.iter().find(|w| w.key == slot) else {
             continue;
         };
         let r = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);

@@ -13,10 +13,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::engine::events::batch;
+use crate::fleet::WorkerId;
 use crate::fleet::{Load, LoadSnapshot};
-use crate::index::{
-    ApproxConfig, ApproxIndex, Holdings, IndexConfig, KvIndex, WorkerIdx, seeds_for,
-};
+use crate::index::{ApproxConfig, ApproxIndex, Holdings, IndexConfig, KvIndex, seeds_for};
 use crate::kv_events::KvEvent;
 use crate::policy::Policy;
 use crate::routing::{Admitted, Decider, Target};
@@ -40,7 +39,7 @@ pub struct Routed {
 
 /// A simulated worker as the decision sees it.
 struct SimTarget {
-    worker: WorkerIdx,
+    worker: WorkerId,
     label: Arc<str>,
     load: Arc<Load>,
     eligible: bool,
@@ -48,7 +47,7 @@ struct SimTarget {
 }
 
 impl Target for SimTarget {
-    fn worker(&self) -> WorkerIdx {
+    fn worker(&self) -> WorkerId {
         self.worker
     }
 
@@ -108,7 +107,7 @@ impl SimRouter {
             decider: Decider::new(policy, Arc::new(holdings)),
             targets: (0..max_workers)
                 .map(|i| SimTarget {
-                    worker: WorkerIdx(i),
+                    worker: WorkerId(i),
                     label: format!("w{i}").into(),
                     load: Arc::new(Load::default()),
                     eligible: false,
@@ -142,7 +141,7 @@ impl SimRouter {
                 self.decider
                     .holdings()
                     .exact
-                    .reserve(WorkerIdx(slot), kv_blocks);
+                    .reserve(WorkerId(slot), kv_blocks);
             }
         }
     }
@@ -195,7 +194,7 @@ impl SimRouter {
     /// Applies one batch of worker `slot`'s KV events (events mode).
     pub fn apply_events(&self, slot: u32, ts: f64, events: Vec<KvEvent>) {
         self.decider.holdings().exact.apply(
-            WorkerIdx(slot),
+            WorkerId(slot),
             &batch(ts, events),
             &seeds_for(&self.model),
         );
@@ -204,7 +203,7 @@ impl SimRouter {
     /// Worker `slot`'s event stream restarted: what the live feed does on a publisher reset.
     pub fn worker_restarted(&self, slot: u32) {
         if matches!(self.mode, IndexMode::Events { .. }) {
-            self.decider.holdings().exact.clear_worker(WorkerIdx(slot));
+            self.decider.holdings().exact.clear_worker(WorkerId(slot));
         }
     }
 }
