@@ -3,9 +3,12 @@
 //! See `ARCHITECTURE.md` for the flows and the module map. Lower modules never import `server`;
 //! `policy` is pure so the same code runs live and in `sim`.
 
+#[cfg(feature = "lab")]
 pub mod bench;
 pub mod config;
+#[cfg(feature = "lab")]
 pub mod demo;
+#[cfg(feature = "lab")]
 pub mod engine;
 pub mod fleet;
 pub mod index;
@@ -15,9 +18,12 @@ pub mod metrics;
 pub mod openai;
 pub mod policy;
 pub mod proxy;
+#[cfg(feature = "lab")]
 pub mod report;
 pub mod routing;
 pub mod server;
+#[cfg(feature = "lab")]
 pub mod sim;
 pub mod tokens;
+#[cfg(feature = "lab")]
 pub mod workload;

@@ -18,12 +18,16 @@ struct Cli {
 enum Command {
     /// Route OpenAI requests to a fleet of vLLM / SGLang workers.
     Serve(ServeArgs),
+    #[cfg(feature = "lab")]
     /// Run one simulated vLLM-like engine (OpenAI API, KV events, vLLM metrics).
     Engine(kvroute::engine::EngineArgs),
+    #[cfg(feature = "lab")]
     /// Run simulated engines and a router in front of them, all on loopback.
     Demo(kvroute::demo::DemoArgs),
+    #[cfg(feature = "lab")]
     /// Replay a workload against an OpenAI endpoint (`bench compare` for tables).
     Bench(kvroute::bench::BenchCli),
+    #[cfg(feature = "lab")]
     /// Simulate a trace in virtual time against N engine models, for every policy.
     Simulate(kvroute::sim::SimulateArgs),
 }
@@ -58,15 +62,19 @@ fn main() -> std::process::ExitCode {
                 config.warn_deprecations();
                 kvroute::server::run(config).await
             }
+            #[cfg(feature = "lab")]
             Command::Engine(args) => {
                 init_logging(LogFormat::Text);
                 kvroute::engine::run(args).await
             }
+            #[cfg(feature = "lab")]
             Command::Bench(args) => kvroute::bench::run(args).await,
+            #[cfg(feature = "lab")]
             Command::Simulate(args) => {
                 init_logging(LogFormat::Text);
                 tokio::task::spawn_blocking(move || kvroute::sim::run(args)).await?
             }
+            #[cfg(feature = "lab")]
             Command::Demo(args) => {
                 init_logging(LogFormat::Text);
                 kvroute::demo::run(args).await
