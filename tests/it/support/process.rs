@@ -1,6 +1,5 @@
 //! Support for the hostile-input and chaos tests: a recording backend without a body limit,
 //! `kvroute engine` child processes, free ports, and memory readings from `/proc`.
-#![allow(dead_code)]
 
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::process::{Child, Command, Stdio};
@@ -136,7 +135,6 @@ impl EngineAddrs {
 
 /// A `kvroute engine` process, killed (SIGKILL) when dropped.
 pub struct EngineProcess {
-    pub addrs: EngineAddrs,
     pub child: Child,
 }
 
@@ -154,10 +152,7 @@ impl EngineProcess {
             .stderr(Stdio::null())
             .spawn()
             .expect("kvroute engine starts");
-        let p = EngineProcess {
-            addrs: addrs.clone(),
-            child,
-        };
+        let p = EngineProcess { child };
         let http = reqwest::Client::new();
         let url = format!("http://{}/health", addrs.http);
         for _ in 0..200 {

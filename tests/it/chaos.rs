@@ -8,9 +8,6 @@
 //! that died, restarted or lost events. Each scenario prints one line:
 //! `scenario: sent N, completed N, failed N {by kind}, peak RSS X MiB (whose)`.
 
-mod chaos_support;
-mod common;
-
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -18,7 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use chaos_support::{EngineAddrs, EngineProcess, RouterProcess, report, rss_mib};
+use crate::support::{self, EngineAddrs, EngineProcess, RouterProcess, report, rss_mib};
 use futures_util::StreamExt;
 use kvroute::config::Config;
 use kvroute::engine::{EngineArgs, EngineCoreArgs, EngineHandle};
@@ -572,11 +569,11 @@ async fn event_stream_gaps_and_cuts_leave_no_stale_entries() {
 }
 
 async fn gap_scenario(replay: bool) {
-    let backend = common::Backend::start("b", &[MODEL]).await;
-    let port = chaos_support::free_port();
+    let backend = support::Backend::start("b", &[MODEL]).await;
+    let port = support::free_port();
     let endpoint = format!("tcp://127.0.0.1:{port}");
-    let replay_ep = replay.then(|| format!("tcp://127.0.0.1:{}", chaos_support::free_port()));
-    let other_ep = format!("tcp://127.0.0.1:{}", chaos_support::free_port());
+    let replay_ep = replay.then(|| format!("tcp://127.0.0.1:{}", support::free_port()));
+    let other_ep = format!("tcp://127.0.0.1:{}", support::free_port());
     let publisher = bind_publisher(&endpoint, replay_ep.as_deref());
     let other = bind_publisher(&other_ep, None);
     let workers = worker_toml("w0", &backend.url(), Some(&endpoint), replay_ep.as_deref())
@@ -696,8 +693,8 @@ async fn gap_scenario(replay: bool) {
 /// engine's streams are unaffected.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_engine_ends_streams_with_an_error_event() {
-    let healthy = common::Backend::start("ok", &[MODEL]).await;
-    let stalled = common::Backend::start("stalled", &[MODEL]).await;
+    let healthy = support::Backend::start("ok", &[MODEL]).await;
+    let stalled = support::Backend::start("stalled", &[MODEL]).await;
     stalled.set(|b| {
         b.chunks = 4;
         b.hold_last_chunk = true;
@@ -745,7 +742,7 @@ async fn a_stalled_engine_ends_streams_with_an_error_event() {
         }
     }
     assert!(
-        common::eventually(|| stalled
+        support::eventually(|| stalled
             .state
             .streams_cancelled
             .load(std::sync::atomic::Ordering::SeqCst)

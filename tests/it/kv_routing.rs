@@ -2,7 +2,7 @@
 //! prefixes concentrate, an overloaded warm worker is bypassed, unique prompts spread, and a
 //! restarted engine's blocks vanish from the index.
 
-mod common;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -101,7 +101,7 @@ impl Stack {
 
     /// The router's Prometheus text.
     async fn metrics(&self) -> String {
-        common::metrics_text(self.router.addr).await
+        support::metrics_text(self.router.addr).await
     }
 
     fn url(&self, path: &str) -> String {
@@ -131,7 +131,7 @@ impl Stack {
 
     async fn explain(&self, prompt: &str) -> Value {
         let body = json!({"model": MODEL, "prompt": prompt});
-        common::post_json(&self.url("/debug/route"), &body).await
+        support::post_json(&self.url("/debug/route"), &body).await
     }
 
     /// Overlap blocks the index reports for `worker` on `prompt`.
@@ -292,7 +292,7 @@ async fn a_worker_without_events_has_its_capacity_read_too() {
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let mut found = None;
     while found.is_none() && std::time::Instant::now() < deadline {
-        found = sample(&common::metrics_text(router.addr).await, series);
+        found = sample(&support::metrics_text(router.addr).await, series);
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(

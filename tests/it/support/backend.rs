@@ -1,6 +1,5 @@
 //! Test backends: small OpenAI-style servers on 127.0.0.1 that record what they receive and
 //! misbehave on request, plus helpers to start a router in front of them.
-#![allow(dead_code)]
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -124,10 +123,6 @@ impl Backend {
     pub fn release(&self) {
         self.state.gate.notify_waiters();
         self.state.gate.notify_one();
-    }
-
-    pub fn stop(&self) {
-        self.task.abort();
     }
 }
 

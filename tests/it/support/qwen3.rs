@@ -1,6 +1,5 @@
 //! The Qwen3 tokenizer and chat template from `tests/fixtures/tokenizers/qwen3`, loaded once per
 //! test binary, for the token tests that compare against transformers' own output.
-#![allow(dead_code)]
 
 use std::path::PathBuf;
 use std::sync::OnceLock;

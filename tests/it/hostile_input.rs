@@ -7,14 +7,10 @@
 //! need a raw socket (oversize bodies with and without `Content-Length`, chunked bodies,
 //! slow-loris bodies and headers) have their own tests below the table.
 
-mod chaos_support;
-mod common;
-
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use chaos_support::BigBackend;
-use common::{PolicyKind, assert_openai_error, router_config, start_router};
+use crate::support::{BigBackend, PolicyKind, assert_openai_error, router_config, start_router};
 use kvroute::server::RouterHandle;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
