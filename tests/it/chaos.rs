@@ -9,16 +9,17 @@
 //! `scenario: sent N, completed N, failed N {by kind}, peak RSS X MiB (whose)`.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::support::{self, EngineAddrs, EngineProcess, RouterProcess, report, rss_mib};
+use crate::support::{
+    self, EngineAddrs, EngineProcess, RouterProcess, SimEngine, report, rss_mib, start_router,
+    wait_for,
+};
 use futures_util::StreamExt;
 use kvroute::config::Config;
-use kvroute::engine::{EngineArgs, EngineCoreArgs, EngineHandle};
 use kvroute::fleet::WorkerId;
 use kvroute::kv_events::{
     BlockRemoved, BlockStored, EngineHash, EventBatch, KvEvent, Publisher, PublisherConfig,
@@ -29,7 +30,6 @@ use kvroute::server::RouterHandle;
 use kvroute::tokens::model::hash_seed;
 use kvroute::tokens::{BlockHash, ModelTokens, block_hashes};
 use serde_json::{Value, json};
-use tokio::net::TcpListener;
 
 const MODEL: &str = "sim";
 
@@ -54,18 +54,6 @@ fn held(router: &RouterHandle, worker: WorkerId, hashes: &[BlockHash]) -> u32 {
     router.state.holdings.exact.lookup(hashes).get(worker)
 }
 
-/// Polls `cond` every 20 ms until it holds or `limit` passes.
-async fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let end = Instant::now() + limit;
-    while Instant::now() < end {
-        if cond() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    cond()
-}
-
 fn router_config(policy: PolicyKind, workers: &str, extra: &str) -> Config {
     let text = format!(
         "policy = \"{policy}\"\nshutdown_grace_s = 1.0\n{extra}\n[health]\ninterval_s = 0.2\ntimeout_s = 0.5\n[[models]]\nname = \"{MODEL}\"\nblock_size = 16\n{workers}"
@@ -82,11 +70,6 @@ fn worker_toml(id: &str, url: &str, events: Option<&str>, replay: Option<&str>) 
         s.push_str(&format!("kv_replay = \"{r}\"\n"));
     }
     s
-}
-
-async fn start_router(config: &Config) -> RouterHandle {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    kvroute::server::start(config, listener).unwrap()
 }
 
 fn http() -> reqwest::Client {
@@ -754,42 +737,6 @@ async fn a_stalled_engine_ends_streams_with_an_error_event() {
     router.shutdown().await;
 }
 
-struct SimEngine {
-    handle: EngineHandle,
-    addr: SocketAddr,
-    events: String,
-    replay: String,
-}
-
-async fn start_sim_engine(seed: u64, speedup: f64) -> SimEngine {
-    let args = EngineArgs {
-        model: MODEL.into(),
-        kv_events_endpoint: "none".into(),
-        core: EngineCoreArgs {
-            engine_speedup: speedup,
-            ..EngineCoreArgs::default()
-        },
-        seed,
-        ..EngineArgs::default()
-    };
-    let mut serve = args.serve_config().unwrap();
-    let publisher =
-        Publisher::bind(PublisherConfig::new("tcp://127.0.0.1:*").with_replay("tcp://127.0.0.1:*"))
-            .unwrap();
-    let events = publisher.endpoint().to_string();
-    let replay = publisher.replay_endpoint().unwrap().to_string();
-    serve.events = Box::new(publisher);
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let handle = kvroute::engine::start(serve, listener).await.unwrap();
-    SimEngine {
-        handle,
-        addr,
-        events,
-        replay,
-    }
-}
-
 /// Sum of every sample of `metric` in a Prometheus text page.
 fn metric_sum(page: &str, metric: &str) -> f64 {
     page.lines()
@@ -867,7 +814,7 @@ async fn flood() {
     let n = 1000;
     let mut engines = Vec::new();
     for i in 0..4 {
-        engines.push(start_sim_engine(i, 50.0).await);
+        engines.push(SimEngine::start(MODEL, i, 50.0).await);
     }
     let workers: String = engines
         .iter()

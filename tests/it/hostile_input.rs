@@ -10,7 +10,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use crate::support::{BigBackend, PolicyKind, assert_openai_error, router_config, start_router};
+use crate::support::{Backend, PolicyKind, assert_openai_error, router_config, start_router};
 use kvroute::server::RouterHandle;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -512,13 +512,13 @@ fn table() -> Vec<Row> {
 }
 
 struct Setup {
-    backend: BigBackend,
+    backend: Backend,
     router: RouterHandle,
     http: reqwest::Client,
 }
 
 async fn setup(extra: &str) -> Setup {
-    let backend = BigBackend::start().await;
+    let backend = Backend::start("b", &[MODEL]).await;
     // kv_aware tokenizes every prompt, so rows exercise the tokenizer and chat template too.
     let config = router_config(
         PolicyKind::KvAware,

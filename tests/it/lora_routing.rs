@@ -2,8 +2,6 @@
 //! events name that adapter's blocks (base model plus `lora_name`), so it finds them, and only
 //! them; and a worker configured without models hashes its events for the model it reports.
 
-use crate::support;
-
 use std::time::Duration;
 
 use kvroute::config::Config;
@@ -12,6 +10,8 @@ use kvroute::kv_events::{
 };
 use kvroute::server::RouterHandle;
 use serde_json::json;
+
+use crate::support;
 
 const BASE: &str = "base-model";
 const ADAPTER: &str = "sql-lora";
