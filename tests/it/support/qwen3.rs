@@ -1,17 +1,12 @@
 //! The Qwen3 tokenizer and chat template from `tests/fixtures/tokenizers/qwen3`, loaded once per
 //! test binary, for the token tests that compare against transformers' own output.
-#![allow(dead_code)]
 
-use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use kvroute::tokens::ModelTokens;
 use kvroute::tokens::model::DEFAULT_CACHE_UNITS;
 
-/// The project's test fixtures directory.
-pub fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
+use super::fixtures;
 
 /// Qwen3's tokens with block size 16 and the default segment cache.
 pub fn qwen3() -> &'static ModelTokens {

@@ -2,8 +2,6 @@
 //! events name that adapter's blocks (base model plus `lora_name`), so it finds them, and only
 //! them; and a worker configured without models hashes its events for the model it reports.
 
-mod common;
-
 use std::time::Duration;
 
 use kvroute::config::Config;
@@ -12,6 +10,8 @@ use kvroute::kv_events::{
 };
 use kvroute::server::RouterHandle;
 use serde_json::json;
+
+use crate::support;
 
 const BASE: &str = "base-model";
 const ADAPTER: &str = "sql-lora";
@@ -36,7 +36,7 @@ fn stored(first_id: u64, lora: Option<&str>) -> EventBatch {
 /// Overlap of worker `w0` for the prompt `0..64` sent as `model`, from `/debug/route`.
 async fn overlap(router: &RouterHandle, model: &str) -> u64 {
     let body = json!({"model": model, "prompt": (0..(BLOCKS * 16) as u32).collect::<Vec<_>>()});
-    let v = common::post_json(&format!("http://{}/debug/route", router.addr), &body).await;
+    let v = support::post_json(&format!("http://{}/debug/route", router.addr), &body).await;
     v["candidates"]
         .as_array()
         .and_then(|c| c.iter().find(|c| c["worker"] == "w0"))
@@ -62,7 +62,7 @@ async fn publish_until_held(
     false
 }
 
-async fn start(backend: &common::Backend, models: &str, extra: &str) -> (RouterHandle, Publisher) {
+async fn start(backend: &support::Backend, models: &str, extra: &str) -> (RouterHandle, Publisher) {
     let publisher = Publisher::bind(PublisherConfig::new("tcp://127.0.0.1:*")).unwrap();
     let text = format!(
         "policy = \"kv_aware\"\nshutdown_grace_s = 1.0\n[health]\ninterval_s = 0.1\n{extra}\n\
@@ -71,12 +71,12 @@ async fn start(backend: &common::Backend, models: &str, extra: &str) -> (RouterH
         publisher.endpoint()
     );
     let config = Config::from_toml(&text, std::path::Path::new("test")).unwrap();
-    (common::start_router(&config).await, publisher)
+    (support::start_router(&config).await, publisher)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_configured_adapter_finds_its_own_blocks_and_not_the_base_models() {
-    let backend = common::Backend::start("b", &[BASE, ADAPTER]).await;
+    let backend = support::Backend::start("b", &[BASE, ADAPTER]).await;
     let adapter = format!("[[models]]\nname = \"{ADAPTER}\"\nbase_model = \"{BASE}\"");
     let (router, publisher) = start(
         &backend,
@@ -99,7 +99,7 @@ async fn a_configured_adapter_finds_its_own_blocks_and_not_the_base_models() {
 async fn adapters_and_the_model_are_learned_from_the_workers_model_list() {
     // No models configured anywhere: the worker's /v1/models names the base model and lists the
     // adapter with it as `parent`, as vLLM does.
-    let backend = common::Backend::start("b", &[BASE, ADAPTER]).await;
+    let backend = support::Backend::start("b", &[BASE, ADAPTER]).await;
     backend.set(|b| b.adapters = vec![(ADAPTER.into(), BASE.into())]);
     let (router, publisher) = start(&backend, "", "").await;
     assert!(

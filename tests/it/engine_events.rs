@@ -12,6 +12,8 @@ use kvroute::kv_events::{
 };
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
+
+use crate::support::free_port;
 use tokio::time::timeout;
 
 const MODEL: &str = "sim-model";
@@ -329,14 +331,6 @@ async fn repeated_prompt_hits_what_the_events_announced() {
     // All 3 announced blocks hit ((50 - 1) / 16 = 3).
     assert_eq!(cached_tokens(&v), 48);
     s.engine.shutdown().await.unwrap();
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,7 +2,6 @@
 //! replay (both reply layouts), publisher restarts, lost batches, bad payloads, late binding.
 //! Every wait is bounded; a hang fails the test instead of stalling the suite.
 
-use std::net::TcpListener;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -38,12 +37,7 @@ fn any_endpoint() -> String {
 
 /// An endpoint on a port nobody listens on (right now).
 fn free_endpoint() -> String {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    format!("tcp://127.0.0.1:{port}")
+    format!("tcp://127.0.0.1:{}", crate::support::free_port())
 }
 
 fn publisher(layout: Layout) -> Publisher {

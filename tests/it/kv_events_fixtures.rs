@@ -3,7 +3,7 @@
 //! can hold all of it.
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use kvroute::kv_events::{EngineHash, EventBatch, KvEvent, Layout, decode_batch, encode_batch};
 use serde_json::Value;
@@ -15,7 +15,7 @@ struct Fixture {
 }
 
 fn fixtures() -> Vec<Fixture> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/kv-events");
+    let dir = crate::support::fixtures().join("kv-events");
     let mut paths: Vec<PathBuf> = fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())

@@ -8,20 +8,18 @@
 //! that died, restarted or lost events. Each scenario prints one line:
 //! `scenario: sent N, completed N, failed N {by kind}, peak RSS X MiB (whose)`.
 
-mod chaos_support;
-mod common;
-
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use chaos_support::{EngineAddrs, EngineProcess, RouterProcess, report, rss_mib};
+use crate::support::{
+    self, EngineAddrs, EngineProcess, RouterProcess, SimEngine, report, rss_mib, start_router,
+    wait_for,
+};
 use futures_util::StreamExt;
 use kvroute::config::Config;
-use kvroute::engine::{EngineArgs, EngineCoreArgs, EngineHandle};
 use kvroute::fleet::WorkerId;
 use kvroute::kv_events::{
     BlockRemoved, BlockStored, EngineHash, EventBatch, KvEvent, Publisher, PublisherConfig,
@@ -32,7 +30,6 @@ use kvroute::server::RouterHandle;
 use kvroute::tokens::model::hash_seed;
 use kvroute::tokens::{BlockHash, ModelTokens, block_hashes};
 use serde_json::{Value, json};
-use tokio::net::TcpListener;
 
 const MODEL: &str = "sim";
 
@@ -57,18 +54,6 @@ fn held(router: &RouterHandle, worker: WorkerId, hashes: &[BlockHash]) -> u32 {
     router.state.holdings.exact.lookup(hashes).get(worker)
 }
 
-/// Polls `cond` every 20 ms until it holds or `limit` passes.
-async fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let end = Instant::now() + limit;
-    while Instant::now() < end {
-        if cond() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    cond()
-}
-
 fn router_config(policy: PolicyKind, workers: &str, extra: &str) -> Config {
     let text = format!(
         "policy = \"{policy}\"\nshutdown_grace_s = 1.0\n{extra}\n[health]\ninterval_s = 0.2\ntimeout_s = 0.5\n[[models]]\nname = \"{MODEL}\"\nblock_size = 16\n{workers}"
@@ -85,11 +70,6 @@ fn worker_toml(id: &str, url: &str, events: Option<&str>, replay: Option<&str>) 
         s.push_str(&format!("kv_replay = \"{r}\"\n"));
     }
     s
-}
-
-async fn start_router(config: &Config) -> RouterHandle {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    kvroute::server::start(config, listener).unwrap()
 }
 
 fn http() -> reqwest::Client {
@@ -572,11 +552,11 @@ async fn event_stream_gaps_and_cuts_leave_no_stale_entries() {
 }
 
 async fn gap_scenario(replay: bool) {
-    let backend = common::Backend::start("b", &[MODEL]).await;
-    let port = chaos_support::free_port();
+    let backend = support::Backend::start("b", &[MODEL]).await;
+    let port = support::free_port();
     let endpoint = format!("tcp://127.0.0.1:{port}");
-    let replay_ep = replay.then(|| format!("tcp://127.0.0.1:{}", chaos_support::free_port()));
-    let other_ep = format!("tcp://127.0.0.1:{}", chaos_support::free_port());
+    let replay_ep = replay.then(|| format!("tcp://127.0.0.1:{}", support::free_port()));
+    let other_ep = format!("tcp://127.0.0.1:{}", support::free_port());
     let publisher = bind_publisher(&endpoint, replay_ep.as_deref());
     let other = bind_publisher(&other_ep, None);
     let workers = worker_toml("w0", &backend.url(), Some(&endpoint), replay_ep.as_deref())
@@ -696,8 +676,8 @@ async fn gap_scenario(replay: bool) {
 /// engine's streams are unaffected.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_engine_ends_streams_with_an_error_event() {
-    let healthy = common::Backend::start("ok", &[MODEL]).await;
-    let stalled = common::Backend::start("stalled", &[MODEL]).await;
+    let healthy = support::Backend::start("ok", &[MODEL]).await;
+    let stalled = support::Backend::start("stalled", &[MODEL]).await;
     stalled.set(|b| {
         b.chunks = 4;
         b.hold_last_chunk = true;
@@ -745,7 +725,7 @@ async fn a_stalled_engine_ends_streams_with_an_error_event() {
         }
     }
     assert!(
-        common::eventually(|| stalled
+        support::eventually(|| stalled
             .state
             .streams_cancelled
             .load(std::sync::atomic::Ordering::SeqCst)
@@ -755,42 +735,6 @@ async fn a_stalled_engine_ends_streams_with_an_error_event() {
     );
     stalled.release();
     router.shutdown().await;
-}
-
-struct SimEngine {
-    handle: EngineHandle,
-    addr: SocketAddr,
-    events: String,
-    replay: String,
-}
-
-async fn start_sim_engine(seed: u64, speedup: f64) -> SimEngine {
-    let args = EngineArgs {
-        model: MODEL.into(),
-        kv_events_endpoint: "none".into(),
-        core: EngineCoreArgs {
-            engine_speedup: speedup,
-            ..EngineCoreArgs::default()
-        },
-        seed,
-        ..EngineArgs::default()
-    };
-    let mut serve = args.serve_config().unwrap();
-    let publisher =
-        Publisher::bind(PublisherConfig::new("tcp://127.0.0.1:*").with_replay("tcp://127.0.0.1:*"))
-            .unwrap();
-    let events = publisher.endpoint().to_string();
-    let replay = publisher.replay_endpoint().unwrap().to_string();
-    serve.events = Box::new(publisher);
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let handle = kvroute::engine::start(serve, listener).await.unwrap();
-    SimEngine {
-        handle,
-        addr,
-        events,
-        replay,
-    }
 }
 
 /// Sum of every sample of `metric` in a Prometheus text page.
@@ -870,7 +814,7 @@ async fn flood() {
     let n = 1000;
     let mut engines = Vec::new();
     for i in 0..4 {
-        engines.push(start_sim_engine(i, 50.0).await);
+        engines.push(SimEngine::start(MODEL, i, 50.0).await);
     }
     let workers: String = engines
         .iter()

@@ -1,12 +1,10 @@
 //! Issue 6 on real sockets: authentication and tenants, the admin API, admission limits,
 //! circuit breaking, timeouts, the retry budget, and a dead worker's index entries.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::support::*;
 use futures_util::StreamExt;
 use serde_json::json;
 use sha2::{Digest, Sha256};

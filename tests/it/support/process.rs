@@ -1,102 +1,11 @@
-//! Support for the hostile-input and chaos tests: a recording backend without a body limit,
-//! `kvroute engine` child processes, free ports, and memory readings from `/proc`.
-#![allow(dead_code)]
+//! `kvroute engine` and `kvroute serve` child processes (for the chaos tests that kill and
+//! restart them), and memory readings from `/proc`.
 
-use std::net::{SocketAddr, TcpListener as StdListener};
+use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::Router;
-use axum::body::{Body, Bytes};
-use axum::extract::{DefaultBodyLimit, State};
-use axum::http::Uri;
-use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use tokio::net::TcpListener;
-
-/// One request a [`BigBackend`] received.
-#[derive(Clone, Debug)]
-pub struct Seen {
-    pub path: String,
-    pub body: Bytes,
-}
-
-/// An OpenAI-style backend that accepts bodies of any size (the router's limit is what is
-/// under test, not the backend's) and records each request.
-pub struct BigBackend {
-    pub addr: SocketAddr,
-    pub seen: Arc<Mutex<Vec<Seen>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl BigBackend {
-    pub async fn start() -> BigBackend {
-        let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
-        let app = Router::new()
-            .route("/v1/completions", post(answer))
-            .route("/v1/chat/completions", post(answer))
-            .route("/health", get(|| async { "ok" }))
-            .layer(DefaultBodyLimit::disable())
-            .with_state(Arc::clone(&seen));
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        BigBackend { addr, seen, task }
-    }
-
-    pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
-    pub fn count(&self) -> usize {
-        self.seen.lock().unwrap().len()
-    }
-
-    pub fn received(&self) -> Vec<Seen> {
-        self.seen.lock().unwrap().clone()
-    }
-}
-
-impl Drop for BigBackend {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-async fn answer(State(seen): State<Arc<Mutex<Vec<Seen>>>>, uri: Uri, body: Bytes) -> Response {
-    seen.lock().unwrap().push(Seen {
-        path: uri.path().to_string(),
-        body: body.clone(),
-    });
-    let stream = serde_json::from_slice::<serde_json::Value>(&body)
-        .ok()
-        .and_then(|v| v.get("stream").and_then(|s| s.as_bool()))
-        .unwrap_or(false);
-    if stream {
-        let events = "data: {\"choices\":[{\"index\":0,\"text\":\"hi\"}]}\n\ndata: [DONE]\n\n";
-        return Response::builder()
-            .header("content-type", "text/event-stream")
-            .body(Body::from(events))
-            .unwrap();
-    }
-    axum::Json(serde_json::json!({
-        "id": "x", "object": "text_completion",
-        "choices": [{"index": 0, "text": "hi", "finish_reason": "stop"}],
-    }))
-    .into_response()
-}
-
-/// A port that was free a moment ago (for processes that must be told their port).
-pub fn free_port() -> u16 {
-    StdListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use super::free_port;
 
 /// Peak and current resident memory of a process, in MiB (`VmHWM`, `VmRSS`).
 pub fn rss_mib(pid: Option<u32>) -> (f64, f64) {
@@ -136,7 +45,6 @@ impl EngineAddrs {
 
 /// A `kvroute engine` process, killed (SIGKILL) when dropped.
 pub struct EngineProcess {
-    pub addrs: EngineAddrs,
     pub child: Child,
 }
 
@@ -154,10 +62,7 @@ impl EngineProcess {
             .stderr(Stdio::null())
             .spawn()
             .expect("kvroute engine starts");
-        let p = EngineProcess {
-            addrs: addrs.clone(),
-            child,
-        };
+        let p = EngineProcess { child };
         let http = reqwest::Client::new();
         let url = format!("http://{}/health", addrs.http);
         for _ in 0..200 {

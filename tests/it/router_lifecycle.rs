@@ -1,10 +1,8 @@
 //! Graceful shutdown: stop accepting, let in-flight streams finish within the grace period.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::support::*;
 use futures_util::StreamExt;
 
 #[tokio::test]

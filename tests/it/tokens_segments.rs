@@ -10,8 +10,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 
-mod qwen3_support;
-use qwen3_support::{fixtures, qwen3};
+use crate::support::{fixtures, qwen3};
 
 fn hf(model: &ModelTokens) -> &tokenizers::Tokenizer {
     match model.tokenizer() {

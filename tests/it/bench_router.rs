@@ -1,12 +1,9 @@
 //! `bench` through the real router: token-id prompts are routed, `x-kvroute-worker` is
 //! recorded per request, and the per-worker counts add up.
 
-#[path = "common/mod.rs"]
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::support::*;
 use kvroute::bench::plan::{RequestShape, plan};
 use kvroute::bench::replay::{ReplayConfig, completions_url, replay};
 use kvroute::report::{Slo, Summary};

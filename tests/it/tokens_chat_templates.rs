@@ -6,8 +6,7 @@ use kvroute::tokens::model::DEFAULT_CACHE_UNITS;
 use kvroute::tokens::{ChatRequest, ModelTokens, TokenError, Tokenizer};
 use serde_json::{Value, json};
 
-mod qwen3_support;
-use qwen3_support::{fixtures, qwen3};
+use crate::support::{fixtures, qwen3};
 
 fn load(name: &str) -> Value {
     let p = fixtures().join("chat-templates").join(name);

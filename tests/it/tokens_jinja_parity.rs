@@ -8,15 +8,12 @@
 //! minijinja (the request gets a 400 instead of a render). No widely used chat template
 //! relies on it.
 
-use std::path::PathBuf;
-
 use kvroute::tokens::{ChatRequest, ChatTemplate};
 use serde_json::Value;
 
 #[test]
 fn snippets_render_like_jinja2() {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/chat-templates/jinja2-snippets.json");
+    let path = crate::support::fixtures().join("chat-templates/jinja2-snippets.json");
     let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let messages = fixture["messages"].as_array().unwrap().clone();
     let cases = fixture["cases"].as_object().unwrap();

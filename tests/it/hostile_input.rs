@@ -7,14 +7,10 @@
 //! need a raw socket (oversize bodies with and without `Content-Length`, chunked bodies,
 //! slow-loris bodies and headers) have their own tests below the table.
 
-mod chaos_support;
-mod common;
-
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use chaos_support::BigBackend;
-use common::{PolicyKind, assert_openai_error, router_config, start_router};
+use crate::support::{Backend, PolicyKind, assert_openai_error, router_config, start_router};
 use kvroute::server::RouterHandle;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -516,13 +512,13 @@ fn table() -> Vec<Row> {
 }
 
 struct Setup {
-    backend: BigBackend,
+    backend: Backend,
     router: RouterHandle,
     http: reqwest::Client,
 }
 
 async fn setup(extra: &str) -> Setup {
-    let backend = BigBackend::start().await;
+    let backend = Backend::start("b", &[MODEL]).await;
     // kv_aware tokenizes every prompt, so rows exercise the tokenizer and chat template too.
     let config = router_config(
         PolicyKind::KvAware,

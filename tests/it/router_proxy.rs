@@ -1,12 +1,10 @@
 //! The router's request path end to end on 127.0.0.1: forwarding, streaming, policies,
 //! eligibility, errors, cancellation, retries and metrics.
 
-mod common;
-
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use common::*;
+use crate::support::*;
 use futures_util::StreamExt;
 
 #[tokio::test]

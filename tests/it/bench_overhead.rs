@@ -3,7 +3,7 @@
 //! A measurement, not an assertion (timing depends on the machine): run it with
 //!
 //! ```text
-//! cargo test --release --test bench_overhead -- --ignored --nocapture
+//! cargo test --release --test it bench_overhead -- --ignored --nocapture
 //! ```
 //!
 //! and read the printed achieved rate, late sends and client CPU per request. The only

@@ -1,7 +1,7 @@
 //! The official `openai` Python SDK against a router in front of simulated engines.
 //!
 //! Ignored by default because it needs `pip install openai`; `.ci/run` installs the SDK and
-//! runs it with `cargo test --test openai_sdk -- --ignored`.
+//! runs it with `cargo test --test it openai_sdk -- --ignored`.
 
 use std::net::SocketAddr;
 use std::process::Command;

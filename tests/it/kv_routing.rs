@@ -2,59 +2,24 @@
 //! prefixes concentrate, an overloaded warm worker is bypassed, unique prompts spread, and a
 //! restarted engine's blocks vanish from the index.
 
-mod common;
-
-use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
 use kvroute::config::Config;
-use kvroute::engine::{EngineArgs, EngineCoreArgs, EngineHandle};
+use kvroute::engine::EngineArgs;
 use kvroute::fleet::{BaseUrl, WorkerSpec};
-use kvroute::kv_events::{Publisher, PublisherConfig};
 use kvroute::policy::PolicyKind;
 use kvroute::server::RouterHandle;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
+use crate::support::{self, SimEngine};
+
 const MODEL: &str = "sim";
-
-struct Engine {
-    handle: EngineHandle,
-    addr: SocketAddr,
-    events: String,
-    replay: String,
-}
-
-async fn start_engine(addr: SocketAddr, events: &str, replay: &str, speedup: f64) -> Engine {
-    let args = EngineArgs {
-        model: MODEL.into(),
-        kv_events_endpoint: "none".into(),
-        core: EngineCoreArgs {
-            engine_speedup: speedup,
-            ..EngineCoreArgs::default()
-        },
-        ..EngineArgs::default()
-    };
-    let mut serve = args.serve_config().unwrap();
-    let publisher = Publisher::bind(PublisherConfig::new(events).with_replay(replay)).unwrap();
-    let events = publisher.endpoint().to_string();
-    let replay = publisher.replay_endpoint().unwrap().to_string();
-    serve.events = Box::new(publisher);
-    let listener = TcpListener::bind(addr).await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let handle = kvroute::engine::start(serve, listener).await.unwrap();
-    Engine {
-        handle,
-        addr,
-        events,
-        replay,
-    }
-}
 
 struct Stack {
     router: RouterHandle,
-    engines: Vec<Option<Engine>>,
+    engines: Vec<Option<SimEngine>>,
     http: reqwest::Client,
 }
 
@@ -62,10 +27,7 @@ impl Stack {
     async fn start(n: usize, speedup: f64, policy: PolicyKind) -> Stack {
         let mut engines = Vec::new();
         for _ in 0..n {
-            let any = SocketAddr::from(([127, 0, 0, 1], 0));
-            engines.push(Some(
-                start_engine(any, "tcp://127.0.0.1:*", "tcp://127.0.0.1:*", speedup).await,
-            ));
+            engines.push(Some(SimEngine::start(MODEL, 0, speedup).await));
         }
         let text = format!(
             "policy = \"{policy}\"\nshutdown_grace_s = 1.0\n[health]\ninterval_s = 0.2\n[[models]]\nname = \"{MODEL}\"\nblock_size = 16\n[kv_aware]\ncalibrate = false\n"
@@ -101,7 +63,7 @@ impl Stack {
 
     /// The router's Prometheus text.
     async fn metrics(&self) -> String {
-        common::metrics_text(self.router.addr).await
+        support::metrics_text(self.router.addr).await
     }
 
     fn url(&self, path: &str) -> String {
@@ -131,7 +93,7 @@ impl Stack {
 
     async fn explain(&self, prompt: &str) -> Value {
         let body = json!({"model": MODEL, "prompt": prompt});
-        common::post_json(&self.url("/debug/route"), &body).await
+        support::post_json(&self.url("/debug/route"), &body).await
     }
 
     /// Overlap blocks the index reports for `worker` on `prompt`.
@@ -278,8 +240,7 @@ async fn each_engines_kv_capacity_is_read_from_its_metrics_and_reserved_in_the_i
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_without_events_has_its_capacity_read_too() {
-    let any = SocketAddr::from(([127, 0, 0, 1], 0));
-    let engine = start_engine(any, "tcp://127.0.0.1:*", "tcp://127.0.0.1:*", 1.0).await;
+    let engine = SimEngine::start(MODEL, 0, 1.0).await;
     let text = format!(
         "policy = \"kv_aware\"\nshutdown_grace_s = 1.0\n[health]\ninterval_s = 0.2\n\
          [[workers]]\nid = \"plain\"\nurl = \"http://{}\"\nmodels = [\"{MODEL}\"]\n",
@@ -292,7 +253,7 @@ async fn a_worker_without_events_has_its_capacity_read_too() {
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let mut found = None;
     while found.is_none() && std::time::Instant::now() < deadline {
-        found = sample(&common::metrics_text(router.addr).await, series);
+        found = sample(&support::metrics_text(router.addr).await, series);
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(
@@ -378,7 +339,7 @@ async fn a_restarted_engines_blocks_vanish() {
     let (addr, events, replay) = (old.addr, old.events.clone(), old.replay.clone());
     old.handle.shutdown().await.unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let fresh = start_engine(addr, &events, &replay, 50.0).await;
+    let fresh = SimEngine::start_at(MODEL, addr, &events, &replay, 0, 50.0).await;
     // The new engine's first events (sequence 0 again) tell the router it restarted.
     let direct = format!("http://{addr}/v1/completions");
     for i in 0..50 {

@@ -1,6 +1,6 @@
 //! Test backends: small OpenAI-style servers on 127.0.0.1 that record what they receive and
-//! misbehave on request, plus helpers to start a router in front of them.
-#![allow(dead_code)]
+//! misbehave on request, plus helpers to start a router in front of them. A backend accepts
+//! bodies of any size: the router's body limit is what is under test, not the backend's.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -96,6 +96,7 @@ impl Backend {
             .route("/v1/chat/completions", post(completion))
             .route("/v1/models", get(models_list))
             .route("/health", get(health))
+            .layer(DefaultBodyLimit::disable())
             .with_state(Arc::clone(&state));
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -124,10 +125,6 @@ impl Backend {
     pub fn release(&self) {
         self.state.gate.notify_waiters();
         self.state.gate.notify_one();
-    }
-
-    pub fn stop(&self) {
-        self.task.abort();
     }
 }
 
@@ -316,17 +313,6 @@ pub fn client() -> reqwest::Client {
         .timeout(Duration::from_secs(20))
         .build()
         .unwrap()
-}
-
-/// Polls `cond` every 10 ms for up to 5 s.
-pub async fn eventually(mut cond: impl FnMut() -> bool) -> bool {
-    for _ in 0..500 {
-        if cond() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    cond()
 }
 
 /// Asserts an OpenAI-shaped error with `status`; returns the error object.

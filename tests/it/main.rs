@@ -1,0 +1,38 @@
+//! The integration tests, one module per area, linked into one test binary (`it`) so CI links
+//! once instead of once per file. Shared helpers live in [`support`].
+//!
+//! Run one area with a name filter: `cargo test --test it kv_routing`.
+
+mod support;
+
+mod bench_overhead;
+mod bench_replay;
+mod bench_report;
+mod bench_router;
+mod bench_synthesis;
+mod bench_synthetic;
+mod bench_trace;
+mod chaos;
+mod engine_events;
+mod engine_http;
+mod hostile_input;
+mod index_exact;
+mod index_model;
+mod index_workload;
+mod kv_events_fixtures;
+mod kv_events_proptest;
+mod kv_events_zmq;
+mod kv_routing;
+mod lora_routing;
+mod openai_sdk;
+mod proptest_parsers;
+mod reliability;
+mod router_lifecycle;
+mod router_proxy;
+mod routing_parity;
+mod sim_results;
+mod sim_routing;
+mod tokens_chat_templates;
+mod tokens_jinja_parity;
+mod tokens_segments;
+mod worker_churn;

@@ -1,0 +1,71 @@
+//! Simulated engines (`kvroute::engine`) in this process, publishing real KV events over
+//! ZeroMQ with a replay endpoint, for the routing tests that need engines the router can see.
+
+use std::net::SocketAddr;
+
+use kvroute::engine::{EngineArgs, EngineCoreArgs, EngineHandle};
+use kvroute::kv_events::{Publisher, PublisherConfig};
+use tokio::net::TcpListener;
+
+/// A running simulated engine and where it listens.
+pub struct SimEngine {
+    pub handle: EngineHandle,
+    /// Its HTTP address.
+    pub addr: SocketAddr,
+    /// Its KV-event PUB endpoint.
+    pub events: String,
+    /// Its replay endpoint.
+    pub replay: String,
+}
+
+impl SimEngine {
+    /// Starts an engine serving `model` on ephemeral ports.
+    pub async fn start(model: &str, seed: u64, speedup: f64) -> SimEngine {
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        SimEngine::start_at(
+            model,
+            any,
+            "tcp://127.0.0.1:*",
+            "tcp://127.0.0.1:*",
+            seed,
+            speedup,
+        )
+        .await
+    }
+
+    /// Starts an engine serving `model` on the given HTTP address and event/replay endpoints
+    /// (a port 0 or `*` picks a free one), e.g. to restart one where it was.
+    pub async fn start_at(
+        model: &str,
+        addr: SocketAddr,
+        events: &str,
+        replay: &str,
+        seed: u64,
+        speedup: f64,
+    ) -> SimEngine {
+        let args = EngineArgs {
+            model: model.into(),
+            kv_events_endpoint: "none".into(),
+            core: EngineCoreArgs {
+                engine_speedup: speedup,
+                ..EngineCoreArgs::default()
+            },
+            seed,
+            ..EngineArgs::default()
+        };
+        let mut serve = args.serve_config().unwrap();
+        let publisher = Publisher::bind(PublisherConfig::new(events).with_replay(replay)).unwrap();
+        let events = publisher.endpoint().to_string();
+        let replay = publisher.replay_endpoint().unwrap().to_string();
+        serve.events = Box::new(publisher);
+        let listener = TcpListener::bind(addr).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let handle = kvroute::engine::start(serve, listener).await.unwrap();
+        SimEngine {
+            handle,
+            addr,
+            events,
+            replay,
+        }
+    }
+}
