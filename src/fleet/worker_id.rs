@@ -12,13 +12,6 @@ use std::fmt;
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Default)]
 pub struct WorkerId(pub u32);
 
-impl WorkerId {
-    /// The number as an index into per-worker tables.
-    pub fn index(self) -> usize {
-        self.0 as usize
-    }
-}
-
 impl fmt::Display for WorkerId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "w{}", self.0)

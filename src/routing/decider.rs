@@ -87,7 +87,7 @@ impl Decider {
         (picked, candidates)
     }
 
-    /// The policy's choice among `targets` not in `skip`, without taking anything (what
+    /// The policy's choice among the routable `targets`, without taking anything (what
     /// `/debug/route` shows).
     pub fn explain<'t, T: Target>(
         &self,

@@ -6,8 +6,8 @@
 //! is a [`Target`] (eligible once it joined; exact events or predictions by the run's index
 //! mode), arrivals go through the same analyse → decide → admit as a live request, first
 //! tokens and ends release the same [`crate::fleet::LoadGuard`]s and feed the same
-//! calibration, and KV events land in the same [`Holdings`]. `routing::parity_tests` holds the
-//! two together.
+//! calibration, and KV events land in the same [`Holdings`]. `tests/it/routing_parity.rs` holds
+//! the two together.
 
 use std::sync::Arc;
 use std::time::Duration;

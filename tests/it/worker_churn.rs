@@ -95,10 +95,17 @@ async fn ten_thousand_workers_come_and_go_and_the_index_returns_to_its_baseline(
             );
             metrics.prefix_hit_blocks.with_label_values(&[w.id()]).inc();
             let key = w.key;
+            let gone = Arc::downgrade(&w);
             drop(w);
             life.leave(&format!("pod-{n}"), false)
                 .await
                 .expect("leaves");
+            // A worker's id is reused once nothing refers to it; an event-fed worker's
+            // capacity reservation runs on a blocking thread and holds it until done.
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while gone.strong_count() > 0 && std::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
             key
         }
     };
