@@ -189,6 +189,12 @@ def dashboard_targets() -> tuple[dict, list[tuple[str, str, str]]]:
     ids = [p["id"] for p in dash["panels"]]
     check(len(ids) == len(set(ids)), "panel ids are unique")
     check(bool(dash.get("uid")) and bool(dash.get("title")), "dashboard has a uid and a title")
+    boxes = [(p["title"], p["gridPos"]) for p in dash["panels"]]
+    overlaps = [
+        (a, b) for i, (a, g) in enumerate(boxes) for b, h in boxes[i + 1 :]
+        if g["x"] < h["x"] + h["w"] and h["x"] < g["x"] + g["w"] and g["y"] < h["y"] + h["h"] and h["y"] < g["y"] + g["h"]
+    ]
+    check(not overlaps and all(g["x"] + g["w"] <= 24 for _, g in boxes), f"panels fit the 24-column grid without overlapping {overlaps[:3]}")
     names = [v["name"] for v in dash["templating"]["list"]]
     check(names and names[0] == "datasource", "first template variable is the Prometheus data source")
     targets = []
@@ -355,6 +361,10 @@ def main() -> int:
         rate_interval = f"{int(time.monotonic() - started) + 30}s"
         time.sleep(3)  # a few rule evaluations on the data
         check_dashboard_live(prom, dash, targets, rate_interval)
+        exported = set(re.findall(r"^(kvroute_\w+?)(?:_bucket|_sum|_count)?[ {]", http(router + "/metrics")[1], re.M))
+        shown = set(re.findall(r"kvroute_\w+", " ".join(t[2] for t in targets)))
+        shown |= {re.sub(r"_bucket$", "", n) for n in shown}
+        print(f"  info: exported by kvroute but not on the dashboard: {sorted(exported - shown) or 'none'}")
         check_alerts_live(prom, alerts, args.debug_build)
         if demo.poll() is not None or prom_proc.poll() is not None:
             check(False, "kvroute demo and Prometheus still running at the end")
