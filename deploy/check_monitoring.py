@@ -344,7 +344,7 @@ def main() -> int:
         started = time.monotonic()
         bench = subprocess.run(
             [args.kvroute, "bench", "--target", router, "--model", MODEL, "--synthetic", "shared-prefix",
-             "--requests", str(args.requests), "--rate", "50"],
+             "--requests", str(args.requests), "--rate", "25"],
             capture_output=True, text=True, timeout=300,
         )
         ok_line = next((l for l in bench.stdout.splitlines() if l.startswith("- requests:")), "")
