@@ -166,6 +166,7 @@ impl Stream {
         if let Some(r) = self.replaying.take() {
             // What it held came from the process that went away: the clear below covers it.
             let held = r.held.len();
+            bump(&self.stats.replays_failed, 1);
             self.report(
                 r.purpose,
                 r.started,

@@ -254,8 +254,8 @@ impl Subscriber {
     }
 }
 
-/// Owns a running subscriber; dropping it stops the thread and waits for it (at most about
-/// one poll interval, or one replay timeout if a replay is in flight).
+/// Owns a running subscriber; dropping it stops the thread and waits for it (about one poll
+/// interval: a replay in flight is polled, never waited on).
 pub struct SubscriberHandle {
     stop: Arc<AtomicBool>,
     stats: Arc<SubscriberStats>,
