@@ -310,7 +310,6 @@ async fn a_router_started_next_to_a_warm_idle_engine_sees_its_cache() {
         .await
         .is_some_and(|n| n >= 1.0)
     );
-    let mut router = router;
     router.shutdown().await;
     let _ = engine.handle.shutdown().await;
 }
@@ -328,7 +327,7 @@ async fn events_arriving_during_the_warm_up_replay_are_neither_lost_nor_applied_
         (1, b1.clone()),
         (2, b2.clone()),
     ])));
-    let (mut router, _backend) = router(&peer.events, peer.replay.as_deref(), "").await;
+    let (router, _backend) = router(&peer.events, peer.replay.as_deref(), "").await;
     peer.wait_connected().await;
 
     // The replay has answered but not ended: the worker is warming.
@@ -363,7 +362,7 @@ async fn events_arriving_during_the_warm_up_replay_are_neither_lost_nor_applied_
 async fn an_undecodable_batch_drops_the_workers_entries_and_is_counted() {
     let (text, ids) = prompt();
     let peer = Peer::start(None);
-    let (mut router, _backend) = router(&peer.events, None, "").await;
+    let (router, _backend) = router(&peer.events, None, "").await;
     peer.wait_connected().await;
     peer.publish(0, payload(vec![stored(&ids, 0, 4, 1, None)]));
     let (overlap, warming) = until(&router, "m", &text, |o, _| o == 4).await;
@@ -397,7 +396,7 @@ async fn an_endless_replay_peer_is_abandoned_and_live_events_still_apply() {
         .collect();
     let peer = Peer::start(Some(Answer::Endless(junk)));
     let extra = "[kv_events]\nreplay_max_s = 2.0\nreplay_max_batches = 50000\n";
-    let (mut router, _backend) = router(&peer.events, peer.replay.as_deref(), extra).await;
+    let (router, _backend) = router(&peer.events, peer.replay.as_deref(), extra).await;
     peer.wait_subscribed().await;
     // Live batches while the replay runs (joining at 5, a replay from 0 would be asked for
     // now if it were not running already).
