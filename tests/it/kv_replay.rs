@@ -1,7 +1,7 @@
 //! The router's KV-event feed against engines that already hold blocks, over real ZeroMQ and
 //! HTTP on 127.0.0.1: the warm-up replay on connect (issue 13 F2) and its "warming" state,
 //! batches arriving during a replay, an undecodable batch (issue 14.9), and a replay peer that
-//! never ends (issue 14.10). The engine side is either the project's simulated engine or a
+//! never ends or would hold too much (issue 14.10). The engine side is either the project's simulated engine or a
 //! scripted XPUB/ROUTER pair (below) whose replay answers the test controls.
 
 use std::path::Path;
@@ -14,7 +14,8 @@ use std::time::Duration;
 use kvroute::config::Config;
 use kvroute::fleet::{BaseUrl, WorkerSpec};
 use kvroute::kv_events::{
-    BlockRemoved, BlockStored, EngineHash, EventBatch, KvEvent, Layout, encode_batch,
+    BlockRemoved, BlockStored, EngineHash, EventBatch, KvEvent, Layout, ReplayBound, ReplayError,
+    ReplayLimits, Subscriber, SubscriberConfig, SubscriberEvent, encode_batch,
 };
 use kvroute::server::RouterHandle;
 use kvroute::tokens::ModelTokens;
@@ -417,4 +418,51 @@ async fn an_endless_replay_peer_is_abandoned_and_live_events_still_apply() {
     let (overlap, _) = until(&router, "m", &text, |o, _| o == 6).await;
     assert_eq!(overlap, 6);
     router.shutdown().await;
+}
+
+/// The warm-up replay's end, as the subscriber reports it to its consumer.
+async fn warmed(config: SubscriberConfig) -> Result<usize, ReplayError> {
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
+    let _sub = Subscriber::spawn(config, tx).unwrap();
+    let end = Instant::now() + DEADLINE;
+    loop {
+        let msg = tokio::time::timeout_at(end, rx.recv())
+            .await
+            .expect("the replay never ended")
+            .expect("the subscriber stopped");
+        if let SubscriberEvent::Warmed { result } = msg.event {
+            return result;
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_endless_replay_is_cut_at_its_byte_and_reply_bounds() {
+    // Distinct batches of 1 KiB: the bytes held grow until the bound.
+    let big: Vec<(u64, Vec<u8>)> = (0..1000).map(|seq| (seq, vec![0x90; 1024])).collect();
+    let peer = Peer::start(Some(Answer::Endless(big)));
+    let mut config =
+        SubscriberConfig::new("w0", peer.events.clone()).with_replay(peer.replay.clone().unwrap());
+    config.replay_limits = ReplayLimits {
+        max_bytes: 10_000,
+        ..ReplayLimits::default()
+    };
+    assert_eq!(
+        warmed(config).await,
+        Err(ReplayError::Abandoned(ReplayBound::Bytes(10_000)))
+    );
+
+    // The same batch over and over: duplicates hold nothing, but count as replies.
+    let same = vec![(0, payload(vec![removed(1)]))];
+    let peer = Peer::start(Some(Answer::Endless(same)));
+    let mut config =
+        SubscriberConfig::new("w0", peer.events.clone()).with_replay(peer.replay.clone().unwrap());
+    config.replay_limits = ReplayLimits {
+        max_batches: 100,
+        ..ReplayLimits::default()
+    };
+    assert_eq!(
+        warmed(config).await,
+        Err(ReplayError::Abandoned(ReplayBound::Replies(100)))
+    );
 }
