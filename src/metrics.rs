@@ -52,6 +52,9 @@ pub struct Metrics {
     /// `kvroute_worker_kv_blocks{worker}`: the worker's KV cache capacity in blocks, configured
     /// or read from its metrics; absent while unknown.
     pub worker_kv_blocks: IntGaugeVec,
+    /// `kvroute_worker_warming{worker}`: 1 while the worker's KV-event warm-up replay runs (its
+    /// index entries are a lower bound of its cache).
+    pub worker_warming: IntGaugeVec,
     /// `kvroute_prefix_hit_blocks_total{worker}`: prompt blocks the chosen worker held.
     pub prefix_hit_blocks: IntCounterVec,
     /// `kvroute_prefix_queried_blocks_total{worker}`: prompt blocks routed to the worker.
@@ -66,7 +69,8 @@ pub struct Metrics {
     /// `kvroute_index_evictions_total`: entries evicted to stay within `index.max_entries`.
     pub index_evictions: IntCounter,
     /// `kvroute_kv_events_total{worker,kind}`: per-worker event-stream counters (batches,
-    /// undecodable, gaps, restarts, replays_ok, replays_failed, dropped).
+    /// undecodable, gaps, restarts, replays_ok, replays_failed, replays_abandoned, duplicates,
+    /// dropped).
     pub kv_stream: IntCounterVec,
 }
 
@@ -82,6 +86,7 @@ impl Metrics {
         forget(&self.upstream_errors, id);
         forget(&self.worker_healthy, id);
         forget(&self.worker_kv_blocks, id);
+        forget(&self.worker_warming, id);
         forget(&self.prefix_hit_blocks, id);
         forget(&self.prefix_queried_blocks, id);
         forget(&self.kv_stream, id);
@@ -165,6 +170,14 @@ impl Metrics {
             &["worker"],
         )
         .expect("static metric definition");
+        let worker_warming = IntGaugeVec::new(
+            Opts::new(
+                "kvroute_worker_warming",
+                "1 while the worker's KV-event warm-up replay runs (its index entries are a lower bound).",
+            ),
+            &["worker"],
+        )
+        .expect("static metric definition");
         let counter = |name: &str, help: &str, labels: &[&str]| {
             IntCounterVec::new(Opts::new(name, help), labels).expect("static metric definition")
         };
@@ -232,6 +245,7 @@ impl Metrics {
             Box::new(upstream_errors.clone()),
             Box::new(worker_healthy.clone()),
             Box::new(worker_kv_blocks.clone()),
+            Box::new(worker_warming.clone()),
             Box::new(prefix_hit_blocks.clone()),
             Box::new(prefix_queried_blocks.clone()),
             Box::new(index_entries.clone()),
@@ -257,6 +271,7 @@ impl Metrics {
             upstream_errors,
             worker_healthy,
             worker_kv_blocks,
+            worker_warming,
             prefix_hit_blocks,
             prefix_queried_blocks,
             index_entries,

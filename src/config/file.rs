@@ -35,6 +35,8 @@ pub(super) struct FileConfig {
     #[serde(default)]
     pub(super) index: FileIndex,
     #[serde(default)]
+    pub(super) kv_events: super::kv_events::FileKvEvents,
+    #[serde(default)]
     pub(super) limits: FileLimits,
     #[serde(default)]
     pub(super) tenants: Vec<FileTenant>,

@@ -27,7 +27,12 @@ fn worker_flags() {
     let w = parse_worker_flag("http://h:1=a,b@tcp://h:5557").unwrap();
     assert_eq!(w.models, ["a", "b"]);
     assert_eq!(w.kv_events.as_deref(), Some("tcp://h:5557"));
-    assert!(parse_worker_flag("ftp://x").unwrap_err().contains("http"));
+    assert!(
+        parse_worker_flag("ftp://x")
+            .unwrap_err()
+            .to_string()
+            .contains("http")
+    );
 }
 
 #[test]

@@ -81,14 +81,17 @@ impl AppState {
         let holdings = Arc::new(holdings);
         let policy = policy::build(config.policy, &config.policy_settings());
         let metrics = Metrics::new();
-        let lifecycle = Arc::new(Lifecycle::new(
-            config.workers.clone(),
-            config.breaker,
-            Arc::clone(&holdings),
-            Arc::clone(&policy),
-            metrics.clone(),
-            &config.models,
-        ));
+        let lifecycle = Arc::new(
+            Lifecycle::new(
+                config.workers.clone(),
+                config.breaker,
+                Arc::clone(&holdings),
+                Arc::clone(&policy),
+                metrics.clone(),
+                &config.models,
+            )
+            .with_replay_limits(config.replay_limits),
+        );
         Ok(AppState {
             decider: Decider::new(Arc::clone(&policy), Arc::clone(&holdings)),
             fleet: Arc::clone(lifecycle.fleet()),

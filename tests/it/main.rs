@@ -23,6 +23,7 @@ mod index_workload;
 mod kv_events_fixtures;
 mod kv_events_proptest;
 mod kv_events_zmq;
+mod kv_replay;
 mod kv_routing;
 mod lora_routing;
 mod openai_sdk;
