@@ -13,6 +13,7 @@ mod bench_synthesis;
 mod bench_synthetic;
 mod bench_trace;
 mod chaos;
+mod connections;
 mod engine_events;
 mod engine_http;
 mod hostile_input;
