@@ -33,6 +33,7 @@ mod router_proxy;
 mod routing_parity;
 mod sim_results;
 mod sim_routing;
+mod stream_endings;
 mod tokens_chat_templates;
 mod tokens_jinja_parity;
 mod tokens_segments;
