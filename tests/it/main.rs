@@ -28,6 +28,7 @@ mod lora_routing;
 mod openai_sdk;
 mod proptest_parsers;
 mod reliability;
+mod request_ids;
 mod router_lifecycle;
 mod router_proxy;
 mod routing_parity;
