@@ -16,6 +16,7 @@ mod chaos;
 mod connections;
 mod engine_events;
 mod engine_http;
+mod error_bodies;
 mod hostile_input;
 mod index_exact;
 mod index_model;
