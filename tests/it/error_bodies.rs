@@ -26,10 +26,20 @@ fn sha(key: &str) -> String {
 async fn small_error(resp: reqwest::Response, status: u16) -> String {
     assert_eq!(resp.status().as_u16(), status);
     let text = resp.text().await.unwrap();
-    assert!(text.len() < SMALL, "{status}: a {} byte error body", text.len());
+    assert!(
+        text.len() < SMALL,
+        "{status}: a {} byte error body",
+        text.len()
+    );
     let v: Value = serde_json::from_str(&text).expect("JSON error body");
-    let message = v["error"]["message"].as_str().expect("a message").to_owned();
-    assert!(message.contains('…'), "the echo is marked as cut: {message}");
+    let message = v["error"]["message"]
+        .as_str()
+        .expect("a message")
+        .to_owned();
+    assert!(
+        message.contains('…'),
+        "the echo is marked as cut: {message}"
+    );
     message
 }
 
@@ -118,8 +128,11 @@ async fn requests_hyper_cannot_parse_get_openai_bodies() {
         ),
         (
             "headers too large",
-            format!("GET /health HTTP/1.1\r\nhost: x\r\nx-big: {}\r\n\r\n", "a".repeat(600_000))
-                .into_bytes(),
+            format!(
+                "GET /health HTTP/1.1\r\nhost: x\r\nx-big: {}\r\n\r\n",
+                "a".repeat(600_000)
+            )
+            .into_bytes(),
             431,
         ),
     ];
@@ -127,16 +140,28 @@ async fn requests_hyper_cannot_parse_get_openai_bodies() {
         let (got, head, body) = raw_answer(addr, &request).await;
         assert_eq!(got, status, "{name}: {head}");
         assert!(
-            head.to_ascii_lowercase().contains("content-type: application/json"),
+            head.to_ascii_lowercase()
+                .contains("content-type: application/json"),
             "{name}: {head}"
         );
-        let v: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{name}: {body:?}: {e}"));
+        let v: Value =
+            serde_json::from_str(&body).unwrap_or_else(|e| panic!("{name}: {body:?}: {e}"));
         let e = &v["error"];
-        assert!(e["message"].is_string() && e["type"].is_string(), "{name}: {v}");
-        assert!(e.get("param").is_some() && e.get("code").is_some(), "{name}: {v}");
+        assert!(
+            e["message"].is_string() && e["type"].is_string(),
+            "{name}: {v}"
+        );
+        assert!(
+            e.get("param").is_some() && e.get("code").is_some(),
+            "{name}: {v}"
+        );
     }
     // Requests that parse are untouched, on a connection of their own and after the bad ones.
-    let resp = client().get(format!("http://{addr}/health")).send().await.unwrap();
+    let resp = client()
+        .get(format!("http://{addr}/health"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 200);
     router.shutdown().await;
 }

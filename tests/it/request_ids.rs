@@ -57,7 +57,10 @@ async fn request_ids_round_trip_and_reach_the_worker() {
     let resp = post_with_id(addr, None).await;
     let generated = id_of(&resp);
     assert_eq!(generated.len(), 32, "{generated}");
-    assert!(generated.bytes().all(|b| b.is_ascii_hexdigit()), "{generated}");
+    assert!(
+        generated.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{generated}"
+    );
     assert_eq!(forwarded(1), Some(generated.clone()));
     let again = id_of(&post_with_id(addr, None).await);
     assert_ne!(again, generated, "each request gets its own id");
@@ -81,7 +84,11 @@ async fn request_ids_round_trip_and_reach_the_worker() {
         .unwrap();
     assert_eq!(resp.status(), 404);
     assert_eq!(id_of(&resp), "lost-1");
-    let resp = client().get(format!("http://{addr}/health")).send().await.unwrap();
+    let resp = client()
+        .get(format!("http://{addr}/health"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(id_of(&resp).len(), 32);
     router.shutdown().await;
 }
@@ -132,8 +139,10 @@ async fn access_log_lines_are_json_with_every_field_and_no_colour() {
     let streamed = client()
         .post(format!("http://{addr}/v1/completions"))
         .header("x-request-id", "access-1")
-        .json(&json!({"model": "m", "prompt": "a prompt long enough to have some tokens in it",
-                      "stream": true, "max_tokens": 4}))
+        .json(
+            &json!({"model": "m", "prompt": "a prompt long enough to have some tokens in it",
+                      "stream": true, "max_tokens": 4}),
+        )
         .send()
         .await
         .unwrap();

@@ -58,7 +58,11 @@ async fn streams_cut_by_shutdown_end_with_an_error_event() {
     assert_eq!(event["error"]["code"], "router_shutting_down", "{text}");
     assert!(event["error"]["message"].is_string(), "{event}");
     assert!(!text.contains("[DONE]"), "{text}");
-    assert!(tokio::time::timeout(Duration::from_secs(10), stopping).await.is_ok());
+    assert!(
+        tokio::time::timeout(Duration::from_secs(10), stopping)
+            .await
+            .is_ok()
+    );
     assert_eq!(
         metrics
             .requests
@@ -76,7 +80,10 @@ async fn in_band_error_events_count_as_errors() {
     let resp = complete(&client(), router.addr, &streaming_request()).await;
     assert_eq!(resp.status(), 200);
     let text = resp.text().await.unwrap();
-    assert!(text.contains("generation failed"), "the event reaches the client: {text}");
+    assert!(
+        text.contains("generation failed"),
+        "the event reaches the client: {text}"
+    );
     let m = &router.state.metrics;
     let count = |status: &str| m.requests.with_label_values(&["m", "w0", status]).get();
     assert!(eventually(|| count("stream_error") == 1).await);

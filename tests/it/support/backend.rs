@@ -268,7 +268,11 @@ fn async_stream(
             if b.error_event_mid_stream {
                 let ev = serde_json::json!({"error": {"message": "generation failed",
                     "type": "InternalServerError", "param": null, "code": 500}});
-                if tx.send(Ok(Bytes::from(format!("data: {ev}\n\n")))).await.is_ok() {
+                if tx
+                    .send(Ok(Bytes::from(format!("data: {ev}\n\n"))))
+                    .await
+                    .is_ok()
+                {
                     guard.done = true;
                 }
                 return;
