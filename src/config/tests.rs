@@ -223,30 +223,6 @@ fn the_listen_flag_overrides_server_listen() {
 }
 
 #[test]
-fn defaults_are_the_named_constants() {
-    let c = load("").unwrap();
-    assert_eq!(c.shutdown_grace, DEFAULT_SHUTDOWN_GRACE);
-    assert_eq!(c.header_read_timeout, DEFAULT_HEADER_READ_TIMEOUT);
-    assert_eq!(c.body_read_timeout, DEFAULT_BODY_READ_TIMEOUT);
-    assert_eq!(c.max_body_bytes as u64, DEFAULT_MAX_BODY_BYTES);
-    assert_eq!(c.default_block_size, DEFAULT_BLOCK_SIZE);
-    assert_eq!(c.token_cache_bytes, DEFAULT_TOKEN_CACHE_MB << 20);
-    assert_eq!(c.seed, DEFAULT_SEED);
-    let proxy = ProxyConfig::default();
-    assert_eq!(c.proxy.connect_timeout, proxy.connect_timeout);
-    assert_eq!(c.proxy.total_timeout, proxy.total_timeout);
-    assert_eq!(c.proxy.retries, proxy.retries);
-    assert_eq!(c.breaker, BreakerConfig::default());
-    assert_eq!(c.index, IndexSettings::default());
-    assert_eq!(c.limits, Limits::default());
-    assert_eq!(c.kv_aware, KvAwareConfig::default());
-    assert_eq!(
-        c.model("unlisted").forward_cache_salt,
-        DEFAULT_FORWARD_CACHE_SALT
-    );
-}
-
-#[test]
 fn connection_keys_are_read_and_checked() {
     let c = load("").unwrap();
     assert_eq!(c.connections, Connections::default());
@@ -276,4 +252,28 @@ fn connection_keys_are_read_and_checked() {
         let e = load(text).unwrap_err().to_string();
         assert!(e.contains(key), "{text}: {e}");
     }
+}
+
+#[test]
+fn defaults_are_the_named_constants() {
+    let c = load("").unwrap();
+    assert_eq!(c.shutdown_grace, DEFAULT_SHUTDOWN_GRACE);
+    assert_eq!(c.header_read_timeout, DEFAULT_HEADER_READ_TIMEOUT);
+    assert_eq!(c.body_read_timeout, DEFAULT_BODY_READ_TIMEOUT);
+    assert_eq!(c.max_body_bytes as u64, DEFAULT_MAX_BODY_BYTES);
+    assert_eq!(c.default_block_size, DEFAULT_BLOCK_SIZE);
+    assert_eq!(c.token_cache_bytes, DEFAULT_TOKEN_CACHE_MB << 20);
+    assert_eq!(c.seed, DEFAULT_SEED);
+    let proxy = ProxyConfig::default();
+    assert_eq!(c.proxy.connect_timeout, proxy.connect_timeout);
+    assert_eq!(c.proxy.total_timeout, proxy.total_timeout);
+    assert_eq!(c.proxy.retries, proxy.retries);
+    assert_eq!(c.breaker, BreakerConfig::default());
+    assert_eq!(c.index, IndexSettings::default());
+    assert_eq!(c.limits, Limits::default());
+    assert_eq!(c.kv_aware, KvAwareConfig::default());
+    assert_eq!(
+        c.model("unlisted").forward_cache_salt,
+        DEFAULT_FORWARD_CACHE_SALT
+    );
 }
