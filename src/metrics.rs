@@ -72,6 +72,14 @@ pub struct Metrics {
     /// undecodable, gaps, restarts, replays_ok, replays_failed, replays_abandoned, duplicates,
     /// dropped).
     pub kv_stream: IntCounterVec,
+    /// `kvroute_open_connections`: client connections open now.
+    pub open_connections: IntGauge,
+    /// `kvroute_connections_refused_total`: client connections closed on accept because
+    /// `server.max_connections` were open.
+    pub connections_refused: IntCounter,
+    /// `kvroute_connections_closed_total{reason}`: client connections the router closed
+    /// (`first_request_timeout`, `idle`).
+    pub connections_closed: IntCounterVec,
 }
 
 impl Metrics {
@@ -98,7 +106,10 @@ impl Metrics {
         let requests = IntCounterVec::new(
             Opts::new(
                 "kvroute_requests_total",
-                "Requests answered, by final status.",
+                "Requests answered, by final status: the HTTP status; upstream_error (the worker's \
+                 stream broke off), stream_error (the worker ended a stream with an in-band error \
+                 event), cancelled (the client went away), shutdown (cut when the shutdown grace \
+                 ended).",
             ),
             &["model", "worker", "status"],
         )
@@ -235,8 +246,27 @@ impl Metrics {
             &["worker"],
         )
         .expect("static metric definition");
+        // Client connections (the front door).
+        let open_connections =
+            IntGauge::new("kvroute_open_connections", "Client connections open now.")
+                .expect("static metric definition");
+        let connections_refused = IntCounter::new(
+            "kvroute_connections_refused_total",
+            "Client connections closed on accept because server.max_connections were open.",
+        )
+        .expect("static metric definition");
+        let connections_closed = counter(
+            "kvroute_connections_closed_total",
+            "Client connections the router closed: first_request_timeout (no request within \
+             server.header_read_timeout_s), idle (no request in progress for \
+             server.idle_timeout_s).",
+            &["reason"],
+        );
         for c in [
-            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(open_connections.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(connections_refused.clone()),
+            Box::new(connections_closed.clone()),
+            Box::new(requests.clone()),
             Box::new(request_duration.clone()),
             Box::new(ttft.clone()),
             Box::new(in_flight.clone()),
@@ -282,6 +312,9 @@ impl Metrics {
             retries_denied,
             rejected,
             circuit_state,
+            open_connections,
+            connections_refused,
+            connections_closed,
         }
     }
 

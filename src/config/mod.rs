@@ -46,8 +46,8 @@ pub use models::{
 };
 pub use policy::{DEFAULT_POLICY, DEFAULT_SEED};
 pub use server::{
-    DEFAULT_BODY_READ_TIMEOUT, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_SHUTDOWN_GRACE, Deprecation, MOVED_TO_SERVER,
+    Connections, DEFAULT_BODY_READ_TIMEOUT, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_LISTEN,
+    DEFAULT_MAX_BODY_BYTES, DEFAULT_SHUTDOWN_GRACE, Deprecation, MOVED_TO_SERVER,
 };
 pub use tenants::{ANY_MODEL, TenantConfig};
 pub use workers::{WORKER_FLAG_SYNTAX, WorkerFlagError, parse_worker_flag};
@@ -165,6 +165,8 @@ pub struct Config {
     pub body_read_timeout: Duration,
     /// Longest a client may take to send its request headers.
     pub header_read_timeout: Duration,
+    /// Client connections: idle timeout, HTTP/2 keep-alive, how many at once.
+    pub connections: Connections,
     /// Admission limits.
     pub limits: Limits,
     /// API keys and their tenants; empty means no authentication.
@@ -254,6 +256,7 @@ impl Config {
             breaker,
             body_read_timeout: front.body_read_timeout,
             header_read_timeout: front.header_read_timeout,
+            connections: front.connections,
             limits,
             tenants,
             admin_key_sha256,

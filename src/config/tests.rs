@@ -228,6 +228,38 @@ fn the_listen_flag_overrides_server_listen() {
 }
 
 #[test]
+fn connection_keys_are_read_and_checked() {
+    let c = load("").unwrap();
+    assert_eq!(c.connections, Connections::default());
+    assert_eq!(c.connections.max_connections, None, "derived at start");
+    let c = load(
+        "[server]\nidle_timeout_s = 5.0\nmax_connections = 100\nhttp2_keepalive_interval_s = 3.0\nhttp2_keepalive_timeout_s = 2.0\n",
+    )
+    .unwrap();
+    assert_eq!(c.connections.idle_timeout, Duration::from_secs(5));
+    assert_eq!(c.connections.max_connections, Some(100));
+    assert_eq!(
+        c.connections.http2_keepalive_interval,
+        Duration::from_secs(3)
+    );
+    assert_eq!(
+        c.connections.http2_keepalive_timeout,
+        Duration::from_secs(2)
+    );
+    for (text, key) in [
+        ("[server]\nmax_connections = 0", "server.max_connections"),
+        ("[server]\nidle_timeout_s = 0.0", "server.idle_timeout_s"),
+        (
+            "[server]\nhttp2_keepalive_timeout_s = -1.0",
+            "server.http2_keepalive_timeout_s",
+        ),
+    ] {
+        let e = load(text).unwrap_err().to_string();
+        assert!(e.contains(key), "{text}: {e}");
+    }
+}
+
+#[test]
 fn defaults_are_the_named_constants() {
     let c = load("").unwrap();
     assert_eq!(c.shutdown_grace, DEFAULT_SHUTDOWN_GRACE);

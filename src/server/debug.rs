@@ -42,7 +42,10 @@ async fn explain(
                 http::StatusCode::NOT_FOUND,
                 "invalid_request_error",
                 Some("tenant_not_found"),
-                format!("no tenant is named `{name}`"),
+                format!(
+                    "no tenant is named `{}`",
+                    crate::openai::shorten(name, crate::openai::ECHO_MAX)
+                ),
             )
         })?,
         Some(Err(_)) => {
