@@ -49,6 +49,7 @@ pub(super) struct FileServer {
     pub(super) shutdown_grace_s: Option<f64>,
     pub(super) header_read_timeout_s: Option<f64>,
     pub(super) body_read_timeout_s: Option<f64>,
+    pub(super) metrics_listen: Option<String>,
 }
 
 #[derive(Deserialize, Debug, Default)]

@@ -21,6 +21,22 @@ pub use load::{Load, LoadGuard, LoadSnapshot};
 pub use worker::{BaseUrl, DownHook, ServedModel, Worker, WorkerSpec, WorkerUrlError};
 pub use worker_id::WorkerId;
 
+/// Why a worker could not be added.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum AddError {
+    /// Another worker has the id.
+    #[error("a worker with id `{0}` exists already")]
+    IdTaken(String),
+    /// Another worker has the URL.
+    #[error("worker `{by}` has the url {url} already")]
+    UrlTaken {
+        /// The URL.
+        url: String,
+        /// The worker that has it.
+        by: String,
+    },
+}
+
 /// The set of workers.
 ///
 /// A worker's [`WorkerId`] (its key in the index, load and calibration) is handed out
@@ -124,11 +140,21 @@ impl Fleet {
         self.workers().iter().find(|w| w.id() == id).cloned()
     }
 
-    /// Adds a worker; fails if the id is taken.
-    pub fn add(&self, spec: WorkerSpec) -> Result<Arc<Worker>, String> {
-        let mut guard = self.workers.write().map_err(|_| "fleet lock poisoned")?;
+    /// Adds a worker; fails if its id or its URL is taken (checked under the same lock as
+    /// the insertion, so two concurrent adds cannot both pass).
+    pub fn add(&self, spec: WorkerSpec) -> Result<Arc<Worker>, AddError> {
+        let mut guard = match self.workers.write() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
         if guard.iter().any(|w| w.id() == spec.id) {
-            return Err(format!("a worker with id `{}` exists already", spec.id));
+            return Err(AddError::IdTaken(spec.id));
+        }
+        if let Some(w) = guard.iter().find(|w| w.spec.url.same_endpoint(&spec.url)) {
+            return Err(AddError::UrlTaken {
+                url: spec.url.to_string(),
+                by: w.id().to_owned(),
+            });
         }
         let key = self.reusable_key().unwrap_or_else(|| {
             WorkerId(
@@ -185,7 +211,7 @@ mod tests {
     fn spec(id: &str, models: &[&str]) -> WorkerSpec {
         WorkerSpec {
             id: id.into(),
-            url: BaseUrl::parse("http://127.0.0.1:1").unwrap(),
+            url: BaseUrl::parse(&format!("http://{id}:1")).unwrap(),
             models: models.iter().map(|m| m.to_string()).collect(),
             kv_events: None,
             kv_replay: None,
@@ -211,7 +237,22 @@ mod tests {
     #[test]
     fn add_and_remove_keep_slots_unique() {
         let f = Fleet::new(vec![spec("a", &["m"])]);
-        assert!(f.add(spec("a", &["m"])).is_err());
+        assert_eq!(
+            f.add(spec("a", &["m"])).unwrap_err(),
+            AddError::IdTaken("a".into())
+        );
+        let same_url = WorkerSpec {
+            id: "a2".into(),
+            url: BaseUrl::parse("http://A:1/").unwrap(),
+            ..spec("a2", &["m"])
+        };
+        assert_eq!(
+            f.add(same_url).unwrap_err(),
+            AddError::UrlTaken {
+                url: "http://A:1".into(),
+                by: "a".into()
+            }
+        );
         let b = f.add(spec("b", &["m"])).unwrap();
         assert_eq!(b.key, WorkerId(1));
         assert!(f.remove("a").is_some());

@@ -75,6 +75,12 @@ impl BaseUrl {
     pub fn authority(&self) -> &http::uri::Authority {
         &self.authority
     }
+
+    /// Whether `other` reaches the same server and path: host compared without case, a
+    /// missing port read as 80.
+    pub fn same_endpoint(&self, other: &BaseUrl) -> bool {
+        self.host_port().eq_ignore_ascii_case(&other.host_port()) && self.prefix == other.prefix
+    }
 }
 
 impl std::fmt::Display for BaseUrl {

@@ -64,6 +64,8 @@ pub struct AppState {
     models: Vec<ModelConfig>,
     /// Origin of the index's clock (approximate entries expire on it).
     started: Instant,
+    /// The router's own addresses (configured and bound): a worker there would be a loop.
+    own_addrs: std::sync::RwLock<Vec<SocketAddr>>,
 }
 
 impl AppState {
@@ -108,7 +110,30 @@ impl AppState {
             admission: admission::Admission::new(config.limits, &config.tenants),
             models: config.models.clone(),
             started: Instant::now(),
+            own_addrs: std::sync::RwLock::new(
+                std::iter::once(config.listen)
+                    .chain(config.metrics_listen)
+                    .collect(),
+            ),
         })
+    }
+
+    /// The addresses this router listens on (configured, and bound once started).
+    pub fn own_addrs(&self) -> Vec<SocketAddr> {
+        match self.own_addrs.read() {
+            Ok(a) => a.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    fn add_own_addr(&self, addr: SocketAddr) {
+        let mut a = match self.own_addrs.write() {
+            Ok(a) => a,
+            Err(p) => p.into_inner(),
+        };
+        if !a.contains(&addr) {
+            a.push(addr);
+        }
     }
 
     /// Whether a tenant's cache salt is sent to `model`'s engines (default: yes).
@@ -147,6 +172,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/debug/route", post(debug::route))
         .route("/admin/workers", get(admin::list).post(admin::add))
         .route("/admin/workers/{id}/drain", post(admin::drain))
+        .route("/admin/workers/{id}/undrain", post(admin::undrain))
         .route("/admin/workers/{id}", axum::routing::delete(admin::remove))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -212,6 +238,7 @@ pub fn start_with_state(
     listener: TcpListener,
 ) -> anyhow::Result<RouterHandle> {
     let addr = listener.local_addr()?;
+    state.add_own_addr(addr);
     state.lifecycle.start();
     let stop = CancellationToken::new();
     let health_task = health::spawn(

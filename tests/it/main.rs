@@ -5,6 +5,7 @@
 
 mod support;
 
+mod admin_api;
 mod bench_overhead;
 mod bench_replay;
 mod bench_report;
