@@ -67,7 +67,11 @@ pub(super) struct FileProxy {
     pub(super) header_read_timeout_s: Option<f64>,
     pub(super) retry_budget_ratio: Option<f64>,
     pub(super) retry_budget_min_per_s: Option<f64>,
+    /// Deprecated: `breaker_min_requests`.
     pub(super) breaker_failures: Option<u32>,
+    pub(super) breaker_min_requests: Option<u32>,
+    pub(super) breaker_failure_rate: Option<f64>,
+    pub(super) breaker_window_s: Option<f64>,
     pub(super) breaker_open_s: Option<f64>,
 }
 

@@ -215,7 +215,8 @@ impl Config {
     }
 
     fn build(file: FileConfig, args: &ServeArgs) -> Result<Config, ConfigError> {
-        let deprecations = server::deprecations(&file);
+        let mut deprecations = server::deprecations(&file);
+        deprecations.extend(proxy::deprecations(&file.proxy));
         let front = server::FrontDoor::from_file(&file, args.listen.as_deref())?;
         let policy = policy::policy(args.policy, file.policy)?;
         let proxy = proxy::proxy(&file.proxy)?;

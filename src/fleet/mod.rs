@@ -9,15 +9,17 @@ pub mod breaker;
 pub mod capacity;
 pub mod health;
 pub mod load;
+pub mod roster;
 pub mod worker;
 pub mod worker_id;
 
 use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
 pub use breaker::{Breaker, BreakerConfig, CircuitState};
 pub use health::HealthConfig;
 pub use load::{Load, LoadGuard, LoadSnapshot};
+pub use roster::Roster;
 pub use worker::{BaseUrl, DownHook, ServedModel, Worker, WorkerSpec, WorkerUrlError};
 pub use worker_id::WorkerId;
 
@@ -45,7 +47,7 @@ pub enum AddError {
 /// workers alive at once however many come and go (Kubernetes churn), and a late observation
 /// of a departed worker can never land on its successor.
 pub struct Fleet {
-    workers: RwLock<Arc<[Arc<Worker>]>>,
+    roster: Arc<Roster>,
     next_key: std::sync::atomic::AtomicU32,
     /// Numbers of workers that left, with the worker that had each; reusable once it is gone.
     released: Mutex<Vec<(WorkerId, Weak<Worker>)>>,
@@ -71,21 +73,24 @@ impl Fleet {
         breaker: BreakerConfig,
         on_down: Option<DownHook>,
     ) -> Fleet {
-        let workers: Vec<Arc<Worker>> = specs
-            .into_iter()
-            .enumerate()
-            .map(|(i, s)| {
-                Arc::new(Worker::with(
-                    s,
-                    WorkerId(i as u32),
-                    breaker,
-                    on_down.clone(),
-                ))
-            })
-            .collect();
-        let n = workers.len() as u32;
+        let n = specs.len() as u32;
+        let roster = Roster::new_cyclic(|roster| {
+            specs
+                .into_iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    Arc::new(Worker::with(
+                        s,
+                        WorkerId(i as u32),
+                        breaker,
+                        on_down.clone(),
+                        Weak::clone(roster),
+                    ))
+                })
+                .collect()
+        });
         Fleet {
-            workers: RwLock::new(workers.into()),
+            roster,
             next_key: std::sync::atomic::AtomicU32::new(n),
             released: Mutex::new(Vec::new()),
             breaker,
@@ -95,10 +100,7 @@ impl Fleet {
 
     /// The current workers.
     pub fn workers(&self) -> Arc<[Arc<Worker>]> {
-        match self.workers.read() {
-            Ok(w) => Arc::clone(&w),
-            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
-        }
+        self.roster.workers()
     }
 
     /// Workers that may take a new request for `model` now (healthy, not draining, circuit
@@ -143,10 +145,7 @@ impl Fleet {
     /// Adds a worker; fails if its id or its URL is taken (checked under the same lock as
     /// the insertion, so two concurrent adds cannot both pass).
     pub fn add(&self, spec: WorkerSpec) -> Result<Arc<Worker>, AddError> {
-        let mut guard = match self.workers.write() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
+        let mut guard = self.roster.write();
         if guard.iter().any(|w| w.id() == spec.id) {
             return Err(AddError::IdTaken(spec.id));
         }
@@ -162,7 +161,13 @@ impl Fleet {
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             )
         });
-        let w = Arc::new(Worker::with(spec, key, self.breaker, self.on_down.clone()));
+        let w = Arc::new(Worker::with(
+            spec,
+            key,
+            self.breaker,
+            self.on_down.clone(),
+            Arc::downgrade(&self.roster),
+        ));
         let mut v: Vec<Arc<Worker>> = guard.iter().cloned().collect();
         v.push(Arc::clone(&w));
         *guard = v.into();
@@ -195,7 +200,7 @@ impl Fleet {
 
     /// Removes the worker with `id`; returns it if it was there.
     pub fn remove(&self, id: &str) -> Option<Arc<Worker>> {
-        let mut guard = self.workers.write().ok()?;
+        let mut guard = self.roster.write();
         let pos = guard.iter().position(|w| w.id() == id)?;
         let mut v: Vec<Arc<Worker>> = guard.iter().cloned().collect();
         let w = v.remove(pos);

@@ -55,7 +55,7 @@ impl ResponseObserver for Observer {
     fn end(&mut self, end: End) {
         self.attempt.admitted.finish();
         if end == End::UpstreamError {
-            self.attempt.worker.breaker.record_failure(Instant::now());
+            self.attempt.worker.record_failure(Instant::now());
         }
         let status = match end {
             End::Complete => self.status.as_str().to_owned(),
