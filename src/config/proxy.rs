@@ -103,7 +103,9 @@ pub(super) fn breaker(file: &FileProxy) -> Result<BreakerConfig, ConfigError> {
     if !(failure_rate.is_finite() && failure_rate > 0.0 && failure_rate <= 1.0) {
         return Err(invalid(
             "proxy.breaker_failure_rate",
-            format!("{failure_rate} is out of range; give a fraction above 0 and at most 1, e.g. 0.5"),
+            format!(
+                "{failure_rate} is out of range; give a fraction above 0 and at most 1, e.g. 0.5"
+            ),
         ));
     }
     Ok(BreakerConfig {

@@ -265,14 +265,29 @@ fn breaker_keys_are_validated_and_the_old_count_is_deprecated() {
     let old = load("[proxy]\nbreaker_failures = 7").unwrap();
     assert_eq!(old.breaker.min_requests, 7);
     assert_eq!(
-        old.deprecations.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        old.deprecations
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
         ["`proxy.breaker_failures` is deprecated; use `proxy.breaker_min_requests`"]
     );
     for (text, key) in [
-        ("[proxy]\nbreaker_failure_rate = 0", "proxy.breaker_failure_rate"),
-        ("[proxy]\nbreaker_failure_rate = 1.5", "proxy.breaker_failure_rate"),
-        ("[proxy]\nbreaker_failure_rate = nan", "proxy.breaker_failure_rate"),
-        ("[proxy]\nbreaker_min_requests = 0", "proxy.breaker_min_requests"),
+        (
+            "[proxy]\nbreaker_failure_rate = 0",
+            "proxy.breaker_failure_rate",
+        ),
+        (
+            "[proxy]\nbreaker_failure_rate = 1.5",
+            "proxy.breaker_failure_rate",
+        ),
+        (
+            "[proxy]\nbreaker_failure_rate = nan",
+            "proxy.breaker_failure_rate",
+        ),
+        (
+            "[proxy]\nbreaker_min_requests = 0",
+            "proxy.breaker_min_requests",
+        ),
         ("[proxy]\nbreaker_failures = 0", "proxy.breaker_failures"),
         ("[proxy]\nbreaker_window_s = 0", "proxy.breaker_window_s"),
         (

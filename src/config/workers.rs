@@ -58,7 +58,10 @@ pub fn check_worker(spec: &WorkerSpec) -> Result<(), WorkerSpecError> {
             "model names must be non-empty, without control characters",
         ));
     }
-    for (field, ep) in [("kv_events", &spec.kv_events), ("kv_replay", &spec.kv_replay)] {
+    for (field, ep) in [
+        ("kv_events", &spec.kv_events),
+        ("kv_replay", &spec.kv_replay),
+    ] {
         if let Some(ep) = ep
             && !(ep.starts_with("tcp://") || ep.starts_with("ipc://"))
         {
@@ -85,7 +88,10 @@ pub fn check_worker(spec: &WorkerSpec) -> Result<(), WorkerSpecError> {
 pub fn names_own_address(url: &BaseUrl, own: &[SocketAddr]) -> bool {
     let authority = url.authority();
     let port = authority.port_u16().unwrap_or(80);
-    let host = authority.host().trim_start_matches('[').trim_end_matches(']');
+    let host = authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
     let ip: Option<IpAddr> = host.parse().ok();
     let local = host.eq_ignore_ascii_case("localhost")
         || ip.is_some_and(|ip| ip.is_loopback() || ip.is_unspecified());

@@ -114,17 +114,26 @@ impl Window {
             .iter()
             .filter(|b| b.epoch != 0 && b.epoch + BUCKETS as u64 > epoch)
             .fold((0, 0), |(n, f), b| {
-                (n + u64::from(b.ok) + u64::from(b.failed), f + u64::from(b.failed))
+                (
+                    n + u64::from(b.ok) + u64::from(b.failed),
+                    f + u64::from(b.failed),
+                )
             })
     }
 }
 
 #[derive(Debug)]
 enum Inner {
-    Closed { window: Window },
-    Open { until: Instant },
+    Closed {
+        window: Window,
+    },
+    Open {
+        until: Instant,
+    },
     /// `probe`: when the one probe request was let through, if it has been.
-    HalfOpen { probe: Option<Instant> },
+    HalfOpen {
+        probe: Option<Instant>,
+    },
 }
 
 impl Inner {

@@ -64,7 +64,9 @@ mod tests {
         let mut folded = HeaderMap::new();
         folded.insert(
             VIA_HEADER,
-            format!("{}, {}", other.as_str(), me.as_str()).parse().unwrap(),
+            format!("{}, {}", other.as_str(), me.as_str())
+                .parse()
+                .unwrap(),
         );
         assert!(me.seen_in(&folded));
         folded.insert(VIA_HEADER, format!("x{}", me.as_str()).parse().unwrap());

@@ -250,7 +250,12 @@ mod tests {
         assert!(k.model_reader(&bearer("k-admin")).unwrap().is_none(), "all");
         let bob = k.model_reader(&bearer("k-bob")).unwrap().unwrap();
         assert!(bob.allows("small") && !bob.allows("big"));
-        assert!(Keys::default().model_reader(&HeaderMap::new()).unwrap().is_none());
+        assert!(
+            Keys::default()
+                .model_reader(&HeaderMap::new())
+                .unwrap()
+                .is_none()
+        );
     }
 
     #[test]

@@ -37,7 +37,11 @@ fn bad_workers() -> Vec<(Value, &'static str, &'static str)> {
             "",
             "id",
         ),
-        (json!({"id": "m", "models": [""]}), "models = [\"\"]", "models"),
+        (
+            json!({"id": "m", "models": [""]}),
+            "models = [\"\"]",
+            "models",
+        ),
         (
             json!({"id": "m", "models": ["a\u{1b}[31m"]}),
             "models = [\"a\\u001b[31m\"]",
@@ -53,7 +57,11 @@ fn bad_workers() -> Vec<(Value, &'static str, &'static str)> {
             "kv_replay = \"127.0.0.1:1\"",
             "kv_replay",
         ),
-        (json!({"id": "z", "kv_blocks": 0}), "kv_blocks = 0", "kv_blocks"),
+        (
+            json!({"id": "z", "kv_blocks": 0}),
+            "kv_blocks = 0",
+            "kv_blocks",
+        ),
     ]
 }
 
@@ -100,7 +108,12 @@ async fn a_url_already_in_the_fleet_is_refused_by_admin_and_config() {
     // The same replica under another id, spelt with a trailing slash.
     let same = format!("http://{}/", a.addr);
     let e = assert_openai_error(
-        add(&c, r.addr, json!({"id": "again", "url": same, "models": ["m"]})).await,
+        add(
+            &c,
+            r.addr,
+            json!({"id": "again", "url": same, "models": ["m"]}),
+        )
+        .await,
         409,
     )
     .await;
@@ -109,7 +122,12 @@ async fn a_url_already_in_the_fleet_is_refused_by_admin_and_config() {
     assert_eq!(r.state.fleet.workers().len(), 1);
     // Another path on the same host is another endpoint.
     let other = format!("http://{}/v2", a.addr);
-    let resp = add(&c, r.addr, json!({"id": "v2", "url": other, "models": ["m"]})).await;
+    let resp = add(
+        &c,
+        r.addr,
+        json!({"id": "v2", "url": other, "models": ["m"]}),
+    )
+    .await;
     assert_eq!(resp.status(), 201);
 
     let msg = config_error(
@@ -177,7 +195,10 @@ async fn undrain_puts_a_drained_worker_back_in_rotation() {
     }
     assert_eq!((a.count(), b.count()), (2, 6));
     let e = assert_openai_error(
-        c.post(format!("{admin}/nope/undrain")).send().await.unwrap(),
+        c.post(format!("{admin}/nope/undrain"))
+            .send()
+            .await
+            .unwrap(),
         404,
     )
     .await;

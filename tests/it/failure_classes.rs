@@ -72,7 +72,10 @@ async fn a_prompt_the_engine_answers_500_charges_no_worker() {
     let metrics = metrics_text(r.addr).await;
     assert_eq!(circuit(&metrics, "w0"), Some(0), "{metrics}");
     assert_eq!(circuit(&metrics, "w1"), Some(0), "{metrics}");
-    assert!(!metrics.contains("kvroute_upstream_errors_total{"), "{metrics}");
+    assert!(
+        !metrics.contains("kvroute_upstream_errors_total{"),
+        "{metrics}"
+    );
     assert!(!metrics.contains("kvroute_retries_total{"), "{metrics}");
     // Everyone else is served by both workers as before.
     for _ in 0..10 {
@@ -100,7 +103,11 @@ async fn a_502_503_or_504_is_retried_and_opens_the_circuit() {
             assert_eq!(resp.status(), 200, "{status} retried on the good worker");
             resp.bytes().await.unwrap();
         }
-        assert_eq!(bad.count(), 2, "{status}: open after two failures, then skipped");
+        assert_eq!(
+            bad.count(),
+            2,
+            "{status}: open after two failures, then skipped"
+        );
         assert_eq!(good.count(), 8);
         let metrics = metrics_text(r.addr).await;
         assert_eq!(circuit(&metrics, "w0"), Some(1), "{status}: {metrics}");
@@ -157,7 +164,10 @@ async fn the_last_routable_worker_of_a_model_keeps_serving() {
         let resp = complete(&c, r.addr, &json!({"model": "m", "prompt": "x"})).await;
         assert_eq!(resp.status(), 503);
         let v: serde_json::Value = resp.json().await.unwrap();
-        assert_eq!(v["error"]["message"], "only failed", "the worker's own answer: {v}");
+        assert_eq!(
+            v["error"]["message"], "only failed",
+            "the worker's own answer: {v}"
+        );
     }
     assert_eq!(only.count(), 10, "every request reached the last worker");
     let metrics = metrics_text(r.addr).await;

@@ -46,8 +46,14 @@ async fn the_model_list_needs_a_key_and_shows_only_the_tenants_models() {
     assert_openai_error(c.get(&url).bearer_auth("wrong").send().await.unwrap(), 401).await;
     let get = |key: &'static str| c.get(&url).bearer_auth(key).send();
     assert_eq!(model_ids(get("key-bob").await.unwrap()).await, ["small"]);
-    assert_eq!(model_ids(get("key-acme").await.unwrap()).await, ["big", "small"]);
-    assert_eq!(model_ids(get("key-admin").await.unwrap()).await, ["big", "small"]);
+    assert_eq!(
+        model_ids(get("key-acme").await.unwrap()).await,
+        ["big", "small"]
+    );
+    assert_eq!(
+        model_ids(get("key-admin").await.unwrap()).await,
+        ["big", "small"]
+    );
     r.shutdown().await;
 
     // Without tenants the list stays open.
@@ -69,10 +75,19 @@ async fn metrics_listen_moves_metrics_off_the_main_listener() {
     let metrics_addr = r.metrics_addr.expect("a metrics listener");
     assert_ne!(metrics_addr, r.addr);
     let c = client();
-    let resp = complete(&c, r.addr, &serde_json::json!({"model": "m", "prompt": "x"})).await;
+    let resp = complete(
+        &c,
+        r.addr,
+        &serde_json::json!({"model": "m", "prompt": "x"}),
+    )
+    .await;
     assert_eq!(resp.status(), 200);
     resp.bytes().await.unwrap();
-    let main = c.get(format!("http://{}/metrics", r.addr)).send().await.unwrap();
+    let main = c
+        .get(format!("http://{}/metrics", r.addr))
+        .send()
+        .await
+        .unwrap();
     assert_openai_error(main, 404).await;
     let text = metrics_text(metrics_addr).await;
     assert!(
