@@ -14,7 +14,7 @@ use thiserror::Error;
 use crate::config::ModelConfig;
 use crate::fleet::WorkerId;
 use crate::fleet::health::CapacityHook;
-use crate::fleet::{BreakerConfig, DownHook, Fleet, Worker, WorkerSpec};
+use crate::fleet::{AddError, BreakerConfig, DownHook, Fleet, Worker, WorkerSpec};
 use crate::index::{Holdings, WorkerFeed};
 use crate::kv_events::{ReplayLimits, SubscriberConfig, SubscriberStats};
 use crate::metrics::Metrics;
@@ -23,9 +23,9 @@ use crate::policy::Policy;
 /// Why a worker could not join.
 #[derive(Debug, Error, PartialEq)]
 pub enum JoinError {
-    /// Another worker has the id.
-    #[error("a worker with id `{0}` exists already")]
-    Exists(String),
+    /// Another worker has the id or the URL.
+    #[error(transparent)]
+    Exists(#[from] AddError),
 }
 
 /// Why a worker could not leave.
@@ -111,8 +111,7 @@ impl Lifecycle {
 
     /// Adds a worker at run time. Must be called on a Tokio runtime.
     pub fn join(&self, spec: WorkerSpec) -> Result<Arc<Worker>, JoinError> {
-        let id = spec.id.clone();
-        let worker = self.fleet.add(spec).map_err(|_| JoinError::Exists(id))?;
+        let worker = self.fleet.add(spec)?;
         self.arrive(&worker);
         tracing::info!(worker = worker.id(), key = %worker.key, "worker joined");
         Ok(worker)
@@ -123,6 +122,14 @@ impl Lifecycle {
         let w = self.fleet.get(id)?;
         w.set_draining(true);
         tracing::info!(worker = %id, "draining");
+        Some(w)
+    }
+
+    /// Lets the worker `id` take new requests again after a drain.
+    pub fn undrain(&self, id: &str) -> Option<Arc<Worker>> {
+        let w = self.fleet.get(id)?;
+        w.set_draining(false);
+        tracing::info!(worker = %id, "undrained: taking new requests again");
         Some(w)
     }
 

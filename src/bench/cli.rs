@@ -160,6 +160,10 @@ async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
     if !(0.0..=1.0).contains(&args.max_error_fraction) {
         bail!("--max-error-fraction must be between 0 and 1");
     }
+    let (trace, workload) = args.workload()?;
+    if trace.is_empty() {
+        bail!("the workload has no request (check --window and --max-requests)");
+    }
     let model = match &args.model {
         Some(m) => m.clone(),
         None => {
@@ -168,10 +172,6 @@ async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
             m
         }
     };
-    let (trace, workload) = args.workload()?;
-    if trace.is_empty() {
-        bail!("the workload has no request (check --window and --max-requests)");
-    }
     let synth = args.workload.prompt_synth(args.seed);
     let shape = RequestShape {
         model,

@@ -55,6 +55,7 @@ pub(super) struct FileServer {
     pub(super) max_connections: Option<u64>,
     pub(super) http2_keepalive_interval_s: Option<f64>,
     pub(super) http2_keepalive_timeout_s: Option<f64>,
+    pub(super) metrics_listen: Option<String>,
 }
 
 #[derive(Deserialize, Debug, Default)]
@@ -72,7 +73,11 @@ pub(super) struct FileProxy {
     pub(super) header_read_timeout_s: Option<f64>,
     pub(super) retry_budget_ratio: Option<f64>,
     pub(super) retry_budget_min_per_s: Option<f64>,
+    /// Deprecated: `breaker_min_requests`.
     pub(super) breaker_failures: Option<u32>,
+    pub(super) breaker_min_requests: Option<u32>,
+    pub(super) breaker_failure_rate: Option<f64>,
+    pub(super) breaker_window_s: Option<f64>,
     pub(super) breaker_open_s: Option<f64>,
 }
 

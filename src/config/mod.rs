@@ -50,7 +50,10 @@ pub use server::{
     DEFAULT_MAX_BODY_BYTES, DEFAULT_SHUTDOWN_GRACE, Deprecation, MOVED_TO_SERVER,
 };
 pub use tenants::{ANY_MODEL, TenantConfig};
-pub use workers::{WORKER_FLAG_SYNTAX, WorkerFlagError, parse_worker_flag};
+pub use workers::{
+    MAX_WORKER_ID_BYTES, WORKER_FLAG_SYNTAX, WorkerFlagError, WorkerSpecError, check_worker,
+    names_own_address, parse_worker_flag,
+};
 
 /// A configuration problem, phrased for the operator.
 #[derive(Debug, Error)]
@@ -131,6 +134,8 @@ pub struct ServeArgs {
 pub struct Config {
     /// Where to listen.
     pub listen: SocketAddr,
+    /// Where `/metrics` is served instead of on `listen`, when set (`[server] metrics_listen`).
+    pub metrics_listen: Option<SocketAddr>,
     /// The routing policy.
     pub policy: PolicyKind,
     /// Seed for policies' random choices.
@@ -222,7 +227,8 @@ impl Config {
     }
 
     fn build(file: FileConfig, args: &ServeArgs) -> Result<Config, ConfigError> {
-        let deprecations = server::deprecations(&file);
+        let mut deprecations = server::deprecations(&file);
+        deprecations.extend(proxy::deprecations(&file.proxy));
         let front = server::FrontDoor::from_file(&file, args.listen.as_deref())?;
         let policy = policy::policy(args.policy, file.policy)?;
         let proxy = proxy::proxy(&file.proxy)?;
@@ -236,9 +242,13 @@ impl Config {
         let limits = Limits::from_file(&file.limits)?;
         let tenants = tenants::tenants(file.tenants)?;
         let admin_key_sha256 = tenants::admin_key(file.admin, &tenants)?;
-        workers::unique_ids(&workers)?;
+        let own: Vec<SocketAddr> = std::iter::once(front.listen)
+            .chain(front.metrics_listen)
+            .collect();
+        workers::unique_ids(&workers, &own)?;
         Ok(Config {
             listen: front.listen,
+            metrics_listen: front.metrics_listen,
             policy,
             seed: file.seed.unwrap_or(DEFAULT_SEED),
             log_format: args.log_format.or(file.log_format).unwrap_or_default(),

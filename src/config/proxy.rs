@@ -3,6 +3,7 @@
 //! code that uses them; an unset key takes exactly that value.
 
 use super::file::FileProxy;
+use super::server::Deprecation;
 use super::values::{non_negative, seconds};
 use super::{ConfigError, invalid};
 use crate::fleet::BreakerConfig;
@@ -66,20 +67,61 @@ pub(super) fn proxy(file: &FileProxy) -> Result<ProxyConfig, ConfigError> {
     Ok(proxy)
 }
 
+/// `breaker_failures` counted consecutive failures; the breaker now judges a failure rate
+/// over a window, and the nearest meaning of the old key is the window's minimum of requests.
+const BREAKER_FAILURES: Deprecation = Deprecation {
+    old: "proxy.breaker_failures",
+    new: "proxy.breaker_min_requests",
+};
+
+/// The deprecated keys of `[proxy]` the file uses.
+pub(super) fn deprecations(file: &FileProxy) -> Vec<Deprecation> {
+    file.breaker_failures
+        .map(|_| BREAKER_FAILURES)
+        .into_iter()
+        .collect()
+}
+
 /// The circuit breaker settings of `[proxy]` (`breaker_*`).
 pub(super) fn breaker(file: &FileProxy) -> Result<BreakerConfig, ConfigError> {
     let d = BreakerConfig::default();
-    let breaker = BreakerConfig {
-        failure_threshold: file.breaker_failures.unwrap_or(d.failure_threshold),
+    let (key, min_requests) = match (file.breaker_min_requests, file.breaker_failures) {
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                BREAKER_FAILURES.new,
+                "also given as `proxy.breaker_failures`, its deprecated old name; keep only \
+                 `proxy.breaker_min_requests`",
+            ));
+        }
+        (None, Some(n)) => (BREAKER_FAILURES.old, n),
+        (n, None) => (BREAKER_FAILURES.new, n.unwrap_or(d.min_requests)),
+    };
+    if min_requests == 0 {
+        return Err(invalid(key, "must be at least 1"));
+    }
+    let failure_rate = file.breaker_failure_rate.unwrap_or(d.failure_rate);
+    if !(failure_rate.is_finite() && failure_rate > 0.0 && failure_rate <= 1.0) {
+        return Err(invalid(
+            "proxy.breaker_failure_rate",
+            format!(
+                "{failure_rate} is out of range; give a fraction above 0 and at most 1, e.g. 0.5"
+            ),
+        ));
+    }
+    Ok(BreakerConfig {
+        window: seconds(
+            "proxy.breaker_window_s",
+            file.breaker_window_s,
+            d.window,
+            0.01,
+        )?,
+        min_requests,
+        failure_rate,
         open_for: seconds(
             "proxy.breaker_open_s",
             file.breaker_open_s,
             d.open_for,
             0.001,
         )?,
-    };
-    if breaker.failure_threshold == 0 {
-        return Err(invalid("proxy.breaker_failures", "must be at least 1"));
-    }
-    Ok(breaker)
+    })
 }

@@ -163,6 +163,7 @@ pub(super) struct FrontDoor {
     pub(super) header_read_timeout: Duration,
     pub(super) body_read_timeout: Duration,
     pub(super) connections: Connections,
+    pub(super) metrics_listen: Option<SocketAddr>,
 }
 
 impl FrontDoor {
@@ -203,6 +204,7 @@ impl FrontDoor {
             file.proxy.body_read_timeout_s,
         )?;
         let body_read_timeout = seconds(key, body, DEFAULT_BODY_READ_TIMEOUT, 0.001)?;
+        let metrics_listen = metrics_listen(s.metrics_listen.as_deref(), listen)?;
         Ok(FrontDoor {
             listen,
             max_body_bytes: usize::try_from(max_body_bytes).unwrap_or(usize::MAX),
@@ -210,8 +212,35 @@ impl FrontDoor {
             header_read_timeout,
             body_read_timeout,
             connections: Connections::from_file(s)?,
+            metrics_listen,
         })
     }
+}
+
+/// `server.metrics_listen`: a second address that serves `/metrics` alone, so that metrics
+/// (worker ids, models, load) are not readable by everyone who can reach the API port. When
+/// set, the main listener no longer serves `/metrics`.
+fn metrics_listen(
+    value: Option<&str>,
+    listen: SocketAddr,
+) -> Result<Option<SocketAddr>, ConfigError> {
+    const KEY: &str = "server.metrics_listen";
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let addr: SocketAddr = value.parse().map_err(|_| {
+        invalid(
+            KEY,
+            format!("`{value}` is not an address; write e.g. \"127.0.0.1:9100\""),
+        )
+    })?;
+    if addr.port() != 0 && addr.port() == listen.port() {
+        return Err(invalid(
+            KEY,
+            format!("{addr} uses the port of `server.listen`; give metrics a port of their own"),
+        ));
+    }
+    Ok(Some(addr))
 }
 
 /// The value of a moved key — from its new place, else its old one — with the key it was read

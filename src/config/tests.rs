@@ -333,3 +333,76 @@ fn a_worker_url_ending_in_v1_means_the_server() {
     let w = parse_worker_flag("http://h:1/v1/=m").unwrap();
     assert_eq!(w.url.to_string(), "http://h:1");
 }
+
+#[test]
+fn breaker_keys_are_validated_and_the_old_count_is_deprecated() {
+    let c = load(
+        "[proxy]\nbreaker_window_s = 30\nbreaker_min_requests = 20\nbreaker_failure_rate = 0.25\nbreaker_open_s = 5",
+    )
+    .unwrap();
+    assert_eq!(
+        c.breaker,
+        BreakerConfig {
+            window: Duration::from_secs(30),
+            min_requests: 20,
+            failure_rate: 0.25,
+            open_for: Duration::from_secs(5),
+        }
+    );
+    assert!(c.deprecations.is_empty());
+    let old = load("[proxy]\nbreaker_failures = 7").unwrap();
+    assert_eq!(old.breaker.min_requests, 7);
+    assert_eq!(
+        old.deprecations
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        ["`proxy.breaker_failures` is deprecated; use `proxy.breaker_min_requests`"]
+    );
+    for (text, key) in [
+        (
+            "[proxy]\nbreaker_failure_rate = 0",
+            "proxy.breaker_failure_rate",
+        ),
+        (
+            "[proxy]\nbreaker_failure_rate = 1.5",
+            "proxy.breaker_failure_rate",
+        ),
+        (
+            "[proxy]\nbreaker_failure_rate = nan",
+            "proxy.breaker_failure_rate",
+        ),
+        (
+            "[proxy]\nbreaker_min_requests = 0",
+            "proxy.breaker_min_requests",
+        ),
+        ("[proxy]\nbreaker_failures = 0", "proxy.breaker_failures"),
+        ("[proxy]\nbreaker_window_s = 0", "proxy.breaker_window_s"),
+        (
+            "[proxy]\nbreaker_failures = 3\nbreaker_min_requests = 3",
+            "proxy.breaker_min_requests",
+        ),
+    ] {
+        let e = load(text).unwrap_err().to_string();
+        assert!(e.contains(&format!("`{key}`")), "{text}: {e}");
+    }
+}
+
+#[test]
+fn metrics_listen_is_an_address_apart_from_listen() {
+    let c = load("[server]\nmetrics_listen = \"127.0.0.1:9100\"").unwrap();
+    assert_eq!(c.metrics_listen, Some("127.0.0.1:9100".parse().unwrap()));
+    assert_eq!(load("").unwrap().metrics_listen, None);
+    for text in [
+        "[server]\nmetrics_listen = \"nope\"",
+        "[server]\nlisten = \"127.0.0.1:9100\"\nmetrics_listen = \"0.0.0.0:9100\"",
+    ] {
+        let e = load(text).unwrap_err().to_string();
+        assert!(e.contains("`server.metrics_listen`"), "{text}: {e}");
+    }
+    // A worker at the metrics address is the router itself.
+    let e = load("[server]\nmetrics_listen = \"127.0.0.1:9100\"\n[[workers]]\nurl = \"http://127.0.0.1:9100\"")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("own listen address"), "{e}");
+}

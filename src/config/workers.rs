@@ -1,6 +1,8 @@
 //! `[[workers]]` and `--worker`: the static fleet. Both spellings go through one
 //! [`worker_spec`], so a worker given on the command line is checked exactly like one in the
-//! file.
+//! file; the admin API checks the workers it adds with the same [`check_worker`].
+
+use std::net::{IpAddr, SocketAddr};
 
 use thiserror::Error;
 
@@ -24,6 +26,97 @@ pub enum WorkerFlagError {
     Invalid(String),
 }
 
+/// Longest worker id accepted: ids are metric labels, log fields and URL path segments.
+pub const MAX_WORKER_ID_BYTES: usize = 128;
+
+/// What is wrong with a worker's description, and in which of its fields.
+#[derive(Debug, Error, PartialEq)]
+#[error("{message}")]
+pub struct WorkerSpecError {
+    /// The field at fault (`id`, `url`, `models`, `kv_events`, `kv_replay`, `kv_blocks`).
+    pub field: &'static str,
+    /// What is wrong and what to write instead.
+    pub message: String,
+}
+
+fn spec_error(field: &'static str, message: impl Into<String>) -> WorkerSpecError {
+    WorkerSpecError {
+        field,
+        message: message.into(),
+    }
+}
+
+/// Checks a worker's description: the one check for `[[workers]]`, `--worker` and the admin
+/// API. An id is a metric label, a log field and the path segment the admin API removes it by,
+/// so it must be non-empty, short, and free of spaces and control characters; a model name is a
+/// metric label too.
+pub fn check_worker(spec: &WorkerSpec) -> Result<(), WorkerSpecError> {
+    let id = &spec.id;
+    if id.is_empty() || id.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(spec_error(
+            "id",
+            "must be non-empty, without spaces or control characters",
+        ));
+    }
+    if id.len() > MAX_WORKER_ID_BYTES {
+        return Err(spec_error(
+            "id",
+            format!("must be at most {MAX_WORKER_ID_BYTES} bytes"),
+        ));
+    }
+    if spec
+        .models
+        .iter()
+        .any(|m| m.is_empty() || m.chars().any(char::is_control))
+    {
+        return Err(spec_error(
+            "models",
+            "model names must be non-empty, without control characters",
+        ));
+    }
+    for (field, ep) in [
+        ("kv_events", &spec.kv_events),
+        ("kv_replay", &spec.kv_replay),
+    ] {
+        if let Some(ep) = ep
+            && !ep
+                .split_once("://")
+                .is_some_and(|(scheme, at)| matches!(scheme, "tcp" | "ipc") && !at.is_empty())
+        {
+            return Err(spec_error(
+                field,
+                format!("`{ep}` is not a ZeroMQ endpoint; write e.g. \"tcp://127.0.0.1:5557\""),
+            ));
+        }
+    }
+    if spec.kv_blocks == Some(0) {
+        return Err(spec_error(
+            "kv_blocks",
+            "must be at least 1; omit it to read the engine's metrics",
+        ));
+    }
+    Ok(())
+}
+
+/// Whether `url` names one of the router's own listen addresses: the same port on a loopback
+/// or unspecified host (`localhost`, `127.x`, `::1`, `0.0.0.0`, `::`) or on the very address
+/// listened on. Such a worker would send every request back to the router, which forwards it
+/// again (a routing loop). Other names of this host (its LAN address while listening on
+/// `0.0.0.0`, a DNS alias) are caught at run time by the hop header instead.
+pub fn names_own_address(url: &BaseUrl, own: &[SocketAddr]) -> bool {
+    let authority = url.authority();
+    let port = authority.port_u16().unwrap_or(80);
+    let host = authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let ip: Option<IpAddr> = host.parse().ok();
+    let local = host.eq_ignore_ascii_case("localhost")
+        || ip.is_some_and(|ip| ip.is_loopback() || ip.is_unspecified());
+    own.iter()
+        .any(|a| a.port() == port && (local || ip == Some(a.ip())))
+}
+
 /// The workers of `[[workers]]`, then those of `--worker` flags; ids must be unique.
 pub(super) fn workers(
     file: Vec<FileWorker>,
@@ -32,14 +125,9 @@ pub(super) fn workers(
     let mut workers = Vec::new();
     for (i, w) in file.into_iter().enumerate() {
         let key = format!("workers[{i}]");
-        if w.kv_blocks == Some(0) {
-            return Err(invalid(
-                format!("{key}.kv_blocks"),
-                "must be at least 1; omit it to read the engine's metrics",
-            ));
-        }
         let mut spec = worker_spec(&key, w.id, &w.url, w.models, w.kv_events, w.kv_replay)?;
         spec.kv_blocks = w.kv_blocks;
+        check_worker(&spec).map_err(|e| invalid(format!("{key}.{}", e.field), e.message))?;
         workers.push(spec);
     }
     for (i, flag) in flags.iter().enumerate() {
@@ -50,14 +138,37 @@ pub(super) fn workers(
     Ok(workers)
 }
 
-/// Fails when two workers share an id: metrics, logs and the admin API address workers by id.
-pub(super) fn unique_ids(workers: &[WorkerSpec]) -> Result<(), ConfigError> {
+/// Fails when two workers share an id (metrics, logs and the admin API address workers by id)
+/// or a URL (one replica listed twice gets twice its share and skews every load figure), or
+/// when a worker is the router itself (see [`names_own_address`]).
+pub(super) fn unique_ids(workers: &[WorkerSpec], own: &[SocketAddr]) -> Result<(), ConfigError> {
     let mut seen = std::collections::HashSet::new();
     for w in workers {
         if !seen.insert(w.id.clone()) {
             return Err(invalid(
                 "workers",
                 format!("two workers have the id `{}`; give each an `id`", w.id),
+            ));
+        }
+    }
+    for (i, w) in workers.iter().enumerate() {
+        if let Some(other) = workers[..i].iter().find(|o| o.url.same_endpoint(&w.url)) {
+            return Err(invalid(
+                "workers",
+                format!(
+                    "workers `{}` and `{}` have the same url {}; list each replica once",
+                    other.id, w.id, w.url
+                ),
+            ));
+        }
+        if names_own_address(&w.url, own) {
+            return Err(invalid(
+                "workers",
+                format!(
+                    "worker `{}` has the url {}, which is this router's own listen address: \
+                     every request would loop back to it",
+                    w.id, w.url
+                ),
             ));
         }
     }
@@ -74,38 +185,16 @@ fn worker_spec(
 ) -> Result<WorkerSpec, ConfigError> {
     let base = BaseUrl::parse(url).map_err(|e| invalid(format!("{key}.url"), e.to_string()))?;
     let id = id.unwrap_or_else(|| base.host_port());
-    if id.is_empty() || id.chars().any(|c| c.is_control() || c.is_whitespace()) {
-        return Err(invalid(
-            format!("{key}.id"),
-            "must be non-empty, without spaces or control characters",
-        ));
-    }
-    if models.iter().any(|m| m.is_empty()) {
-        return Err(invalid(
-            format!("{key}.models"),
-            "model names must not be empty",
-        ));
-    }
-    for (k, ep) in [("kv_events", &kv_events), ("kv_replay", &kv_replay)] {
-        if let Some(ep) = ep
-            && !ep
-                .split_once("://")
-                .is_some_and(|(scheme, at)| matches!(scheme, "tcp" | "ipc") && !at.is_empty())
-        {
-            return Err(invalid(
-                format!("{key}.{k}"),
-                format!("`{ep}` is not a ZeroMQ endpoint; write e.g. \"tcp://127.0.0.1:5557\""),
-            ));
-        }
-    }
-    Ok(WorkerSpec {
+    let spec = WorkerSpec {
         id,
         url: base,
         models,
         kv_events,
         kv_replay,
         kv_blocks: None,
-    })
+    };
+    check_worker(&spec).map_err(|e| invalid(format!("{key}.{}", e.field), e.message))?;
+    Ok(spec)
 }
 
 /// Parses `URL[=MODEL,…][@EVENTS[@REPLAY]]`: the KV-event PUB endpoint, then the replay ROUTER

@@ -9,17 +9,35 @@ pub mod breaker;
 pub mod capacity;
 pub mod health;
 pub mod load;
+pub mod roster;
 pub mod worker;
 pub mod worker_id;
 
 use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
 pub use breaker::{Breaker, BreakerConfig, CircuitState};
 pub use health::HealthConfig;
 pub use load::{Load, LoadGuard, LoadSnapshot};
+pub use roster::Roster;
 pub use worker::{BaseUrl, DownHook, ServedModel, Worker, WorkerSpec, WorkerUrlError};
 pub use worker_id::WorkerId;
+
+/// Why a worker could not be added.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum AddError {
+    /// Another worker has the id.
+    #[error("a worker with id `{0}` exists already")]
+    IdTaken(String),
+    /// Another worker has the URL.
+    #[error("worker `{by}` has the url {url} already")]
+    UrlTaken {
+        /// The URL.
+        url: String,
+        /// The worker that has it.
+        by: String,
+    },
+}
 
 /// The set of workers.
 ///
@@ -29,7 +47,7 @@ pub use worker_id::WorkerId;
 /// workers alive at once however many come and go (Kubernetes churn), and a late observation
 /// of a departed worker can never land on its successor.
 pub struct Fleet {
-    workers: RwLock<Arc<[Arc<Worker>]>>,
+    roster: Arc<Roster>,
     next_key: std::sync::atomic::AtomicU32,
     /// Numbers of workers that left, with the worker that had each; reusable once it is gone.
     released: Mutex<Vec<(WorkerId, Weak<Worker>)>>,
@@ -55,21 +73,24 @@ impl Fleet {
         breaker: BreakerConfig,
         on_down: Option<DownHook>,
     ) -> Fleet {
-        let workers: Vec<Arc<Worker>> = specs
-            .into_iter()
-            .enumerate()
-            .map(|(i, s)| {
-                Arc::new(Worker::with(
-                    s,
-                    WorkerId(i as u32),
-                    breaker,
-                    on_down.clone(),
-                ))
-            })
-            .collect();
-        let n = workers.len() as u32;
+        let n = specs.len() as u32;
+        let roster = Roster::new_cyclic(|roster| {
+            specs
+                .into_iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    Arc::new(Worker::with(
+                        s,
+                        WorkerId(i as u32),
+                        breaker,
+                        on_down.clone(),
+                        Weak::clone(roster),
+                    ))
+                })
+                .collect()
+        });
         Fleet {
-            workers: RwLock::new(workers.into()),
+            roster,
             next_key: std::sync::atomic::AtomicU32::new(n),
             released: Mutex::new(Vec::new()),
             breaker,
@@ -79,10 +100,7 @@ impl Fleet {
 
     /// The current workers.
     pub fn workers(&self) -> Arc<[Arc<Worker>]> {
-        match self.workers.read() {
-            Ok(w) => Arc::clone(&w),
-            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
-        }
+        self.roster.workers()
     }
 
     /// Workers that may take a new request for `model` now (healthy, not draining, circuit
@@ -124,11 +142,18 @@ impl Fleet {
         self.workers().iter().find(|w| w.id() == id).cloned()
     }
 
-    /// Adds a worker; fails if the id is taken.
-    pub fn add(&self, spec: WorkerSpec) -> Result<Arc<Worker>, String> {
-        let mut guard = self.workers.write().map_err(|_| "fleet lock poisoned")?;
+    /// Adds a worker; fails if its id or its URL is taken (checked under the same lock as
+    /// the insertion, so two concurrent adds cannot both pass).
+    pub fn add(&self, spec: WorkerSpec) -> Result<Arc<Worker>, AddError> {
+        let mut guard = self.roster.write();
         if guard.iter().any(|w| w.id() == spec.id) {
-            return Err(format!("a worker with id `{}` exists already", spec.id));
+            return Err(AddError::IdTaken(spec.id));
+        }
+        if let Some(w) = guard.iter().find(|w| w.spec.url.same_endpoint(&spec.url)) {
+            return Err(AddError::UrlTaken {
+                url: spec.url.to_string(),
+                by: w.id().to_owned(),
+            });
         }
         let key = self.reusable_key().unwrap_or_else(|| {
             WorkerId(
@@ -136,7 +161,13 @@ impl Fleet {
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             )
         });
-        let w = Arc::new(Worker::with(spec, key, self.breaker, self.on_down.clone()));
+        let w = Arc::new(Worker::with(
+            spec,
+            key,
+            self.breaker,
+            self.on_down.clone(),
+            Arc::downgrade(&self.roster),
+        ));
         let mut v: Vec<Arc<Worker>> = guard.iter().cloned().collect();
         v.push(Arc::clone(&w));
         *guard = v.into();
@@ -169,7 +200,7 @@ impl Fleet {
 
     /// Removes the worker with `id`; returns it if it was there.
     pub fn remove(&self, id: &str) -> Option<Arc<Worker>> {
-        let mut guard = self.workers.write().ok()?;
+        let mut guard = self.roster.write();
         let pos = guard.iter().position(|w| w.id() == id)?;
         let mut v: Vec<Arc<Worker>> = guard.iter().cloned().collect();
         let w = v.remove(pos);
@@ -185,7 +216,7 @@ mod tests {
     fn spec(id: &str, models: &[&str]) -> WorkerSpec {
         WorkerSpec {
             id: id.into(),
-            url: BaseUrl::parse("http://127.0.0.1:1").unwrap(),
+            url: BaseUrl::parse(&format!("http://{id}:1")).unwrap(),
             models: models.iter().map(|m| m.to_string()).collect(),
             kv_events: None,
             kv_replay: None,
@@ -211,7 +242,22 @@ mod tests {
     #[test]
     fn add_and_remove_keep_slots_unique() {
         let f = Fleet::new(vec![spec("a", &["m"])]);
-        assert!(f.add(spec("a", &["m"])).is_err());
+        assert_eq!(
+            f.add(spec("a", &["m"])).unwrap_err(),
+            AddError::IdTaken("a".into())
+        );
+        let same_url = WorkerSpec {
+            id: "a2".into(),
+            url: BaseUrl::parse("http://A:1/").unwrap(),
+            ..spec("a2", &["m"])
+        };
+        assert_eq!(
+            f.add(same_url).unwrap_err(),
+            AddError::UrlTaken {
+                url: "http://A:1".into(),
+                by: "a".into()
+            }
+        );
         let b = f.add(spec("b", &["m"])).unwrap();
         assert_eq!(b.key, WorkerId(1));
         assert!(f.remove("a").is_some());

@@ -1,7 +1,7 @@
 //! One upstream replica as the router sees it.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, RwLock, Weak};
 use std::time::Instant;
 
 use http::Uri;
@@ -9,6 +9,7 @@ use thiserror::Error;
 
 use super::breaker::{Breaker, BreakerConfig};
 use super::load::Load;
+use super::roster::Roster;
 use super::worker_id::WorkerId;
 
 /// Why a worker URL was rejected.
@@ -79,6 +80,12 @@ impl BaseUrl {
     /// The `Host` header value.
     pub fn authority(&self) -> &http::uri::Authority {
         &self.authority
+    }
+
+    /// Whether `other` reaches the same server and path: host compared without case, a
+    /// missing port read as 80.
+    pub fn same_endpoint(&self, other: &BaseUrl) -> bool {
+        self.host_port().eq_ignore_ascii_case(&other.host_port()) && self.prefix == other.prefix
     }
 }
 
@@ -153,6 +160,9 @@ pub struct Worker {
     /// KV cache capacity read from the engine's metrics (0: not read yet).
     discovered_kv_blocks: AtomicUsize,
     on_down: Option<DownHook>,
+    /// The fleet's workers, asked before this worker's circuit opens (none for a worker
+    /// outside a fleet).
+    roster: Weak<Roster>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -170,15 +180,17 @@ impl Worker {
     /// A worker that starts healthy: the first health check corrects that within one interval,
     /// and a failing first request is retried on another worker.
     pub fn new(spec: WorkerSpec, key: WorkerId) -> Worker {
-        Worker::with(spec, key, BreakerConfig::default(), None)
+        Worker::with(spec, key, BreakerConfig::default(), None, Weak::new())
     }
 
-    /// A worker with its breaker settings and the hook to call when it goes down.
+    /// A worker with its breaker settings, the hook to call when it goes down, and the
+    /// fleet's roster its circuit consults before opening.
     pub fn with(
         spec: WorkerSpec,
         key: WorkerId,
         breaker: BreakerConfig,
         on_down: Option<DownHook>,
+        roster: Weak<Roster>,
     ) -> Worker {
         Worker {
             label: spec.id.as_str().into(),
@@ -194,6 +206,7 @@ impl Worker {
             streak: AtomicU32::new(0),
             discovered_kv_blocks: AtomicUsize::new(0),
             on_down,
+            roster,
         }
     }
 
@@ -327,6 +340,24 @@ impl Worker {
         self.kv_warming.store(warming, Ordering::Relaxed);
     }
 
+    /// A request to this worker failed in a way that says something about the worker (see
+    /// [`super::breaker`]); returns whether its circuit opened. It opens only while another
+    /// routable worker serves each of its models (see [`Roster`]).
+    pub fn record_failure(&self, now: Instant) -> bool {
+        match self.roster.upgrade() {
+            Some(roster) => roster.one_at_a_time(|| {
+                self.breaker
+                    .record_failure(now, || roster.has_peer_for_each_model(self, now))
+            }),
+            None => self.breaker.record_failure(now, || true),
+        }
+    }
+
+    /// The worker answered a request (whatever the status: its answer is the request's own).
+    pub fn record_success(&self, now: Instant) {
+        self.breaker.record_success(now);
+    }
+
     /// Whether a new request may be sent here at `now`: healthy, not draining, circuit not
     /// open.
     pub fn is_routable(&self, now: Instant) -> bool {
@@ -353,7 +384,13 @@ mod tests {
             kv_replay: None,
             kv_blocks: None,
         };
-        let w = Worker::with(spec, WorkerId(0), BreakerConfig::default(), Some(hook));
+        let w = Worker::with(
+            spec,
+            WorkerId(0),
+            BreakerConfig::default(),
+            Some(hook),
+            Weak::new(),
+        );
         assert!(w.observe_check(false, 2, 3));
         assert!(w.observe_check(false, 2, 3));
         assert!(w.observe_check(true, 2, 3), "a success resets the streak");

@@ -1,13 +1,19 @@
 //! Talking to workers: the pooled upstream client, forwarding with retries before the first
 //! byte, and the observed response body.
 //!
-//! A request is retried only while nothing has reached the client: on a failed connection, an
-//! error before the response head, or a 5xx head (whose body is discarded). Once a response is
-//! handed to the client it is never replayed, so a client never sees output twice.
+//! A request is retried only while nothing has reached the client, and only on a failure that
+//! says something about the worker: a failed connection, an error or timeout before the
+//! response head, or a 502/503/504 head (whose body is discarded). Those are charged to the
+//! worker's circuit breaker. Any other answer, a 500 included, is the request's own: an engine
+//! that answers 500 to one prompt answers it on every worker, so retrying it would only charge
+//! every worker it reaches, and one client's requests could open every circuit of a model. It
+//! goes to the client as it is. Once a response is handed to the client it is never replayed,
+//! so a client never sees output twice.
 
 pub mod body;
 pub mod first_token;
 pub mod headers;
+pub mod hops;
 pub mod retry_budget;
 
 use std::sync::Arc;
@@ -27,6 +33,7 @@ use crate::openai::ApiError;
 use crate::routing::{Attempt, Session};
 
 pub use body::{BodyTimeouts, End, ObservedBody, ResponseObserver};
+pub use hops::{HopId, VIA_HEADER};
 pub use retry_budget::{RetryBudget, RetryBudgetConfig};
 
 /// Proxy settings.
@@ -68,17 +75,30 @@ pub struct Upstream {
     client: Client<HttpConnector, Full<Bytes>>,
     config: ProxyConfig,
     budget: Arc<RetryBudget>,
+    /// This router's id in the hop header of what it forwards.
+    hop: HopId,
 }
 
-/// Why one attempt failed.
+/// Why one attempt failed: each kind is the worker's failure, charged to its breaker and
+/// retried elsewhere while the budget allows.
 #[derive(Debug)]
 enum Failure {
     /// Could not connect: the request never left.
     Connect(String),
-    /// Sent, but no response head arrived (reset, timeout).
+    /// Sent, but no response head arrived (reset, end of stream, timeout).
     NoResponse(String),
-    /// The worker answered 5xx.
-    Status(Response<Incoming>),
+    /// The worker (or a gateway in front of it) answered 502, 503 or 504: it cannot serve now.
+    Unavailable(Response<Incoming>),
+}
+
+/// Whether an answer with `status` is the worker's failure rather than the request's own
+/// answer: 502 Bad Gateway, 503 Service Unavailable and 504 Gateway Timeout say the worker
+/// cannot serve now; a 500 or any other status is what this request got.
+pub fn charges_worker(status: StatusCode) -> bool {
+    matches!(
+        status,
+        StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT
+    )
 }
 
 impl Upstream {
@@ -97,7 +117,13 @@ impl Upstream {
             client,
             config,
             budget,
+            hop: HopId::random(),
         }
+    }
+
+    /// This router's id in the hop header (see [`hops`]).
+    pub fn hop(&self) -> &HopId {
+        &self.hop
     }
 
     /// The settings.
@@ -117,7 +143,8 @@ impl Upstream {
         metrics: &Metrics,
         session: &mut Session<'_>,
     ) -> Result<(Attempt, Response<Incoming>), ApiError> {
-        let headers = headers::upstream_request_headers(client_headers);
+        let mut headers = headers::upstream_request_headers(client_headers);
+        self.hop.stamp(&mut headers);
         let mut last_error: Option<ApiError> = None;
         self.budget.record_request(Instant::now());
         let mut retry_reason: Option<&'static str> = None;
@@ -143,21 +170,21 @@ impl Upstream {
                 .await
             {
                 Ok(resp) => {
-                    attempt.worker.breaker.record_success();
+                    attempt.worker.record_success(Instant::now());
                     return Ok((attempt, resp));
                 }
-                Err(Failure::Status(resp)) if last_chance => {
-                    attempt.worker.breaker.record_failure(Instant::now());
+                Err(Failure::Unavailable(resp)) if last_chance => {
+                    attempt.worker.record_failure(Instant::now());
                     return Ok((attempt, resp));
                 }
                 Err(failure) => {
-                    if attempt.worker.breaker.record_failure(Instant::now()) {
-                        tracing::warn!(worker = %worker_id, "circuit opened after consecutive failures");
+                    if attempt.worker.record_failure(Instant::now()) {
+                        tracing::warn!(worker = %worker_id, "circuit opened: too many of its recent requests failed");
                     }
                     let (kind, message, reason) = match &failure {
                         Failure::Connect(e) => ("connect", e.clone(), "connect"),
                         Failure::NoResponse(e) => ("no_response", e.clone(), "no_response"),
-                        Failure::Status(r) => (
+                        Failure::Unavailable(r) => (
                             "status_5xx",
                             format!("answered {}", r.status()),
                             "status_5xx",
@@ -180,7 +207,7 @@ impl Upstream {
                     ));
                     // Kept so that, if no retry follows, the client sees the worker's own error.
                     last_answer = match failure {
-                        Failure::Status(resp) => Some((attempt, resp)),
+                        Failure::Unavailable(resp) => Some((attempt, resp)),
                         _ => None,
                     };
                     if !last_chance {
@@ -224,7 +251,7 @@ impl Upstream {
             ))),
             Ok(Err(e)) if e.is_connect() => Err(Failure::Connect(error_chain(&e))),
             Ok(Err(e)) => Err(Failure::NoResponse(error_chain(&e))),
-            Ok(Ok(resp)) if resp.status().is_server_error() => Err(Failure::Status(resp)),
+            Ok(Ok(resp)) if charges_worker(resp.status()) => Err(Failure::Unavailable(resp)),
             Ok(Ok(resp)) => Ok(resp),
         }
     }

@@ -3,10 +3,13 @@
 //! - `GET /admin/workers`: every worker with its state and load.
 //! - `POST /admin/workers`: add one (`{"url", "id"?, "models"?, "kv_events"?, "kv_replay"?}`).
 //! - `POST /admin/workers/{id}/drain`: no new requests; in-flight ones finish.
+//! - `POST /admin/workers/{id}/undrain`: new requests again (the end of a drain).
 //! - `DELETE /admin/workers/{id}`: remove a drained (idle) worker; `?force=true` removes it
 //!   with requests in flight (they finish on their open connections).
 //!
-//! A removed worker's KV-event feed stops and its index entries go with it.
+//! A removed worker's KV-event feed stops and its index entries go with it. An added worker is
+//! checked exactly as a `[[workers]]` entry is (`config::check_worker`), and refused when its
+//! URL is another worker's or the router's own listen address.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,8 +22,9 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::AppState;
-use crate::fleet::{BaseUrl, Worker, WorkerSpec};
-use crate::lifecycle::LeaveError;
+use crate::config::{check_worker, names_own_address};
+use crate::fleet::{AddError, BaseUrl, Worker, WorkerSpec};
+use crate::lifecycle::{JoinError, LeaveError};
 use crate::openai::ApiError;
 
 fn describe(state: &AppState, w: &Worker) -> Value {
@@ -96,20 +100,6 @@ fn add_worker(state: &Arc<AppState>, headers: &HeaderMap, body: &[u8]) -> Result
         .map_err(|e| ApiError::invalid(format!("invalid worker: {e}"), None))?;
     let url =
         BaseUrl::parse(&new.url).map_err(|e| ApiError::invalid(e.to_string(), Some("url")))?;
-    for ep in [&new.kv_events, &new.kv_replay].into_iter().flatten() {
-        if !(ep.starts_with("tcp://") || ep.starts_with("ipc://")) {
-            return Err(ApiError::invalid(
-                format!("`{ep}` is not a ZeroMQ endpoint (tcp://HOST:PORT)"),
-                Some("kv_events"),
-            ));
-        }
-    }
-    if new.kv_blocks == Some(0) {
-        return Err(ApiError::invalid(
-            "kv_blocks must be at least 1 (omit it to read the engine's metrics)",
-            Some("kv_blocks"),
-        ));
-    }
     let spec = WorkerSpec {
         id: new.id.unwrap_or_else(|| url.host_port()),
         url,
@@ -118,11 +108,25 @@ fn add_worker(state: &Arc<AppState>, headers: &HeaderMap, body: &[u8]) -> Result
         kv_replay: new.kv_replay,
         kv_blocks: new.kv_blocks,
     };
-    let worker = state.lifecycle.join(spec).map_err(|e| {
+    check_worker(&spec).map_err(|e| ApiError::invalid(e.message, Some(e.field)))?;
+    if names_own_address(&spec.url, &state.own_addrs()) {
+        return Err(ApiError::invalid(
+            format!(
+                "{} is this router's own address: every request would loop back to it",
+                spec.url
+            ),
+            Some("url"),
+        ));
+    }
+    let worker = state.lifecycle.join(spec).map_err(|JoinError::Exists(e)| {
+        let code = match e {
+            AddError::IdTaken(_) => "worker_exists",
+            AddError::UrlTaken { .. } => "worker_url_taken",
+        };
         ApiError::new(
             StatusCode::CONFLICT,
             "invalid_request_error",
-            Some("worker_exists"),
+            Some(code),
             e.to_string(),
         )
     })?;
@@ -139,6 +143,21 @@ pub(super) async fn drain(
         return e.into_response();
     }
     match state.lifecycle.drain(&id) {
+        Some(w) => Json(describe(&state, &w)).into_response(),
+        None => not_found(&id).into_response(),
+    }
+}
+
+/// `POST /admin/workers/{id}/undrain`
+pub(super) async fn undrain(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    if let Err(e) = state.keys.admin(&headers) {
+        return e.into_response();
+    }
+    match state.lifecycle.undrain(&id) {
         Some(w) => Json(describe(&state, &w)).into_response(),
         None => not_found(&id).into_response(),
     }

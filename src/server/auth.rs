@@ -144,6 +144,23 @@ impl Keys {
         }
     }
 
+    /// Who is asking for the model list (`GET /v1/models`), which says what the fleet serves:
+    /// with tenants configured it needs a key, like inference. `None` sees every model (no
+    /// tenants configured, or the admin key: operators check the fleet with it); a tenant sees
+    /// the models it may use. 401 without a valid key.
+    pub fn model_reader(&self, headers: &HeaderMap) -> Result<Option<Arc<TenantConfig>>, ApiError> {
+        if self.tenants.is_empty() {
+            return Ok(None);
+        }
+        if self.admin.is_some() && presented(headers) == self.admin {
+            return Ok(None);
+        }
+        match self.caller(headers)? {
+            Caller::Tenant(t) => Ok(Some(t)),
+            Caller::Anonymous => Ok(None),
+        }
+    }
+
     /// Checks that `caller` may use `model`.
     pub fn authorize_model(caller: &Caller, model: &str) -> Result<(), ApiError> {
         match caller {
@@ -224,6 +241,22 @@ mod tests {
         assert_eq!(Keys::authorize_model(&bob, "big").unwrap_err().status, 403);
         let acme = k.caller(&bearer("k-acme")).unwrap();
         assert!(Keys::authorize_model(&acme, "big").is_ok());
+    }
+
+    #[test]
+    fn the_model_list_needs_a_key_and_is_scoped_to_the_tenant() {
+        let k = keys();
+        assert_eq!(k.model_reader(&HeaderMap::new()).unwrap_err().status, 401);
+        assert_eq!(k.model_reader(&bearer("nope")).unwrap_err().status, 401);
+        assert!(k.model_reader(&bearer("k-admin")).unwrap().is_none(), "all");
+        let bob = k.model_reader(&bearer("k-bob")).unwrap().unwrap();
+        assert!(bob.allows("small") && !bob.allows("big"));
+        assert!(
+            Keys::default()
+                .model_reader(&HeaderMap::new())
+                .unwrap()
+                .is_none()
+        );
     }
 
     #[test]

@@ -10,6 +10,7 @@ mod canned;
 mod connection;
 mod debug;
 mod forward;
+mod hops;
 mod listen;
 mod observer;
 mod ops;
@@ -71,6 +72,8 @@ pub struct AppState {
     models: Vec<ModelConfig>,
     /// Origin of the index's clock (approximate entries expire on it).
     started: Instant,
+    /// The router's own addresses (configured and bound): a worker there would be a loop.
+    own_addrs: std::sync::RwLock<Vec<SocketAddr>>,
 }
 
 impl AppState {
@@ -119,7 +122,30 @@ impl AppState {
             models: config.models.clone(),
             started: Instant::now(),
             cutoff: CancellationToken::new(),
+            own_addrs: std::sync::RwLock::new(
+                std::iter::once(config.listen)
+                    .chain(config.metrics_listen)
+                    .collect(),
+            ),
         })
+    }
+
+    /// The addresses this router listens on (configured, and bound once started).
+    pub fn own_addrs(&self) -> Vec<SocketAddr> {
+        match self.own_addrs.read() {
+            Ok(a) => a.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    fn add_own_addr(&self, addr: SocketAddr) {
+        let mut a = match self.own_addrs.write() {
+            Ok(a) => a,
+            Err(p) => p.into_inner(),
+        };
+        if !a.contains(&addr) {
+            a.push(addr);
+        }
     }
 
     /// Whether a tenant's cache salt is sent to `model`'s engines (default: yes).
@@ -146,22 +172,42 @@ impl AppState {
     }
 }
 
-/// The axum application.
-pub fn app(state: Arc<AppState>) -> Router {
-    Router::new()
+/// The axum application; `/metrics` is on it unless `metrics_apart` (served by
+/// [`metrics_app`] on its own listener).
+pub fn app(state: Arc<AppState>, metrics_apart: bool) -> Router {
+    let router = Router::new()
         .route("/v1/completions", post(forward::completions))
         .route("/v1/chat/completions", post(forward::chat_completions))
         .route("/v1/models", get(ops::models))
         .route("/health", get(ops::health))
-        .route("/ready", get(ops::ready))
-        .route("/metrics", get(ops::metrics))
+        .route("/ready", get(ops::ready));
+    let router = if metrics_apart {
+        router
+    } else {
+        router.route("/metrics", get(ops::metrics))
+    };
+    router
         .route("/debug/route", post(debug::route))
         .route("/admin/workers", get(admin::list).post(admin::add))
         .route("/admin/workers/{id}/drain", post(admin::drain))
+        .route("/admin/workers/{id}/undrain", post(admin::undrain))
         .route("/admin/workers/{id}", axum::routing::delete(admin::remove))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn(request_id::stamp))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&state),
+            hops::refuse_loops,
+        ))
+        .with_state(state)
+}
+
+/// The metrics listener's application (`[server] metrics_listen`): `/metrics` alone.
+pub fn metrics_app(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/metrics", get(ops::metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
 }
 
@@ -191,6 +237,8 @@ async fn method_not_allowed(method: http::Method, uri: http::Uri) -> ApiError {
 pub struct RouterHandle {
     /// The address it listens on.
     pub addr: SocketAddr,
+    /// The address `/metrics` is served on when apart (`[server] metrics_listen`).
+    pub metrics_addr: Option<SocketAddr>,
     /// Its shared state (fleet, metrics).
     pub state: Arc<AppState>,
     stop: CancellationToken,
@@ -228,6 +276,7 @@ pub fn start_with_state(
     listener: TcpListener,
 ) -> anyhow::Result<RouterHandle> {
     let addr = listener.local_addr()?;
+    state.add_own_addr(addr);
     state.lifecycle.start();
     let stop = CancellationToken::new();
     let health_task = health::spawn(
@@ -236,25 +285,53 @@ pub fn start_with_state(
         Some(state.lifecycle.capacity_hook()),
         stop.clone(),
     );
-    let app = app(Arc::clone(&state));
     let front = listen::FrontDoor {
         grace: config.shutdown_grace,
         header_read_timeout: config.header_read_timeout,
         connections: config.connections,
         cutoff: state.cutoff.clone(),
     };
-    let stop_serving = stop.clone();
     let metrics = state.metrics.clone();
+    let (metrics_addr, metrics_task) = match config.metrics_listen {
+        Some(at) => {
+            let listener = bind_now(at)
+                .map_err(|e| anyhow::anyhow!("cannot listen for metrics on {at}: {e}"))?;
+            let bound = listener.local_addr()?;
+            state.add_own_addr(bound);
+            let serve = listen::serve_until(
+                listener,
+                metrics_app(Arc::clone(&state)),
+                stop.clone(),
+                front.clone(),
+                metrics.clone(),
+            );
+            (Some(bound), Some(tokio::spawn(serve)))
+        }
+        None => (None, None),
+    };
+    let app = app(Arc::clone(&state), metrics_addr.is_some());
+    let stop_serving = stop.clone();
     let task = tokio::spawn(async move {
         listen::serve_until(listener, app, stop_serving, front, metrics).await;
+        if let Some(t) = metrics_task {
+            let _ = t.await;
+        }
         health_task.abort();
     });
     Ok(RouterHandle {
         addr,
+        metrics_addr,
         state,
         stop,
         task,
     })
+}
+
+/// Binds `addr` at once (from a synchronous caller on a Tokio runtime).
+fn bind_now(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let listener = std::net::TcpListener::bind(addr)?;
+    listener.set_nonblocking(true)?;
+    TcpListener::from_std(listener)
 }
 
 /// `kvroute serve`: runs until SIGTERM or ctrl-c, then drains.
@@ -269,6 +346,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         workers = config.workers.len(),
         "kvroute is serving"
     );
+    if let Some(at) = handle.metrics_addr {
+        tracing::info!(addr = %at, "metrics are served on their own address");
+    }
     let stop = handle.stop_token();
     tokio::spawn(async move {
         shutdown_signal().await;

@@ -73,7 +73,7 @@ impl ResponseObserver for Observer {
     fn end(&mut self, end: End, bytes: u64) {
         self.attempt.admitted.finish();
         if end == End::UpstreamError {
-            self.attempt.worker.breaker.record_failure(Instant::now());
+            self.attempt.worker.record_failure(Instant::now());
         }
         let status = match end {
             End::Complete => self.status.as_str(),

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use http::StatusCode;
+use http::{HeaderMap, StatusCode};
 use serde_json::json;
 
 use super::AppState;
@@ -109,13 +109,20 @@ pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
-/// `GET /v1/models`: the union of the workers' models, in OpenAI's list shape.
-pub(super) async fn models(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
+/// `GET /v1/models`: the union of the workers' models, in OpenAI's list shape. With tenants
+/// configured it needs a key and lists only the models the key may use (the admin key: all),
+/// since the list tells what is deployed.
+pub(super) async fn models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    let reader = match state.keys.model_reader(&headers) {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
     let data: Vec<_> = state
         .fleet
         .models()
         .into_iter()
+        .filter(|m| reader.as_ref().is_none_or(|t| t.allows(m)))
         .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "kvroute"}))
         .collect();
-    Json(json!({"object": "list", "data": data}))
+    Json(json!({"object": "list", "data": data})).into_response()
 }

@@ -269,6 +269,8 @@ async fn bench_command_writes_results_and_compares() {
         "kvroute-bench",
         "--target",
         &target,
+        "--model",
+        "m",
         "--synthetic",
         "shared-prefix",
         "--requests",

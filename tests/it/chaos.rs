@@ -560,8 +560,10 @@ async fn gap_scenario(replay: bool) {
     let other_ep = format!("tcp://127.0.0.1:{}", support::free_port());
     let publisher = bind_publisher(&endpoint, replay_ep.as_deref());
     let other = bind_publisher(&other_ep, None);
+    // A replica each: the router refuses a URL listed twice.
+    let backend_1 = support::Backend::start("b1", &[MODEL]).await;
     let workers = worker_toml("w0", &backend.url(), Some(&endpoint), replay_ep.as_deref())
-        + &worker_toml("w1", &backend.url(), Some(&other_ep), None);
+        + &worker_toml("w1", &backend_1.url(), Some(&other_ep), None);
     let router = start_router(&router_config(PolicyKind::KvAware, &workers, "")).await;
     let s0 = router.state.fleet.get("w0").unwrap().key;
     let s1 = router.state.fleet.get("w1").unwrap().key;

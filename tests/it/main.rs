@@ -5,6 +5,7 @@
 
 mod support;
 
+mod admin_api;
 mod bench_cli;
 mod bench_overhead;
 mod bench_replay;
@@ -18,6 +19,7 @@ mod connections;
 mod engine_events;
 mod engine_http;
 mod error_bodies;
+mod failure_classes;
 mod hostile_input;
 mod index_exact;
 mod index_model;
@@ -34,6 +36,7 @@ mod reliability;
 mod request_ids;
 mod router_lifecycle;
 mod router_proxy;
+mod routing_loops;
 mod routing_parity;
 mod serve_cli;
 mod sim_results;
@@ -42,4 +45,5 @@ mod stream_endings;
 mod tokens_chat_templates;
 mod tokens_jinja_parity;
 mod tokens_segments;
+mod unauthenticated_reads;
 mod worker_churn;

@@ -268,10 +268,12 @@ async fn a_workers_reserved_index_room_goes_with_the_worker() {
     let admin = format!("http://{}/admin/workers", r.addr);
     let empty = r.state.holdings.exact.heap_bytes();
     let room = 100_000 * 16;
+    // A replica of its own: the fleet refuses a URL listed twice.
+    let other = Backend::start("kv", &["m"]).await;
     let added = c
         .post(&admin)
         .bearer_auth("key-admin")
-        .json(&json!({"id": "w-kv", "url": b.url(), "models": ["m"],
+        .json(&json!({"id": "w-kv", "url": other.url(), "models": ["m"],
             "kv_events": publisher.endpoint(), "kv_blocks": 100_000}))
         .send()
         .await
@@ -352,7 +354,7 @@ async fn a_failing_worker_trips_its_breaker_and_is_probed_later() {
     let r = start_router_over(
         PolicyKind::RoundRobin,
         &[&bad, &good],
-        "[proxy]\nbreaker_failures = 2\nbreaker_open_s = 2.0\nretry_budget_min_per_s = 100\n",
+        "[proxy]\nbreaker_min_requests = 2\nbreaker_open_s = 2.0\nretry_budget_min_per_s = 100\n",
     )
     .await;
     let c = client();
@@ -467,18 +469,20 @@ async fn a_slow_loris_body_gets_408() {
 async fn the_retry_budget_stops_retry_storms() {
     let x = Backend::start("x", &["m"]).await;
     let y = Backend::start("y", &["m"]).await;
-    x.set(|b| b.fail_status = Some(500));
-    y.set(|b| b.fail_status = Some(500));
+    // 503: a failure of the worker, so retried (a 500 is the request's own answer, never
+    // retried).
+    x.set(|b| b.fail_status = Some(503));
+    y.set(|b| b.fail_status = Some(503));
     let r = start_router_over(
         PolicyKind::RoundRobin,
         &[&x, &y],
-        "[proxy]\nretry_budget_ratio = 0.0\nretry_budget_min_per_s = 0.2\nbreaker_failures = 100\n",
+        "[proxy]\nretry_budget_ratio = 0.0\nretry_budget_min_per_s = 0.2\nbreaker_min_requests = 100\n",
     )
     .await;
     let c = client();
     for _ in 0..10 {
         let resp = complete(&c, r.addr, &json!({"model": "m", "prompt": "x"})).await;
-        assert_eq!(resp.status(), 500, "the worker's own error is passed on");
+        assert_eq!(resp.status(), 503, "the worker's own error is passed on");
     }
     // 0.2 retries/s over a 10 s window: two retries, then none.
     assert_eq!(x.count() + y.count(), 12);

@@ -374,7 +374,9 @@ async fn client_disconnect_cancels_upstream_and_releases_load() {
 async fn a_5xx_before_the_first_byte_is_retried_on_another_worker() {
     let bad = Backend::start("bad", &["m"]).await;
     let good = Backend::start("good", &["m"]).await;
-    bad.set(|x| x.fail_status = Some(500));
+    // 502, 503, 504 are the worker's failures (a 500 is the request's own answer: see
+    // failure_classes).
+    bad.set(|x| x.fail_status = Some(502));
     let r = start_router_over(PolicyKind::RoundRobin, &[&bad, &good], "").await;
     let c = client();
     for _ in 0..4 {

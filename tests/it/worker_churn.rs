@@ -19,7 +19,8 @@ const BLOCK: usize = 16;
 fn spec(id: &str, events: bool) -> WorkerSpec {
     WorkerSpec {
         id: id.into(),
-        url: BaseUrl::parse("http://127.0.0.1:9").unwrap(),
+        // Each worker its own URL: the fleet refuses a URL listed twice.
+        url: BaseUrl::parse(&format!("http://{id}:9")).unwrap(),
         models: vec!["m".into()],
         // A subscriber to a port nobody publishes on: the feed runs, and must stop cleanly.
         kv_events: events.then(|| "tcp://127.0.0.1:9".to_owned()),

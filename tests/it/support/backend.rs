@@ -33,6 +33,9 @@ pub struct Received {
 pub struct Behavior {
     /// Answer every completion with this status and an error body.
     pub fail_status: Option<u16>,
+    /// Answer completions whose body contains this text with this status and an error body
+    /// (an engine failing on one prompt, not on every request).
+    pub fail_on: Option<(String, u16)>,
     /// Content chunks per stream.
     pub chunks: usize,
     /// Pause before each content chunk.
@@ -55,6 +58,7 @@ impl Default for Behavior {
     fn default() -> Self {
         Behavior {
             fail_status: None,
+            fail_on: None,
             chunks: 3,
             chunk_delay: Duration::ZERO,
             hold_last_chunk: false,
@@ -187,7 +191,11 @@ async fn completion(
         body: body.clone(),
     });
     let b = s.behavior.lock().unwrap().clone();
-    if let Some(code) = b.fail_status {
+    let fail_on = b.fail_on.as_ref().filter(|(text, _)| {
+        body.windows(text.len().max(1))
+            .any(|w| w == text.as_bytes())
+    });
+    if let Some(code) = b.fail_status.or(fail_on.map(|(_, code)| *code)) {
         return (
             StatusCode::from_u16(code).unwrap(),
             [("content-type", "application/json")],
