@@ -221,7 +221,7 @@ impl Config {
         let models = models::Models::from_file(&file.tokens, file.models)?;
         let kv_aware = policy::kv_aware(&file.kv_aware)?;
         let index = IndexSettings::from_file(&file.index)?;
-        let limits = Limits::from_file(&file.limits)?;
+        let limits = Limits::from_file(&file.limits, front.max_body_bytes)?;
         let tenants = tenants::tenants(file.tenants)?;
         let admin_key_sha256 = tenants::admin_key(file.admin, &tenants)?;
         workers::unique_ids(&workers)?;

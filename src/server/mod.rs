@@ -5,6 +5,7 @@ mod admin;
 pub mod admission;
 pub mod auth;
 mod body;
+mod cache_salt;
 mod debug;
 mod forward;
 mod listen;

@@ -12,6 +12,7 @@ mod bench_router;
 mod bench_synthesis;
 mod bench_synthetic;
 mod bench_trace;
+mod body_admission;
 mod chaos;
 mod engine_events;
 mod engine_http;
