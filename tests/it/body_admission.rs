@@ -147,7 +147,7 @@ async fn a_tenant_over_its_limit_is_refused_before_its_body_is_read() {
         assert_eq!(status, 429, "{e}");
         assert_eq!(e["error"]["code"], "tenant_concurrency", "{e}");
     }
-    assert_eq!(rejected(&r, "tenant_concurrency");4);
+    assert_eq!(rejected(&r, "tenant_concurrency"), 4);
     assert_eq!(
         r.state.admission.bodies().in_flight(),
         0,
