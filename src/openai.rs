@@ -92,7 +92,7 @@ impl RequestView {
     /// whole body (see [`fields`]). Malformed JSON is a 400 naming the parser's complaint.
     pub fn from_json(endpoint: Endpoint, body: &[u8]) -> Result<RequestView, ApiError> {
         let mut de = serde_json::Deserializer::from_slice(body);
-        let read = fields::BodySeed(endpoint)
+        let read = fields::BodySeed(endpoint, body.len())
             .deserialize(&mut de)
             .and_then(|b| de.end().map(|()| b))
             .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}"), None))?;
@@ -101,7 +101,7 @@ impl RequestView {
 
     /// Validates a parsed JSON body sent to `endpoint` (the same rules as [`Self::from_json`]).
     pub fn parse(endpoint: Endpoint, body: &Value) -> Result<RequestView, ApiError> {
-        let read = fields::BodySeed(endpoint)
+        let read = fields::BodySeed(endpoint, 0)
             .deserialize(body)
             .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}"), None))?;
         RequestView::validate(endpoint, read)

@@ -222,3 +222,48 @@ fn unread_fields_are_not_kept() {
     .unwrap();
     assert_eq!(v.tools, Some(json!([{"a":1}])));
 }
+
+/// Messages are judged in order, the first refused one naming the error, however much follows
+/// it (which is walked, not kept).
+#[test]
+fn the_first_refused_message_names_the_error() {
+    let cases = [
+        (
+            r#"[{"role":"user","content":"x"},1,{"role":2}]"#,
+            "`messages[1]` must be an object",
+        ),
+        (
+            r#"[{"content":[1],"role":5}]"#,
+            "`messages[0].role` must be a string",
+        ),
+        (
+            r#"[{"role":1,"role":"user","content":{"a":[1]}}]"#,
+            "`messages[0].content` must be a string or an array of parts",
+        ),
+        (
+            r#"[{"role":"u","content":[{"type":"text"},{"type":1},7]},5]"#,
+            "`messages[0].content[1]` must be an object with a `type`",
+        ),
+        (
+            r#"[{"role":"u"},{"role":"u","content":[{"type":"t"},[1,2]]}]"#,
+            "`messages[1].content[1]` must be an object with a `type`",
+        ),
+    ];
+    for (messages, want) in cases {
+        let body = format!(r#"{{"model":"m","messages":{messages}}}"#);
+        let e = RequestView::from_json(Endpoint::ChatCompletions, body.as_bytes()).unwrap_err();
+        assert_eq!(e.message, want, "{messages}");
+        assert_eq!(e.param.as_deref(), Some("messages"));
+    }
+    let ok = RequestView::from_json(
+        Endpoint::ChatCompletions,
+        br#"{"model":"m","messages":[{"role":1,"role":"user","content":[{"type":"text","text":"a","x":[1]}],"name":"n"}]}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        ok.input,
+        Input::Messages(vec![
+            json!({"role":"user","content":[{"type":"text","text":"a","x":[1]}],"name":"n"})
+        ])
+    );
+}

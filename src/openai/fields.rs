@@ -75,8 +75,8 @@ pub(super) enum Body {
     NotObject,
 }
 
-/// Reads a body sent to `endpoint`.
-pub(super) struct BodySeed(pub Endpoint);
+/// Reads a body sent to `endpoint`, of the given length in bytes (0: unknown).
+pub(super) struct BodySeed(pub Endpoint, pub usize);
 
 impl<'de> DeserializeSeed<'de> for BodySeed {
     type Value = Body;
@@ -156,7 +156,7 @@ impl<'de> Visitor<'de> for BodySeed {
         while let Some(key) = map.next_key_seed(KeySeed(Key::of))? {
             match key {
                 Key::Model => f.model = map.next_value_seed(ScalarSeed)?.string(),
-                Key::Prompt if !chat => f.prompt = map.next_value_seed(PromptSeed)?,
+                Key::Prompt if !chat => f.prompt = map.next_value_seed(PromptSeed(self.1))?,
                 Key::Messages if chat => f.messages = map.next_value_seed(MessagesSeed)?,
                 Key::Stream => f.stream = map.next_value_seed(ScalarSeed)?.bool(),
                 Key::MaxTokens => f.max_tokens = map.next_value_seed(ScalarSeed)?.u64(),
@@ -339,8 +339,10 @@ impl<'de> Visitor<'de> for ScalarSeed {
     }
 }
 
-/// `prompt`: a string, or an array whose first item decides the shape of the rest.
-struct PromptSeed;
+/// `prompt`: a string, or an array whose first item decides the shape of the rest. Token ids
+/// are collected into a vector sized for the most the body's length can hold (two bytes per id),
+/// so a long list is never copied while it grows; untouched capacity costs no memory.
+struct PromptSeed(usize);
 
 impl<'de> DeserializeSeed<'de> for PromptSeed {
     type Value = Seen<Result<Prompt, PromptFault>>;
@@ -392,7 +394,7 @@ impl<'de> Visitor<'de> for PromptSeed {
                 rest(&mut seq, &mut texts, TextSeed)?.map(|()| Prompt::Texts(texts))
             }
             Some(Item::Token(first)) => {
-                let mut ids = Vec::new();
+                let mut ids = Vec::with_capacity(self.0 / 2 + 1);
                 match first {
                     Some(id) => {
                         ids.push(id);
@@ -413,7 +415,12 @@ impl<'de> Visitor<'de> for PromptSeed {
         };
         // After a fault the rest is only checked for well-formedness.
         drain_seq(seq)?;
-        Ok(Seen::Is(prompt))
+        Ok(Seen::Is(prompt.map(|mut p| {
+            if let Prompt::Tokens(ids) = &mut p {
+                ids.shrink_to_fit();
+            }
+            p
+        })))
     }
 }
 
@@ -567,7 +574,10 @@ impl<'de> Visitor<'de> for TokenListSeed {
     }
 }
 
-/// `messages`: an array of JSON values (checked by the view).
+/// `messages`: an array of message objects, kept as JSON (checked by the view). Parsing stops
+/// keeping at the first message the view will refuse: that one is replaced by a small stand-in
+/// that fails the view's check the same way, and the rest is only walked. So an array of a
+/// million numbers, or a message whose `content` is one, costs no tree.
 struct MessagesSeed;
 
 impl<'de> DeserializeSeed<'de> for MessagesSeed {
@@ -584,8 +594,12 @@ impl<'de> Visitor<'de> for MessagesSeed {
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
         let mut items = Vec::new();
-        while let Some(v) = seq.next_element::<Value>()? {
-            items.push(v);
+        while let Some((message, refused)) = seq.next_element_seed(MessageSeed)? {
+            items.push(message);
+            if refused {
+                drain_seq(seq)?;
+                break;
+            }
         }
         Ok(Seen::Is(items))
     }
@@ -612,6 +626,171 @@ impl<'de> Visitor<'de> for MessagesSeed {
     }
     fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
         Ok(Seen::Other)
+    }
+}
+
+/// One message: the object as JSON and whether the view will refuse it; anything but an object
+/// becomes `null` (refused alike).
+struct MessageSeed;
+
+impl<'de> DeserializeSeed<'de> for MessageSeed {
+    type Value = (Value, bool);
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for MessageSeed {
+    type Value = (Value, bool);
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a message")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut obj = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let value = match key.as_str() {
+                // A role that is not a string is refused whatever it holds: keep none of it.
+                "role" => match map.next_value_seed(ScalarSeed)? {
+                    Scalar::Str(s) => Value::String(s),
+                    _ => Value::Null,
+                },
+                "content" => map.next_value_seed(ContentSeed)?,
+                _ => map.next_value::<Value>()?,
+            };
+            obj.insert(key, value);
+        }
+        let role_ok = obj.get("role").is_some_and(Value::is_string);
+        let content_ok = match obj.get("content") {
+            None | Some(Value::Null | Value::String(_)) => true,
+            Some(Value::Array(parts)) => parts.iter().all(is_part),
+            Some(_) => false,
+        };
+        Ok((Value::Object(obj), !(role_ok && content_ok)))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+        drain_seq(seq).map(|()| (Value::Null, true))
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok((Value::Null, true))
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok((Value::Null, true))
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok((Value::Null, true))
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok((Value::Null, true))
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+        Ok((Value::Null, true))
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok((Value::Null, true))
+    }
+}
+
+/// A content part the view accepts: an object with a string `type`.
+fn is_part(p: &Value) -> bool {
+    p.as_object()
+        .is_some_and(|o| o.get("type").is_some_and(Value::is_string))
+}
+
+/// A message's `content`: a string, `null`, or parts up to the first the view refuses; any other
+/// type becomes `false` (refused alike).
+struct ContentSeed;
+
+impl<'de> DeserializeSeed<'de> for ContentSeed {
+    type Value = Value;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ContentSeed {
+    type Value = Value;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("message content")
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_owned()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut parts = Vec::new();
+        while let Some(part) = seq.next_element_seed(PartSeed)? {
+            let refused = !is_part(&part);
+            parts.push(part);
+            if refused {
+                drain_seq(seq)?;
+                break;
+            }
+        }
+        Ok(Value::Array(parts))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Value, A::Error> {
+        drain_map(map).map(|()| Value::Bool(false))
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Value, E> {
+        Ok(Value::Bool(false))
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Value, E> {
+        Ok(Value::Bool(false))
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Value, E> {
+        Ok(Value::Bool(false))
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Value, E> {
+        Ok(Value::Bool(false))
+    }
+}
+
+/// A content part: an object as JSON; anything else becomes `null` (refused alike).
+struct PartSeed;
+
+impl<'de> DeserializeSeed<'de> for PartSeed {
+    type Value = Value;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for PartSeed {
+    type Value = Value;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a content part")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Value, A::Error> {
+        Value::deserialize(de::value::MapAccessDeserializer::new(map))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Value, A::Error> {
+        drain_seq(seq).map(|()| Value::Null)
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
     }
 }
 
