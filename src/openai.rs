@@ -15,6 +15,8 @@ use serde_json::Value;
 use fields::{PromptFault, Seen};
 
 mod fields;
+mod messages;
+mod prompt;
 
 /// Which OpenAI endpoint a body was sent to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
