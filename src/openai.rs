@@ -1,14 +1,22 @@
 //! The slice of the OpenAI API that routing needs: a validated view of a completion or chat
 //! request, and the error body every client library understands.
 //!
-//! The router parses a body once into [`RequestView`] and forwards the original bytes untouched;
-//! the view only borrows what routing reads (model, prompt or messages, stream flag, salt).
-//! The simulated engine parses the same way so both sides agree on what a request means.
+//! The router reads a body once into [`RequestView`] ([`RequestView::from_json`]: one streaming
+//! pass that keeps only what routing reads — model, prompt or messages, stream flag, salt — and
+//! skips the rest) and forwards the original bytes. The simulated engine parses the same way so
+//! both sides agree on what a request means.
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
+use serde::de::DeserializeSeed;
 use serde_json::Value;
+
+use fields::{PromptFault, Seen};
+
+mod fields;
+mod messages;
+mod prompt;
 
 /// Which OpenAI endpoint a body was sent to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,32 +90,57 @@ pub struct RequestView {
 pub const MAX_TOKENS_LIMIT: u64 = 1 << 24;
 
 impl RequestView {
-    /// Validates a parsed JSON body sent to `endpoint`.
+    /// Validates a body's bytes sent to `endpoint`, in one pass and without a JSON tree of the
+    /// whole body (see [`fields`]). Malformed JSON is a 400 naming the parser's complaint.
+    pub fn from_json(endpoint: Endpoint, body: &[u8]) -> Result<RequestView, ApiError> {
+        let mut de = serde_json::Deserializer::from_slice(body);
+        let read = fields::BodySeed(endpoint, body.len())
+            .deserialize(&mut de)
+            .and_then(|b| de.end().map(|()| b))
+            .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}"), None))?;
+        RequestView::validate(endpoint, read)
+    }
+
+    /// Validates a parsed JSON body sent to `endpoint` (the same rules as [`Self::from_json`]).
     pub fn parse(endpoint: Endpoint, body: &Value) -> Result<RequestView, ApiError> {
-        let obj = body
-            .as_object()
-            .ok_or_else(|| ApiError::invalid("request body must be a JSON object", None))?;
-        let model = match obj.get("model") {
-            Some(Value::String(m)) if !m.is_empty() => m.clone(),
-            Some(Value::String(_)) | None | Some(Value::Null) => {
+        let read = fields::BodySeed(endpoint, 0)
+            .deserialize(body)
+            .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}"), None))?;
+        RequestView::validate(endpoint, read)
+    }
+
+    /// Judges the fields as seen, one at a time in a fixed order, so a body with several
+    /// problems always gets the same error.
+    fn validate(endpoint: Endpoint, body: fields::Body) -> Result<RequestView, ApiError> {
+        let fields::Body::Object(f) = body else {
+            return Err(ApiError::invalid(
+                "request body must be a JSON object",
+                None,
+            ));
+        };
+        let f = *f;
+        let model = match f.model {
+            Seen::Is(m) if !m.is_empty() => m,
+            Seen::Is(_) | Seen::Absent | Seen::Null => {
                 return Err(ApiError::invalid(
                     "you must provide a model parameter",
                     Some("model"),
                 ));
             }
-            Some(_) => return Err(ApiError::invalid("`model` must be a string", Some("model"))),
+            Seen::Other => {
+                return Err(ApiError::invalid("`model` must be a string", Some("model")));
+            }
         };
         let input = match endpoint {
-            Endpoint::Completions => Input::Prompt(parse_prompt(obj.get("prompt"))?),
-            Endpoint::ChatCompletions => Input::Messages(parse_messages(obj.get("messages"))?),
+            Endpoint::Completions => Input::Prompt(prompt(f.prompt)?),
+            Endpoint::ChatCompletions => Input::Messages(messages(f.messages)?),
         };
-        let stream = opt_bool(obj, "stream")?.unwrap_or(false);
-        let max_key = if obj.contains_key("max_completion_tokens") {
-            "max_completion_tokens"
-        } else {
-            "max_tokens"
+        let stream = opt_bool(f.stream, "stream")?.unwrap_or(false);
+        let (max_key, max_tokens) = match f.max_completion_tokens {
+            Seen::Absent => ("max_tokens", f.max_tokens),
+            seen => ("max_completion_tokens", seen),
         };
-        let max_tokens = opt_u64(obj, max_key)?;
+        let max_tokens = opt_u64(max_tokens, max_key)?;
         if let Some(m) = max_tokens
             && m > MAX_TOKENS_LIMIT
         {
@@ -116,7 +149,7 @@ impl RequestView {
                 Some(max_key),
             ));
         }
-        let n = opt_u64(obj, "n")?;
+        let n = opt_u64(f.n, "n")?;
         if n == Some(0) {
             return Err(ApiError::invalid("`n` must be at least 1", Some("n")));
         }
@@ -126,51 +159,54 @@ impl RequestView {
                 Some("n"),
             ));
         }
-        let cache_salt = match obj.get("cache_salt") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) => Some(s.clone()),
-            Some(_) => {
+        let cache_salt = match f.cache_salt {
+            Seen::Absent | Seen::Null => None,
+            Seen::Is(s) => Some(s),
+            Seen::Other => {
                 return Err(ApiError::invalid(
                     "`cache_salt` must be a string",
                     Some("cache_salt"),
                 ));
             }
         };
-        let include_usage = match obj.get("stream_options") {
-            None | Some(Value::Null) => false,
-            Some(Value::Object(o)) => match o.get("include_usage") {
-                None | Some(Value::Null) => false,
-                Some(Value::Bool(b)) => *b,
-                Some(_) => {
+        let include_usage = match f.stream_options {
+            Seen::Absent | Seen::Null => false,
+            Seen::Is(include_usage) => match include_usage {
+                Seen::Absent | Seen::Null => false,
+                Seen::Is(b) => b,
+                Seen::Other => {
                     return Err(ApiError::invalid(
                         "`stream_options.include_usage` must be a boolean",
                         Some("stream_options"),
                     ));
                 }
             },
-            Some(_) => {
+            Seen::Other => {
                 return Err(ApiError::invalid(
                     "`stream_options` must be an object",
                     Some("stream_options"),
                 ));
             }
         };
-        let tools = match obj.get("tools") {
-            None | Some(Value::Null) => None,
-            Some(v @ Value::Array(_)) => Some(v.clone()),
-            Some(_) => return Err(ApiError::invalid("`tools` must be an array", Some("tools"))),
+        let tools = match f.tools {
+            Seen::Absent | Seen::Null => None,
+            Seen::Is(v) => v,
+            Seen::Other => {
+                return Err(ApiError::invalid("`tools` must be an array", Some("tools")));
+            }
         };
-        let chat_template_kwargs = match obj.get("chat_template_kwargs") {
-            None | Some(Value::Null) => None,
-            Some(Value::Object(o)) => Some(o.clone()),
-            Some(_) => {
+        let chat_template_kwargs = match f.chat_template_kwargs {
+            Seen::Absent | Seen::Null => None,
+            Seen::Is(o) => o,
+            Seen::Other => {
                 return Err(ApiError::invalid(
                     "`chat_template_kwargs` must be an object",
                     Some("chat_template_kwargs"),
                 ));
             }
         };
-        let add_generation_prompt = opt_bool(obj, "add_generation_prompt")?.unwrap_or(true);
+        let add_generation_prompt =
+            opt_bool(f.add_generation_prompt, "add_generation_prompt")?.unwrap_or(true);
         Ok(RequestView {
             endpoint,
             model,
@@ -187,93 +223,60 @@ impl RequestView {
     }
 }
 
-fn opt_bool(obj: &serde_json::Map<String, Value>, key: &str) -> Result<Option<bool>, ApiError> {
-    match obj.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(_) => Err(ApiError::invalid(
+fn opt_bool(seen: Seen<bool>, key: &str) -> Result<Option<bool>, ApiError> {
+    match seen {
+        Seen::Absent | Seen::Null => Ok(None),
+        Seen::Is(b) => Ok(Some(b)),
+        Seen::Other => Err(ApiError::invalid(
             format!("`{key}` must be a boolean"),
             Some(key),
         )),
     }
 }
 
-fn opt_u64(obj: &serde_json::Map<String, Value>, key: &str) -> Result<Option<u64>, ApiError> {
-    match obj.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v.as_u64().map(Some).ok_or_else(|| {
-            ApiError::invalid(format!("`{key}` must be a non-negative integer"), Some(key))
-        }),
+fn opt_u64(seen: Seen<u64>, key: &str) -> Result<Option<u64>, ApiError> {
+    match seen {
+        Seen::Absent | Seen::Null => Ok(None),
+        Seen::Is(n) => Ok(Some(n)),
+        Seen::Other => Err(ApiError::invalid(
+            format!("`{key}` must be a non-negative integer"),
+            Some(key),
+        )),
     }
 }
 
-fn parse_prompt(v: Option<&Value>) -> Result<Prompt, ApiError> {
-    let bad = || {
-        ApiError::invalid(
-            "`prompt` must be a string, an array of strings, an array of token ids or an array of arrays of token ids",
-            Some("prompt"),
-        )
-    };
-    let token = |v: &Value| -> Result<u32, ApiError> {
-        v.as_u64()
-            .and_then(|t| u32::try_from(t).ok())
-            .ok_or_else(bad)
-    };
-    match v {
-        None | Some(Value::Null) => Err(ApiError::invalid(
+fn prompt(seen: Seen<Result<Prompt, PromptFault>>) -> Result<Prompt, ApiError> {
+    match seen {
+        Seen::Absent | Seen::Null => Err(ApiError::invalid(
             "you must provide a prompt",
             Some("prompt"),
         )),
-        Some(Value::String(s)) => Ok(Prompt::Text(s.clone())),
-        Some(Value::Array(items)) => {
-            let Some(first) = items.first() else {
-                return Err(ApiError::invalid(
-                    "`prompt` must not be empty",
-                    Some("prompt"),
-                ));
-            };
-            match first {
-                Value::String(_) => items
-                    .iter()
-                    .map(|i| i.as_str().map(str::to_owned).ok_or_else(bad))
-                    .collect::<Result<_, _>>()
-                    .map(Prompt::Texts),
-                Value::Number(_) => items
-                    .iter()
-                    .map(token)
-                    .collect::<Result<_, _>>()
-                    .map(Prompt::Tokens),
-                Value::Array(_) => items
-                    .iter()
-                    .map(|i| {
-                        let inner = i.as_array().ok_or_else(bad)?;
-                        if inner.is_empty() {
-                            return Err(ApiError::invalid(
-                                "`prompt` must not contain an empty token list",
-                                Some("prompt"),
-                            ));
-                        }
-                        inner.iter().map(token).collect::<Result<Vec<_>, _>>()
-                    })
-                    .collect::<Result<_, _>>()
-                    .map(Prompt::TokenBatches),
-                _ => Err(bad()),
-            }
-        }
-        Some(_) => Err(bad()),
+        Seen::Is(Ok(p)) => Ok(p),
+        Seen::Is(Err(PromptFault::Empty)) => Err(ApiError::invalid(
+            "`prompt` must not be empty",
+            Some("prompt"),
+        )),
+        Seen::Is(Err(PromptFault::EmptyTokenList)) => Err(ApiError::invalid(
+            "`prompt` must not contain an empty token list",
+            Some("prompt"),
+        )),
+        Seen::Is(Err(PromptFault::Shape)) | Seen::Other => Err(ApiError::invalid(
+            "`prompt` must be a string, an array of strings, an array of token ids or an array of arrays of token ids",
+            Some("prompt"),
+        )),
     }
 }
 
-fn parse_messages(v: Option<&Value>) -> Result<Vec<Value>, ApiError> {
-    let items = match v {
-        None | Some(Value::Null) => {
+fn messages(seen: Seen<Vec<Value>>) -> Result<Vec<Value>, ApiError> {
+    let items = match seen {
+        Seen::Absent | Seen::Null => {
             return Err(ApiError::invalid(
                 "you must provide `messages`",
                 Some("messages"),
             ));
         }
-        Some(Value::Array(items)) => items,
-        Some(_) => {
+        Seen::Is(items) => items,
+        Seen::Other => {
             return Err(ApiError::invalid(
                 "`messages` must be an array",
                 Some("messages"),
@@ -325,7 +328,7 @@ fn parse_messages(v: Option<&Value>) -> Result<Vec<Value>, ApiError> {
             }
         }
     }
-    Ok(items.clone())
+    Ok(items)
 }
 
 /// The text of a chat message's `content`: a string, or the `text` parts of a list joined

@@ -122,3 +122,148 @@ fn content_text_joins_parts() {
     );
     assert_eq!(content_text(None), "");
 }
+
+/// The streaming reader and the tree path agree on every body, valid or not: same view, or the
+/// same error (status, param and message).
+#[test]
+fn bytes_and_tree_give_the_same_answer() {
+    let bodies = [
+        r#"{"model":"m","prompt":"x"}"#,
+        r#"{"model":"m","prompt":[1,2,3],"max_tokens":5,"n":2}"#,
+        r#"{"model":"m","prompt":[[1],[2,3]]}"#,
+        r#"{"model":"m","prompt":["a","b"]}"#,
+        r#"{"model":"m","prompt":[[1],[]]}"#,
+        r#"{"model":"m","prompt":[[1],[-7]]}"#,
+        r#"{"model":"m","prompt":[[1],5]}"#,
+        r#"{"model":"m","prompt":[]}"#,
+        r#"{"model":"m","prompt":[null]}"#,
+        r#"{"model":"m","prompt":[1.5]}"#,
+        r#"{"model":"m","prompt":[1,"a"]}"#,
+        r#"{"model":"m","prompt":["a",[1]]}"#,
+        r#"{"model":"m","prompt":{"a":[1]}}"#,
+        r#"{"model":5,"prompt":[-1]}"#,
+        r#"{"prompt":[-1],"model":"m","model":null}"#,
+        r#"{"model":"a","model":"b","prompt":"x","prompt":[7]}"#,
+        r#"{"model":"m","prompt":"x","max_tokens":-1,"n":0}"#,
+        r#"{"model":"m","prompt":"x","max_completion_tokens":null,"max_tokens":"5"}"#,
+        r#"{"model":"m","prompt":"x","stream":true,"stream_options":{"include_usage":true,"x":[{}]}}"#,
+        r#"{"model":"m","prompt":"x","stream_options":{"include_usage":1}}"#,
+        r#"{"model":"m","prompt":"x","stream_options":[]}"#,
+        r#"{"model":"m","prompt":"x","tools":{},"cache_salt":"s"}"#,
+        r#"{"model":"m","prompt":"x","cache_salt":5}"#,
+        r#"{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}],"chat_template_kwargs":{"a":1}}"#,
+        r#"{"model":"m","messages":[{"role":"user","content":"x"}],"chat_template_kwargs":[]}"#,
+        r#"{"model":"m","messages":[{"role":"user","content":[{"type":1}]}]}"#,
+        r#"{"model":"m","messages":"x","prompt":[1]}"#,
+        r#"{"model":"m","messages":[],"add_generation_prompt":false}"#,
+        r#"{"model":"m","messages":[{"role":"user"}],"add_generation_prompt":"no"}"#,
+        r#"[{"model":"m"}]"#,
+        r#""m""#,
+        "null",
+        "5",
+    ];
+    for body in bodies {
+        let tree: Value = serde_json::from_str(body).unwrap();
+        for ep in [Endpoint::Completions, Endpoint::ChatCompletions] {
+            assert_eq!(
+                RequestView::from_json(ep, body.as_bytes()),
+                RequestView::parse(ep, &tree),
+                "{ep:?} {body}"
+            );
+        }
+    }
+}
+
+/// Malformed JSON anywhere is refused, even inside a field routing skips, and before any field
+/// is judged: skipped values are parsed, not scanned.
+#[test]
+fn malformed_json_is_refused_wherever_it_is() {
+    for body in [
+        &b"{\"model\":5,\"x\":1e400}"[..],
+        b"{\"model\":\"m\",\"prompt\":\"x\",\"x\":\"\\ud800\"}",
+        b"{\"model\":\"m\",\"prompt\":\"x\",\"x\":[\"\xff\"]}",
+        b"{\"model\":\"m\",\"prompt\":\"x\",\"messages\":[1,}",
+        b"{\"model\":\"m\",\"prompt\":[-1,1e400]}",
+        b"{\"model\":\"m\",\"prompt\":\"x\"} x",
+        b"",
+    ] {
+        let e = RequestView::from_json(Endpoint::Completions, body).unwrap_err();
+        assert!(
+            e.message.starts_with("the body is not valid JSON"),
+            "{}: {e}",
+            String::from_utf8_lossy(body)
+        );
+        assert_eq!(e.param, None);
+    }
+    let deep = format!(
+        "{{\"model\":\"m\",\"prompt\":\"x\",\"x\":{}1{}}}",
+        "[".repeat(200),
+        "]".repeat(200)
+    );
+    let e = RequestView::from_json(Endpoint::Completions, deep.as_bytes()).unwrap_err();
+    assert!(e.message.contains("recursion limit"), "{e}");
+}
+
+/// What routing does not read is not kept: a completion's `messages` and a chat's `prompt` are
+/// skipped, and a completion keeps no `tools`.
+#[test]
+fn unread_fields_are_not_kept() {
+    let v = RequestView::from_json(
+        Endpoint::Completions,
+        br#"{"model":"m","prompt":[1,2],"messages":"not checked","tools":[{"a":1}]}"#,
+    )
+    .unwrap();
+    assert_eq!(v.input, Input::Prompt(Prompt::Tokens(vec![1, 2])));
+    assert_eq!(v.tools, None);
+    let v = RequestView::from_json(
+        Endpoint::ChatCompletions,
+        br#"{"model":"m","prompt":{"not":"checked"},"messages":[{"role":"user","content":"x"}],"tools":[{"a":1}]}"#,
+    )
+    .unwrap();
+    assert_eq!(v.tools, Some(json!([{"a":1}])));
+}
+
+/// Messages are judged in order, the first refused one naming the error, however much follows
+/// it (which is walked, not kept).
+#[test]
+fn the_first_refused_message_names_the_error() {
+    let cases = [
+        (
+            r#"[{"role":"user","content":"x"},1,{"role":2}]"#,
+            "`messages[1]` must be an object",
+        ),
+        (
+            r#"[{"content":[1],"role":5}]"#,
+            "`messages[0].role` must be a string",
+        ),
+        (
+            r#"[{"role":1,"role":"user","content":{"a":[1]}}]"#,
+            "`messages[0].content` must be a string or an array of parts",
+        ),
+        (
+            r#"[{"role":"u","content":[{"type":"text"},{"type":1},7]},5]"#,
+            "`messages[0].content[1]` must be an object with a `type`",
+        ),
+        (
+            r#"[{"role":"u"},{"role":"u","content":[{"type":"t"},[1,2]]}]"#,
+            "`messages[1].content[1]` must be an object with a `type`",
+        ),
+    ];
+    for (messages, want) in cases {
+        let body = format!(r#"{{"model":"m","messages":{messages}}}"#);
+        let e = RequestView::from_json(Endpoint::ChatCompletions, body.as_bytes()).unwrap_err();
+        assert_eq!(e.message, want, "{messages}");
+        assert_eq!(e.param.as_deref(), Some("messages"));
+    }
+    let ok = RequestView::from_json(
+        Endpoint::ChatCompletions,
+        br#"{"model":"m","messages":[{"role":1,"role":"user","content":[{"type":"text","text":"a","x":[1]}],"name":"n"}]}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        ok.input,
+        Input::Messages(vec![
+            json!({"role":"user","content":[{"type":"text","text":"a","x":[1]}],"name":"n"})
+        ])
+    );
+}

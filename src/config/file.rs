@@ -146,6 +146,7 @@ pub(super) struct FileLimits {
     pub(super) max_concurrency: Option<usize>,
     pub(super) max_queue: Option<usize>,
     pub(super) queue_timeout_s: Option<f64>,
+    pub(super) max_body_bytes_in_flight: Option<u64>,
 }
 
 #[derive(Deserialize, Debug)]

@@ -239,7 +239,7 @@ impl Config {
         let kv_aware = policy::kv_aware(&file.kv_aware)?;
         let index = IndexSettings::from_file(&file.index)?;
         let replay_limits = kv_events::replay_limits(&file.kv_events)?;
-        let limits = Limits::from_file(&file.limits)?;
+        let limits = Limits::from_file(&file.limits, front.max_body_bytes)?;
         let tenants = tenants::tenants(file.tenants)?;
         let admin_key_sha256 = tenants::admin_key(file.admin, &tenants)?;
         let own: Vec<SocketAddr> = std::iter::once(front.listen)

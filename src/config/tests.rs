@@ -406,3 +406,18 @@ fn metrics_listen_is_an_address_apart_from_listen() {
         .to_string();
     assert!(e.contains("own listen address"), "{e}");
 }
+
+#[test]
+fn the_body_budget_follows_the_body_limit_and_must_hold_one_body() {
+    let c = load("").unwrap();
+    assert_eq!(c.limits.max_body_bytes_in_flight, 4 * c.max_body_bytes);
+    let c = load("[server]\nmax_body_bytes = 4096").unwrap();
+    assert_eq!(c.limits.max_body_bytes_in_flight, 4 * 4096);
+    let c =
+        load("[server]\nmax_body_bytes = 4096\n[limits]\nmax_body_bytes_in_flight = 4096").unwrap();
+    assert_eq!(c.limits.max_body_bytes_in_flight, 4096);
+    let e = load("[server]\nmax_body_bytes = 4096\n[limits]\nmax_body_bytes_in_flight = 4095")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("`limits.max_body_bytes_in_flight`"), "{e}");
+}

@@ -5,6 +5,11 @@
 //! the fleet cannot finish: clients back off, and the requests already running keep their
 //! latency. The slot (a semaphore permit) is held until the response body ends, so a long
 //! stream counts for as long as it runs.
+//!
+//! Admission comes before the body is read: a request that will be refused costs the router
+//! its headers only, never its body. The bodies of admitted requests share a budget of bytes
+//! ([`BodyBudget`]), claimed as they are read and held until the request is routed, so a burst
+//! of large bodies cannot take more memory than the operator allowed.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -31,6 +36,7 @@ pub struct Admission {
     router: Arc<Semaphore>,
     waiting: AtomicUsize,
     tenants: HashMap<String, Arc<Semaphore>>,
+    bodies: BodyBudget,
 }
 
 fn too_many(message: String, reason: &'static str, metrics: &Metrics) -> ApiError {
@@ -60,7 +66,13 @@ impl Admission {
                         .map(|n| (t.name.clone(), Arc::new(Semaphore::new(n))))
                 })
                 .collect(),
+            bodies: BodyBudget::new(limits.max_body_bytes_in_flight),
         }
+    }
+
+    /// The budget of body bytes being read and parsed.
+    pub fn bodies(&self) -> &BodyBudget {
+        &self.bodies
     }
 
     /// Waits for a slot for a request of `tenant` (if any), or refuses with 429.
@@ -119,6 +131,80 @@ impl Admission {
     }
 }
 
+/// The bytes of request bodies being read and parsed at once, router-wide.
+#[derive(Debug)]
+pub struct BodyBudget {
+    limit: usize,
+    in_flight: Arc<AtomicUsize>,
+}
+
+/// One request's share of the [`BodyBudget`], returned when dropped.
+#[derive(Debug)]
+pub struct BodyClaim {
+    limit: usize,
+    in_flight: Arc<AtomicUsize>,
+    bytes: usize,
+}
+
+impl BodyBudget {
+    /// A budget of `limit` bytes.
+    pub fn new(limit: usize) -> BodyBudget {
+        BodyBudget {
+            limit,
+            in_flight: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// An empty claim, grown as the body arrives.
+    pub fn claim(&self) -> BodyClaim {
+        BodyClaim {
+            limit: self.limit,
+            in_flight: Arc::clone(&self.in_flight),
+            bytes: 0,
+        }
+    }
+
+    /// Bytes claimed now.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+}
+
+impl BodyClaim {
+    /// Claims `n` more bytes, or refuses (429, counted as `body_bytes_in_flight`) when the
+    /// budget cannot hold them; a refused claim keeps what it had.
+    pub fn grow(&mut self, n: usize, metrics: &Metrics) -> Result<(), ApiError> {
+        let limit = self.limit;
+        let grown = self
+            .in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
+                cur.checked_add(n).filter(|&next| next <= limit)
+            });
+        match grown {
+            Ok(_) => {
+                self.bytes += n;
+                Ok(())
+            }
+            Err(_) => Err(too_many(
+                "the router is reading too many large request bodies at once; retry later".into(),
+                "body_bytes_in_flight",
+                metrics,
+            )),
+        }
+    }
+
+    /// Bytes held by this claim.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for BodyClaim {
+    fn drop(&mut self) {
+        self.in_flight.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -142,6 +228,7 @@ mod tests {
                 max_concurrency: 1,
                 max_queue: 1,
                 queue_timeout: Duration::from_millis(200),
+                ..Limits::default()
             },
             &[],
         ));
@@ -180,5 +267,31 @@ mod tests {
         let _b = a.admit(Some("b"), &m).await.unwrap();
         drop(t1);
         assert!(a.admit(Some("a"), &m).await.is_ok());
+    }
+
+    #[test]
+    fn body_claims_share_the_budget_and_return_it() {
+        let m = Metrics::new();
+        let budget = BodyBudget::new(100);
+        let mut a = budget.claim();
+        a.grow(60, &m).unwrap();
+        let mut b = budget.claim();
+        let e = b.grow(41, &m).unwrap_err();
+        assert_eq!(e.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(e.code, Some("body_bytes_in_flight"));
+        assert_eq!(b.bytes(), 0, "a refused claim takes nothing");
+        b.grow(40, &m).unwrap();
+        assert_eq!(budget.in_flight(), 100);
+        drop(a);
+        assert_eq!(budget.in_flight(), 40);
+        b.grow(usize::MAX, &m).unwrap_err();
+        drop(b);
+        assert_eq!(budget.in_flight(), 0);
+        assert_eq!(
+            m.rejected
+                .with_label_values(&["body_bytes_in_flight"])
+                .get(),
+            2
+        );
     }
 }

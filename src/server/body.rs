@@ -1,13 +1,22 @@
-//! Reading a client's request body within the size limit.
+//! Reading a client's request body within the size limit, the time limit and the router's
+//! budget of body bytes in flight, and reading its fields off the async threads when it is large.
 
 use std::time::Duration;
 
 use axum::body::Body;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, StatusCode};
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::BodyExt;
 
-use crate::openai::ApiError;
+use super::admission::BodyClaim;
+use crate::metrics::Metrics;
+use crate::openai::{ApiError, Endpoint, RequestView};
+
+/// Bodies at least this large are read into a view on a blocking thread: parsing costs about a
+/// millisecond per megabyte, which on an async thread would stall every other connection it
+/// serves (`/health` among them). Smaller ones are parsed in place: a hop to the blocking pool
+/// costs more than they do.
+pub const BLOCKING_PARSE_BYTES: usize = 256 << 10;
 
 fn too_large(limit: usize) -> ApiError {
     ApiError::new(
@@ -27,7 +36,31 @@ pub async fn read_limited(
     limit: usize,
     timeout: Duration,
 ) -> Result<Bytes, ApiError> {
-    match tokio::time::timeout(timeout, read_within(headers, body, limit)).await {
+    within(timeout, read_within(headers, body, limit, None)).await
+}
+
+/// [`read_limited`], with the body's bytes claimed from the router's budget as they arrive
+/// (all at once when `Content-Length` is given): past the budget, 429 before reading on.
+pub async fn read_claimed(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+    timeout: Duration,
+    claim: &mut BodyClaim,
+    metrics: &Metrics,
+) -> Result<Bytes, ApiError> {
+    within(
+        timeout,
+        read_within(headers, body, limit, Some((claim, metrics))),
+    )
+    .await
+}
+
+async fn within(
+    timeout: Duration,
+    read: impl Future<Output = Result<Bytes, ApiError>>,
+) -> Result<Bytes, ApiError> {
+    match tokio::time::timeout(timeout, read).await {
         Ok(r) => r,
         Err(_) => Err(ApiError::new(
             StatusCode::REQUEST_TIMEOUT,
@@ -38,7 +71,14 @@ pub async fn read_limited(
     }
 }
 
-async fn read_within(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, ApiError> {
+/// Reads frame by frame into one buffer, sized from `Content-Length` when given, so a body
+/// costs its size once (collecting the frames and then joining them would cost it twice).
+async fn read_within(
+    headers: &HeaderMap,
+    mut body: Body,
+    limit: usize,
+    mut claim: Option<(&mut BodyClaim, &Metrics)>,
+) -> Result<Bytes, ApiError> {
     let declared = headers
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -46,12 +86,46 @@ async fn read_within(headers: &HeaderMap, body: Body, limit: usize) -> Result<By
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(too_large(limit));
     }
-    match Limited::new(body, limit).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large(limit)),
-        Err(e) => Err(ApiError::invalid(
-            format!("could not read the request body: {e}"),
-            None,
-        )),
+    let declared = declared.and_then(|n| usize::try_from(n).ok()).unwrap_or(0);
+    if let Some((claim, metrics)) = claim.as_mut() {
+        claim.grow(declared, metrics)?;
     }
+    let mut buf = BytesMut::with_capacity(declared);
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            ApiError::invalid(format!("could not read the request body: {e}"), None)
+        })?;
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers
+        };
+        let len = buf.len() + data.len();
+        if len > limit {
+            return Err(too_large(limit));
+        }
+        if let Some((claim, metrics)) = claim.as_mut()
+            && len > claim.bytes()
+        {
+            claim.grow(len - claim.bytes(), metrics)?;
+        }
+        buf.extend_from_slice(&data);
+    }
+    Ok(buf.freeze())
+}
+
+/// The view of a body sent to `endpoint`; large bodies are read on a blocking thread.
+pub async fn view(endpoint: Endpoint, bytes: &Bytes) -> Result<RequestView, ApiError> {
+    if bytes.len() < BLOCKING_PARSE_BYTES {
+        return RequestView::from_json(endpoint, bytes);
+    }
+    let bytes = bytes.clone();
+    tokio::task::spawn_blocking(move || RequestView::from_json(endpoint, &bytes))
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                Some("internal_error"),
+                format!("the body parser failed: {e}"),
+            )
+        })?
 }

@@ -11,10 +11,10 @@ use http::{HeaderMap, HeaderValue};
 use http_body::Body as _;
 
 use super::access_log::AccessLine;
+use super::admission::{BodyClaim, Ticket};
 use super::auth::{Caller, Keys};
-use super::body::read_limited;
 use super::observer::{Observer, Requester};
-use super::{AppState, request_id, route};
+use super::{AppState, body, cache_salt, request_id, route};
 use crate::fleet::Worker;
 use crate::openai::{ApiError, Endpoint, RequestView};
 use crate::proxy::{self, BodyTimeouts, ObservedBody};
@@ -39,12 +39,15 @@ pub(super) async fn chat_completions(
     handle(state, Endpoint::ChatCompletions, headers, body).await
 }
 
-/// A request body as received and as routing reads it.
+/// An admitted request's body as received and as routing reads it.
 struct Received {
     endpoint: Endpoint,
     bytes: Bytes,
-    json: serde_json::Value,
     view: RequestView,
+    /// The request's slot, held until its response ends.
+    ticket: Ticket,
+    /// The body's share of the router's body budget, held until the request is routed.
+    claim: BodyClaim,
 }
 
 async fn handle(
@@ -117,7 +120,10 @@ fn reject(state: &AppState, model_label: &str, e: ApiError, who: Rejected<'_>) -
     resp
 }
 
-/// Authenticates the caller and reads and validates the body.
+/// Authenticates the caller, admits the request, then reads and validates the body. Admission
+/// comes first (the tenant is known from the key): a request over its tenant's or the router's
+/// limit is refused before its body costs anything, and the body's bytes are claimed from the
+/// router's budget as they arrive. Large bodies are read into their view off the async threads.
 async fn receive(
     state: &AppState,
     endpoint: Endpoint,
@@ -125,15 +131,27 @@ async fn receive(
     body: Body,
 ) -> Result<(Caller, Received), ApiError> {
     let caller = state.keys.caller(headers)?;
-    let bytes = read_limited(headers, body, state.max_body_bytes, state.body_read_timeout).await?;
-    let json: serde_json::Value = serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}"), None))?;
-    let view = RequestView::parse(endpoint, &json)?;
+    let ticket = state
+        .admission
+        .admit(caller.tenant(), &state.metrics)
+        .await?;
+    let mut claim = state.admission.bodies().claim();
+    let bytes = body::read_claimed(
+        headers,
+        body,
+        state.max_body_bytes,
+        state.body_read_timeout,
+        &mut claim,
+        &state.metrics,
+    )
+    .await?;
+    let view = body::view(endpoint, &bytes).await?;
     let received = Received {
         endpoint,
         bytes,
-        json,
         view,
+        ticket,
+        claim,
     };
     Ok((caller, received))
 }
@@ -149,26 +167,17 @@ async fn forward(
     let Received {
         endpoint,
         bytes,
-        mut json,
         view,
+        ticket,
+        claim,
     } = received;
     Keys::authorize_model(&caller, &view.model)?;
     let salt = caller.cache_salt(view.cache_salt.as_deref());
-    let bytes = tenant_body(
-        state,
-        &caller,
-        salt.as_deref(),
-        &view.model,
-        bytes,
-        &mut json,
-    )?;
-    let ticket = state
-        .admission
-        .admit(caller.tenant(), &state.metrics)
-        .await?;
+    let bytes = tenant_body(state, &caller, salt.as_deref(), &view.model, bytes)?;
     let eligible = eligible(state, &view.model)?;
     let decision_started = Instant::now();
     let (analysis, view) = route::analyse(state, view, salt.as_deref()).await?;
+    drop(claim);
     let clock = || state.now();
     let mut session = Session::new(
         &state.decider,
@@ -220,29 +229,21 @@ async fn forward(
 }
 
 /// The body to send: a tenant's request carries its namespaced salt to the engine (or none at
-/// all, where the engine does not take it); a client-chosen salt is never passed on raw.
+/// all, where the engine does not take it); a client-chosen salt is never passed on raw. The
+/// salt is written into the bytes as sent ([`cache_salt`]): nothing else is re-encoded.
 fn tenant_body(
     state: &AppState,
     caller: &Caller,
     salt: Option<&str>,
     model: &str,
     bytes: Bytes,
-    json: &mut serde_json::Value,
 ) -> Result<Bytes, ApiError> {
-    let (Caller::Tenant(_), Some(obj)) = (caller, json.as_object_mut()) else {
+    if !matches!(caller, Caller::Tenant(_)) {
         return Ok(bytes);
-    };
-    match (salt, state.forwards_salt(model)) {
-        (Some(s), true) => {
-            obj.insert("cache_salt".into(), serde_json::Value::String(s.to_owned()));
-        }
-        _ => {
-            obj.remove("cache_salt");
-        }
     }
-    serde_json::to_vec(json)
-        .map(Bytes::from)
-        .map_err(|e| ApiError::invalid(format!("cannot re-encode the body: {e}"), None))
+    let salt = salt.filter(|_| state.forwards_salt(model));
+    cache_salt::with_cache_salt(&bytes, salt)
+        .map_err(|e| ApiError::invalid(format!("cannot set the cache salt: {e}"), None))
 }
 
 /// The workers that may take a request for `model` now: 404 for a model no worker serves,

@@ -6,6 +6,7 @@ mod admin;
 pub mod admission;
 pub mod auth;
 mod body;
+mod cache_salt;
 mod canned;
 mod connection;
 mod debug;

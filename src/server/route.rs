@@ -11,17 +11,19 @@ use std::time::Instant;
 use http::StatusCode;
 
 use super::AppState;
-use crate::openai::{ApiError, RequestView};
+use crate::openai::{ApiError, Input, Prompt, RequestView};
 use crate::routing::Analysis;
 use crate::tokens::TokenError;
 use crate::tokens::model::hash_seed;
 
 /// Tokenizes and analyses the prompt if the policy needs it; `cache_salt` is the request's
 /// effective (tenant-namespaced) salt. The view travels to the tokenizer thread and back
-/// rather than being copied (a long chat is tens of kilobytes of JSON).
+/// rather than being copied (a long chat is tens of kilobytes of JSON). Token ids a client sent
+/// are moved out of the view, not copied, and need no tokenizer thread: the view that comes
+/// back is for its model name and flags, not its prompt.
 pub(super) async fn analyse(
     state: &Arc<AppState>,
-    view: RequestView,
+    mut view: RequestView,
     cache_salt: Option<&str>,
 ) -> Result<(Analysis, RequestView), ApiError> {
     if !state.decider.uses_prefix() {
@@ -33,9 +35,12 @@ pub(super) async fn analyse(
     let tokens = state.tokens.get(base.as_deref().unwrap_or(&view.model));
     let block_size = tokens.block_size();
     let started = Instant::now();
-    let (ids, view) = tokio::task::spawn_blocking(move || (tokens.prompt_ids(&view), view))
-        .await
-        .map_err(|e| internal(format!("tokenizer task failed: {e}")))?;
+    let (ids, view) = match take_token_ids(&mut view) {
+        Some(ids) => (Ok(ids), view),
+        None => tokio::task::spawn_blocking(move || (tokens.prompt_ids(&view), view))
+            .await
+            .map_err(|e| internal(format!("tokenizer task failed: {e}")))?,
+    };
     let ids = match ids {
         Ok(ids) => ids,
         Err(e) if e.is_client_error() => {
@@ -58,6 +63,18 @@ pub(super) async fn analyse(
     };
     let analysis = state.decider.analyse(&ids, seed, block_size, state.now());
     Ok((analysis, view))
+}
+
+/// The ids routing hashes when the client sent token ids (the first of a batch, as
+/// [`crate::tokens::ModelTokens::prompt_ids`] takes), moved out of the view.
+fn take_token_ids(view: &mut RequestView) -> Option<Vec<u32>> {
+    match &mut view.input {
+        Input::Prompt(Prompt::Tokens(ids)) => Some(std::mem::take(ids)),
+        Input::Prompt(Prompt::TokenBatches(batches)) => {
+            Some(batches.first_mut().map(std::mem::take).unwrap_or_default())
+        }
+        _ => None,
+    }
 }
 
 fn internal(message: String) -> ApiError {

@@ -14,6 +14,7 @@ mod bench_router;
 mod bench_synthesis;
 mod bench_synthetic;
 mod bench_trace;
+mod body_admission;
 mod chaos;
 mod connections;
 mod engine_events;

@@ -1,0 +1,462 @@
+//! A request body's top-level fields, read in one streaming pass without a JSON tree of the
+//! whole body.
+//!
+//! Only the fields routing reads are kept, and only for the endpoint that reads them (a chat
+//! request's `prompt` is skipped, a completion's `messages` too); everything else is walked
+//! once and dropped. Token ids go straight into `Vec<u32>`: a body of numbers costs 4 bytes per
+//! id instead of a `serde_json::Value` per id (≈ 30× the text), which is what let one 32 MiB
+//! body raise the router's memory by more than a gigabyte.
+//!
+//! Nothing here fails on a wrong type: a field is recorded as [`Seen`] and judged afterwards, in
+//! the fixed order of [`super::RequestView`]'s validation, so the client gets the same error as
+//! when the body was parsed into a tree first. Only malformed JSON fails the pass, anywhere in
+//! the body and before any field is judged — also as before. Skipped values are still parsed
+//! (numbers in range, strings valid UTF-8, the nesting limit), never just scanned: a body the
+//! tree parser refused is refused here too.
+
+use std::fmt;
+
+use serde::Deserialize as _;
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Value};
+
+use super::messages::MessagesSeed;
+use super::prompt::PromptSeed;
+use super::{Endpoint, Prompt};
+
+/// How a field appeared in the body (the last occurrence wins, as in a JSON tree).
+#[derive(Debug, Default)]
+pub(super) enum Seen<T> {
+    /// Not in the body.
+    #[default]
+    Absent,
+    /// `null`.
+    Null,
+    /// The expected type, with what routing keeps of it.
+    Is(T),
+    /// Any other type.
+    Other,
+}
+
+/// Why a `prompt` array is not one of the four allowed shapes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum PromptFault {
+    /// Mixed, non-integer or out-of-range items, or a non-array item in a batch.
+    Shape,
+    /// `[]`.
+    Empty,
+    /// `[[1], []]`.
+    EmptyTokenList,
+}
+
+/// The top-level fields routing reads, as seen.
+#[derive(Debug, Default)]
+pub(super) struct Fields {
+    pub model: Seen<String>,
+    /// Completions only (else skipped).
+    pub prompt: Seen<Result<Prompt, PromptFault>>,
+    /// Chat only (else skipped). Messages stay JSON: chat templates read arbitrary keys.
+    pub messages: Seen<Vec<Value>>,
+    pub stream: Seen<bool>,
+    pub max_tokens: Seen<u64>,
+    pub max_completion_tokens: Seen<u64>,
+    pub n: Seen<u64>,
+    pub cache_salt: Seen<String>,
+    /// An object, with its `include_usage` as seen.
+    pub stream_options: Seen<Seen<bool>>,
+    /// An array; kept for chat (the template reads it), `None` for completions.
+    pub tools: Seen<Option<Value>>,
+    /// An object; kept for chat, `None` for completions.
+    pub chat_template_kwargs: Seen<Option<Map<String, Value>>>,
+    pub add_generation_prompt: Seen<bool>,
+}
+
+/// A body: an object's fields, or anything else.
+pub(super) enum Body {
+    Object(Box<Fields>),
+    NotObject,
+}
+
+/// Reads a body sent to `endpoint`, of the given length in bytes (0: unknown).
+pub(super) struct BodySeed(pub Endpoint, pub usize);
+
+impl<'de> DeserializeSeed<'de> for BodySeed {
+    type Value = Body;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Body, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+/// The top-level keys routing reads.
+#[derive(Clone, Copy)]
+enum Key {
+    Model,
+    Prompt,
+    Messages,
+    Stream,
+    MaxTokens,
+    MaxCompletionTokens,
+    N,
+    CacheSalt,
+    StreamOptions,
+    Tools,
+    ChatTemplateKwargs,
+    AddGenerationPrompt,
+    Unread,
+}
+
+impl Key {
+    fn of(name: &str) -> Key {
+        match name {
+            "model" => Key::Model,
+            "prompt" => Key::Prompt,
+            "messages" => Key::Messages,
+            "stream" => Key::Stream,
+            "max_tokens" => Key::MaxTokens,
+            "max_completion_tokens" => Key::MaxCompletionTokens,
+            "n" => Key::N,
+            "cache_salt" => Key::CacheSalt,
+            "stream_options" => Key::StreamOptions,
+            "tools" => Key::Tools,
+            "chat_template_kwargs" => Key::ChatTemplateKwargs,
+            "add_generation_prompt" => Key::AddGenerationPrompt,
+            _ => Key::Unread,
+        }
+    }
+}
+
+/// Decodes a key without keeping it: the caller maps it with `F`.
+struct KeySeed<F>(F);
+
+impl<'de, T, F: FnOnce(&str) -> T> DeserializeSeed<'de> for KeySeed<F> {
+    type Value = T;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<T, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de, T, F: FnOnce(&str) -> T> Visitor<'de> for KeySeed<F> {
+    type Value = T;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a string key")
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<T, E> {
+        Ok((self.0)(v))
+    }
+}
+
+impl<'de> Visitor<'de> for BodySeed {
+    type Value = Body;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Body, A::Error> {
+        let chat = self.0 == Endpoint::ChatCompletions;
+        let mut f = Fields::default();
+        while let Some(key) = map.next_key_seed(KeySeed(Key::of))? {
+            match key {
+                Key::Model => f.model = map.next_value_seed(ScalarSeed)?.string(),
+                Key::Prompt if !chat => f.prompt = map.next_value_seed(PromptSeed(self.1))?,
+                Key::Messages if chat => f.messages = map.next_value_seed(MessagesSeed)?,
+                Key::Stream => f.stream = map.next_value_seed(ScalarSeed)?.bool(),
+                Key::MaxTokens => f.max_tokens = map.next_value_seed(ScalarSeed)?.u64(),
+                Key::MaxCompletionTokens => {
+                    f.max_completion_tokens = map.next_value_seed(ScalarSeed)?.u64();
+                }
+                Key::N => f.n = map.next_value_seed(ScalarSeed)?.u64(),
+                Key::CacheSalt => f.cache_salt = map.next_value_seed(ScalarSeed)?.string(),
+                Key::StreamOptions => f.stream_options = map.next_value_seed(StreamOptionsSeed)?,
+                Key::Tools => f.tools = map.next_value_seed(ToolsSeed { keep: chat })?,
+                Key::ChatTemplateKwargs => {
+                    f.chat_template_kwargs = map.next_value_seed(KwargsSeed { keep: chat })?;
+                }
+                Key::AddGenerationPrompt => {
+                    f.add_generation_prompt = map.next_value_seed(ScalarSeed)?.bool();
+                }
+                Key::Prompt | Key::Messages | Key::Unread => {
+                    map.next_value::<Skip>()?;
+                }
+            }
+        }
+        Ok(Body::Object(Box::new(f)))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Body, A::Error> {
+        drain_seq(seq)?;
+        Ok(Body::NotObject)
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Body, E> {
+        Ok(Body::NotObject)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Body, E> {
+        Ok(Body::NotObject)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Body, E> {
+        Ok(Body::NotObject)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Body, E> {
+        Ok(Body::NotObject)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Body, E> {
+        Ok(Body::NotObject)
+    }
+    fn visit_unit<E>(self) -> Result<Body, E> {
+        Ok(Body::NotObject)
+    }
+}
+
+/// A value walked and dropped. Parsed in full (`deserialize_any`, not `deserialize_ignored_any`,
+/// which only scans), so malformed numbers and strings fail as they would in a tree.
+pub(super) struct Skip;
+
+impl<'de> de::Deserialize<'de> for Skip {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Skip, D::Error> {
+        d.deserialize_any(SkipVisitor)
+    }
+}
+
+struct SkipVisitor;
+
+impl<'de> Visitor<'de> for SkipVisitor {
+    type Value = Skip;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+    fn visit_unit<E>(self) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Skip, A::Error> {
+        drain_seq(seq).map(|()| Skip)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Skip, A::Error> {
+        drain_map(map).map(|()| Skip)
+    }
+}
+
+pub(super) fn drain_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<(), A::Error> {
+    while seq.next_element::<Skip>()?.is_some() {}
+    Ok(())
+}
+
+pub(super) fn drain_map<'de, A: MapAccess<'de>>(mut map: A) -> Result<(), A::Error> {
+    while map.next_entry::<Skip, Skip>()?.is_some() {}
+    Ok(())
+}
+
+/// A scalar field's value; containers are walked and reported as `Other`.
+pub(super) enum Scalar {
+    Null,
+    Bool(bool),
+    U64(u64),
+    Str(String),
+    Other,
+}
+
+impl Scalar {
+    fn string(self) -> Seen<String> {
+        match self {
+            Scalar::Null => Seen::Null,
+            Scalar::Str(s) => Seen::Is(s),
+            _ => Seen::Other,
+        }
+    }
+    fn bool(self) -> Seen<bool> {
+        match self {
+            Scalar::Null => Seen::Null,
+            Scalar::Bool(b) => Seen::Is(b),
+            _ => Seen::Other,
+        }
+    }
+    fn u64(self) -> Seen<u64> {
+        match self {
+            Scalar::Null => Seen::Null,
+            Scalar::U64(n) => Seen::Is(n),
+            _ => Seen::Other,
+        }
+    }
+}
+
+pub(super) struct ScalarSeed;
+
+impl<'de> DeserializeSeed<'de> for ScalarSeed {
+    type Value = Scalar;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Scalar, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ScalarSeed {
+    type Value = Scalar;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Scalar, E> {
+        Ok(Scalar::Bool(v))
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Scalar, E> {
+        // serde_json hands non-negative integers to `visit_u64`: this one is negative.
+        Ok(Scalar::Other)
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Scalar, E> {
+        Ok(Scalar::U64(v))
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Scalar, E> {
+        Ok(Scalar::Other)
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Scalar, E> {
+        Ok(Scalar::Str(v.to_owned()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Scalar, E> {
+        Ok(Scalar::Str(v))
+    }
+    fn visit_unit<E>(self) -> Result<Scalar, E> {
+        Ok(Scalar::Null)
+    }
+    fn visit_none<E>(self) -> Result<Scalar, E> {
+        Ok(Scalar::Null)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Scalar, A::Error> {
+        drain_seq(seq).map(|()| Scalar::Other)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Scalar, A::Error> {
+        drain_map(map).map(|()| Scalar::Other)
+    }
+}
+
+/// `stream_options`: an object; only `include_usage` is read.
+struct StreamOptionsSeed;
+
+impl<'de> DeserializeSeed<'de> for StreamOptionsSeed {
+    type Value = Seen<Seen<bool>>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        match ContainerSeed.deserialize(d)? {
+            Container::Map(include_usage) => Ok(Seen::Is(include_usage)),
+            Container::Null => Ok(Seen::Null),
+            Container::Seq | Container::Scalar => Ok(Seen::Other),
+        }
+    }
+}
+
+/// What `stream_options` turned out to be.
+enum Container {
+    /// An object, with its `include_usage` as seen.
+    Map(Seen<bool>),
+    Seq,
+    Null,
+    Scalar,
+}
+
+struct ContainerSeed;
+
+impl<'de> DeserializeSeed<'de> for ContainerSeed {
+    type Value = Container;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Container, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ContainerSeed {
+    type Value = Container;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Container, A::Error> {
+        let mut include_usage = Seen::Absent;
+        while let Some(wanted) = map.next_key_seed(KeySeed(|k: &str| k == "include_usage"))? {
+            if wanted {
+                include_usage = map.next_value_seed(ScalarSeed)?.bool();
+            } else {
+                map.next_value::<Skip>()?;
+            }
+        }
+        Ok(Container::Map(include_usage))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Container, A::Error> {
+        drain_seq(seq).map(|()| Container::Seq)
+    }
+    fn visit_unit<E>(self) -> Result<Container, E> {
+        Ok(Container::Null)
+    }
+    fn visit_none<E>(self) -> Result<Container, E> {
+        Ok(Container::Null)
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Container, E> {
+        Ok(Container::Scalar)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Container, E> {
+        Ok(Container::Scalar)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Container, E> {
+        Ok(Container::Scalar)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Container, E> {
+        Ok(Container::Scalar)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Container, E> {
+        Ok(Container::Scalar)
+    }
+}
+
+/// `tools`: an array, kept as JSON when `keep`.
+struct ToolsSeed {
+    keep: bool,
+}
+
+impl<'de> DeserializeSeed<'de> for ToolsSeed {
+    type Value = Seen<Option<Value>>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        if self.keep {
+            return Ok(match Value::deserialize(d)? {
+                Value::Null => Seen::Null,
+                v @ Value::Array(_) => Seen::Is(Some(v)),
+                _ => Seen::Other,
+            });
+        }
+        Ok(match ContainerSeed.deserialize(d)? {
+            Container::Seq => Seen::Is(None),
+            Container::Null => Seen::Null,
+            Container::Map(_) | Container::Scalar => Seen::Other,
+        })
+    }
+}
+
+/// `chat_template_kwargs`: an object, kept as JSON when `keep`.
+struct KwargsSeed {
+    keep: bool,
+}
+
+impl<'de> DeserializeSeed<'de> for KwargsSeed {
+    type Value = Seen<Option<Map<String, Value>>>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        if self.keep {
+            return Ok(match Value::deserialize(d)? {
+                Value::Null => Seen::Null,
+                Value::Object(o) => Seen::Is(Some(o)),
+                _ => Seen::Other,
+            });
+        }
+        Ok(match ContainerSeed.deserialize(d)? {
+            Container::Map(_) => Seen::Is(None),
+            Container::Null => Seen::Null,
+            Container::Seq | Container::Scalar => Seen::Other,
+        })
+    }
+}
