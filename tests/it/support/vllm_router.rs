@@ -32,7 +32,7 @@ pub fn router_config(
         "policy = \"{policy}\"\nshutdown_grace_s = 1.0\n[health]\ninterval_s = 0.5\n\
          [kv_aware]\ncalibrate = false\n\
          [[models]]\nname = \"{VLLM_MODEL}\"\ntokenizer = \"{}\"\nblock_size = {VLLM_BLOCK}\n\
-         [[models]]\nname = \"{VLLM_LORA}\"\nbase_model = \"{VLLM_MODEL}\"\nblock_size = {VLLM_BLOCK}\n",
+         [[models]]\nname = \"{VLLM_LORA}\"\nbase_model = \"{VLLM_MODEL}\"\n",
         setup.model.display()
     );
     for e in engines {
@@ -89,8 +89,6 @@ impl Outcome {
 pub struct VllmRouter {
     pub handle: RouterHandle,
     http: reqwest::Client,
-    /// Engines, in the order their names are listed in (for settling on events).
-    workers: Vec<String>,
 }
 
 impl VllmRouter {
@@ -103,7 +101,6 @@ impl VllmRouter {
                 .timeout(Duration::from_secs(120))
                 .build()
                 .expect("http client"),
-            workers: config.workers.iter().map(|w| w.id.clone()).collect(),
         }
     }
 
@@ -130,18 +127,6 @@ impl VllmRouter {
             .as_array()?
             .iter()
             .find(|c| c["worker"] == worker)
-    }
-
-    /// Predicted reuse (tokens) for `body` on each worker.
-    pub async fn predicted(&self, body: &Value, tenant: Option<&Tenant>) -> BTreeMap<String, u64> {
-        let v = self.explain(body, tenant).await;
-        self.workers
-            .iter()
-            .map(|w| {
-                let c = Self::candidate(&v, w).map_or(0, |c| c["cached_tokens"].as_u64().unwrap_or(0));
-                (w.clone(), c)
-            })
-            .collect()
     }
 
     /// Sends `body` (chat when it has `messages`) as `tenant`; the serving worker and answer.
