@@ -209,7 +209,7 @@ async fn predicted_reuse_stays_exact_while_a_small_vllm_cache_evicts() {
 /// vLLM, with the usage chunk (and its cached tokens) at the end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs real vLLM: scripts/real-engines/vllm-setup.sh; run by .ci/run"]
-async fn official_openai_sdk_streams_through_kvroute_from_vllm() {
+async fn the_official_openai_python_sdk_streams_through_kvroute_from_vllm() {
     let setup = VllmSetup::locate();
     let engines = VllmEngine::start_all(&setup, 1, &VllmOptions::default()).await;
     let router = VllmRouter::start(&router_config(&setup, &engines, "kv_aware", &[])).await;
