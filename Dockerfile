@@ -6,6 +6,9 @@ COPY Cargo.toml Cargo.lock ./
 COPY src ./src
 COPY benches ./benches
 COPY config ./config
+# The commit shown in `kvroute_build_info` (e.g. `--build-arg KVROUTE_COMMIT=$(git rev-parse HEAD)`).
+ARG KVROUTE_COMMIT=unknown
+ENV KVROUTE_COMMIT=${KVROUTE_COMMIT}
 RUN cargo build --release --bin kvroute
 
 FROM debian:bookworm-slim
@@ -16,5 +19,8 @@ COPY --from=build /src/target/release/kvroute /usr/local/bin/kvroute
 COPY config/kvroute.example.toml /etc/kvroute/kvroute.example.toml
 USER 10001
 EXPOSE 8000
+# The image alone starts a router with no workers (add them with --worker flags, the admin API,
+# or a config file: mount it and set KVROUTE_CONFIG=/etc/kvroute/kvroute.toml).
+ENV KVROUTE_LISTEN=0.0.0.0:8000
 ENTRYPOINT ["/usr/local/bin/kvroute"]
-CMD ["serve", "--listen", "0.0.0.0:8000", "--config", "/etc/kvroute/kvroute.toml"]
+CMD ["serve"]

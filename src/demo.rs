@@ -109,7 +109,12 @@ pub async fn start(args: &DemoArgs) -> anyhow::Result<Demo> {
         };
         let listener = TcpListener::bind((args.listen.ip(), port))
             .await
-            .map_err(|e| anyhow::anyhow!("engine {i}: cannot listen on port {port}: {e}"))?;
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "engine {i}: cannot listen on port {port}: {e} (choose other ports with \
+                     --engine-base-port N, or --engine-base-port 0 for any free ports)"
+                )
+            })?;
         let engine = crate::engine::start(serve, listener).await?;
         let addr = engine.local_addr();
         workers.push(WorkerSpec {
@@ -123,9 +128,12 @@ pub async fn start(args: &DemoArgs) -> anyhow::Result<Demo> {
         engines.push(engine);
     }
     let config = demo_config(args, workers)?;
-    let listener = TcpListener::bind(args.listen)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
+    let listener = TcpListener::bind(args.listen).await.map_err(|e| {
+        anyhow::anyhow!(
+            "cannot listen on {}: {e} (choose another address with --listen HOST:PORT)",
+            args.listen
+        )
+    })?;
     let router = crate::server::start(&config, listener)?;
     Ok(Demo { router, engines })
 }

@@ -245,6 +245,7 @@ impl Metrics {
         ] {
             registry.register(c).expect("metric names are unique");
         }
+        register_process_and_build(&registry);
         Metrics {
             registry,
             requests,
@@ -284,6 +285,39 @@ impl Default for Metrics {
     fn default() -> Self {
         Metrics::new()
     }
+}
+
+/// The version this binary was built from: the crate version, and the commit when the build
+/// was given one (`KVROUTE_COMMIT`, set by the Dockerfile's build argument).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+const COMMIT: &str = match option_env!("KVROUTE_COMMIT") {
+    Some(c) => c,
+    None => "unknown",
+};
+
+/// Registers the standard `process_*` metrics (CPU seconds, resident memory, open and maximum
+/// file descriptors, threads, start time: what an operator alerts on first, e.g. descriptors
+/// running out under idle connections) and `kvroute_build_info{version,commit}`, always 1, so
+/// dashboards can tell which build each replica runs.
+fn register_process_and_build(registry: &Registry) {
+    #[cfg(target_os = "linux")]
+    registry
+        .register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))
+        .expect("process metrics register once per registry");
+    let build = IntGaugeVec::new(
+        Opts::new(
+            "kvroute_build_info",
+            "Always 1; the labels say which build of kvroute this is.",
+        ),
+        &["version", "commit"],
+    )
+    .expect("static metric definition");
+    build.with_label_values(&[VERSION, COMMIT]).set(1);
+    registry
+        .register(Box::new(build))
+        .expect("metric names are unique");
 }
 
 /// Removes the series of `vec` whose `worker` label is `id`, whatever its other labels.
@@ -326,5 +360,22 @@ mod tests {
         assert!(text.contains("kvroute_time_to_first_token_seconds_bucket"));
         // Two routers in one process keep separate numbers.
         assert!(!Metrics::new().render().contains("kvroute_requests_total{"));
+    }
+
+    #[test]
+    fn process_and_build_metrics_are_exported() {
+        let text = Metrics::new().render();
+        let build = format!("kvroute_build_info{{commit=\"{COMMIT}\",version=\"{VERSION}\"}} 1");
+        assert!(text.contains(&build), "{text}");
+        #[cfg(target_os = "linux")]
+        for name in [
+            "process_open_fds ",
+            "process_max_fds ",
+            "process_resident_memory_bytes ",
+            "process_cpu_seconds_total ",
+            "process_start_time_seconds ",
+        ] {
+            assert!(text.contains(name), "{name} missing");
+        }
     }
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 
+use super::models::first_model;
 use super::plan::{RequestShape, plan};
 use super::replay::{ReplayConfig, completions_url, replay};
 use crate::report::plot::{load_chart, records_load, ttft_cdf_chart};
@@ -61,9 +62,14 @@ pub struct BenchArgs {
     /// kept so existing command lines still mean what they meant.
     #[arg(long, value_name = "X", hide = true, conflicts_with = "trace_speedup")]
     pub speedup: Option<f64>,
-    /// The `model` field sent with every request.
-    #[arg(long, default_value = "default")]
-    pub model: String,
+    /// The `model` field sent with every request (default: the first model the target lists
+    /// at `/v1/models`).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Fraction of failed requests above which the run exits with an error (after writing its
+    /// evidence), so a script does not take a run of 404s for a measurement.
+    #[arg(long, default_value_t = 0.5, value_name = "FRACTION")]
+    pub max_error_fraction: f64,
     /// Send text prompts (one word per token) instead of token ids.
     #[arg(long)]
     pub text_prompt: bool,
@@ -151,13 +157,24 @@ async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
     if !(args.timeout.is_finite() && args.timeout > 0.0) {
         bail!("--timeout must be a positive number of seconds");
     }
+    if !(0.0..=1.0).contains(&args.max_error_fraction) {
+        bail!("--max-error-fraction must be between 0 and 1");
+    }
+    let model = match &args.model {
+        Some(m) => m.clone(),
+        None => {
+            let m = first_model(&url, Duration::from_secs(10)).await?;
+            eprintln!("kvroute bench: no --model given; sending `{m}` (the target's first model)");
+            m
+        }
+    };
     let (trace, workload) = args.workload()?;
     if trace.is_empty() {
         bail!("the workload has no request (check --window and --max-requests)");
     }
     let synth = args.workload.prompt_synth(args.seed);
     let shape = RequestShape {
-        model: args.model.clone(),
+        model,
         force_output_length: !args.no_force_output_length,
         text_prompt: args.text_prompt,
     };
@@ -204,7 +221,29 @@ async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
     if let Some(out) = &args.out {
         write_outputs(out, &result, &markdown)?;
     }
-    Ok(())
+    check_errors(&result.summary, args.max_error_fraction)
+}
+
+/// Fails the run when more than `max_fraction` of its requests failed, naming the commonest
+/// failure, so a misconfigured run (wrong model, wrong URL) does not exit 0.
+fn check_errors(summary: &Summary, max_fraction: f64) -> anyhow::Result<()> {
+    if summary.requests == 0 {
+        return Ok(());
+    }
+    let fraction = summary.errors as f64 / summary.requests as f64;
+    if fraction <= max_fraction {
+        return Ok(());
+    }
+    let commonest = summary
+        .errors_by_kind
+        .iter()
+        .max_by_key(|(_, n)| **n)
+        .map_or_else(String::new, |(kind, n)| format!(" (most: {n} × {kind})"));
+    bail!(
+        "{} of {} requests failed{commonest}, more than --max-error-fraction {max_fraction}",
+        summary.errors,
+        summary.requests
+    )
 }
 
 /// Writes `out` (JSON), the Markdown beside it and the two charts.

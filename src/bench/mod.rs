@@ -8,9 +8,11 @@
 //!
 //! - [`plan`]: request bodies serialized before the run.
 //! - [`replay`]: the open-loop client; [`stream`]: reading a streamed response.
+//! - [`models`]: the model to send when none is given (the target's first `/v1/models` entry).
 //! - [`cli`]: `kvroute bench` and `kvroute bench compare`.
 
 pub mod cli;
+pub mod models;
 pub mod plan;
 pub mod replay;
 pub mod stream;

@@ -55,7 +55,9 @@ pub use workers::parse_worker_flag;
 #[derive(Debug, Error)]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error("cannot read config file {path}: {source}")]
+    // The OS error is the source, not part of the message: `{:#}` prints the chain, and
+    // printing it here too showed it twice.
+    #[error("cannot read config file {path}")]
     Read {
         /// The file.
         path: PathBuf,
@@ -101,11 +103,12 @@ pub enum LogFormat {
 /// `kvroute serve` flags; each overrides the config file's key of the same meaning.
 #[derive(Args, Debug, Clone, Default)]
 pub struct ServeArgs {
-    /// TOML config file (see config/kvroute.example.toml).
-    #[arg(long)]
+    /// TOML config file (see config/kvroute.example.toml). Without one, the router starts with
+    /// the workers of `--worker` flags (or none, to be added through the admin API).
+    #[arg(long, env = "KVROUTE_CONFIG")]
     pub config: Option<PathBuf>,
     /// Address to listen on, e.g. 127.0.0.1:8000.
-    #[arg(long)]
+    #[arg(long, env = "KVROUTE_LISTEN")]
     pub listen: Option<String>,
     /// Routing policy.
     #[arg(long, value_enum)]

@@ -56,6 +56,19 @@ pub(super) fn tenants(file: Vec<FileTenant>) -> Result<Vec<TenantConfig>, Config
                 "must be at least 1",
             ));
         }
+        if t.models.as_ref().is_some_and(Vec::is_empty) {
+            return Err(invalid(
+                format!("{key}.models"),
+                "lists no model, so every request of this tenant would be refused; name its \
+                 models, or omit the key to allow every model",
+            ));
+        }
+        if t.models.iter().flatten().any(|m| m.is_empty()) {
+            return Err(invalid(
+                format!("{key}.models"),
+                "model names must not be empty",
+            ));
+        }
         tenants.push(TenantConfig {
             name: t.name,
             api_key_sha256: digest,

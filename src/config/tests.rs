@@ -245,3 +245,54 @@ fn defaults_are_the_named_constants() {
         DEFAULT_FORWARD_CACHE_SALT
     );
 }
+
+/// What an operator tripped on (issue 14, item 15): an empty tenant model list was accepted
+/// and refused every request; a missing file printed its OS error twice; a huge number was
+/// printed digit by digit.
+#[test]
+fn operator_slips_get_one_clear_message() {
+    let tenant = |models: &str| {
+        format!(
+            "[[tenants]]\nname = \"t\"\napi_key_sha256 = \"{}\"\n{models}",
+            "ab".repeat(32)
+        )
+    };
+    match load(&tenant("models = []")) {
+        Err(ConfigError::Invalid { key, message }) => {
+            assert_eq!(key, "tenants[0].models");
+            assert!(message.contains("lists no model"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(load(&tenant("models = [\"\"]")).is_err());
+    assert!(load(&tenant("models = [\"m\"]")).is_ok());
+    assert!(load(&tenant("")).is_ok());
+
+    let args = ServeArgs {
+        config: Some("/nonexistent/kvroute.toml".into()),
+        ..Default::default()
+    };
+    let e = anyhow::Error::from(Config::load(&args).unwrap_err());
+    let shown = format!("{e:#}");
+    assert_eq!(
+        shown.matches("No such file").count(),
+        1,
+        "the OS error once: {shown}"
+    );
+    assert!(shown.contains("/nonexistent/kvroute.toml"), "{shown}");
+
+    let e = load("[health]\ninterval_s = 1e300")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("1e300"), "{e}");
+    assert!(e.len() < 200, "{e}");
+}
+
+/// A worker URL pasted with the OpenAI `/v1` suffix routes to the server, not `/v1/v1/…`.
+#[test]
+fn a_worker_url_ending_in_v1_means_the_server() {
+    let c = load("[[workers]]\nurl = \"http://127.0.0.1:8101/v1\"\n").unwrap();
+    assert_eq!(c.workers[0].url.to_string(), "http://127.0.0.1:8101");
+    let w = parse_worker_flag("http://h:1/v1/=m").unwrap();
+    assert_eq!(w.url.to_string(), "http://h:1");
+}

@@ -34,6 +34,10 @@ pub struct BaseUrl {
 
 impl BaseUrl {
     /// Parses `http://host[:port][/prefix]`.
+    ///
+    /// A trailing `/v1` is dropped: it is what an OpenAI client's `base_url` ends with, so
+    /// operators paste it, but kvroute adds `/v1/…` itself and every request would go to
+    /// `/v1/v1/…` and 404. The worker's URL as shown (admin API, logs) says what is used.
     pub fn parse(s: &str) -> Result<BaseUrl, WorkerUrlError> {
         let uri: Uri = s.parse().map_err(|_| WorkerUrlError::Invalid(s.into()))?;
         match uri.scheme_str() {
@@ -48,7 +52,8 @@ impl BaseUrl {
         if authority.host().is_empty() {
             return Err(WorkerUrlError::NoHost(s.into()));
         }
-        let prefix = uri.path().trim_end_matches('/').to_string();
+        let path = uri.path().trim_end_matches('/');
+        let prefix = path.strip_suffix("/v1").unwrap_or(path).to_string();
         Ok(BaseUrl { authority, prefix })
     }
 
@@ -362,6 +367,25 @@ mod tests {
             "http://h:1/prefix/v1/x?a=1"
         );
         assert_eq!(BaseUrl::parse("http://h").unwrap().host_port(), "h:80");
+        // An OpenAI `base_url` pasted as a worker URL means the server, not `/v1/v1/…`.
+        for pasted in ["http://h:1/v1", "http://h:1/v1/"] {
+            let b = BaseUrl::parse(pasted).unwrap();
+            assert_eq!(b.to_string(), "http://h:1");
+            assert_eq!(
+                b.join("/v1/completions").to_string(),
+                "http://h:1/v1/completions"
+            );
+        }
+        assert_eq!(
+            BaseUrl::parse("http://h:1/engine-a/v1")
+                .unwrap()
+                .to_string(),
+            "http://h:1/engine-a"
+        );
+        assert_eq!(
+            BaseUrl::parse("http://h:1/v10").unwrap().to_string(),
+            "http://h:1/v10"
+        );
         assert!(matches!(
             BaseUrl::parse("https://h:1"),
             Err(WorkerUrlError::Scheme(_))

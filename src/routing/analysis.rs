@@ -25,6 +25,11 @@ impl Analysis {
 
     /// Hashes `ids` in `block_size`-token blocks from `seed` (model, adapter, tenant salt) and
     /// looks the blocks up in `holdings` at `now` (the index clock; predictions expire on it).
+    ///
+    /// Only the blocks an engine can actually reuse are looked up (see [`reusable_blocks`]), so
+    /// the overlaps, the cost model and `/debug/route` all predict what the engine will report
+    /// as `cached_tokens`. The hashes stay complete: once prefilled, the worker holds every
+    /// full block, the last one included.
     pub fn of_prompt(
         ids: &[u32],
         seed: HashSeed,
@@ -33,10 +38,11 @@ impl Analysis {
         now: Duration,
     ) -> Analysis {
         let hashes = block_hashes(seed, ids, block_size);
-        let overlaps = if hashes.is_empty() {
+        let reusable = reusable_blocks(ids.len(), block_size).min(hashes.len());
+        let overlaps = if reusable == 0 {
             Overlaps::default()
         } else {
-            holdings.lookup(&hashes, now)
+            holdings.lookup(&hashes[..reusable], now)
         };
         Analysis {
             request: RouteRequest {
@@ -53,5 +59,64 @@ impl Analysis {
     pub fn uncached_tokens(&self, overlap_blocks: u32) -> u64 {
         let cached = u64::from(overlap_blocks) * u64::from(self.request.block_size);
         self.request.prompt_tokens.saturating_sub(cached)
+    }
+}
+
+/// How many leading full blocks of a `prompt_tokens`-token prompt an engine can serve from its
+/// prefix cache: vLLM and SGLang always compute at least the last prompt token (its logits give
+/// the first output token), so a fully cached prompt that is an exact multiple of the block size
+/// reuses one block fewer than it holds (320 tokens at block size 32: 288 cached, not 320).
+pub fn reusable_blocks(prompt_tokens: usize, block_size: usize) -> usize {
+    prompt_tokens
+        .saturating_sub(1)
+        .checked_div(block_size)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::WorkerId;
+    use crate::index::{ApproxConfig, ApproxIndex, IndexConfig, KvIndex};
+
+    #[test]
+    fn the_last_prompt_token_is_never_reused() {
+        assert_eq!(reusable_blocks(320, 32), 9);
+        assert_eq!(reusable_blocks(321, 32), 10);
+        assert_eq!(reusable_blocks(32, 32), 0);
+        assert_eq!(reusable_blocks(33, 32), 1);
+        assert_eq!(reusable_blocks(0, 32), 0);
+        assert_eq!(reusable_blocks(10, 0), 0);
+    }
+
+    /// A worker holding every block of a prompt that is an exact multiple of the block size is
+    /// predicted to reuse all but the last block; one token more and it reuses them all.
+    #[test]
+    fn a_full_hit_predicts_what_the_engine_reuses() {
+        let w = WorkerId(3);
+        let seed = HashSeed::new("m", None, None);
+        let holdings = Holdings::new(
+            KvIndex::new(IndexConfig::default()),
+            ApproxIndex::new(ApproxConfig {
+                ttl: Duration::from_secs(60),
+                capacity_per_worker: 1_000,
+            }),
+        );
+        let ids: Vec<u32> = (0..320).collect();
+        let all = block_hashes(seed, &ids, 32);
+        holdings
+            .approx
+            .record_routed(w, &all, Duration::from_secs(1));
+        let now = Duration::from_secs(2);
+
+        let exact_multiple = Analysis::of_prompt(&ids, seed, 32, &holdings, now);
+        assert_eq!(exact_multiple.hashes.len(), 10);
+        assert_eq!(exact_multiple.overlaps.get(w), 9);
+        assert_eq!(exact_multiple.uncached_tokens(9), 32);
+
+        let longer: Vec<u32> = (0..321).collect();
+        let one_more = Analysis::of_prompt(&longer, seed, 32, &holdings, now);
+        assert_eq!(one_more.overlaps.get(w), 10);
+        assert_eq!(one_more.uncached_tokens(10), 1);
     }
 }

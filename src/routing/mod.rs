@@ -25,7 +25,7 @@ mod session;
 mod target;
 
 pub use admitted::Admitted;
-pub use analysis::Analysis;
+pub use analysis::{Analysis, reusable_blocks};
 pub use decider::{Choice, Decider};
 pub use session::{Attempt, Session};
 pub use target::Target;

@@ -29,6 +29,16 @@ pub enum IndexChoice {
     Approx,
 }
 
+impl IndexChoice {
+    /// The name as written on the command line, for reports.
+    pub fn flag(self) -> &'static str {
+        match self {
+            IndexChoice::Events => "events",
+            IndexChoice::Approx => "approx",
+        }
+    }
+}
+
 /// Where simulate's defaults differ from the shared groups' (which are `kvroute bench`'s and
 /// `kvroute engine`'s): Dynamo mocker's block size and workloads sized for virtual time.
 pub fn simulate_defaults(arg: Arg) -> Arg {
@@ -50,8 +60,20 @@ pub fn simulate_defaults(arg: Arg) -> Arg {
 #[command(mut_args(simulate_defaults))]
 pub struct SimulateArgs {
     /// Run a named scenario of the suite (`all` for every one; see `src/sim/scenarios/`), or a
-    /// scenario file (`*.toml`). Only --out, --policies and --jobs may be given with it.
-    #[arg(long, value_name = "NAME")]
+    /// scenario file (`*.toml`). The scenario sets the workload, fleet, engine and SLO: only
+    /// --out, --policies, --jobs and the --kv-aware-* settings may be given with it (anything
+    /// else is refused rather than silently ignored).
+    #[arg(
+        long,
+        value_name = "NAME",
+        conflicts_with_all = [
+            // Flattened groups by struct name; the engine core's own flags by id (a group
+            // holding a nested flatten does not conflict as a whole).
+            "WorkloadArgs", "SloArgs", "TimingArgs", "block_size", "num_blocks", "max_num_seqs",
+            "max_num_batched_tokens", "max_model_len", "engine_speedup", "workers", "index",
+            "event_delay", "join_at", "restart_at", "seed",
+        ]
+    )]
     pub scenario: Option<String>,
     /// The workload.
     #[command(flatten)]
@@ -234,6 +256,48 @@ mod tests {
         assert_eq!((c.block_size, c.num_blocks), (64, 16_384));
         assert_eq!((c.max_num_batched_tokens, c.max_num_seqs), (8192, 256));
         assert_eq!(c.timing.speedup, 1.0);
+    }
+
+    /// A scenario brings its own workload: a flag it would override is refused, not ignored
+    /// (`--requests` was silently dropped before).
+    #[test]
+    fn a_scenario_refuses_the_flags_it_would_ignore() {
+        let try_parse = |flags: &[&str]| {
+            Cli::try_parse_from(std::iter::once("simulate").chain(flags.iter().copied()))
+                .map(|c| c.args)
+        };
+        for extra in [
+            &["--requests", "10"][..],
+            &["--synthetic", "unique"],
+            &["--workers", "8"],
+            &["--num-blocks", "100"],
+            &["--block-size", "32"],
+            &["--prefill-a", "1"],
+            &["--engine-speedup", "2"],
+            &["--slo-ttft", "0.5"],
+            &["--seed", "3"],
+            &["--max-requests", "5"],
+        ] {
+            let mut flags = vec!["--scenario", "baseline"];
+            flags.extend_from_slice(extra);
+            let err = try_parse(&flags).err().map(|e| e.kind());
+            assert_eq!(
+                err,
+                Some(clap::error::ErrorKind::ArgumentConflict),
+                "{extra:?}"
+            );
+        }
+        let ok = try_parse(&[
+            "--scenario",
+            "baseline",
+            "--policies",
+            "kv_aware",
+            "--jobs",
+            "2",
+            "--kv-aware-no-calibrate",
+        ])
+        .unwrap();
+        assert_eq!(ok.scenario.as_deref(), Some("baseline"));
     }
 
     #[test]

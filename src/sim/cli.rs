@@ -79,24 +79,40 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
 
 fn describe(a: &SimulateArgs, trace: &Trace) -> String {
     format!(
-        "- requests: {}, over {:.1} s, {} prompt tokens\n- workers: {} (joins at {:?}, restarts W@T {:?}), index: {:?}, event delay {} s\n- engine: block {} tokens, {} blocks, {} batched tokens, {} seqs, speedup {}\n- SLO: TTFT {:?} s, E2E {:?} s; seed {}\n",
+        "- requests: {}, over {:.1} s, {} prompt tokens\n- workers: {}{}{}, index: {}, event delay {} s\n- engine: block {} tokens, {} blocks, {} batched tokens, {} seqs, speedup {}\n- SLO: TTFT {}, E2E {}; seed {}\n",
         trace.len(),
         trace.duration_s(),
         trace.total_input_tokens(),
         a.workers,
-        a.join_at,
-        a.restart_at,
-        a.index,
+        listed(" (joins at ", &a.join_at, |t| format!("{t} s")),
+        listed(" (restarts ", &a.restart_at, |(w, t)| format!(
+            "worker {w} at {t} s"
+        )),
+        a.index.flag(),
         a.event_delay,
         a.core.block_size,
         a.core.num_blocks,
         a.core.max_num_batched_tokens,
         a.core.max_num_seqs,
         a.core.engine_speedup,
-        a.slo.slo_ttft,
-        a.slo.slo_e2e,
+        target(a.slo.slo_ttft),
+        target(a.slo.slo_e2e),
         a.seed,
     )
+}
+
+/// ` (label a, b)` for a non-empty list, nothing for an empty one.
+fn listed<T: Copy>(label: &str, items: &[T], show: impl Fn(T) -> String) -> String {
+    if items.is_empty() {
+        return String::new();
+    }
+    let shown: Vec<String> = items.iter().map(|&i| show(i)).collect();
+    format!("{label}{})", shown.join(", "))
+}
+
+/// An SLO target as a person reads it.
+fn target(seconds: Option<f64>) -> String {
+    seconds.map_or_else(|| "none".to_owned(), |s| format!("{s} s"))
 }
 
 /// Simulates every policy of `args` and the oracle on `trace`; writes outputs into `out`.

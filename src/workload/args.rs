@@ -28,6 +28,14 @@ pub enum SyntheticChoice {
     HotPrefix,
 }
 
+impl SyntheticChoice {
+    /// The name as written on the command line (`shared-prefix`), for reports people read.
+    pub fn flag(self) -> String {
+        self.to_possible_value()
+            .map_or_else(String::new, |v| v.get_name().to_owned())
+    }
+}
+
 /// How a run names its workload in its reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Naming {
@@ -153,7 +161,7 @@ impl WorkloadArgs {
                 let spec = self.synthetic_spec(kind, seed);
                 let label = match naming {
                     Naming::Full => format!("synthetic {spec}"),
-                    Naming::Short => format!("synthetic {kind:?}"),
+                    Naming::Short => format!("synthetic {}", kind.flag()),
                 };
                 (spec.generate()?, label)
             }
@@ -275,7 +283,7 @@ mod tests {
         );
         assert!(full.ends_with(", first 2"), "{full}");
         let (_, short) = a.load(0, Naming::Short).unwrap();
-        assert_eq!(short, "synthetic Unique, first 2");
+        assert_eq!(short, "synthetic unique, first 2");
         let p = Path::new("/data/t.jsonl");
         assert_eq!(trace_label(p, Naming::Full), "trace /data/t.jsonl");
         assert_eq!(trace_label(p, Naming::Short), "trace t.jsonl");

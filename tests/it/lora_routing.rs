@@ -33,9 +33,11 @@ fn stored(first_id: u64, lora: Option<&str>) -> EventBatch {
     }
 }
 
-/// Overlap of worker `w0` for the prompt `0..64` sent as `model`, from `/debug/route`.
+/// Overlap of worker `w0` for the prompt `0..=64` sent as `model`, from `/debug/route`.
 async fn overlap(router: &RouterHandle, model: &str) -> u64 {
-    let body = json!({"model": model, "prompt": (0..(BLOCKS * 16) as u32).collect::<Vec<_>>()});
+    // One token past the blocks: an engine never serves the last prompt token from cache, so a
+    // prompt of exactly `BLOCKS` blocks could reuse only `BLOCKS - 1`.
+    let body = json!({"model": model, "prompt": (0..=(BLOCKS * 16) as u32).collect::<Vec<_>>()});
     let v = support::post_json(&format!("http://{}/debug/route", router.addr), &body).await;
     v["candidates"]
         .as_array()

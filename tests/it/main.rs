@@ -5,6 +5,7 @@
 
 mod support;
 
+mod bench_cli;
 mod bench_overhead;
 mod bench_replay;
 mod bench_report;
@@ -33,6 +34,7 @@ mod reliability;
 mod router_lifecycle;
 mod router_proxy;
 mod routing_parity;
+mod serve_cli;
 mod sim_results;
 mod sim_routing;
 mod tokens_chat_templates;
