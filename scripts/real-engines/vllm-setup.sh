@@ -57,7 +57,8 @@ else
     step "building the tiny Qwen3 model and its LoRA adapter in $MODELS"
     rm -rf "$MODELS"
     mkdir -p "$MODELS"
-    "$VENV/bin/python" "$HERE/tiny_model.py" "$fixture" "$MODELS/tiny-qwen3" "$MODELS/tiny-qwen3-lora"
+    # PYTHONHASHSEED: peft writes the target modules from a set, in hash order.
+    PYTHONHASHSEED=0 "$VENV/bin/python" "$HERE/tiny_model.py" "$fixture" "$MODELS/tiny-qwen3" "$MODELS/tiny-qwen3-lora"
     echo "$inputs" >"$MODELS/.kvroute-complete"
 fi
 

@@ -12,9 +12,7 @@ use std::process::Command;
 use serde_json::{Value, json};
 
 use crate::support::vllm::{VLLM_LORA, VLLM_MODEL, VllmEngine, VllmOptions, VllmSetup};
-use crate::support::vllm_router::{
-    Exactness, Tenant, VllmRouter, chat, completion, router_config,
-};
+use crate::support::vllm_router::{Exactness, Tenant, VllmRouter, chat, completion, router_config};
 
 /// A deterministic English text of about `words` words, distinct per `topic`.
 pub fn document(topic: &str, words: usize) -> String {
@@ -23,9 +21,13 @@ pub fn document(topic: &str, words: usize) -> String {
         "garden", "window", "thunder", "pencil", "orchard", "canyon", "silver", "marble", "forest",
     ];
     let mut out = format!("Notes on {topic}.");
-    let mut x = topic.bytes().fold(17u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
+    let mut x = topic
+        .bytes()
+        .fold(17u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
     for i in 0..words {
-        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         let w = vocabulary[(x >> 33) as usize % vocabulary.len()];
         out.push(' ');
         out.push_str(w);
@@ -36,7 +38,8 @@ pub fn document(topic: &str, words: usize) -> String {
     out
 }
 
-/// Every request kind kvroute tokenizes differently, and tenants' salts, on two engines.
+/// Every request kind kvroute tokenizes differently, clients' and tenants' salts, and the
+/// official SDK streaming, on two engines.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs real vLLM: scripts/real-engines/vllm-setup.sh; run by .ci/run"]
 async fn predicted_reuse_equals_vllm_cached_tokens_for_every_request_kind() {
@@ -55,7 +58,9 @@ async fn predicted_reuse_equals_vllm_cached_tokens_for_every_request_kind() {
     // Completions: a shared document, different questions, then a repeat (a full hit).
     let doc = document("completions", 300);
     for q in ["What is first?", "What is last?", "What is first?"] {
-        let o = router.checked(&completion(format!("{doc}\nQ: {q}\nA:"), 4), None).await;
+        let o = router
+            .checked(&completion(format!("{doc}\nQ: {q}\nA:"), 4), None)
+            .await;
         table.record("completion", &o);
     }
 
@@ -69,7 +74,8 @@ async fn predicted_reuse_equals_vllm_cached_tokens_for_every_request_kind() {
     // Chats sharing a system prompt.
     let system = document("chat system prompt", 200);
     for user in ["Summarize.", "List the nouns.", "Summarize."] {
-        let messages = json!([{"role": "system", "content": system}, {"role": "user", "content": user}]);
+        let messages =
+            json!([{"role": "system", "content": system}, {"role": "user", "content": user}]);
         let o = router.checked(&chat(messages, 4), None).await;
         table.record("chat", &o);
     }
@@ -82,7 +88,10 @@ async fn predicted_reuse_equals_vllm_cached_tokens_for_every_request_kind() {
     for turn in 0..4 {
         let o = router.checked(&chat(json!(messages), 8), None).await;
         table.record("multi-turn chat", &o);
-        let reply = o.body["choices"][0]["message"]["content"].as_str().unwrap_or("").to_string();
+        let reply = o.body["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
         messages.push(json!({"role": "assistant", "content": reply}));
         messages.push(json!({"role": "user", "content": format!("Go on ({turn}).")}));
     }
@@ -119,6 +128,7 @@ async fn predicted_reuse_equals_vllm_cached_tokens_for_every_request_kind() {
         let o = router.checked(&body, None).await;
         table.record("client cache_salt", &o);
     }
+    the_official_openai_python_sdk_streams(&setup, &router).await;
     router.shutdown().await;
 
     // Tenants: a tenant's salt reaches the engine, another tenant's identical prompt is cold
@@ -132,7 +142,10 @@ async fn predicted_reuse_equals_vllm_cached_tokens_for_every_request_kind() {
     for o in [&first, &again, &other] {
         table.record("tenant cache_salt", o);
     }
-    assert!(again.cached > 0, "the tenant's repeat was not served from cache: {again:?}");
+    assert!(
+        again.cached > 0,
+        "the tenant's repeat was not served from cache: {again:?}"
+    );
     assert_eq!(
         other.cached, 0,
         "another tenant's identical prompt was served from the first tenant's cache: {other:?}"
@@ -188,14 +201,20 @@ async fn predicted_reuse_stays_exact_while_a_small_vllm_cache_evicts() {
     let engines = VllmEngine::start_all(&setup, 2, &options).await;
     let router = VllmRouter::start(&router_config(&setup, &engines, "kv_aware", &[])).await;
     let mut table = Exactness::default();
-    let docs: Vec<String> = (0..8).map(|i| document(&format!("evict {i}"), 250 + 40 * i)).collect();
+    let docs: Vec<String> = (0..8)
+        .map(|i| document(&format!("evict {i}"), 250 + 40 * i))
+        .collect();
     for round in 0..3 {
         for (i, doc) in docs.iter().enumerate() {
-            let o = router.checked(&completion(format!("{doc}\nQ{round}:"), 4), None).await;
+            let o = router
+                .checked(&completion(format!("{doc}\nQ{round}:"), 4), None)
+                .await;
             table.record(&format!("evicting cache, round {round}"), &o);
             if i % 3 == 0 {
                 // Revisit an earlier document so some chains are partly evicted, not all.
-                let o = router.checked(&completion(format!("{}\nQ{round}:", docs[0]), 4), None).await;
+                let o = router
+                    .checked(&completion(format!("{}\nQ{round}:", docs[0]), 4), None)
+                    .await;
                 table.record(&format!("evicting cache, round {round}"), &o);
             }
         }
@@ -205,16 +224,14 @@ async fn predicted_reuse_stays_exact_while_a_small_vllm_cache_evicts() {
     table.assert_all_exact();
 }
 
-/// The official `openai` Python SDK streams a chat and a completion through kvroute from
-/// vLLM, with the usage chunk (and its cached tokens) at the end.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs real vLLM: scripts/real-engines/vllm-setup.sh; run by .ci/run"]
-async fn the_official_openai_python_sdk_streams_through_kvroute_from_vllm() {
-    let setup = VllmSetup::locate();
-    let engines = VllmEngine::start_all(&setup, 1, &VllmOptions::default()).await;
-    let router = VllmRouter::start(&router_config(&setup, &engines, "kv_aware", &[])).await;
+/// Clients: the official `openai` Python SDK streams a chat and a completion through kvroute
+/// from vLLM, with the usage chunk (and its cached tokens on a repeat) at the end.
+async fn the_official_openai_python_sdk_streams(setup: &VllmSetup, router: &VllmRouter) {
     let base = router.url("");
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/real-engines/sdk_stream_check.py");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/scripts/real-engines/sdk_stream_check.py"
+    );
     let python = setup.python.clone();
     let prompt = document("sdk", 200);
     let out = tokio::task::spawn_blocking(move || {
@@ -228,7 +245,9 @@ async fn the_official_openai_python_sdk_streams_through_kvroute_from_vllm() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     println!("{stdout}");
-    router.shutdown().await;
-    assert!(out.status.success(), "SDK checks failed:\n{stdout}\n{stderr}");
+    assert!(
+        out.status.success(),
+        "SDK checks failed:\n{stdout}\n{stderr}"
+    );
     assert!(stdout.contains("sdk checks: all ok"), "{stdout}\n{stderr}");
 }

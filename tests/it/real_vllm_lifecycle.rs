@@ -53,13 +53,27 @@ async fn a_vllm_engine_restarted_on_its_ports_is_forgotten_then_exact_again() {
     for p in prompts.iter().chain(&prompts) {
         table.record("before the restart", &router.checked(p, None).await);
     }
-    assert!(held(&router, &prompts[0], &worker).await > 0, "the index never held the prompt");
+    assert!(
+        held(&router, &prompts[0], &worker).await > 0,
+        "the index never held the prompt"
+    );
 
     // Down: the router must drop the engine's blocks (stale entries are worse than none).
     engines[0].stop();
-    let left = held_until(&router, &prompts[0], &worker, Duration::from_secs(60), |h| h == 0).await;
-    assert_eq!(left, 0, "the router still predicts a stopped engine's cache");
+    let left = held_until(
+        &router,
+        &prompts[0],
+        &worker,
+        Duration::from_secs(60),
+        |h| h == 0,
+    )
+    .await;
+    assert_eq!(
+        left, 0,
+        "the router still predicts a stopped engine's cache"
+    );
     engines[0].restart().await;
+    router.wait_ready().await;
     // Back on the same ports with an empty cache: nothing is predicted, and the engine agrees.
     for p in prompts.iter().chain(&prompts) {
         table.record("after the restart", &router.checked(p, None).await);
@@ -92,7 +106,10 @@ async fn a_router_restarted_next_to_a_warm_vllm_engine_is_exact_before_any_new_e
     // No request is sent until the new router has learned the engine's cache.
     let last = &prompts[prompts.len() - 1];
     let full = (tokens - 1) / u64::from(VLLM_BLOCK);
-    let blocks = held_until(&router, last, &worker, Duration::from_secs(30), |h| h >= full).await;
+    let blocks = held_until(&router, last, &worker, Duration::from_secs(30), |h| {
+        h >= full
+    })
+    .await;
     assert!(
         blocks >= full,
         "a router restarted next to a warm engine holds {blocks} of the {full} cached blocks of a \
@@ -102,7 +119,10 @@ async fn a_router_restarted_next_to_a_warm_vllm_engine_is_exact_before_any_new_e
     let mut table = Exactness::default();
     for p in &prompts {
         let o = router.checked(p, None).await;
-        assert!(o.cached > 0, "the engine did not serve the warm prompt from cache: {o:?}");
+        assert!(
+            o.cached > 0,
+            "the engine did not serve the warm prompt from cache: {o:?}"
+        );
         table.record("router restarted, warm engine", &o);
     }
     router.shutdown().await;

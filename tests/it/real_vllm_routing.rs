@@ -11,7 +11,8 @@ use crate::real_vllm::document;
 use crate::support::vllm::{VllmEngine, VllmOptions, VllmSetup};
 use crate::support::vllm_router::{Exactness, VllmRouter, completion, router_config};
 
-const GROUPS: usize = 6;
+/// Not a multiple of the engine count, so `round_robin` moves each group from engine to engine.
+const GROUPS: usize = 5;
 const ROUNDS: usize = 4;
 
 /// What one policy's phase did, from the engines' own counters.
@@ -63,7 +64,10 @@ async fn phase(
                 (o.worker, o.engine_prompt_tokens)
             } else {
                 let (worker, answer) = router.send(&body, None).await;
-                (worker, answer["usage"]["prompt_tokens"].as_u64().unwrap_or(0))
+                (
+                    worker,
+                    answer["usage"]["prompt_tokens"].as_u64().unwrap_or(0),
+                )
             };
             prompt_tokens += tokens as f64;
             workers.entry(g).or_default().insert(worker);

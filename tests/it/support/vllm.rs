@@ -188,7 +188,10 @@ impl VllmEngine {
             {
                 return;
             }
-            let exited = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten());
+            let exited = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten());
             if let Some(status) = exited {
                 panic!(
                     "vLLM engine {} exited ({status}) before it was ready:\n{}",
@@ -288,8 +291,14 @@ impl VllmEngine {
 }
 
 impl Drop for VllmEngine {
+    /// Stops the engine; keeps its log only when the test failed, and says where.
     fn drop(&mut self) {
         self.stop();
+        if std::thread::panicking() {
+            eprintln!("vLLM engine {} log: {}", self.name, self.log.display());
+        } else {
+            let _ = std::fs::remove_file(&self.log);
+        }
     }
 }
 
@@ -308,7 +317,11 @@ fn group_members(group: u32) -> Vec<(u32, f64)> {
     };
     let mut found = Vec::new();
     for entry in dir.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
             continue;
         };
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {

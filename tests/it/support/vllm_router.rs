@@ -104,6 +104,22 @@ impl VllmRouter {
         }
     }
 
+    /// Waits until `/ready` answers 200 (a worker can take requests), for up to 60 s.
+    pub async fn wait_ready(&self) {
+        let end = Instant::now() + Duration::from_secs(60);
+        loop {
+            let ready = self.http.get(self.url("/ready")).send().await;
+            if ready.is_ok_and(|r| r.status().is_success()) {
+                return;
+            }
+            assert!(
+                Instant::now() < end,
+                "the router never found a healthy worker"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.handle.addr)
     }
@@ -163,7 +179,9 @@ impl VllmRouter {
         let outcome = Outcome {
             worker: worker.clone(),
             predicted,
-            cached: usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0),
+            cached: usage["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap_or(0),
             router_prompt_tokens: explained["prompt_tokens"].as_u64().unwrap_or(0),
             engine_prompt_tokens: usage["prompt_tokens"].as_u64().unwrap_or(0),
             body: answer,
@@ -180,7 +198,8 @@ impl VllmRouter {
         let end = Instant::now() + Duration::from_secs(30);
         while Instant::now() < end {
             let v = self.explain(body, tenant).await;
-            let held = Self::candidate(&v, worker).map_or(0, |c| c["overlap_blocks"].as_u64().unwrap_or(0));
+            let held = Self::candidate(&v, worker)
+                .map_or(0, |c| c["overlap_blocks"].as_u64().unwrap_or(0));
             if held >= blocks {
                 break;
             }
