@@ -16,7 +16,7 @@ use crate::fleet::WorkerId;
 use crate::fleet::health::CapacityHook;
 use crate::fleet::{BreakerConfig, DownHook, Fleet, Worker, WorkerSpec};
 use crate::index::{Holdings, WorkerFeed};
-use crate::kv_events::{SubscriberConfig, SubscriberStats};
+use crate::kv_events::{ReplayLimits, SubscriberConfig, SubscriberStats};
 use crate::metrics::Metrics;
 use crate::policy::Policy;
 
@@ -54,6 +54,8 @@ pub struct Lifecycle {
     adapters: Vec<String>,
     /// KV-event feeds, by worker.
     feeds: Mutex<HashMap<WorkerId, WorkerFeed>>,
+    /// Bounds of the feeds' replays.
+    replay_limits: ReplayLimits,
 }
 
 impl Lifecycle {
@@ -80,7 +82,14 @@ impl Lifecycle {
                 .map(|m| m.name.clone())
                 .collect(),
             feeds: Mutex::new(HashMap::new()),
+            replay_limits: ReplayLimits::default(),
         }
+    }
+
+    /// Bounds every feed's replays by `limits` (`[kv_events]`); set before [`Lifecycle::start`].
+    pub fn with_replay_limits(mut self, limits: ReplayLimits) -> Lifecycle {
+        self.replay_limits = limits;
+        self
     }
 
     /// The fleet.
@@ -189,6 +198,7 @@ impl Lifecycle {
             return;
         }
         let mut sub = SubscriberConfig::new(w.id(), endpoint.clone());
+        sub.replay_limits = self.replay_limits;
         if let Some(replay) = &w.spec.kv_replay {
             sub = sub.with_replay(replay.clone());
         }
@@ -204,8 +214,12 @@ impl Lifecycle {
                 .into_iter()
                 .find(|m| !adapters.contains(m) && worker.adapter_base(m).is_none())
         };
+        let warming = {
+            let worker = Arc::clone(w);
+            Box::new(move |on: bool| worker.set_kv_warming(on))
+        };
         let holdings = Arc::clone(&self.holdings);
-        match WorkerFeed::start(holdings, w.key, Box::new(model), sub) {
+        match WorkerFeed::start(holdings, w.key, Box::new(model), warming, sub) {
             Ok(feed) => {
                 w.set_event_feed(true);
                 feeds.insert(w.key, feed);

@@ -32,10 +32,16 @@ enum Command {
     Simulate(kvroute::sim::SimulateArgs),
 }
 
+/// Logs go to stderr (stdout is for results: `bench` and `simulate` print theirs there), in
+/// colour only when stderr is a terminal: escape codes in a file or a log collector are noise.
 fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

@@ -52,6 +52,9 @@ pub struct Metrics {
     /// `kvroute_worker_kv_blocks{worker}`: the worker's KV cache capacity in blocks, configured
     /// or read from its metrics; absent while unknown.
     pub worker_kv_blocks: IntGaugeVec,
+    /// `kvroute_worker_warming{worker}`: 1 while the worker's KV-event warm-up replay runs (its
+    /// index entries are a lower bound of its cache).
+    pub worker_warming: IntGaugeVec,
     /// `kvroute_prefix_hit_blocks_total{worker}`: prompt blocks the chosen worker held.
     pub prefix_hit_blocks: IntCounterVec,
     /// `kvroute_prefix_queried_blocks_total{worker}`: prompt blocks routed to the worker.
@@ -66,8 +69,17 @@ pub struct Metrics {
     /// `kvroute_index_evictions_total`: entries evicted to stay within `index.max_entries`.
     pub index_evictions: IntCounter,
     /// `kvroute_kv_events_total{worker,kind}`: per-worker event-stream counters (batches,
-    /// undecodable, gaps, restarts, replays_ok, replays_failed, dropped).
+    /// undecodable, gaps, restarts, replays_ok, replays_failed, replays_abandoned, duplicates,
+    /// dropped).
     pub kv_stream: IntCounterVec,
+    /// `kvroute_open_connections`: client connections open now.
+    pub open_connections: IntGauge,
+    /// `kvroute_connections_refused_total`: client connections closed on accept because
+    /// `server.max_connections` were open.
+    pub connections_refused: IntCounter,
+    /// `kvroute_connections_closed_total{reason}`: client connections the router closed
+    /// (`first_request_timeout`, `idle`).
+    pub connections_closed: IntCounterVec,
 }
 
 impl Metrics {
@@ -82,6 +94,7 @@ impl Metrics {
         forget(&self.upstream_errors, id);
         forget(&self.worker_healthy, id);
         forget(&self.worker_kv_blocks, id);
+        forget(&self.worker_warming, id);
         forget(&self.prefix_hit_blocks, id);
         forget(&self.prefix_queried_blocks, id);
         forget(&self.kv_stream, id);
@@ -93,7 +106,10 @@ impl Metrics {
         let requests = IntCounterVec::new(
             Opts::new(
                 "kvroute_requests_total",
-                "Requests answered, by final status.",
+                "Requests answered, by final status: the HTTP status; upstream_error (the worker's \
+                 stream broke off), stream_error (the worker ended a stream with an in-band error \
+                 event), cancelled (the client went away), shutdown (cut when the shutdown grace \
+                 ended).",
             ),
             &["model", "worker", "status"],
         )
@@ -165,6 +181,14 @@ impl Metrics {
             &["worker"],
         )
         .expect("static metric definition");
+        let worker_warming = IntGaugeVec::new(
+            Opts::new(
+                "kvroute_worker_warming",
+                "1 while the worker's KV-event warm-up replay runs (its index entries are a lower bound).",
+            ),
+            &["worker"],
+        )
+        .expect("static metric definition");
         let counter = |name: &str, help: &str, labels: &[&str]| {
             IntCounterVec::new(Opts::new(name, help), labels).expect("static metric definition")
         };
@@ -222,8 +246,27 @@ impl Metrics {
             &["worker"],
         )
         .expect("static metric definition");
+        // Client connections (the front door).
+        let open_connections =
+            IntGauge::new("kvroute_open_connections", "Client connections open now.")
+                .expect("static metric definition");
+        let connections_refused = IntCounter::new(
+            "kvroute_connections_refused_total",
+            "Client connections closed on accept because server.max_connections were open.",
+        )
+        .expect("static metric definition");
+        let connections_closed = counter(
+            "kvroute_connections_closed_total",
+            "Client connections the router closed: first_request_timeout (no request within \
+             server.header_read_timeout_s), idle (no request in progress for \
+             server.idle_timeout_s).",
+            &["reason"],
+        );
         for c in [
-            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(open_connections.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(connections_refused.clone()),
+            Box::new(connections_closed.clone()),
+            Box::new(requests.clone()),
             Box::new(request_duration.clone()),
             Box::new(ttft.clone()),
             Box::new(in_flight.clone()),
@@ -232,6 +275,7 @@ impl Metrics {
             Box::new(upstream_errors.clone()),
             Box::new(worker_healthy.clone()),
             Box::new(worker_kv_blocks.clone()),
+            Box::new(worker_warming.clone()),
             Box::new(prefix_hit_blocks.clone()),
             Box::new(prefix_queried_blocks.clone()),
             Box::new(index_entries.clone()),
@@ -257,6 +301,7 @@ impl Metrics {
             upstream_errors,
             worker_healthy,
             worker_kv_blocks,
+            worker_warming,
             prefix_hit_blocks,
             prefix_queried_blocks,
             index_entries,
@@ -267,6 +312,9 @@ impl Metrics {
             retries_denied,
             rejected,
             circuit_state,
+            open_connections,
+            connections_refused,
+            connections_closed,
         }
     }
 

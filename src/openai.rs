@@ -342,9 +342,16 @@ pub fn content_text(content: Option<&Value>) -> String {
     }
 }
 
+/// Longest client string (in bytes) an error message echoes; see [`shorten`].
+pub const ECHO_MAX: usize = 256;
+
+/// Longest error message; a backstop for client strings echoed without [`shorten`] (a parser's
+/// error quoting a value, say).
+const MESSAGE_MAX: usize = 2048;
+
 /// `s` cut to at most `max` bytes (at a character boundary), marked with `…` when cut: client
 /// strings echoed in errors must not make responses arbitrarily large.
-fn shorten(s: &str, max: usize) -> String {
+pub fn shorten(s: &str, max: usize) -> String {
     if s.len() <= max {
         return s.to_string();
     }
@@ -394,9 +401,15 @@ impl ApiError {
         code: Option<&'static str>,
         message: impl Into<String>,
     ) -> Self {
+        let message = message.into();
+        let message = if message.len() > MESSAGE_MAX {
+            shorten(&message, MESSAGE_MAX)
+        } else {
+            message
+        };
         ApiError {
             status,
-            message: message.into(),
+            message,
             kind,
             param: None,
             code,
@@ -427,7 +440,7 @@ impl ApiError {
                 Some("model_not_found"),
                 format!(
                     "The model `{}` does not exist or is not served here.",
-                    shorten(model, 256)
+                    shorten(model, ECHO_MAX)
                 ),
             )
         }

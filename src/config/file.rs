@@ -35,6 +35,8 @@ pub(super) struct FileConfig {
     #[serde(default)]
     pub(super) index: FileIndex,
     #[serde(default)]
+    pub(super) kv_events: super::kv_events::FileKvEvents,
+    #[serde(default)]
     pub(super) limits: FileLimits,
     #[serde(default)]
     pub(super) tenants: Vec<FileTenant>,
@@ -49,6 +51,10 @@ pub(super) struct FileServer {
     pub(super) shutdown_grace_s: Option<f64>,
     pub(super) header_read_timeout_s: Option<f64>,
     pub(super) body_read_timeout_s: Option<f64>,
+    pub(super) idle_timeout_s: Option<f64>,
+    pub(super) max_connections: Option<u64>,
+    pub(super) http2_keepalive_interval_s: Option<f64>,
+    pub(super) http2_keepalive_timeout_s: Option<f64>,
 }
 
 #[derive(Deserialize, Debug, Default)]

@@ -14,6 +14,7 @@
 mod file;
 mod health;
 mod index;
+mod kv_events;
 mod limits;
 mod models;
 mod policy;
@@ -45,11 +46,11 @@ pub use models::{
 };
 pub use policy::{DEFAULT_POLICY, DEFAULT_SEED};
 pub use server::{
-    DEFAULT_BODY_READ_TIMEOUT, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_SHUTDOWN_GRACE, Deprecation, MOVED_TO_SERVER,
+    Connections, DEFAULT_BODY_READ_TIMEOUT, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_LISTEN,
+    DEFAULT_MAX_BODY_BYTES, DEFAULT_SHUTDOWN_GRACE, Deprecation, MOVED_TO_SERVER,
 };
 pub use tenants::{ANY_MODEL, TenantConfig};
-pub use workers::parse_worker_flag;
+pub use workers::{WORKER_FLAG_SYNTAX, WorkerFlagError, parse_worker_flag};
 
 /// A configuration problem, phrased for the operator.
 #[derive(Debug, Error)]
@@ -113,8 +114,11 @@ pub struct ServeArgs {
     /// Routing policy.
     #[arg(long, value_enum)]
     pub policy: Option<PolicyKind>,
-    /// A worker: URL[=MODEL,…][@tcp://HOST:PORT] (models discovered when omitted; the
-    /// tcp:// part is its KV-event endpoint). Repeat for more workers.
+    /// A worker: URL[=MODEL,…][@EVENTS[@REPLAY]], e.g.
+    /// http://h:8000=llama@tcp://h:5557@tcp://h:5558. Models are discovered when omitted;
+    /// EVENTS is its KV-event PUB endpoint and REPLAY its replay ROUTER endpoint (tcp:// or
+    /// ipc://; with REPLAY the router learns what an idle engine holds when it connects, and
+    /// replays lost batches). Repeat for more workers.
     #[arg(long = "worker")]
     pub workers: Vec<String>,
     /// Log format.
@@ -153,12 +157,16 @@ pub struct Config {
     pub kv_aware: KvAwareConfig,
     /// Index bounds.
     pub index: IndexSettings,
+    /// Bounds of the KV-event replays (`[kv_events]`).
+    pub replay_limits: crate::kv_events::ReplayLimits,
     /// Per-worker circuit breakers.
     pub breaker: BreakerConfig,
     /// Longest a client may take to send its request body.
     pub body_read_timeout: Duration,
     /// Longest a client may take to send its request headers.
     pub header_read_timeout: Duration,
+    /// Client connections: idle timeout, HTTP/2 keep-alive, how many at once.
+    pub connections: Connections,
     /// Admission limits.
     pub limits: Limits,
     /// API keys and their tenants; empty means no authentication.
@@ -224,6 +232,7 @@ impl Config {
         let models = models::Models::from_file(&file.tokens, file.models)?;
         let kv_aware = policy::kv_aware(&file.kv_aware)?;
         let index = IndexSettings::from_file(&file.index)?;
+        let replay_limits = kv_events::replay_limits(&file.kv_events)?;
         let limits = Limits::from_file(&file.limits)?;
         let tenants = tenants::tenants(file.tenants)?;
         let admin_key_sha256 = tenants::admin_key(file.admin, &tenants)?;
@@ -243,9 +252,11 @@ impl Config {
             token_cache_bytes: models.token_cache_bytes,
             kv_aware,
             index,
+            replay_limits,
             breaker,
             body_read_timeout: front.body_read_timeout,
             header_read_timeout: front.header_read_timeout,
+            connections: front.connections,
             limits,
             tenants,
             admin_key_sha256,

@@ -11,7 +11,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use super::file::FileConfig;
+use super::file::{FileConfig, FileServer};
 use super::values::seconds;
 use super::{ConfigError, invalid};
 
@@ -27,6 +27,71 @@ pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(75);
 pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Smallest body limit accepted: below it even a short chat request is refused.
 const MIN_MAX_BODY_BYTES: u64 = 1024;
+/// Default time a connection may stay open with no request in progress (nginx's
+/// keepalive_timeout); applies to HTTP/2 connections with no open stream as to HTTP/1.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(75);
+/// Default interval of HTTP/2 keep-alive pings: a peer that vanished without a FIN is noticed.
+pub const DEFAULT_HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+/// Default time an HTTP/2 peer has to answer a keep-alive ping before its connection is closed.
+pub const DEFAULT_HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// How long client connections may live without work, and how many may be open at once.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Connections {
+    /// A connection with no request in progress for this long is closed (for HTTP/2: no open
+    /// stream). A connection's first request must arrive within `header_read_timeout` instead.
+    pub idle_timeout: Duration,
+    /// Most client connections open at once; more are closed on accept. `None`: half the
+    /// process's open-file limit, read at start (each proxied request also holds an upstream
+    /// connection, so half leaves room for those).
+    pub max_connections: Option<usize>,
+    /// Interval of HTTP/2 keep-alive pings.
+    pub http2_keepalive_interval: Duration,
+    /// Time a ping may go unanswered before the connection is closed.
+    pub http2_keepalive_timeout: Duration,
+}
+
+impl Default for Connections {
+    fn default() -> Self {
+        Connections {
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            max_connections: None,
+            http2_keepalive_interval: DEFAULT_HTTP2_KEEPALIVE_INTERVAL,
+            http2_keepalive_timeout: DEFAULT_HTTP2_KEEPALIVE_TIMEOUT,
+        }
+    }
+}
+
+impl Connections {
+    fn from_file(s: &FileServer) -> Result<Connections, ConfigError> {
+        let max_connections = match s.max_connections {
+            None => None,
+            Some(0) => return Err(invalid("server.max_connections", "must be at least 1")),
+            Some(n) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+        };
+        Ok(Connections {
+            idle_timeout: seconds(
+                "server.idle_timeout_s",
+                s.idle_timeout_s,
+                DEFAULT_IDLE_TIMEOUT,
+                0.001,
+            )?,
+            max_connections,
+            http2_keepalive_interval: seconds(
+                "server.http2_keepalive_interval_s",
+                s.http2_keepalive_interval_s,
+                DEFAULT_HTTP2_KEEPALIVE_INTERVAL,
+                0.001,
+            )?,
+            http2_keepalive_timeout: seconds(
+                "server.http2_keepalive_timeout_s",
+                s.http2_keepalive_timeout_s,
+                DEFAULT_HTTP2_KEEPALIVE_TIMEOUT,
+                0.001,
+            )?,
+        })
+    }
+}
 
 /// A key that moved: it is still read at `old`, with a warning that names `new`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,6 +162,7 @@ pub(super) struct FrontDoor {
     pub(super) shutdown_grace: Duration,
     pub(super) header_read_timeout: Duration,
     pub(super) body_read_timeout: Duration,
+    pub(super) connections: Connections,
 }
 
 impl FrontDoor {
@@ -143,6 +209,7 @@ impl FrontDoor {
             shutdown_grace,
             header_read_timeout,
             body_read_timeout,
+            connections: Connections::from_file(s)?,
         })
     }
 }

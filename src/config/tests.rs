@@ -27,7 +27,12 @@ fn worker_flags() {
     let w = parse_worker_flag("http://h:1=a,b@tcp://h:5557").unwrap();
     assert_eq!(w.models, ["a", "b"]);
     assert_eq!(w.kv_events.as_deref(), Some("tcp://h:5557"));
-    assert!(parse_worker_flag("ftp://x").unwrap_err().contains("http"));
+    assert!(
+        parse_worker_flag("ftp://x")
+            .unwrap_err()
+            .to_string()
+            .contains("http")
+    );
 }
 
 #[test]
@@ -220,6 +225,38 @@ fn the_listen_flag_overrides_server_listen() {
     };
     let file = parse_file("[server]\nlisten = \"127.0.0.1:1\"\n", Path::new("f")).unwrap();
     assert_eq!(Config::build(file, &args).unwrap().listen.port(), 9999);
+}
+
+#[test]
+fn connection_keys_are_read_and_checked() {
+    let c = load("").unwrap();
+    assert_eq!(c.connections, Connections::default());
+    assert_eq!(c.connections.max_connections, None, "derived at start");
+    let c = load(
+        "[server]\nidle_timeout_s = 5.0\nmax_connections = 100\nhttp2_keepalive_interval_s = 3.0\nhttp2_keepalive_timeout_s = 2.0\n",
+    )
+    .unwrap();
+    assert_eq!(c.connections.idle_timeout, Duration::from_secs(5));
+    assert_eq!(c.connections.max_connections, Some(100));
+    assert_eq!(
+        c.connections.http2_keepalive_interval,
+        Duration::from_secs(3)
+    );
+    assert_eq!(
+        c.connections.http2_keepalive_timeout,
+        Duration::from_secs(2)
+    );
+    for (text, key) in [
+        ("[server]\nmax_connections = 0", "server.max_connections"),
+        ("[server]\nidle_timeout_s = 0.0", "server.idle_timeout_s"),
+        (
+            "[server]\nhttp2_keepalive_timeout_s = -1.0",
+            "server.http2_keepalive_timeout_s",
+        ),
+    ] {
+        let e = load(text).unwrap_err().to_string();
+        assert!(e.contains(key), "{text}: {e}");
+    }
 }
 
 #[test]

@@ -27,8 +27,11 @@ pub struct EngineArgs {
     /// ZeroMQ PUB endpoint the engine binds for KV events; "none" disables events.
     #[arg(long, default_value = "tcp://127.0.0.1:5557")]
     pub kv_events_endpoint: String,
-    /// ZeroMQ ROUTER endpoint the engine binds for replay requests.
-    #[arg(long, default_value = "tcp://127.0.0.1:5558")]
+    /// ZeroMQ ROUTER endpoint the engine binds for replay requests; "auto" (the default)
+    /// derives it from --kv-events-endpoint (tcp port + 1, so 5557 → 5558, and two engines with
+    /// different event ports never collide; ipc://PATH → ipc://PATH.replay); "none" disables
+    /// replay.
+    #[arg(long, default_value = "auto")]
     pub kv_replay_endpoint: String,
     /// Wire layout of KV events, by release: vllm-0.33 (newest), vllm-0.30, vllm-0.24,
     /// vllm-0.22, vllm-0.20, vllm-0.14, vllm-0.10.2, vllm-0.9.1, vllm-0.9.0, sglang-0.4.7,
@@ -63,7 +66,7 @@ impl Default for EngineArgs {
             listen: SocketAddr::from(([127, 0, 0, 1], 8100)),
             model: "kvroute/sim".into(),
             kv_events_endpoint: "tcp://127.0.0.1:5557".into(),
-            kv_replay_endpoint: "tcp://127.0.0.1:5558".into(),
+            kv_replay_endpoint: "auto".into(),
             kv_events_layout: "vllm-0.33".into(),
             kv_events_topic: String::new(),
             kv_replay_buffer: 10_000,
@@ -126,8 +129,16 @@ impl EngineArgs {
             )
         })?;
         let mut config = PublisherConfig::new(&self.kv_events_endpoint).with_layout(layout);
-        if self.kv_replay_endpoint != "none" {
-            config = config.with_replay(&self.kv_replay_endpoint);
+        let replay = match self.kv_replay_endpoint.as_str() {
+            "none" => None,
+            "auto" => Some(
+                replay_endpoint_for(&self.kv_events_endpoint)
+                    .map_err(|e| anyhow::anyhow!("--kv-replay-endpoint auto: {e}"))?,
+            ),
+            given => Some(given.to_owned()),
+        };
+        if let Some(replay) = replay {
+            config = config.with_replay(replay);
         }
         config.topic = self.kv_events_topic.clone();
         config.buffer_len = self.kv_replay_buffer.max(1);
@@ -223,5 +234,78 @@ mod tests {
         assert_eq!((c.block_size, c.num_blocks, c.seed), (32, 100, 9));
         assert_eq!((c.timing.speedup, c.timing.decode_a), (4.0, -1.5));
         assert_eq!(a.core.timing.decode_a, -1.5);
+    }
+}
+
+/// The replay endpoint `--kv-replay-endpoint auto` means for `events`: the next TCP port on the
+/// same host (`*` stays `*`), or the IPC path with `.replay` appended. Derived rather than
+/// fixed so that engines given different event endpoints get different replay endpoints.
+pub fn replay_endpoint_for(events: &str) -> Result<String, String> {
+    if let Some(path) = events.strip_prefix("ipc://") {
+        return Ok(format!("ipc://{path}.replay"));
+    }
+    let explicit = "; give --kv-replay-endpoint explicitly";
+    let Some((host, port)) = events
+        .strip_prefix("tcp://")
+        .and_then(|hp| hp.rsplit_once(':'))
+    else {
+        return Err(format!(
+            "cannot derive a replay endpoint from `{events}`{explicit}"
+        ));
+    };
+    if port == "*" {
+        return Ok(format!("tcp://{host}:*"));
+    }
+    match port.parse::<u16>().ok().and_then(|p| p.checked_add(1)) {
+        Some(next) => Ok(format!("tcp://{host}:{next}")),
+        None => Err(format!("`{events}` has no port below 65535{explicit}")),
+    }
+}
+
+#[cfg(test)]
+mod replay_default_tests {
+    use super::*;
+
+    #[test]
+    fn the_replay_port_follows_the_events_port() {
+        let r = |e: &str| replay_endpoint_for(e);
+        assert_eq!(r("tcp://127.0.0.1:5557").unwrap(), "tcp://127.0.0.1:5558");
+        assert_eq!(r("tcp://127.0.0.1:6001").unwrap(), "tcp://127.0.0.1:6002");
+        assert_eq!(r("tcp://*:7000").unwrap(), "tcp://*:7001");
+        assert_eq!(r("tcp://[::1]:7000").unwrap(), "tcp://[::1]:7001");
+        assert_eq!(r("tcp://127.0.0.1:*").unwrap(), "tcp://127.0.0.1:*");
+        assert_eq!(r("ipc:///tmp/ev").unwrap(), "ipc:///tmp/ev.replay");
+        assert!(r("tcp://h:65535").is_err());
+        assert!(r("tcp://h:x").is_err());
+        assert!(r("inproc://x").is_err());
+        assert_eq!(EngineArgs::default().kv_replay_endpoint, "auto");
+    }
+
+    /// A port `p` with `p + 1` free too (both probed by binding them).
+    fn free_pair() -> u16 {
+        loop {
+            let a = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            let p = a.local_addr().expect("addr").port();
+            if p < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok() {
+                return p;
+            }
+        }
+    }
+
+    #[test]
+    fn two_engines_with_different_event_ports_both_start() {
+        let engine = |port: u16| EngineArgs {
+            kv_events_endpoint: format!("tcp://127.0.0.1:{port}"),
+            ..EngineArgs::default()
+        };
+        let a = free_pair();
+        let b = std::iter::repeat_with(free_pair)
+            .find(|b| b.abs_diff(a) > 1)
+            .expect("a second pair");
+        let first = engine(a).event_sink().expect("first engine binds");
+        let second = engine(b)
+            .event_sink()
+            .expect("second engine binds its own replay port");
+        drop((first, second));
     }
 }

@@ -146,6 +146,8 @@ pub struct Worker {
     healthy: AtomicBool,
     draining: AtomicBool,
     event_feed: AtomicBool,
+    /// Its KV-event feed's warm-up replay runs: its index entries are a lower bound.
+    kv_warming: AtomicBool,
     /// Consecutive health checks that disagreed with the current state.
     streak: AtomicU32,
     /// KV cache capacity read from the engine's metrics (0: not read yet).
@@ -188,6 +190,7 @@ impl Worker {
             healthy: AtomicBool::new(true),
             draining: AtomicBool::new(false),
             event_feed: AtomicBool::new(false),
+            kv_warming: AtomicBool::new(false),
             streak: AtomicU32::new(0),
             discovered_kv_blocks: AtomicUsize::new(0),
             on_down,
@@ -310,6 +313,18 @@ impl Worker {
     /// Records whether an event feed is subscribed for this worker.
     pub fn set_event_feed(&self, subscribed: bool) {
         self.event_feed.store(subscribed, Ordering::Relaxed);
+    }
+
+    /// Whether its KV-event feed is replaying what the engine buffers (since it connected):
+    /// until it ends, the index may know fewer of its blocks than it holds. Routing uses the
+    /// entries as they are, a lower bound.
+    pub fn is_kv_warming(&self) -> bool {
+        self.kv_warming.load(Ordering::Relaxed)
+    }
+
+    /// Records whether its warm-up replay runs.
+    pub fn set_kv_warming(&self, warming: bool) {
+        self.kv_warming.store(warming, Ordering::Relaxed);
     }
 
     /// Whether a new request may be sent here at `now`: healthy, not draining, circuit not

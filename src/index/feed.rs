@@ -3,8 +3,10 @@
 //! A [`WorkerFeed`] owns the worker's ZeroMQ subscriber (a thread, see
 //! `kv_events::subscriber`) and a task that applies what it receives: batches in sequence
 //! order, and a full clear of the worker's entries whenever the subscriber says the stream
-//! cannot be trusted (publisher restart, unrecoverable gap). Stale entries are worse than none:
-//! they route requests to a worker for a prefix it no longer holds.
+//! cannot be trusted (publisher restart, unrecoverable gap, a batch that cannot be decoded).
+//! Stale entries are worse than none: they route requests to a worker for a prefix it no longer
+//! holds. While the subscriber's warm-up replay runs, the worker is marked warming (its entries
+//! are a lower bound of its cache; routing uses them as they are).
 //!
 //! Dropping the feed stops both and clears the worker's entries, so a removed worker leaves
 //! nothing behind.
@@ -35,6 +37,14 @@ const MODEL_WAIT: Duration = Duration::from_secs(10);
 /// The worker's base model, whose name seeds its blocks' hashes; `None` while unknown.
 pub type ModelOf = Box<dyn Fn() -> Option<String> + Send + Sync>;
 
+/// Told `true` when the worker's warm-up replay starts and `false` once its batches are
+/// applied (or it failed, or the feed stopped).
+pub type WarmingHook = Box<dyn Fn(bool) + Send + Sync>;
+
+/// At most one warning per this interval for undecodable batches (a flood of bad payloads
+/// must not flood the log; `kvroute_kv_events_total{kind="undecodable"}` counts them all).
+const UNDECODABLE_LOG_EVERY: Duration = Duration::from_secs(10);
+
 /// How a worker's events are seeded: its base model, with the salt and LoRA name each event
 /// carries, exactly as a request for that model, adapter and salt is hashed. The simulator
 /// seeds its engines' events with the same function.
@@ -53,11 +63,13 @@ pub struct WorkerFeed {
 impl WorkerFeed {
     /// Subscribes to the worker's events and applies them to `holdings`; block chains are
     /// seeded for the model `model` names when a batch arrives (with the salt and LoRA name
-    /// each event carries). Must be called on a Tokio runtime.
+    /// each event carries); `warming` hears when the warm-up replay starts and ends. Must be
+    /// called on a Tokio runtime.
     pub fn start(
         holdings: Arc<Holdings>,
         worker: WorkerId,
         model: ModelOf,
+        warming: WarmingHook,
         config: SubscriberConfig,
     ) -> Result<WorkerFeed, SubscriberError> {
         let (tx, mut rx) = mpsc::channel(QUEUE);
@@ -65,6 +77,9 @@ impl WorkerFeed {
         let index = Arc::clone(&holdings);
         let task = tokio::spawn(async move {
             let mut model_wait = ModelWait::default();
+            let mut undecodable = Throttle::new(UNDECODABLE_LOG_EVERY);
+            // Whatever ends the task (a stop, a closed channel), the worker is not warming.
+            let warming = WarmingGuard(warming);
             while let Some(msg) = rx.recv().await {
                 match msg.event {
                     SubscriberEvent::Batch { batch, .. } => {
@@ -90,7 +105,16 @@ impl WorkerFeed {
                         index.exact.clear_worker(worker);
                     }
                     SubscriberEvent::Undecodable { seq, error } => {
-                        tracing::warn!(worker = %msg.worker, seq, %error, "undecodable KV-event batch skipped");
+                        // The batch is lost: what it removed may still be listed.
+                        index.exact.clear_worker(worker);
+                        if let Some(suppressed) = undecodable.allow(Instant::now()) {
+                            tracing::warn!(worker = %msg.worker, seq, %error, suppressed, "undecodable KV-event batch: the worker's entries are dropped (later ones in this interval are counted, not logged)");
+                        }
+                    }
+                    SubscriberEvent::Warming => (warming.0)(true),
+                    SubscriberEvent::Warmed { result } => {
+                        tracing::debug!(worker = %msg.worker, ?result, "KV-event warm-up replay ended");
+                        (warming.0)(false);
                     }
                 }
             }
@@ -152,11 +176,69 @@ impl ModelWait {
     }
 }
 
+/// Clears the warming mark when the applying task ends, however it ends.
+struct WarmingGuard(WarmingHook);
+
+impl Drop for WarmingGuard {
+    fn drop(&mut self) {
+        (self.0)(false);
+    }
+}
+
+/// Lets one log line through per interval and counts the ones it held back.
+#[derive(Debug)]
+pub(crate) struct Throttle {
+    every: Duration,
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl Throttle {
+    pub(crate) fn new(every: Duration) -> Throttle {
+        Throttle {
+            every,
+            last: None,
+            suppressed: 0,
+        }
+    }
+
+    /// `Some(lines held back since the last one)` if a line may be written at `now`.
+    pub(crate) fn allow(&mut self, now: Instant) -> Option<u64> {
+        match self.last {
+            Some(last) if now.duration_since(last) < self.every => {
+                self.suppressed += 1;
+                None
+            }
+            _ => {
+                self.last = Some(now);
+                Some(std::mem::take(&mut self.suppressed))
+            }
+        }
+    }
+}
+
 impl Drop for WorkerFeed {
     fn drop(&mut self) {
         // Stop the thread first so nothing is applied after the clear.
         self.subscriber.take();
         self.task.abort();
         self.holdings.exact.remove_worker(self.worker);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn twenty_thousand_bad_batches_write_one_line_per_interval() {
+        let mut t = Throttle::new(Duration::from_secs(10));
+        let start = Instant::now();
+        let lines = (0..20_000u64)
+            .filter_map(|i| t.allow(start + Duration::from_millis(i)))
+            .collect::<Vec<_>>();
+        // 20 s of payloads, one a millisecond: a line at 0 s, 10 s; the second says how many
+        // it held back.
+        assert_eq!(lines, vec![0, 9_999]);
     }
 }

@@ -11,12 +11,14 @@ mod msgpack;
 pub mod publisher;
 pub mod replay;
 pub mod sequence;
+mod stream;
 pub mod subscriber;
 pub mod wire;
 
 pub use decode::{DecodeError, decode_batch};
 pub use encode::{Layout, encode_batch};
 pub use publisher::{Publisher, PublisherConfig, PublisherError};
+pub use replay::{ReplayBound, ReplayError, ReplayLimits};
 pub use subscriber::{
     DropReason, Subscriber, SubscriberConfig, SubscriberError, SubscriberEvent, SubscriberHandle,
     SubscriberStats, WorkerEvent,

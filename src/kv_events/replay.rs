@@ -3,11 +3,16 @@
 //! Protocol (vLLM and SGLang): a DEALER sends `["", start_seq (8 bytes BE)]`; the ROUTER answers
 //! one message per buffered batch with `seq >= start_seq`, `["", seq, payload]` (vLLM < 0.26) or
 //! `["", topic, seq, payload]` (vLLM ≥ 0.26, SGLang ≥ 0.5.22), then a final one whose seq is -1.
+//! Start sequence 0 asks for everything the publisher still buffers (the oldest retained first).
 //! A fresh DEALER per replay: a timed-out request leaves stale replies queued on its socket,
 //! which must not be mistaken for the answer to the next request.
+//!
+//! A [`ReplayRun`] is one request in flight, read without blocking from the subscriber's poll
+//! loop, so live events keep arriving (the subscriber holds them) while it runs. It is bounded
+//! ([`ReplayLimits`]): a peer that keeps answering and never sends the end marker cannot hold
+//! the subscriber or grow its memory without limit.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
@@ -23,9 +28,62 @@ pub enum ReplayError {
     /// A reply did not have the documented frames.
     #[error("malformed reply with {0} frames")]
     Malformed(usize),
-    /// The subscriber was asked to stop.
-    #[error("stopped")]
-    Stopped,
+    /// A bound of [`ReplayLimits`] was reached before the end marker: the replay is abandoned.
+    #[error("abandoned: {0}")]
+    Abandoned(ReplayBound),
+    /// The replay ended without every batch that was asked for (the publisher no longer
+    /// buffers them).
+    #[error("returned {got} of {wanted} batches")]
+    Incomplete {
+        /// Batches of the asked range returned.
+        got: usize,
+        /// Batches asked for.
+        wanted: u64,
+    },
+    /// The connection to the publisher dropped while the replay ran.
+    #[error("the publisher disconnected")]
+    Disconnected,
+}
+
+/// Which bound of [`ReplayLimits`] ended a replay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum ReplayBound {
+    /// More replies (duplicates included) than `max_batches`.
+    #[error("more than {0} replies")]
+    Replies(usize),
+    /// More bytes (replies plus live batches held meanwhile) than `max_bytes`.
+    #[error("more than {0} bytes")]
+    Bytes(usize),
+    /// More live batches held meanwhile than `max_batches`.
+    #[error("more than {0} live batches held")]
+    Held(usize),
+    /// Longer than `max_duration`.
+    #[error("longer than {0:?}")]
+    Duration(Duration),
+}
+
+/// Bounds of one replay. A replay that reaches one is abandoned: what it returned is dropped
+/// (the worker's entries are cleared if it was filling a gap) and the live batches held
+/// meanwhile are applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplayLimits {
+    /// Most replies read (vLLM buffers 10,000 batches by default) and most live batches held.
+    pub max_batches: usize,
+    /// Most payload bytes held: replies plus the live batches held meanwhile.
+    pub max_bytes: usize,
+    /// Longest a replay may run, from request to end marker.
+    pub max_duration: Duration,
+}
+
+impl Default for ReplayLimits {
+    /// 100,000 replies (10× vLLM's default buffer), 256 MiB, 15 s in all.
+    fn default() -> Self {
+        ReplayLimits {
+            max_batches: 100_000,
+            max_bytes: 256 << 20,
+            max_duration: Duration::from_secs(15),
+        }
+    }
 }
 
 /// One buffered batch as the publisher replays it.
@@ -63,40 +121,119 @@ pub(crate) fn parse_reply(mut frames: Vec<Vec<u8>>) -> Result<Option<Replayed>, 
     }))
 }
 
-/// Requests every buffered batch from `start` and returns those before `until`, in the order
-/// received. Waits at most `timeout` for each reply; checks `stop` between replies.
-pub(crate) fn fetch(
-    ctx: &zmq::Context,
-    endpoint: &str,
+/// Replies read per call of [`ReplayRun::read`], so a peer that floods replies cannot keep the
+/// subscriber from reading its live socket.
+const READ_BURST: usize = 256;
+
+/// One replay request in flight.
+pub(crate) struct ReplayRun {
+    dealer: zmq::Socket,
     start: u64,
-    until: u64,
-    timeout: Duration,
-    stop: &AtomicBool,
-) -> Result<Vec<Replayed>, ReplayError> {
-    let dealer = ctx.socket(zmq::DEALER)?;
-    dealer.set_linger(0)?;
-    dealer.set_rcvhwm(0)?;
-    dealer.connect(endpoint)?;
-    dealer.send_multipart([&b""[..], &start.to_be_bytes()[..]], 0)?;
-    let slice = Duration::from_millis(50).min(timeout);
-    let mut out = Vec::new();
-    loop {
-        let mut waited = Duration::ZERO;
-        while dealer.poll(zmq::POLLIN, slice.as_millis() as i64)? == 0 {
-            if stop.load(Ordering::Relaxed) {
-                return Err(ReplayError::Stopped);
+    limits: ReplayLimits,
+    reply_timeout: Duration,
+    started: Instant,
+    last_reply: Instant,
+    replies: usize,
+    bytes: usize,
+    /// Replies at or after `start`, strictly increasing (duplicates and stragglers dropped).
+    got: Vec<Replayed>,
+    duplicates: u64,
+}
+
+impl ReplayRun {
+    /// Sends the request for every buffered batch from `start`; waits at most `reply_timeout`
+    /// for each reply.
+    pub(crate) fn request(
+        ctx: &zmq::Context,
+        endpoint: &str,
+        start: u64,
+        limits: ReplayLimits,
+        reply_timeout: Duration,
+        now: Instant,
+    ) -> Result<ReplayRun, ReplayError> {
+        let dealer = ctx.socket(zmq::DEALER)?;
+        dealer.set_linger(0)?;
+        dealer.set_rcvhwm(0)?;
+        dealer.connect(endpoint)?;
+        dealer.send_multipart([&b""[..], &start.to_be_bytes()[..]], zmq::DONTWAIT)?;
+        Ok(ReplayRun {
+            dealer,
+            start,
+            limits,
+            reply_timeout,
+            started: now,
+            last_reply: now,
+            replies: 0,
+            bytes: 0,
+            got: Vec::new(),
+            duplicates: 0,
+        })
+    }
+
+    /// The socket to poll for replies.
+    pub(crate) fn socket(&self) -> &zmq::Socket {
+        &self.dealer
+    }
+
+    /// Replies that repeated or preceded one already received (dropped).
+    pub(crate) fn duplicates(&self) -> u64 {
+        self.duplicates
+    }
+
+    /// Reads the replies that are waiting, without blocking. `Some(Ok(batches))` once the end
+    /// marker arrived, `Some(Err(_))` when the replay failed or reached a bound (`held_bytes`:
+    /// what the caller holds meanwhile, counted against `max_bytes`), `None` to go on.
+    pub(crate) fn read(
+        &mut self,
+        held_bytes: usize,
+        now: Instant,
+    ) -> Option<Result<Vec<Replayed>, ReplayError>> {
+        for _ in 0..READ_BURST {
+            let frames = match self.dealer.recv_multipart(zmq::DONTWAIT) {
+                Ok(frames) => frames,
+                Err(zmq::Error::EAGAIN) => break,
+                Err(e) => return Some(Err(e.into())),
+            };
+            self.last_reply = now;
+            let reply = match parse_reply(frames) {
+                Ok(Some(reply)) => reply,
+                Ok(None) => return Some(Ok(std::mem::take(&mut self.got))),
+                Err(e) => return Some(Err(e)),
+            };
+            self.replies += 1;
+            if self.replies > self.limits.max_batches {
+                return Some(Err(ReplayError::Abandoned(ReplayBound::Replies(
+                    self.limits.max_batches,
+                ))));
             }
-            waited += slice;
-            if waited >= timeout {
-                return Err(ReplayError::Timeout(timeout));
+            let fresh =
+                reply.seq >= self.start && self.got.last().is_none_or(|last| reply.seq > last.seq);
+            if !fresh {
+                self.duplicates += 1;
+                continue;
             }
+            self.bytes += reply.payload.len();
+            if self.bytes + held_bytes > self.limits.max_bytes {
+                return Some(Err(ReplayError::Abandoned(ReplayBound::Bytes(
+                    self.limits.max_bytes,
+                ))));
+            }
+            self.got.push(reply);
         }
-        match parse_reply(dealer.recv_multipart(0)?)? {
-            None => return Ok(out),
-            Some(r) if r.seq >= start && r.seq < until => out.push(r),
-            // Later batches also arrive live; the subscriber holds the one that triggered us.
-            Some(_) => {}
+        self.check_time(now).map(Err)
+    }
+
+    /// The error if the replay ran out of time (in all, or waiting for the next reply).
+    pub(crate) fn check_time(&self, now: Instant) -> Option<ReplayError> {
+        if now.duration_since(self.started) >= self.limits.max_duration {
+            return Some(ReplayError::Abandoned(ReplayBound::Duration(
+                self.limits.max_duration,
+            )));
         }
+        if now.duration_since(self.last_reply) >= self.reply_timeout {
+            return Some(ReplayError::Timeout(self.reply_timeout));
+        }
+        None
     }
 }
 

@@ -32,7 +32,14 @@ pub struct SequenceTracker {
 impl SequenceTracker {
     /// Classifies `seq` and makes it the latest seen.
     pub fn observe(&mut self, seq: u64) -> Arrival {
-        let arrival = match self.next {
+        let arrival = self.classify(seq);
+        self.next = Some(seq.saturating_add(1));
+        arrival
+    }
+
+    /// Classifies `seq` without recording it (the subscriber may hold it for a replay first).
+    pub fn classify(&self, seq: u64) -> Arrival {
+        match self.next {
             None if seq == 0 => Arrival::InOrder,
             None => Arrival::Joined,
             Some(next) if seq == next => Arrival::InOrder,
@@ -40,9 +47,13 @@ impl SequenceTracker {
             Some(next) => Arrival::Restart {
                 last: next.saturating_sub(1),
             },
-        };
-        self.next = Some(seq.saturating_add(1));
-        arrival
+        }
+    }
+
+    /// Sets the number expected next (`None`: nothing seen yet), after a replay delivered
+    /// batches or a loss was declared.
+    pub fn expect(&mut self, next: Option<u64>) {
+        self.next = next;
     }
 
     /// The number expected next, if any message was seen.
@@ -73,5 +84,9 @@ mod tests {
         let mut t = SequenceTracker::default();
         assert_eq!(t.observe(7), Arrival::Joined);
         assert_eq!(t.observe(8), Arrival::InOrder);
+        assert_eq!(t.classify(12), Arrival::Gap { from: 9 });
+        assert_eq!(t.next(), Some(9), "classifying records nothing");
+        t.expect(Some(12));
+        assert_eq!(t.observe(12), Arrival::InOrder);
     }
 }

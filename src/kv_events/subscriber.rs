@@ -6,12 +6,20 @@
 //! does not (see ARCHITECTURE.md). The thread polls with a timeout so it notices a stop request
 //! or a closed channel promptly.
 //!
+//! On connecting to a publisher (router start, worker added, reconnection after an engine
+//! restart) the subscriber asks the replay socket for everything the engine still buffers, so
+//! an idle engine's cache is known without waiting for its next event; live batches that arrive
+//! meanwhile are held and applied after the replay, duplicates dropped by sequence number (the
+//! thread's logic is in [`super::stream`]).
+//!
 //! What the consumer (the index) must do with each [`SubscriberEvent`]:
 //! - `Batch`: apply it; batches arrive in sequence order, each once.
+//! - `Warming` … `Warmed`: the warm-up replay runs; the worker's entries are a lower bound.
 //! - `Reset`: the engine restarted; drop every entry of this worker, then apply what follows.
 //! - `Dropped`: batches were lost for good; drop every entry of this worker (stale entries are
 //!   worse than none), then apply what follows.
-//! - `Undecodable`: counted; nothing to apply.
+//! - `Undecodable`: a batch arrived but cannot be read, so it is lost too: drop every entry of
+//!   this worker. (Replaying it would return the same bytes.)
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -20,12 +28,11 @@ use std::time::Duration;
 
 use thiserror::Error;
 use tokio::sync::mpsc;
-use tokio::sync::mpsc::error::TrySendError;
 
-use super::decode::{DecodeError, decode_batch};
-use super::replay::{self, Replayed};
-use super::sequence::{Arrival, SequenceTracker};
-use super::wire::{EventBatch, KvEvent};
+use super::decode::DecodeError;
+use super::replay::{ReplayError, ReplayLimits};
+use super::stream::Stream;
+use super::wire::EventBatch;
 
 /// The process-wide ZeroMQ context: one I/O thread serves every subscriber and publisher.
 /// Never terminated, so dropping a socket never waits on another's queued messages.
@@ -49,10 +56,13 @@ pub struct SubscriberConfig {
     pub poll_interval: Duration,
     /// How long a replay waits for each reply before giving up.
     pub replay_timeout: Duration,
+    /// Bounds of one replay (replies, bytes, total time).
+    pub replay_limits: ReplayLimits,
 }
 
 impl SubscriberConfig {
-    /// A config with defaults: every topic, 50 ms poll, 1 s replay timeout.
+    /// A config with defaults: every topic, 50 ms poll, 1 s replay timeout, default
+    /// [`ReplayLimits`].
     pub fn new(worker: impl Into<Arc<str>>, endpoint: impl Into<String>) -> Self {
         SubscriberConfig {
             worker: worker.into(),
@@ -61,6 +71,7 @@ impl SubscriberConfig {
             topic: String::new(),
             poll_interval: Duration::from_millis(50),
             replay_timeout: Duration::from_secs(1),
+            replay_limits: ReplayLimits::default(),
         }
     }
 
@@ -112,7 +123,15 @@ pub enum SubscriberEvent {
         /// Why they could not be replayed.
         reason: DropReason,
     },
-    /// A payload that no known layout decodes; skipped.
+    /// The warm-up replay started (on connecting to a publisher with a replay endpoint, or at
+    /// the first live batch after it): the worker's entries are a lower bound until `Warmed`.
+    Warming,
+    /// The warm-up replay ended; the batches it returned were sent before this.
+    Warmed {
+        /// How many batches it delivered, or why it failed or was abandoned.
+        result: Result<usize, ReplayError>,
+    },
+    /// A payload that no known layout decodes: the batch is lost, clear this worker's entries.
     Undecodable {
         /// Its sequence number.
         seq: u64,
@@ -151,6 +170,10 @@ pub struct SubscriberStats {
     pub replays_ok: AtomicU64,
     /// Replays that failed or came back incomplete.
     pub replays_failed: AtomicU64,
+    /// Replays abandoned at a bound of [`ReplayLimits`] (also counted in `replays_failed`).
+    pub replays_abandoned: AtomicU64,
+    /// Replayed or live batches dropped because their number was already delivered.
+    pub duplicates: AtomicU64,
     /// `Dropped` messages sent (the worker's entries must be cleared).
     pub dropped: AtomicU64,
     /// Connections to the publisher that dropped.
@@ -160,7 +183,7 @@ pub struct SubscriberStats {
 /// Distinct inproc names for socket monitors in this process.
 static MONITORS: AtomicU64 = AtomicU64::new(0);
 
-fn bump(counter: &AtomicU64, n: u64) {
+pub(super) fn bump(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Ordering::Relaxed);
 }
 
@@ -207,11 +230,10 @@ impl Subscriber {
             "inproc://kv-sub-monitor-{}",
             MONITORS.fetch_add(1, Ordering::Relaxed)
         );
-        sub.monitor(
-            &monitor_endpoint,
-            zmq::SocketEvent::DISCONNECTED.to_raw() as i32,
-        )
-        .map_err(connect_err)?;
+        // A connection is when to ask for the replay that warms the worker.
+        let events = zmq::SocketEvent::DISCONNECTED.to_raw() | zmq::SocketEvent::CONNECTED.to_raw();
+        sub.monitor(&monitor_endpoint, i32::from(events))
+            .map_err(connect_err)?;
         let monitor = zmq_context().socket(zmq::PAIR).map_err(connect_err)?;
         monitor.set_linger(0).map_err(connect_err)?;
         monitor.connect(&monitor_endpoint).map_err(connect_err)?;
@@ -219,16 +241,11 @@ impl Subscriber {
 
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(SubscriberStats::default());
-        let mut worker = Worker {
-            config,
-            tx,
-            stop: stop.clone(),
-            stats: stats.clone(),
-            tracker: SequenceTracker::default(),
-        };
+        let name = format!("kv-sub-{}", config.worker);
+        let mut stream = Stream::new(config, tx, stop.clone(), stats.clone());
         let thread = std::thread::Builder::new()
-            .name(format!("kv-sub-{}", worker.config.worker))
-            .spawn(move || worker.run(sub, monitor))?;
+            .name(name)
+            .spawn(move || stream.run(sub, monitor))?;
         Ok(SubscriberHandle {
             stop,
             stats,
@@ -237,8 +254,8 @@ impl Subscriber {
     }
 }
 
-/// Owns a running subscriber; dropping it stops the thread and waits for it (at most about
-/// one poll interval, or one replay timeout if a replay is in flight).
+/// Owns a running subscriber; dropping it stops the thread and waits for it (about one poll
+/// interval: a replay in flight is polled, never waited on).
 pub struct SubscriberHandle {
     stop: Arc<AtomicBool>,
     stats: Arc<SubscriberStats>,
@@ -262,215 +279,6 @@ impl Drop for SubscriberHandle {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
-        }
-    }
-}
-
-/// State of the subscriber thread.
-struct Worker {
-    config: SubscriberConfig,
-    tx: mpsc::Sender<WorkerEvent>,
-    stop: Arc<AtomicBool>,
-    stats: Arc<SubscriberStats>,
-    tracker: SequenceTracker,
-}
-
-/// The consumer is gone or a stop was requested: end the thread.
-struct Closed;
-
-impl Worker {
-    fn run(&mut self, sub: zmq::Socket, monitor: zmq::Socket) {
-        let timeout = self.config.poll_interval.as_millis().max(1) as i64;
-        while !self.stop.load(Ordering::Relaxed) && !self.tx.is_closed() {
-            let mut items = [
-                sub.as_poll_item(zmq::POLLIN),
-                monitor.as_poll_item(zmq::POLLIN),
-            ];
-            match zmq::poll(&mut items, timeout) {
-                Ok(0) => continue,
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(worker = %self.config.worker, error = %e, "kv-events poll failed");
-                    std::thread::sleep(self.config.poll_interval);
-                    continue;
-                }
-            }
-            let (data, disconnected) = (items[0].is_readable(), items[1].is_readable());
-            // Drain what is queued before the disconnect, then handle it.
-            if data {
-                while let Ok(frames) = sub.recv_multipart(zmq::DONTWAIT) {
-                    if self.on_message(frames).is_err() {
-                        return;
-                    }
-                }
-            }
-            if disconnected {
-                while monitor.recv_multipart(zmq::DONTWAIT).is_ok() {}
-                if self.on_disconnect().is_err() {
-                    return;
-                }
-            }
-        }
-    }
-
-    /// The publisher went away: forget its sequence and tell the consumer to clear.
-    fn on_disconnect(&mut self) -> Result<(), Closed> {
-        bump(&self.stats.disconnects, 1);
-        tracing::info!(worker = %self.config.worker, "kv-events publisher disconnected; clearing worker");
-        self.tracker = SequenceTracker::default();
-        self.send(SubscriberEvent::Disconnected)
-    }
-
-    fn on_message(&mut self, frames: Vec<Vec<u8>>) -> Result<(), Closed> {
-        let [_topic, seq, payload]: [Vec<u8>; 3] = match frames.try_into() {
-            Ok(frames) => frames,
-            Err(_) => {
-                bump(&self.stats.malformed_messages, 1);
-                return Ok(());
-            }
-        };
-        let Ok(seq) = <[u8; 8]>::try_from(seq) else {
-            bump(&self.stats.malformed_messages, 1);
-            return Ok(());
-        };
-        let seq = u64::from_be_bytes(seq);
-        match self.tracker.observe(seq) {
-            Arrival::InOrder => {}
-            Arrival::Joined => self.catch_up(seq)?,
-            Arrival::Gap { from } => {
-                bump(&self.stats.gaps, 1);
-                self.fill_gap(from, seq)?;
-            }
-            Arrival::Restart { last } => {
-                bump(&self.stats.restarts, 1);
-                tracing::info!(worker = %self.config.worker, last, seq, "kv-events publisher restarted");
-                self.send(SubscriberEvent::Reset {
-                    last_seq: last,
-                    seq,
-                })?;
-                self.catch_up(seq)?;
-            }
-        }
-        self.deliver(seq, &payload)
-    }
-
-    /// Best effort: replay whatever the publisher still buffers before `seq`. Any contiguous
-    /// run ending just before `seq` is safe to apply on top of nothing.
-    fn catch_up(&mut self, seq: u64) -> Result<(), Closed> {
-        if seq == 0 {
-            return Ok(());
-        }
-        let Some(got) = self.replay(0, seq) else {
-            return Ok(());
-        };
-        let tail = replay::tail_ending_at(&got, seq);
-        self.count_replay(tail.len() == got.len());
-        for r in tail {
-            self.deliver(r.seq, &r.payload)?;
-        }
-        Ok(())
-    }
-
-    /// Replays `from..seq`, or tells the consumer to clear the worker.
-    fn fill_gap(&mut self, from: u64, seq: u64) -> Result<(), Closed> {
-        let reason = match self.config.replay_endpoint {
-            None => DropReason::NoReplayEndpoint,
-            Some(_) => match self.replay(from, seq) {
-                Some(got) if replay::covers(&got, from, seq) => {
-                    self.count_replay(true);
-                    for r in &got {
-                        self.deliver(r.seq, &r.payload)?;
-                    }
-                    return Ok(());
-                }
-                Some(got) => {
-                    self.count_replay(false);
-                    DropReason::ReplayFailed(format!(
-                        "replay returned {} of {} batches",
-                        got.len(),
-                        seq - from
-                    ))
-                }
-                None => DropReason::ReplayFailed("replay request failed".into()),
-            },
-        };
-        tracing::warn!(worker = %self.config.worker, from, to = seq, ?reason, "kv-events lost; clearing worker");
-        bump(&self.stats.dropped, 1);
-        self.send(SubscriberEvent::Dropped {
-            from,
-            to: seq,
-            reason,
-        })
-    }
-
-    /// Runs one replay request; `None` (counted as a failed replay) if it did not complete.
-    fn replay(&self, from: u64, until: u64) -> Option<Vec<Replayed>> {
-        let endpoint = self.config.replay_endpoint.as_deref()?;
-        let result = replay::fetch(
-            zmq_context(),
-            endpoint,
-            from,
-            until,
-            self.config.replay_timeout,
-            &self.stop,
-        );
-        result
-            .inspect_err(|e| {
-                tracing::warn!(worker = %self.config.worker, endpoint, error = %e, "kv-events replay failed");
-                bump(&self.stats.replays_failed, 1);
-            })
-            .ok()
-    }
-
-    fn count_replay(&self, ok: bool) {
-        let counter = match ok {
-            true => &self.stats.replays_ok,
-            false => &self.stats.replays_failed,
-        };
-        bump(counter, 1);
-    }
-
-    fn deliver(&mut self, seq: u64, payload: &[u8]) -> Result<(), Closed> {
-        let event = match decode_batch(payload) {
-            Ok(batch) => {
-                let unknown = batch
-                    .events
-                    .iter()
-                    .filter(|e| matches!(e, KvEvent::Unknown(_)))
-                    .count();
-                bump(&self.stats.batches, 1);
-                bump(&self.stats.events, batch.events.len() as u64);
-                bump(&self.stats.unknown_events, unknown as u64);
-                SubscriberEvent::Batch { seq, batch }
-            }
-            Err(error) => {
-                bump(&self.stats.undecodable, 1);
-                tracing::debug!(worker = %self.config.worker, seq, %error, "undecodable kv-events payload");
-                SubscriberEvent::Undecodable { seq, error }
-            }
-        };
-        self.send(event)
-    }
-
-    /// Sends without blocking the thread forever: while the channel is full, retries briefly
-    /// and keeps checking for a stop request.
-    fn send(&self, event: SubscriberEvent) -> Result<(), Closed> {
-        let mut msg = WorkerEvent {
-            worker: self.config.worker.clone(),
-            event,
-        };
-        loop {
-            match self.tx.try_send(msg) {
-                Ok(()) => return Ok(()),
-                Err(TrySendError::Closed(_)) => return Err(Closed),
-                Err(TrySendError::Full(back)) => {
-                    if self.stop.load(Ordering::Relaxed) {
-                        return Err(Closed);
-                    }
-                    msg = back;
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-            }
         }
     }
 }

@@ -4,7 +4,10 @@
 //! notices the first token and the end, and reports both to a [`ResponseObserver`]: that is
 //! where load is released and TTFT recorded. If the client hangs up, hyper drops this body,
 //! which drops the upstream body and so closes the upstream connection: the engine sees the
-//! disconnect and aborts the request, and the observer learns it was cancelled.
+//! disconnect and aborts the request, and the observer learns it was cancelled. When the
+//! router's shutdown grace ends with the response still running, the body is cut: a stream
+//! ends with the same SSE error event as when a worker dies, so clients raise instead of
+//! seeing a bare close.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -14,6 +17,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::time::{Instant, Sleep, sleep};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use super::first_token::FirstTokenDetector;
 
@@ -27,14 +31,19 @@ pub enum End {
     UpstreamError,
     /// The client went away first.
     Cancelled,
+    /// The worker sent the whole stream, but ended it with an in-band error event (a 200
+    /// whose generation failed).
+    StreamError,
+    /// The router's shutdown grace ended first; the client got an SSE error event for streams.
+    Shutdown,
 }
 
 /// Receives the milestones of one proxied response.
 pub trait ResponseObserver: Send + 'static {
     /// The first generated token passed through.
     fn first_token(&mut self);
-    /// The response ended; called exactly once.
-    fn end(&mut self, end: End);
+    /// The response ended, after `bytes` of body reached the client; called exactly once.
+    fn end(&mut self, end: End, bytes: u64);
 }
 
 /// Errors a proxied body can end with.
@@ -60,6 +69,10 @@ pub struct ObservedBody<O: ResponseObserver> {
     observer: O,
     first_token_seen: bool,
     ended: bool,
+    /// Body bytes passed to the client.
+    bytes: u64,
+    /// Resolves when the shutdown grace is over (see [`ObservedBody::cut_on`]).
+    cutoff: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
 }
 
 impl<O: ResponseObserver> ObservedBody<O> {
@@ -74,7 +87,15 @@ impl<O: ResponseObserver> ObservedBody<O> {
             observer,
             first_token_seen: false,
             ended: false,
+            bytes: 0,
+            cutoff: None,
         }
+    }
+
+    /// Cuts the response when `token` is cancelled (the router's shutdown grace is over).
+    pub fn cut_on(mut self, token: CancellationToken) -> Self {
+        self.cutoff = Some(Box::pin(token.cancelled_owned()));
+        self
     }
 
     fn mark_first_token(&mut self) {
@@ -87,17 +108,35 @@ impl<O: ResponseObserver> ObservedBody<O> {
     fn finish(&mut self, end: End) {
         if !self.ended {
             self.ended = true;
-            self.observer.end(end);
+            let end = match end {
+                End::Complete if self.detector.as_ref().is_some_and(|d| d.error_seen()) => {
+                    End::StreamError
+                }
+                other => other,
+            };
+            self.observer.end(end, self.bytes);
         }
     }
 
     /// Ends the response after an upstream failure: a stream gets an SSE error event (so SDKs
     /// raise instead of waiting), a plain body an error (the client sees a broken response).
     fn fail(&mut self, why: String) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-        self.finish(End::UpstreamError);
+        self.end_with(End::UpstreamError, stream_error_event(&why), why)
+    }
+
+    /// Ends the response with `event` for a stream, or an error for a plain body.
+    fn end_with(
+        &mut self,
+        end: End,
+        event: Bytes,
+        why: String,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         if self.detector.is_some() {
-            Poll::Ready(Some(Ok(Frame::data(stream_error_event(&why)))))
+            self.bytes += event.len() as u64;
+            self.finish(end);
+            Poll::Ready(Some(Ok(Frame::data(event))))
         } else {
+            self.finish(end);
             Poll::Ready(Some(Err(why.into())))
         }
     }
@@ -115,6 +154,21 @@ pub fn stream_error_event(message: &str) -> Bytes {
     Bytes::from(format!("data: {body}\n\n"))
 }
 
+/// The SSE event a client receives when its stream is cut because the router's shutdown grace
+/// ended: the same shape as [`stream_error_event`], a code of its own.
+pub fn shutdown_event() -> Bytes {
+    let body = serde_json::json!({"error": {
+        "message": SHUTDOWN_MESSAGE,
+        "type": "service_unavailable",
+        "param": null,
+        "code": "router_shutting_down",
+    }});
+    Bytes::from(format!("data: {body}\n\n"))
+}
+
+const SHUTDOWN_MESSAGE: &str =
+    "the router is shutting down and its grace period is over; the stream was cut";
+
 impl<O: ResponseObserver + Unpin> Body for ObservedBody<O> {
     type Data = Bytes;
     type Error = BodyError;
@@ -126,6 +180,12 @@ impl<O: ResponseObserver + Unpin> Body for ObservedBody<O> {
         let this = &mut *self;
         if this.ended {
             return Poll::Ready(None);
+        }
+        if let Some(cut) = this.cutoff.as_mut()
+            && cut.as_mut().poll(cx).is_ready()
+        {
+            tracing::warn!("shutdown grace over; cutting a response still in progress");
+            return this.end_with(End::Shutdown, shutdown_event(), SHUTDOWN_MESSAGE.into());
         }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Pending => {
@@ -146,10 +206,13 @@ impl<O: ResponseObserver + Unpin> Body for ObservedBody<O> {
                 this.idle
                     .as_mut()
                     .reset(Instant::now() + this.timeouts.idle);
-                if let (Some(data), Some(d)) = (frame.data_ref(), this.detector.as_mut())
-                    && d.feed(data)
-                {
-                    this.mark_first_token();
+                if let Some(data) = frame.data_ref() {
+                    this.bytes += data.len() as u64;
+                    if let Some(d) = this.detector.as_mut()
+                        && d.feed(data)
+                    {
+                        this.mark_first_token();
+                    }
                 }
                 // A body of known length is complete with its last byte; hyper may never
                 // poll it again to see the end.

@@ -1,18 +1,23 @@
-//! Finding the first generated token in a response stream.
+//! Finding the first generated token in a response stream, and an in-band error event.
 //!
 //! TTFT is the number users feel, and the moment the router releases a request's queued
 //! prefill from its load accounting. For a stream it is the first SSE `data:` event that
 //! carries content (chat streams open with a role-only delta, which does not count); for a
-//! plain JSON response it is the end of the body. The detector sees the bytes exactly as they
-//! pass through and keeps at most one partial line, and only until the token is found.
+//! plain JSON response it is the end of the body. An engine whose generation fails after the
+//! 200 head ends the stream with an error event (`data: {"error": …}`; older vLLM sends
+//! `{"object": "error", …}`): such a response is counted as an error, not a success. The
+//! detector sees the bytes exactly as they pass through and keeps at most one partial line;
+//! after the first token it only looks at lines that contain `"error"` (a quote inside a JSON
+//! string is escaped, so generated text cannot contain those bytes).
 
 use serde_json::Value;
 
-/// Incremental detector of the first content-bearing SSE event.
+/// Incremental detector of the first content-bearing SSE event and of error events.
 #[derive(Debug, Default)]
 pub struct FirstTokenDetector {
     partial: Vec<u8>,
     found: bool,
+    error: bool,
     /// Inside a `data:` line too long to keep: it counts as content when it ends.
     oversized: bool,
 }
@@ -26,53 +31,87 @@ impl FirstTokenDetector {
         self.found
     }
 
+    /// Whether an error event has been seen.
+    pub fn error_seen(&self) -> bool {
+        self.error
+    }
+
     /// Feeds the next chunk of the stream; returns true exactly once, on the chunk that
     /// completes the first content-bearing event.
     pub fn feed(&mut self, chunk: &[u8]) -> bool {
-        if self.found {
-            return false;
-        }
+        let was_found = self.found;
         let mut rest = chunk;
         if self.oversized {
-            if !rest.contains(&b'\n') {
+            let Some(pos) = rest.iter().position(|&b| b == b'\n') else {
                 return false;
-            }
+            };
+            rest = &rest[pos + 1..];
             self.oversized = false;
             self.found = true;
-            return true;
         }
         while let Some(pos) = rest.iter().position(|&b| b == b'\n') {
             let (line, tail) = rest.split_at(pos);
             rest = &tail[1..];
-            let hit = if self.partial.is_empty() {
-                line_has_content(line)
+            if self.partial.is_empty() {
+                self.judge(line);
             } else {
                 self.partial.extend_from_slice(line);
                 let full = std::mem::take(&mut self.partial);
-                line_has_content(&full)
-            };
-            if hit {
-                self.found = true;
-                self.partial = Vec::new();
-                return true;
+                self.judge(&full);
+                self.partial = full;
+                self.partial.clear();
+            }
+            if self.found && self.error {
+                break;
             }
         }
-        if self.partial.len() + rest.len() <= MAX_LINE {
+        if self.found && self.error {
+            self.partial = Vec::new();
+        } else if self.partial.len() + rest.len() <= MAX_LINE {
             self.partial.extend_from_slice(rest);
-            return false;
+        } else {
+            // A `data:` line longer than MAX_LINE is not kept whole; an event that large
+            // carries content (a huge tool call or text), so it counts as the first token
+            // when it ends.
+            let line_start: Vec<u8> = self
+                .partial
+                .iter()
+                .chain(rest.iter())
+                .take(5)
+                .copied()
+                .collect();
+            self.partial.clear();
+            self.oversized = !self.found && line_start == b"data:";
         }
-        // A `data:` line longer than MAX_LINE is not kept whole; an event that large carries
-        // content (a huge tool call or text), so it counts as the first token when it ends.
-        let line_start: Vec<u8> = self
-            .partial
-            .iter()
-            .chain(rest.iter())
-            .take(5)
-            .copied()
-            .collect();
-        self.partial.clear();
-        self.oversized = line_start == b"data:";
-        false
+        !was_found && self.found
+    }
+
+    fn judge(&mut self, line: &[u8]) {
+        if !self.found && line_has_content(line) {
+            self.found = true;
+        }
+        if !self.error && line_is_error(line) {
+            self.error = true;
+        }
+    }
+}
+
+/// Whether one SSE line is a `data:` event reporting an error (OpenAI's, SGLang's and vLLM's
+/// `{"error": …}`, or older vLLM's `{"object": "error", …}`).
+fn line_is_error(line: &[u8]) -> bool {
+    const NEEDLE: &[u8] = b"\"error\"";
+    if !line.windows(NEEDLE.len()).any(|w| w == NEEDLE) {
+        return false;
+    }
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let Some(data) = line.strip_prefix(b"data:") else {
+        return false;
+    };
+    match serde_json::from_slice::<Value>(data.trim_ascii()) {
+        Ok(Value::Object(o)) => {
+            o.contains_key("error") || o.get("object").and_then(Value::as_str) == Some("error")
+        }
+        _ => false,
     }
 }
 
@@ -145,6 +184,23 @@ mod tests {
         let mut d = FirstTokenDetector::default();
         assert!(!d.feed(b": keep-alive\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":3}}\n\ndata: [DONE]\n\n"));
         assert!(!d.found());
+    }
+
+    #[test]
+    fn error_events_are_seen_before_and_after_the_first_token() {
+        let mut d = FirstTokenDetector::default();
+        assert!(d.feed(b"data: {\"choices\":[{\"text\":\"a\"}]}\n\n"));
+        // Generated text and logprobs may say "error": not an error event.
+        assert!(!d.feed(b"data: {\"choices\":[{\"text\":\"\\\"error\\\"\",\"logprobs\":{\"tokens\":[\"error\"]}}]}\n\n"));
+        assert!(!d.error_seen());
+        // Split across chunks.
+        assert!(!d.feed(b"data: {\"error\": {\"message\":\"engine"));
+        assert!(!d.feed(b" died\"}}\n\n"));
+        assert!(d.error_seen());
+
+        let mut d = FirstTokenDetector::default();
+        assert!(!d.feed(b"data: {\"object\":\"error\",\"message\":\"x\",\"code\":500}\n\n"));
+        assert!(d.error_seen() && !d.found());
     }
 
     #[test]

@@ -26,6 +26,10 @@ pub struct Admitted {
     pub overlap_blocks: u32,
     /// Full blocks of the prompt (0 for load-only policies).
     pub blocks: u32,
+    /// Prompt length in tokens (0 for load-only policies).
+    pub prompt_tokens: u64,
+    /// The time to first token the policy predicted on this worker, if it predicts one.
+    pub predicted_ttft_s: Option<f64>,
 }
 
 impl std::fmt::Debug for Admitted {
@@ -46,6 +50,7 @@ impl Admitted {
         analysis: &Analysis,
         chosen: &Candidate,
         uncached_tokens: u64,
+        predicted_ttft_s: Option<f64>,
     ) -> Admitted {
         Admitted {
             worker,
@@ -58,6 +63,8 @@ impl Admitted {
             }),
             overlap_blocks: chosen.overlap_blocks.min(analysis.request.blocks),
             blocks: analysis.request.blocks,
+            prompt_tokens: analysis.request.prompt_tokens,
+            predicted_ttft_s,
         }
     }
 

@@ -151,6 +151,12 @@ impl Decider {
             analysis,
             c,
             uncached,
+            choice
+                .decision
+                .predicted_ttft_s
+                .get(choice.decision.chosen)
+                .copied()
+                .flatten(),
         )
     }
 }

@@ -37,6 +37,7 @@ fn describe(state: &AppState, w: &Worker) -> Value {
         "decoding": load.decoding,
         "kv_events": w.spec.kv_events,
         "kv_events_connected": w.has_event_feed(),
+        "kv_warming": w.is_kv_warming(),
         "kv_blocks": w.kv_blocks(),
         "predicted_blocks": state.holdings.approx.len(w.key),
     })

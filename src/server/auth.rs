@@ -148,7 +148,8 @@ impl Keys {
     pub fn authorize_model(caller: &Caller, model: &str) -> Result<(), ApiError> {
         match caller {
             Caller::Tenant(t) if !t.allows(model) => Err(forbidden(format!(
-                "your key may not use the model `{model}`"
+                "your key may not use the model `{}`",
+                crate::openai::shorten(model, crate::openai::ECHO_MAX)
             ))),
             _ => Ok(()),
         }

@@ -42,7 +42,10 @@ async fn explain(
                 http::StatusCode::NOT_FOUND,
                 "invalid_request_error",
                 Some("tenant_not_found"),
-                format!("no tenant is named `{name}`"),
+                format!(
+                    "no tenant is named `{}`",
+                    crate::openai::shorten(name, crate::openai::ECHO_MAX)
+                ),
             )
         })?,
         Some(Err(_)) => {
@@ -81,6 +84,7 @@ async fn explain(
                 "decoding": c.load.decoding,
                 "active_prompt_tokens": c.load.active_prompt_tokens,
                 "kv_events": workers[i].has_event_feed(),
+                "kv_warming": workers[i].is_kv_warming(),
                 "predicted_ttft_s": decision.as_ref().and_then(|d| d.predicted_ttft_s.get(i).copied().flatten()),
                 "cost_s": decision.as_ref().and_then(|d| d.cost.get(i).copied().flatten()),
             })

@@ -8,11 +8,13 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue};
+use http_body::Body as _;
 
+use super::access_log::AccessLine;
 use super::auth::{Caller, Keys};
 use super::body::read_limited;
-use super::observer::Observer;
-use super::{AppState, route};
+use super::observer::{Observer, Requester};
+use super::{AppState, request_id, route};
 use crate::fleet::Worker;
 use crate::openai::{ApiError, Endpoint, RequestView};
 use crate::proxy::{self, BodyTimeouts, ObservedBody};
@@ -52,9 +54,10 @@ async fn handle(
     body: Body,
 ) -> Response {
     let started = Instant::now();
+    let id = request_id::of(&headers).to_owned();
     let (caller, received) = match receive(&state, endpoint, &headers, body).await {
         Ok(r) => r,
-        Err(e) => return reject(&state, "-", e),
+        Err(e) => return reject(&state, "-", e, Rejected::new(&id, None, None, started)),
     };
     // A model name becomes a metric label only once a worker is known to serve it: client
     // strings must not grow the metrics without bound.
@@ -63,20 +66,55 @@ async fn handle(
     } else {
         "-".to_owned()
     };
+    let tenant = caller.tenant().map(str::to_owned);
+    let model = received.view.model.clone();
     match forward(&state, caller, received, headers, started).await {
         Ok(resp) => resp,
-        Err(e) => reject(&state, &label, e),
+        Err(e) => {
+            let who = Rejected::new(&id, tenant.as_deref(), Some(&model), started);
+            reject(&state, &label, e, who)
+        }
     }
 }
 
-/// Counts a request answered with an error by the router itself.
-fn reject(state: &AppState, model_label: &str, e: ApiError) -> Response {
+/// Who a rejected request came from, for the access log.
+struct Rejected<'a> {
+    id: &'a str,
+    tenant: Option<&'a str>,
+    model: Option<&'a str>,
+    started: Instant,
+}
+
+impl<'a> Rejected<'a> {
+    fn new(id: &'a str, tenant: Option<&'a str>, model: Option<&'a str>, started: Instant) -> Self {
+        Rejected {
+            id,
+            tenant,
+            model,
+            started,
+        }
+    }
+}
+
+/// Counts and logs a request answered with an error by the router itself.
+fn reject(state: &AppState, model_label: &str, e: ApiError, who: Rejected<'_>) -> Response {
     state
         .metrics
         .requests
         .with_label_values(&[model_label, "-", e.status.as_str()])
         .inc();
-    e.into_response()
+    let resp = e.into_response();
+    AccessLine {
+        id: who.id,
+        tenant: who.tenant,
+        model: who.model,
+        status: resp.status().as_str(),
+        bytes: resp.body().size_hint().exact().unwrap_or(0),
+        duration: who.started.elapsed(),
+        ..AccessLine::default()
+    }
+    .write();
+    resp
 }
 
 /// Authenticates the caller and reads and validates the body.
@@ -157,21 +195,25 @@ async fn forward(
         out_headers.insert(WORKER_HEADER, v);
     }
     let sse = proxy::is_event_stream(&parts.headers);
+    let requester = Requester {
+        id: request_id::of(&headers).to_owned(),
+        tenant: caller.tenant().map(str::to_owned),
+        model: view.model,
+    };
     let observer = Observer::new(
         attempt,
         state.metrics.clone(),
         ticket,
-        view.model,
         parts.status,
         started,
+        requester,
     );
     let timeouts = BodyTimeouts {
         idle: state.upstream.config().idle_timeout,
         total: state.upstream.config().total_timeout,
     };
-    let mut resp = Response::new(Body::new(ObservedBody::new(
-        incoming, sse, timeouts, observer,
-    )));
+    let body = ObservedBody::new(incoming, sse, timeouts, observer).cut_on(state.cutoff.clone());
+    let mut resp = Response::new(Body::new(body));
     *resp.status_mut() = parts.status;
     *resp.headers_mut() = out_headers;
     Ok(resp)

@@ -1,37 +1,76 @@
-//! The accept loop: HTTP/1 and HTTP/2 connections with client-side timeouts and graceful
-//! shutdown.
+//! The accept loop: HTTP/1 and HTTP/2 connections with client-side timeouts, a cap on open
+//! connections, and graceful shutdown.
 //!
 //! `axum::serve` sets no timer on hyper, which leaves hyper's header read timeout off: a client
 //! that trickles its request headers byte by byte would hold a connection and a task forever.
-//! Serving connections with hyper-util's builder directly lets us set that deadline, and
-//! hyper-util's `GracefulShutdown` drains open connections when the router stops.
+//! Serving connections with hyper-util's builder directly lets us set that deadline; each
+//! connection's other deadlines (first request, idle) and its part in shutdown are kept by
+//! [`super::connection`]. Shutdown: stop accepting, let each connection finish what is in
+//! progress for at most the grace period, then cut the streams still running (each ends with an
+//! SSE error event, see [`crate::proxy::ObservedBody::cut_on`]) and drop what is left.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-/// Serves `app` on `listener` until `stop` is cancelled, then lets open connections finish for
-/// at most `grace`.
-pub async fn serve_until(
+use super::canned::CannedErrors;
+use super::connection::{self, Activity, CUT_FLUSH, Deadlines, Tracked};
+use crate::config::Connections;
+use crate::metrics::Metrics;
+
+/// Open-file limit assumed where the process's own cannot be read.
+const ASSUMED_FILE_LIMIT: usize = 1024;
+/// Fewest connections a derived cap allows.
+const MIN_DERIVED_CAP: usize = 32;
+
+/// How the front door treats connections.
+#[derive(Clone, Debug)]
+pub(super) struct FrontDoor {
+    /// How long open connections may finish their requests after `stop`.
+    pub(super) grace: Duration,
+    /// Longest a client may take to send request headers; also the first request's deadline.
+    pub(super) header_read_timeout: Duration,
+    /// Idle timeout, HTTP/2 keep-alive and the connection cap.
+    pub(super) connections: Connections,
+    /// Cancelled when the grace is over: streams still running end with an error event.
+    pub(super) cutoff: CancellationToken,
+}
+
+/// Serves `app` on `listener` until `stop` is cancelled, then drains (see the module doc).
+pub(super) async fn serve_until(
     listener: TcpListener,
     app: Router,
     stop: CancellationToken,
-    grace: Duration,
-    header_read_timeout: Duration,
+    front: FrontDoor,
+    metrics: Metrics,
 ) {
     let mut builder = Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(header_read_timeout);
-    builder.http2().timer(TokioTimer::new());
-    let graceful = GracefulShutdown::new();
+        .header_read_timeout(front.header_read_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(front.connections.http2_keepalive_interval)
+        .keep_alive_timeout(front.connections.http2_keepalive_timeout);
+    let cap = front
+        .connections
+        .max_connections
+        .unwrap_or_else(derived_cap);
+    let deadlines = Deadlines {
+        first_request: front.header_read_timeout,
+        idle: front.connections.idle_timeout,
+    };
+    let open = Arc::new(OpenConnections::new(metrics.clone()));
     loop {
         let (stream, peer) = tokio::select! {
             _ = stop.cancelled() => break,
@@ -45,24 +84,134 @@ pub async fn serve_until(
                 }
             },
         };
+        let Some(slot) = open.take(cap) else {
+            metrics.connections_refused.inc();
+            tracing::debug!(%peer, cap, "connection refused: server.max_connections are open");
+            drop(stream);
+            continue;
+        };
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
         }
-        let service = TowerToHyperService::new(app.clone());
-        let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-        let conn = graceful.watch(conn.into_owned());
+        let activity = Activity::new();
+        let io = CannedErrors::new(TokioIo::new(stream), Arc::clone(&activity));
+        let service = Tracked::new(TowerToHyperService::new(app.clone()), Arc::clone(&activity));
+        let conn = builder
+            .serve_connection_with_upgrades(io, service)
+            .into_owned();
+        let (stop, cutoff, metrics) = (stop.clone(), front.cutoff.clone(), metrics.clone());
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
-            }
+            connection::drive(conn, activity, deadlines, stop, cutoff, metrics).await;
+            drop(slot);
         });
     }
     // Stop accepting before draining.
     drop(listener);
     tokio::select! {
-        _ = graceful.shutdown() => {}
-        _ = tokio::time::sleep(grace) => {
-            tracing::warn!(?grace, "shutdown grace period over; closing remaining connections");
+        _ = open.all_closed() => {}
+        _ = tokio::time::sleep(front.grace) => {
+            tracing::warn!(
+                grace = ?front.grace,
+                open = open.count(),
+                "shutdown grace period over; cutting the streams still running"
+            );
+            front.cutoff.cancel();
+            let flushed = CUT_FLUSH + Duration::from_secs(1);
+            let _ = tokio::time::timeout(flushed, open.all_closed()).await;
         }
+    }
+}
+
+/// The connection cap when none is configured: half the process's open-file limit, since each
+/// proxied request holds a client connection and a connection to a worker, and the rest of
+/// the process (KV-event sockets, health checks, logs) needs files too.
+fn derived_cap() -> usize {
+    (file_limit().unwrap_or(ASSUMED_FILE_LIMIT) / 2).max(MIN_DERIVED_CAP)
+}
+
+/// The soft open-file limit (`Max open files` in `/proc/self/limits`), where it can be read.
+fn file_limit() -> Option<usize> {
+    let text = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = text.lines().find(|l| l.starts_with("Max open files"))?;
+    let soft = line
+        .trim_start_matches("Max open files")
+        .split_whitespace()
+        .next()?;
+    match soft {
+        "unlimited" => Some(usize::MAX / 2),
+        n => n.parse().ok(),
+    }
+}
+
+/// Client connections open now: the cap's count, the gauge, and shutdown's wait for zero.
+struct OpenConnections {
+    count: AtomicUsize,
+    closed: Notify,
+    metrics: Metrics,
+}
+
+impl OpenConnections {
+    fn new(metrics: Metrics) -> OpenConnections {
+        OpenConnections {
+            count: AtomicUsize::new(0),
+            closed: Notify::new(),
+            metrics,
+        }
+    }
+
+    fn count(&self) -> usize {
+        self.count.load(Ordering::Acquire)
+    }
+
+    /// A slot for one more connection, unless `cap` are open.
+    fn take(self: &Arc<Self>, cap: usize) -> Option<Slot> {
+        self.count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < cap).then_some(n + 1)
+            })
+            .ok()?;
+        self.metrics.open_connections.inc();
+        Some(Slot(Arc::clone(self)))
+    }
+
+    /// Resolves once no connection is open.
+    async fn all_closed(&self) {
+        loop {
+            let notified = self.closed.notified();
+            if self.count() == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// One open connection's place under the cap; dropping it frees the place.
+struct Slot(Arc<OpenConnections>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.metrics.open_connections.dec();
+        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.closed.notify_waiters();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_derived_cap_is_half_the_file_limit() {
+        let limit = file_limit();
+        if cfg!(target_os = "linux") {
+            assert!(limit.is_some(), "/proc/self/limits is readable on Linux");
+        }
+        let cap = derived_cap();
+        assert_eq!(
+            cap,
+            (limit.unwrap_or(ASSUMED_FILE_LIMIT) / 2).max(MIN_DERIVED_CAP)
+        );
     }
 }

@@ -1,15 +1,19 @@
 //! The HTTP face of the router: OpenAI endpoints, operations endpoints, errors in OpenAI's
 //! shape, and the lifecycle (start, graceful shutdown).
 
+mod access_log;
 mod admin;
 pub mod admission;
 pub mod auth;
 mod body;
+mod canned;
+mod connection;
 mod debug;
 mod forward;
 mod listen;
 mod observer;
 mod ops;
+mod request_id;
 mod route;
 
 use std::net::SocketAddr;
@@ -28,7 +32,7 @@ use crate::fleet::health;
 use crate::index::{ApproxConfig, ApproxIndex, Holdings, IndexConfig, KvIndex};
 use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
-use crate::openai::ApiError;
+use crate::openai::{ApiError, ECHO_MAX, shorten};
 use crate::policy::{self, Policy};
 use crate::proxy::Upstream;
 use crate::routing::Decider;
@@ -60,6 +64,9 @@ pub struct AppState {
     pub admission: admission::Admission,
     /// Every worker's join, drain, down and leave.
     pub lifecycle: Arc<Lifecycle>,
+    /// Cancelled when the shutdown grace is over: responses still streaming end with an error
+    /// event rather than a bare close.
+    pub cutoff: CancellationToken,
     /// Per-model settings (block size, salt forwarding).
     models: Vec<ModelConfig>,
     /// Origin of the index's clock (approximate entries expire on it).
@@ -81,14 +88,17 @@ impl AppState {
         let holdings = Arc::new(holdings);
         let policy = policy::build(config.policy, &config.policy_settings());
         let metrics = Metrics::new();
-        let lifecycle = Arc::new(Lifecycle::new(
-            config.workers.clone(),
-            config.breaker,
-            Arc::clone(&holdings),
-            Arc::clone(&policy),
-            metrics.clone(),
-            &config.models,
-        ));
+        let lifecycle = Arc::new(
+            Lifecycle::new(
+                config.workers.clone(),
+                config.breaker,
+                Arc::clone(&holdings),
+                Arc::clone(&policy),
+                metrics.clone(),
+                &config.models,
+            )
+            .with_replay_limits(config.replay_limits),
+        );
         Ok(AppState {
             decider: Decider::new(Arc::clone(&policy), Arc::clone(&holdings)),
             fleet: Arc::clone(lifecycle.fleet()),
@@ -108,6 +118,7 @@ impl AppState {
             admission: admission::Admission::new(config.limits, &config.tenants),
             models: config.models.clone(),
             started: Instant::now(),
+            cutoff: CancellationToken::new(),
         })
     }
 
@@ -150,6 +161,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/admin/workers/{id}", axum::routing::delete(admin::remove))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn(request_id::stamp))
         .with_state(state)
 }
 
@@ -158,7 +170,7 @@ async fn not_found(uri: http::Uri) -> ApiError {
         StatusCode::NOT_FOUND,
         "invalid_request_error",
         Some("not_found"),
-        format!("no route for `{}`", uri.path()),
+        format!("no route for `{}`", shorten(uri.path(), ECHO_MAX)),
     )
 }
 
@@ -167,7 +179,11 @@ async fn method_not_allowed(method: http::Method, uri: http::Uri) -> ApiError {
         StatusCode::METHOD_NOT_ALLOWED,
         "invalid_request_error",
         Some("method_not_allowed"),
-        format!("method {method} is not allowed on `{}`", uri.path()),
+        format!(
+            "method {} is not allowed on `{}`",
+            shorten(method.as_str(), ECHO_MAX),
+            shorten(uri.path(), ECHO_MAX)
+        ),
     )
 }
 
@@ -221,11 +237,16 @@ pub fn start_with_state(
         stop.clone(),
     );
     let app = app(Arc::clone(&state));
-    let grace = config.shutdown_grace;
-    let header_timeout = config.header_read_timeout;
+    let front = listen::FrontDoor {
+        grace: config.shutdown_grace,
+        header_read_timeout: config.header_read_timeout,
+        connections: config.connections,
+        cutoff: state.cutoff.clone(),
+    };
     let stop_serving = stop.clone();
+    let metrics = state.metrics.clone();
     let task = tokio::spawn(async move {
-        listen::serve_until(listener, app, stop_serving, grace, header_timeout).await;
+        listen::serve_until(listener, app, stop_serving, front, metrics).await;
         health_task.abort();
     });
     Ok(RouterHandle {

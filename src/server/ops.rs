@@ -39,6 +39,7 @@ pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     m.in_flight.reset();
     m.worker_healthy.reset();
     m.worker_kv_blocks.reset();
+    m.worker_warming.reset();
     m.circuit_state.reset();
     let now = std::time::Instant::now();
     let workers = state.fleet.workers();
@@ -71,6 +72,8 @@ pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
             ("restarts", r(&stats.restarts)),
             ("replays_ok", r(&stats.replays_ok)),
             ("replays_failed", r(&stats.replays_failed)),
+            ("replays_abandoned", r(&stats.replays_abandoned)),
+            ("duplicates", r(&stats.duplicates)),
             ("dropped", r(&stats.dropped)),
             ("disconnects", r(&stats.disconnects)),
         ] {
@@ -85,6 +88,11 @@ pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         m.worker_healthy
             .with_label_values(&[w.id()])
             .set(i64::from(w.is_healthy()));
+        if w.has_event_feed() {
+            m.worker_warming
+                .with_label_values(&[w.id()])
+                .set(i64::from(w.is_kv_warming()));
+        }
         if let Some(blocks) = w.kv_blocks() {
             m.worker_kv_blocks
                 .with_label_values(&[w.id()])

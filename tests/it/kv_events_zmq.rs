@@ -58,13 +58,25 @@ fn config_for(p: &Publisher) -> SubscriberConfig {
     c
 }
 
+/// The next event other than the warm-up replay's start and end marks.
 async fn next(rx: &mut mpsc::Receiver<WorkerEvent>) -> SubscriberEvent {
-    let msg = timeout(WAIT, rx.recv())
-        .await
-        .expect("no event within the time bound")
-        .expect("subscriber channel closed");
-    assert_eq!(&*msg.worker, "w1");
-    msg.event
+    loop {
+        let msg = timeout(WAIT, rx.recv())
+            .await
+            .expect("no event within the time bound")
+            .expect("subscriber channel closed");
+        assert_eq!(&*msg.worker, "w1");
+        if !is_warm_up_mark(&msg.event) {
+            return msg.event;
+        }
+    }
+}
+
+fn is_warm_up_mark(event: &SubscriberEvent) -> bool {
+    matches!(
+        event,
+        SubscriberEvent::Warming | SubscriberEvent::Warmed { .. }
+    )
 }
 
 async fn next_batch(rx: &mut mpsc::Receiver<WorkerEvent>) -> (u64, EventBatch) {
@@ -127,6 +139,9 @@ async fn a_late_subscriber_catches_up_from_the_replay_buffer() {
         latest = p.publish(&batch(1_000));
         let until = Instant::now() + Duration::from_millis(100);
         while let Ok(Some(msg)) = timeout_at(until, rx.recv()).await {
+            if is_warm_up_mark(&msg.event) {
+                continue;
+            }
             let SubscriberEvent::Batch { seq, batch: got } = msg.event else {
                 panic!("unexpected {:?}", msg.event);
             };
@@ -286,6 +301,7 @@ async fn a_restarted_publisher_resets_then_replays_from_zero() {
                     assert!(last_seq >= 100);
                     reset = true;
                 }
+                SubscriberEvent::Warming | SubscriberEvent::Warmed { .. } => {}
                 SubscriberEvent::Batch { seq, batch: got } if reset => {
                     assert_eq!(seq, expected);
                     assert_eq!(got, batch(500 + expected));

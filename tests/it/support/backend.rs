@@ -41,6 +41,9 @@ pub struct Behavior {
     pub hold_last_chunk: bool,
     /// Stream the first chunk, then break the connection.
     pub break_mid_stream: bool,
+    /// Stream the first chunk, then an in-band SSE error event (as vLLM and SGLang do when
+    /// generation fails after the 200 head), then end the stream.
+    pub error_event_mid_stream: bool,
     /// Status of GET /health.
     pub health_status: u16,
     /// (adapter, base model) pairs: `GET /v1/models` lists these models with the base as
@@ -56,6 +59,7 @@ impl Default for Behavior {
             chunk_delay: Duration::ZERO,
             hold_last_chunk: false,
             break_mid_stream: false,
+            error_event_mid_stream: false,
             health_status: 200,
             adapters: Vec::new(),
         }
@@ -259,6 +263,18 @@ fn async_stream(
             }
             if b.break_mid_stream {
                 let _ = tx.send(Err(std::io::Error::other("backend died"))).await;
+                return;
+            }
+            if b.error_event_mid_stream {
+                let ev = serde_json::json!({"error": {"message": "generation failed",
+                    "type": "InternalServerError", "param": null, "code": 500}});
+                if tx
+                    .send(Ok(Bytes::from(format!("data: {ev}\n\n"))))
+                    .await
+                    .is_ok()
+                {
+                    guard.done = true;
+                }
                 return;
             }
         }

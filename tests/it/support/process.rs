@@ -102,6 +102,16 @@ pub struct RouterProcess {
 impl RouterProcess {
     /// Starts `kvroute serve --config <file>` and waits until `/health` answers.
     pub async fn start(config_toml: &str) -> (RouterProcess, tempfile::NamedTempFile) {
+        RouterProcess::start_with(config_toml, &[], Stdio::null()).await
+    }
+
+    /// As [`RouterProcess::start`], with more flags and the child's stderr (its logs) going
+    /// to `stderr` (`Stdio::piped()` to read them from `child.stderr`).
+    pub async fn start_with(
+        config_toml: &str,
+        flags: &[&str],
+        stderr: Stdio,
+    ) -> (RouterProcess, tempfile::NamedTempFile) {
         let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let text = format!("listen = \"{addr}\"\n{config_toml}");
         let file = tempfile::NamedTempFile::new().unwrap();
@@ -109,9 +119,10 @@ impl RouterProcess {
         let child = Command::new(env!("CARGO_BIN_EXE_kvroute"))
             .args(["serve", "--config"])
             .arg(file.path())
+            .args(flags)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .expect("kvroute serve starts");
         let p = RouterProcess { addr, child };

@@ -1,0 +1,323 @@
+#!/usr/bin/env python3
+"""Checks the Kubernetes manifests of deploy/kubernetes (run by deploy/check.sh).
+
+For the base and every overlay: renders it with `kubectl kustomize` (warnings fail too),
+validates the output against the Kubernetes API schemas with kubernetes-validate (strict: an
+unknown or misspelt field fails), checks what the schemas cannot (probes on the right paths,
+security context, graceful termination longer than the config's shutdown_grace_s, selectors
+that match, the generated ConfigMap/Secret names wired into the pod, RBAC for discovery), then
+runs the pod's init-container script on the rendered ConfigMap and Secret and starts
+`kvroute serve` on the resulting config (on loopback), which must start, require an API key
+(the Secret's tenants were merged) and serve /health, /ready and /metrics.
+
+Usage: check_kubernetes.py --kubectl PATH --validator PATH --kvroute PATH [--dockerfile PATH]
+"""
+
+import argparse
+import base64
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+DEPLOY = Path(__file__).resolve().parent
+KUSTOMIZATIONS = [DEPLOY / "kubernetes/base"] + sorted(
+    p for p in (DEPLOY / "kubernetes/overlays").iterdir() if (p / "kustomization.yaml").exists()
+)
+# Oldest Kubernetes the manifests must be valid for, and the validator's newest.
+K8S_VERSIONS = ["1.29.0", None]
+UID = 10001
+
+failures: list[str] = []
+
+
+def check(ok: bool, what: str) -> bool:
+    print(f"  {'ok  ' if ok else 'FAIL'} {what}")
+    if not ok:
+        failures.append(what)
+    return ok
+
+
+def render(kubectl: str, path: Path) -> list[dict]:
+    proc = subprocess.run([kubectl, "kustomize", str(path)], capture_output=True, text=True)
+    if proc.returncode != 0 or proc.stderr.strip():
+        print(proc.stderr, file=sys.stderr)
+        check(False, f"kubectl kustomize {path.relative_to(DEPLOY.parent)} renders without warnings")
+        return []
+    check(True, f"kubectl kustomize {path.relative_to(DEPLOY.parent)} renders without warnings")
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+def validate(validator: str, docs: list[dict], name: str) -> None:
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        yaml.safe_dump_all(docs, f)
+    try:
+        for version in K8S_VERSIONS:
+            cmd = [validator, "--strict", "--quiet"]
+            if version:
+                cmd += ["-k", version]
+            proc = subprocess.run(cmd + [f.name], capture_output=True, text=True)
+            out = (proc.stdout + proc.stderr).strip()
+            ok = proc.returncode == 0 and "ERROR" not in out
+            if not ok:
+                print(out)
+            check(ok, f"{name}: {len(docs)} objects valid against the Kubernetes {version or 'latest'} schemas (strict)")
+    finally:
+        os.unlink(f.name)
+
+
+def one(docs: list[dict], kind: str) -> dict:
+    found = [d for d in docs if d["kind"] == kind]
+    check(len(found) == 1, f"exactly one {kind}")
+    return found[0] if found else {}
+
+
+def matches(selector: dict, labels: dict) -> bool:
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def semantics(docs: list[dict], name: str, overlay: bool) -> dict:
+    """Checks the schemas cannot express; returns the paths the pod mounts."""
+    print(f"{name}: semantics")
+    dep = one(docs, "Deployment")
+    svc = one(docs, "Service")
+    pdb = one(docs, "PodDisruptionBudget")
+    role = one(docs, "Role")
+    binding = one(docs, "RoleBinding")
+    sa = one(docs, "ServiceAccount")
+    cm = one(docs, "ConfigMap")
+    secret = one(docs, "Secret")
+    if not dep:
+        return {}
+    tpl = dep["spec"]["template"]
+    pod = tpl["spec"]
+    labels = tpl["metadata"].get("labels", {})
+    check(matches(dep["spec"]["selector"]["matchLabels"], labels), "Deployment selector matches its pod labels")
+    check(matches(svc.get("spec", {}).get("selector", {}), labels), "Service selects the router pods")
+    check(matches(pdb.get("spec", {}).get("selector", {}).get("matchLabels", {}), labels), "PodDisruptionBudget selects the router pods")
+    check("maxUnavailable" in pdb.get("spec", {}), "PodDisruptionBudget uses maxUnavailable (a 1-replica install can still be drained)")
+
+    # Security: pod and every container.
+    psc = pod.get("securityContext", {})
+    check(psc.get("runAsNonRoot") is True and psc.get("runAsUser") == UID, f"pod runs as non-root uid {UID}")
+    check(psc.get("seccompProfile", {}).get("type") == "RuntimeDefault", "pod seccomp profile RuntimeDefault")
+    containers = pod.get("containers", []) + pod.get("initContainers", [])
+    for c in containers:
+        sc = c.get("securityContext", {})
+        check(
+            sc.get("runAsNonRoot") is True
+            and sc.get("readOnlyRootFilesystem") is True
+            and sc.get("allowPrivilegeEscalation") is False
+            and sc.get("capabilities", {}).get("drop") == ["ALL"]
+            and not sc.get("capabilities", {}).get("add"),
+            f"container {c['name']}: non-root, read-only root filesystem, no privilege escalation, all capabilities dropped",
+        )
+        res = c.get("resources", {})
+        check(
+            all(k in res.get("requests", {}) for k in ("cpu", "memory"))
+            and "memory" in res.get("limits", {}),
+            f"container {c['name']}: cpu/memory requests and a memory limit",
+        )
+        image = c.get("image", "")
+        if overlay:
+            check(":" in image.rsplit("/", 1)[-1] and "/" in image, f"container {c['name']}: image {image} names a registry and a tag")
+
+    main = next((c for c in pod.get("containers", []) if c["name"] == "kvroute"), None)
+    if not check(main is not None, "a container named kvroute"):
+        return {}
+    ports = {p["name"]: p["containerPort"] for p in main.get("ports", [])}
+    live = main.get("livenessProbe", {}).get("httpGet", {})
+    ready = main.get("readinessProbe", {}).get("httpGet", {})
+    check(live.get("path") == "/health" and live.get("port") in ports, "liveness probe GET /health on a declared port")
+    check(ready.get("path") == "/ready" and ready.get("port") in ports, "readiness probe GET /ready on a declared port")
+    target = svc.get("spec", {}).get("ports", [{}])[0].get("targetPort")
+    check(target in ports, f"Service targetPort {target} is a container port")
+    env = {e["name"]: e.get("value") for e in main.get("env", [])}
+    listen = env.get("KVROUTE_LISTEN", "")
+    check(listen.endswith(f":{ports.get('http')}"), f"KVROUTE_LISTEN {listen} is the http container port")
+
+    # Volumes name the generated (hash-suffixed) ConfigMap and Secret.
+    vols = {v["name"]: v for v in pod.get("volumes", [])}
+    cm_names = [v["configMap"]["name"] for v in vols.values() if "configMap" in v]
+    secret_names = [v["secret"]["secretName"] for v in vols.values() if "secret" in v]
+    check(cm_names == [cm.get("metadata", {}).get("name")], f"pod mounts the rendered ConfigMap {cm_names}")
+    check(secret_names == [secret.get("metadata", {}).get("name")], f"pod mounts the rendered Secret {secret_names}")
+    mounts = {}
+    for c in containers:
+        for m in c.get("volumeMounts", []):
+            mounts[(c["name"], m["mountPath"])] = vols.get(m["name"], {})
+    config_path = env.get("KVROUTE_CONFIG", "")
+    check(
+        any(config_path.startswith(path + "/") for (cname, path) in mounts if cname == "kvroute"),
+        f"KVROUTE_CONFIG {config_path} lies in a volume the kvroute container mounts",
+    )
+
+    # Graceful termination: preStop sleep + shutdown_grace_s must fit in the grace period.
+    config = tomllib.loads(cm.get("data", {}).get("kvroute.toml", ""))
+    grace = config.get("server", {}).get("shutdown_grace_s", 30.0)
+    pre = main.get("lifecycle", {}).get("preStop", {})
+    cmd = pre.get("exec", {}).get("command", [])
+    sleep = float(cmd[-1]) if cmd and cmd[0].endswith("sleep") else float(pre.get("sleep", {}).get("seconds", 0))
+    check(sleep > 0, f"preStop waits ({sleep:g} s) so the endpoint is removed before SIGTERM")
+    tgps = pod.get("terminationGracePeriodSeconds", 30)
+    check(tgps > sleep + grace, f"terminationGracePeriodSeconds {tgps} > preStop {sleep:g} s + shutdown_grace_s {grace:g} s")
+
+    # RBAC for the coming discovery: read-only pods and endpointslices, bound to the pod's SA.
+    rules = {(g, r): set(rule["verbs"]) for rule in role.get("rules", []) for g in rule["apiGroups"] for r in rule["resources"]}
+    want = {"get", "list", "watch"}
+    check(rules.get(("", "pods")) == want, "Role: get/list/watch on pods, nothing more")
+    check(rules.get(("discovery.k8s.io", "endpointslices")) == want, "Role: get/list/watch on endpointslices, nothing more")
+    check(len(rules) == 2, "Role grants nothing else")
+    check(
+        binding.get("roleRef", {}).get("name") == role.get("metadata", {}).get("name")
+        and any(s.get("name") == pod.get("serviceAccountName") == sa.get("metadata", {}).get("name") for s in binding.get("subjects", [])),
+        "RoleBinding binds the Role to the pod's ServiceAccount",
+    )
+    if overlay:
+        ns = {d["metadata"].get("namespace") for d in docs if d["kind"] != "Namespace"}
+        check(len(ns) == 1 and None not in ns, f"every object in one namespace {ns}")
+    return {"pod": pod, "cm": cm, "secret": secret, "main": main, "mounts": mounts, "env": env}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str, data: bytes | None = None) -> tuple[int, str]:
+    req = urllib.request.Request(url, data=data, headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def run_config(kvroute: str, parts: dict, name: str) -> None:
+    """Runs the init container's script on the rendered ConfigMap and Secret, then kvroute."""
+    print(f"{name}: the pod's config, as kvroute reads it")
+    pod, main = parts["pod"], parts["main"]
+    init = next((c for c in pod.get("initContainers", []) if c["name"] == "config"), None)
+    if not check(init is not None and init["command"][:2] == ["/bin/sh", "-c"], "init container `config` runs a /bin/sh script"):
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        script = init["command"][2]
+        vols = {v["name"]: v for v in pod["volumes"]}
+        # Each volume the init container mounts becomes a directory; paths longest first.
+        for m in sorted(init["volumeMounts"], key=lambda m: -len(m["mountPath"])):
+            d = Path(tmp) / m["name"]
+            d.mkdir()
+            vol = vols[m["name"]]
+            if "configMap" in vol:
+                for k, v in parts["cm"]["data"].items():
+                    (d / k).write_text(v)
+            elif "secret" in vol:
+                for k, v in parts["secret"]["data"].items():
+                    (d / k).write_bytes(base64.b64decode(v))
+            script = script.replace(m["mountPath"] + "/", f"{d}/")
+        proc = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True)
+        check(proc.returncode == 0, f"init script ran ({proc.stderr.strip() or 'no error'})")
+        config_path = parts["env"]["KVROUTE_CONFIG"]
+        run_mount = next(m for m in main["volumeMounts"] if config_path.startswith(m["mountPath"] + "/"))
+        merged = Path(tmp) / run_mount["name"] / config_path[len(run_mount["mountPath"]) + 1 :]
+        if not check(merged.exists(), f"init script wrote {config_path}"):
+            return
+        text = merged.read_text()
+        conf = tomllib.loads(text)
+        check(len(conf.get("tenants", [])) >= 1 and "admin" in conf, "merged config has the Secret's [[tenants]] and [admin]")
+        check(len(conf.get("workers", [])) >= 1, f"merged config lists {len(conf.get('workers', []))} workers")
+
+        port = free_port()
+        env = dict(os.environ, KVROUTE_CONFIG=str(merged), KVROUTE_LISTEN=f"127.0.0.1:{port}", RUST_LOG="warn")
+        log = open(Path(tmp) / "kvroute.log", "w+")
+        # The argv of the image: ENTRYPOINT kvroute, the container's args.
+        proc = subprocess.Popen([kvroute] + main.get("args", ["serve"]), env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            base = f"http://127.0.0.1:{port}"
+            status = None
+            for _ in range(100):
+                if proc.poll() is not None:
+                    break
+                try:
+                    status, _ = get(base + "/health")
+                    break
+                except OSError:
+                    time.sleep(0.1)
+            alive = check(status == 200, "kvroute serve starts on this config and /health answers 200")
+            if alive:
+                status, body = get(base + "/ready")
+                check(status in (200, 503), f"/ready answers ({status}: {body.strip()[:80]})")
+                status, body = get(base + "/metrics")
+                check(status == 200 and "kvroute_build_info" in body, "/metrics serves kvroute_build_info")
+                status, body = get(base + "/v1/completions", b'{"model":"m","prompt":"hi","max_tokens":1}')
+                check(status == 401, f"/v1 without an API key is refused (got {status}): the tenants are in force")
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            log.seek(0)
+            out = log.read()
+            if failures:
+                print(out[-3000:])
+
+
+def dockerfile(path: Path, parts: dict) -> None:
+    """The image the manifests run must be the one the Dockerfile builds."""
+    lines = [l.strip() for l in path.read_text().splitlines() if l.strip() and not l.startswith("#")]
+    final = lines[max(i for i, l in enumerate(lines) if l.upper().startswith("FROM "))]
+    user = [l.split()[1] for l in lines if l.upper().startswith("USER ")]
+    expose = [l.split()[1] for l in lines if l.upper().startswith("EXPOSE ")]
+    main = parts["main"]
+    check(user[-1:] == [str(UID)], f"Dockerfile USER {user[-1:]} is the pods' uid {UID}")
+    ports = [str(p["containerPort"]) for p in main.get("ports", [])]
+    check(expose and expose[-1] in ports, f"Dockerfile EXPOSE {expose} is a container port {ports}")
+    # The init container's /bin/sh and cat, and the preStop's /bin/sleep, come from the base.
+    check(final.split()[1].startswith("debian:"), f"final image `{final}` has /bin/sh, cat and sleep")
+    check("ENTRYPOINT [\"/usr/local/bin/kvroute\"]" in lines and main.get("args") == ["serve"],
+          "image ENTRYPOINT kvroute + container args [serve]")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kubectl", required=True)
+    ap.add_argument("--validator", required=True)
+    ap.add_argument("--kvroute", required=True)
+    ap.add_argument("--dockerfile", type=Path)
+    args = ap.parse_args()
+    for path in KUSTOMIZATIONS:
+        name = str(path.relative_to(DEPLOY.parent))
+        print(f"{name}:")
+        docs = render(args.kubectl, path)
+        if not docs:
+            continue
+        validate(args.validator, docs, name)
+        parts = semantics(docs, name, overlay="overlays" in path.parts)
+        if parts:
+            if args.dockerfile:
+                dockerfile(args.dockerfile, parts)
+            run_config(args.kvroute, parts, name)
+    if failures:
+        print(f"kubernetes: {len(failures)} checks FAILED:")
+        for f in failures:
+            print(f"  - {f}")
+        return 1
+    print("kubernetes: all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
