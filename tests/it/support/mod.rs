@@ -4,6 +4,8 @@
 //! - [`engine`]: simulated engines in this process, publishing KV events over ZeroMQ;
 //! - [`process`]: `kvroute engine` / `kvroute serve` child processes and memory readings;
 //! - [`qwen3`]: the Qwen3 tokenizer fixture, loaded once per test binary;
+//! - [`vllm`], [`vllm_router`]: real vLLM engines as child processes, kvroute in front of them,
+//!   and the exactness check (the `real_vllm*` tests);
 //! - here: the fixtures directory, free ports, and polling until a condition holds.
 //!
 //! Everything is re-exported here, so a test writes `use crate::support::*;` or names the
@@ -17,6 +19,8 @@ pub mod backend;
 pub mod engine;
 pub mod process;
 pub mod qwen3;
+pub mod vllm;
+pub mod vllm_router;
 
 pub use backend::*;
 pub use engine::*;
