@@ -84,6 +84,11 @@ pub struct RequestView {
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     /// `add_generation_prompt` (vLLM extension; default true).
     pub add_generation_prompt: bool,
+    /// Whether the engine may serve the prompt from its prefix cache. vLLM skips reading the
+    /// cache for requests that want prompt logprobs (`prompt_logprobs`, or `echo` with
+    /// `logprobs` on completions: every prompt position must be computed to score it), and
+    /// reports `cached_tokens` 0 for them; routing must predict no reuse for them either.
+    pub reads_prefix_cache: bool,
 }
 
 /// Largest `max_tokens` accepted; beyond it no engine could serve the request.
@@ -207,6 +212,8 @@ impl RequestView {
         };
         let add_generation_prompt =
             opt_bool(f.add_generation_prompt, "add_generation_prompt")?.unwrap_or(true);
+        let echo = matches!(f.echo, Seen::Is(true)) && endpoint == Endpoint::Completions;
+        let reads_prefix_cache = !(f.prompt_logprobs || (echo && f.logprobs));
         Ok(RequestView {
             endpoint,
             model,
@@ -219,6 +226,7 @@ impl RequestView {
             tools,
             chat_template_kwargs,
             add_generation_prompt,
+            reads_prefix_cache,
         })
     }
 }

@@ -267,3 +267,53 @@ fn the_first_refused_message_names_the_error() {
         ])
     );
 }
+
+/// vLLM computes every prompt position of a request that asks for prompt logprobs, so it
+/// reads nothing from its prefix cache (`cached_tokens` 0, measured on vLLM 0.32).
+#[test]
+fn prompt_logprobs_skip_the_prefix_cache() {
+    let c = Endpoint::Completions;
+    let chat = Endpoint::ChatCompletions;
+    let reads = |ep, v: Value| parse(ep, v).unwrap().reads_prefix_cache;
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    assert!(reads(c, json!({"model": "m", "prompt": "hi"})));
+    assert!(!reads(
+        c,
+        json!({"model": "m", "prompt": "hi", "prompt_logprobs": 1})
+    ));
+    assert!(!reads(
+        c,
+        json!({"model": "m", "prompt": "hi", "prompt_logprobs": -1})
+    ));
+    assert!(reads(
+        c,
+        json!({"model": "m", "prompt": "hi", "prompt_logprobs": null})
+    ));
+    assert!(!reads(
+        c,
+        json!({"model": "m", "prompt": "hi", "echo": true, "logprobs": 0})
+    ));
+    assert!(reads(
+        c,
+        json!({"model": "m", "prompt": "hi", "echo": true})
+    ));
+    assert!(reads(
+        c,
+        json!({"model": "m", "prompt": "hi", "echo": false, "logprobs": 5})
+    ));
+    assert!(reads(
+        c,
+        json!({"model": "m", "prompt": "hi", "logprobs": 5})
+    ));
+    assert!(!reads(
+        chat,
+        json!({"model": "m", "messages": msgs, "prompt_logprobs": 2})
+    ));
+    assert!(reads(
+        chat,
+        json!({"model": "m", "messages": msgs, "logprobs": true})
+    ));
+    // The streaming reader sees the same.
+    let body = br#"{"model":"m","prompt":[1,2,3],"echo":true,"logprobs":1}"#;
+    assert!(!RequestView::from_json(c, body).unwrap().reads_prefix_cache);
+}

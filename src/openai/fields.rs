@@ -69,6 +69,12 @@ pub(super) struct Fields {
     /// An object; kept for chat, `None` for completions.
     pub chat_template_kwargs: Seen<Option<Map<String, Value>>>,
     pub add_generation_prompt: Seen<bool>,
+    /// `prompt_logprobs` (vLLM extension), given and not null.
+    pub prompt_logprobs: bool,
+    /// `echo` (completions).
+    pub echo: Seen<bool>,
+    /// `logprobs`, given and not null.
+    pub logprobs: bool,
 }
 
 /// A body: an object's fields, or anything else.
@@ -102,6 +108,9 @@ enum Key {
     Tools,
     ChatTemplateKwargs,
     AddGenerationPrompt,
+    PromptLogprobs,
+    Echo,
+    Logprobs,
     Unread,
 }
 
@@ -120,6 +129,9 @@ impl Key {
             "tools" => Key::Tools,
             "chat_template_kwargs" => Key::ChatTemplateKwargs,
             "add_generation_prompt" => Key::AddGenerationPrompt,
+            "prompt_logprobs" => Key::PromptLogprobs,
+            "echo" => Key::Echo,
+            "logprobs" => Key::Logprobs,
             _ => Key::Unread,
         }
     }
@@ -174,6 +186,13 @@ impl<'de> Visitor<'de> for BodySeed {
                 }
                 Key::AddGenerationPrompt => {
                     f.add_generation_prompt = map.next_value_seed(ScalarSeed)?.bool();
+                }
+                Key::PromptLogprobs => {
+                    f.prompt_logprobs = !matches!(map.next_value_seed(ScalarSeed)?, Scalar::Null);
+                }
+                Key::Echo => f.echo = map.next_value_seed(ScalarSeed)?.bool(),
+                Key::Logprobs => {
+                    f.logprobs = !matches!(map.next_value_seed(ScalarSeed)?, Scalar::Null);
                 }
                 Key::Prompt | Key::Messages | Key::Unread => {
                     map.next_value::<Skip>()?;

@@ -11,6 +11,7 @@ use std::time::Instant;
 use http::StatusCode;
 
 use super::AppState;
+use crate::index::Overlaps;
 use crate::openai::{ApiError, Input, Prompt, RequestView};
 use crate::routing::Analysis;
 use crate::tokens::TokenError;
@@ -61,7 +62,12 @@ pub(super) async fn analyse(
         Some(base) => hash_seed(base, Some(&view.model), cache_salt),
         None => hash_seed(&view.model, None, cache_salt),
     };
-    let analysis = state.decider.analyse(&ids, seed, block_size, state.now());
+    let mut analysis = state.decider.analyse(&ids, seed, block_size, state.now());
+    if !view.reads_prefix_cache {
+        // The engine will compute the whole prompt (it scores every position) but still cache
+        // its blocks: no reuse is predicted, the blocks are.
+        analysis.overlaps = Overlaps::default();
+    }
     Ok((analysis, view))
 }
 

@@ -202,6 +202,17 @@ async fn same_prefix_requests_concentrate_on_the_warm_worker() {
     let bytes = sample(&metrics, "kvroute_index_bytes")
         .unwrap_or_else(|| panic!("kvroute_index_bytes missing: {metrics}"));
     assert!(bytes > 0.0, "{bytes}");
+    // A request for prompt logprobs makes the engine compute every prompt position (vLLM reads
+    // nothing from its prefix cache for it): no reuse is predicted anywhere.
+    let body = json!({"model": MODEL, "prompt": format!("{system} another"), "prompt_logprobs": 1});
+    let v = support::post_json(&s.url("/debug/route"), &body).await;
+    let cached: Vec<u64> = v["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["overlap_blocks"].as_u64().unwrap())
+        .collect();
+    assert!(cached.iter().all(|&b| b == 0), "{v}");
     s.shutdown().await;
 }
 
