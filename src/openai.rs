@@ -12,11 +12,13 @@ use serde::Serialize;
 use serde::de::DeserializeSeed;
 use serde_json::Value;
 
-use fields::{PromptFault, Seen};
+use prompt::PromptFault;
+use walk::Seen;
 
 mod fields;
 mod messages;
 mod prompt;
+mod walk;
 
 /// Which OpenAI endpoint a body was sent to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

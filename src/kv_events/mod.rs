@@ -13,14 +13,15 @@ pub mod replay;
 pub mod sequence;
 mod stream;
 pub mod subscriber;
+mod subscription;
 pub mod wire;
 
 pub use decode::{DecodeError, decode_batch};
 pub use encode::{Layout, encode_batch};
 pub use publisher::{Publisher, PublisherConfig, PublisherError};
 pub use replay::{ReplayBound, ReplayError, ReplayLimits};
-pub use subscriber::{
-    DropReason, Subscriber, SubscriberConfig, SubscriberError, SubscriberEvent, SubscriberHandle,
-    SubscriberStats, WorkerEvent,
+pub use subscriber::{Subscriber, SubscriberError, SubscriberHandle};
+pub use subscription::{
+    DropReason, SubscriberConfig, SubscriberEvent, SubscriberStats, WorkerEvent,
 };
 pub use wire::{BlockRemoved, BlockStored, EngineHash, EventBatch, KvEvent};

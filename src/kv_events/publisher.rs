@@ -17,7 +17,7 @@ use std::time::Duration;
 use thiserror::Error;
 
 use super::encode::{Layout, encode_batch};
-use super::subscriber::zmq_context;
+use super::subscription::zmq_context;
 use super::wire::EventBatch;
 
 /// How a publisher binds and speaks.

@@ -28,7 +28,7 @@ use tokio::sync::mpsc::error::TrySendError;
 use super::decode::decode_batch;
 use super::replay::{self, ReplayBound, ReplayError, ReplayRun, Replayed};
 use super::sequence::{Arrival, SequenceTracker};
-use super::subscriber::{
+use super::subscription::{
     DropReason, SubscriberConfig, SubscriberEvent, SubscriberStats, WorkerEvent, bump, zmq_context,
 };
 use super::wire::KvEvent;

@@ -8,7 +8,7 @@ use serde::Deserialize as _;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
-use super::fields::{Scalar, ScalarSeed, Seen, drain_map, drain_seq};
+use super::walk::{Scalar, ScalarSeed, Seen, drain_map, drain_seq};
 
 /// `messages`: an array of message objects, kept as JSON (checked by the view). Parsing stops
 /// keeping at the first message the view will refuse: that one is replaced by a small stand-in

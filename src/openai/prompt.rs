@@ -7,7 +7,18 @@ use std::fmt;
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use super::Prompt;
-use super::fields::{PromptFault, Scalar, ScalarSeed, Seen, drain_map, drain_seq};
+use super::walk::{Scalar, ScalarSeed, Seen, drain_map, drain_seq};
+
+/// Why a `prompt` array is not one of the four allowed shapes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum PromptFault {
+    /// Mixed, non-integer or out-of-range items, or a non-array item in a batch.
+    Shape,
+    /// `[]`.
+    Empty,
+    /// `[[1], []]`.
+    EmptyTokenList,
+}
 
 /// `prompt`: a string, or an array whose first item decides the shape of the rest. Token ids
 /// are collected into a vector sized for the most the body's length can hold (two bytes per id),

@@ -139,13 +139,7 @@ pub(super) async fn drain(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
-    if let Err(e) = state.keys.admin(&headers) {
-        return e.into_response();
-    }
-    match state.lifecycle.drain(&id) {
-        Some(w) => Json(describe(&state, &w)).into_response(),
-        None => not_found(&id).into_response(),
-    }
+    set_draining(&state, &headers, &id, true)
 }
 
 /// `POST /admin/workers/{id}/undrain`
@@ -154,12 +148,22 @@ pub(super) async fn undrain(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
-    if let Err(e) = state.keys.admin(&headers) {
+    set_draining(&state, &headers, &id, false)
+}
+
+/// Drains or undrains worker `id` for the admin, answering with the worker as it now is.
+fn set_draining(state: &AppState, headers: &HeaderMap, id: &str, draining: bool) -> Response {
+    if let Err(e) = state.keys.admin(headers) {
         return e.into_response();
     }
-    match state.lifecycle.undrain(&id) {
-        Some(w) => Json(describe(&state, &w)).into_response(),
-        None => not_found(&id).into_response(),
+    let worker = if draining {
+        state.lifecycle.drain(id)
+    } else {
+        state.lifecycle.undrain(id)
+    };
+    match worker {
+        Some(w) => Json(describe(state, &w)).into_response(),
+        None => not_found(id).into_response(),
     }
 }
 
