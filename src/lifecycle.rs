@@ -11,11 +11,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use thiserror::Error;
 
-use crate::config::ModelConfig;
+use crate::config::{DEFAULT_BLOCK_SIZE, ModelConfig};
 use crate::fleet::WorkerId;
 use crate::fleet::health::CapacityHook;
 use crate::fleet::{AddError, BreakerConfig, DownHook, Fleet, Worker, WorkerSpec};
-use crate::index::{Holdings, WorkerFeed};
+use crate::index::{FeedModel, Holdings, WorkerFeed};
 use crate::kv_events::{ReplayLimits, SubscriberConfig, SubscriberStats};
 use crate::metrics::Metrics;
 use crate::policy::Policy;
@@ -52,6 +52,10 @@ pub struct Lifecycle {
     metrics: Metrics,
     /// Models configured as LoRA adapters (their blocks carry their own name).
     adapters: Vec<String>,
+    /// Block size of each configured model; others have `default_block_size`. A worker's
+    /// events with blocks of another size are not indexed (`index::feed`).
+    block_sizes: HashMap<String, u32>,
+    default_block_size: u32,
     /// KV-event feeds, by worker.
     feeds: Mutex<HashMap<WorkerId, WorkerFeed>>,
     /// Bounds of the feeds' replays.
@@ -81,6 +85,11 @@ impl Lifecycle {
                 .filter(|m| m.base_model.is_some())
                 .map(|m| m.name.clone())
                 .collect(),
+            block_sizes: models
+                .iter()
+                .map(|m| (m.name.clone(), m.block_size))
+                .collect(),
+            default_block_size: DEFAULT_BLOCK_SIZE,
             feeds: Mutex::new(HashMap::new()),
             replay_limits: ReplayLimits::default(),
         }
@@ -89,6 +98,13 @@ impl Lifecycle {
     /// Bounds every feed's replays by `limits` (`[kv_events]`); set before [`Lifecycle::start`].
     pub fn with_replay_limits(mut self, limits: ReplayLimits) -> Lifecycle {
         self.replay_limits = limits;
+        self
+    }
+
+    /// The block size of models not listed in `[[models]]` (`tokens.default_block_size`);
+    /// set before [`Lifecycle::start`].
+    pub fn with_default_block_size(mut self, block_size: u32) -> Lifecycle {
+        self.default_block_size = block_size;
         self
     }
 
@@ -215,11 +231,17 @@ impl Lifecycle {
         // models learns them at its first health check.
         let worker = Arc::clone(w);
         let adapters = self.adapters.clone();
+        let (block_sizes, default_block_size) = (self.block_sizes.clone(), self.default_block_size);
         let model = move || {
-            worker
+            let name = worker
                 .models()
                 .into_iter()
-                .find(|m| !adapters.contains(m) && worker.adapter_base(m).is_none())
+                .find(|m| !adapters.contains(m) && worker.adapter_base(m).is_none())?;
+            let block_size = block_sizes
+                .get(&name)
+                .copied()
+                .unwrap_or(default_block_size);
+            Some(FeedModel { name, block_size })
         };
         let warming = {
             let worker = Arc::clone(w);

@@ -12,6 +12,7 @@
 //! nothing behind.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
@@ -19,8 +20,8 @@ use tokio::sync::mpsc;
 use super::holdings::Holdings;
 use crate::fleet::WorkerId;
 use crate::kv_events::{
-    Subscriber, SubscriberConfig, SubscriberError, SubscriberEvent, SubscriberHandle,
-    SubscriberStats,
+    EventBatch, KvEvent, Subscriber, SubscriberConfig, SubscriberError, SubscriberEvent,
+    SubscriberHandle, SubscriberStats,
 };
 use crate::tokens::HashSeed;
 use crate::tokens::model::hash_seed;
@@ -35,11 +36,25 @@ const QUEUE: usize = 4096;
 const MODEL_WAIT: Duration = Duration::from_secs(10);
 
 /// The worker's base model, whose name seeds its blocks' hashes; `None` while unknown.
-pub type ModelOf = Box<dyn Fn() -> Option<String> + Send + Sync>;
+pub type ModelOf = Box<dyn Fn() -> Option<FeedModel> + Send + Sync>;
+
+/// What a feed must know of its worker's model: the name that seeds the worker's block
+/// hashes, and the block size kvroute hashes that model's requests in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FeedModel {
+    /// The model's name.
+    pub name: String,
+    /// `[[models]] block_size` (or the default): tokens per block of its requests' hashes.
+    pub block_size: u32,
+}
 
 /// Told `true` when the worker's warm-up replay starts and `false` once its batches are
 /// applied (or it failed, or the feed stopped).
 pub type WarmingHook = Box<dyn Fn(bool) + Send + Sync>;
+
+/// At most one warning per this interval for a worker whose blocks have another size than its
+/// model's (every batch it publishes has them).
+const BLOCK_SIZE_LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// At most one warning per this interval for undecodable batches (a flood of bad payloads
 /// must not flood the log; `kvroute_kv_events_total{kind="undecodable"}` counts them all).
@@ -74,10 +89,12 @@ impl WorkerFeed {
     ) -> Result<WorkerFeed, SubscriberError> {
         let (tx, mut rx) = mpsc::channel(QUEUE);
         let subscriber = Subscriber::spawn(config, tx)?;
+        let stats = Arc::clone(subscriber.stats());
         let index = Arc::clone(&holdings);
         let task = tokio::spawn(async move {
             let mut model_wait = ModelWait::default();
             let mut undecodable = Throttle::new(UNDECODABLE_LOG_EVERY);
+            let mut other_size = Throttle::new(BLOCK_SIZE_LOG_EVERY);
             // Whatever ends the task (a stop, a closed channel), the worker is not warming.
             let warming = WarmingGuard(warming);
             while let Some(msg) = rx.recv().await {
@@ -90,7 +107,24 @@ impl WorkerFeed {
                             index.exact.count_skipped(batch.events.len() as u64);
                             continue;
                         };
-                        index.exact.apply(worker, &batch, &seeds_for(&model));
+                        let (batch, refused) = same_block_size(batch, model.block_size);
+                        if let Some(refused) = refused {
+                            index.exact.count_skipped(refused.events);
+                            stats
+                                .block_size_mismatch
+                                .fetch_add(refused.events, Ordering::Relaxed);
+                            if let Some(suppressed) = other_size.allow(Instant::now()) {
+                                tracing::error!(
+                                    worker = %msg.worker,
+                                    model = %model.name,
+                                    engine_block_size = refused.block_size,
+                                    model_block_size = model.block_size,
+                                    suppressed,
+                                    "the worker's engine stores KV blocks of another size than its model's block_size: its blocks can never match a request, so they are not indexed and the worker is routed as if its cache were cold; run the engine with the model's block (page) size, or serve it under another model name with its own block_size"
+                                );
+                            }
+                        }
+                        index.exact.apply(worker, &batch, &seeds_for(&model.name));
                     }
                     SubscriberEvent::Reset { last_seq, seq } => {
                         tracing::info!(worker = %msg.worker, last_seq, seq, "KV-event publisher restarted; worker starts cold");
@@ -145,6 +179,35 @@ impl WorkerFeed {
     }
 }
 
+/// Stored blocks of another size than the model's, left out of a batch.
+#[derive(Debug, PartialEq, Eq)]
+struct Refused {
+    /// `BlockStored` events left out.
+    events: u64,
+    /// The (first) size they had.
+    block_size: u32,
+}
+
+/// `batch` without the `BlockStored` events whose block size is not `block_size`, and what
+/// was left out. Such blocks are hashed from chunks of another length than requests are, so
+/// they could never match one: indexing them would only spend memory. Removals and clears
+/// are kept (a removal of a block never stored is counted and ignored).
+fn same_block_size(mut batch: EventBatch, block_size: u32) -> (EventBatch, Option<Refused>) {
+    let mut refused: Option<Refused> = None;
+    batch.events.retain(|e| match e {
+        KvEvent::Stored(s) if s.block_size != block_size => {
+            let r = refused.get_or_insert(Refused {
+                events: 0,
+                block_size: s.block_size,
+            });
+            r.events += 1;
+            false
+        }
+        _ => true,
+    });
+    (batch, refused)
+}
+
 /// Waits for a worker's model to become known, up to [`MODEL_WAIT`] from the first batch that
 /// found it unknown; later batches of the same unknown spell are skipped without waiting.
 #[derive(Default)]
@@ -155,7 +218,7 @@ struct ModelWait {
 }
 
 impl ModelWait {
-    async fn model(&mut self, model: &ModelOf) -> Option<String> {
+    async fn model(&mut self, model: &ModelOf) -> Option<FeedModel> {
         loop {
             if let Some(m) = model() {
                 self.since = None;
@@ -229,6 +292,36 @@ impl Drop for WorkerFeed {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn stored(block_size: u32) -> KvEvent {
+        KvEvent::Stored(crate::kv_events::BlockStored {
+            block_hashes: vec![crate::kv_events::EngineHash(1)],
+            token_ids: vec![7; block_size as usize],
+            block_size,
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn blocks_of_another_size_are_left_out_and_counted() {
+        let batch = EventBatch {
+            ts: 0.0,
+            events: vec![stored(16), stored(32), KvEvent::AllCleared, stored(32)],
+            dp_rank: None,
+        };
+        let (kept, refused) = same_block_size(batch, 16);
+        assert_eq!(kept.events, vec![stored(16), KvEvent::AllCleared]);
+        assert_eq!(
+            refused,
+            Some(Refused {
+                events: 2,
+                block_size: 32
+            })
+        );
+        let (kept, refused) = same_block_size(kept, 16);
+        assert_eq!(kept.events.len(), 2);
+        assert_eq!(refused, None);
+    }
 
     #[test]
     fn twenty_thousand_bad_batches_write_one_line_per_interval() {

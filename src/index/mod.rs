@@ -52,7 +52,7 @@ pub mod workload;
 
 pub use approx::{ApproxConfig, ApproxIndex};
 pub use exact::{Applied, ChainHolders, IndexConfig, KvIndex, SeedFor, WRITE_CHUNK};
-pub use feed::{WorkerFeed, seeds_for};
+pub use feed::{FeedModel, WorkerFeed, seeds_for};
 pub use holdings::Holdings;
 pub use overlaps::Overlaps;
 pub use stats::{IndexStats, StatsSnapshot};

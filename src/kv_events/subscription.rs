@@ -156,6 +156,9 @@ pub struct SubscriberStats {
     pub dropped: AtomicU64,
     /// Connections to the publisher that dropped.
     pub disconnects: AtomicU64,
+    /// `BlockStored` events left out because their block size is not the model's (counted
+    /// by the worker's index feed, `index::feed`).
+    pub block_size_mismatch: AtomicU64,
 }
 
 pub(super) fn bump(counter: &AtomicU64, n: u64) {

@@ -101,7 +101,8 @@ impl AppState {
                 metrics.clone(),
                 &config.models,
             )
-            .with_replay_limits(config.replay_limits),
+            .with_replay_limits(config.replay_limits)
+            .with_default_block_size(config.default_block_size),
         );
         Ok(AppState {
             decider: Decider::new(Arc::clone(&policy), Arc::clone(&holdings)),

@@ -76,6 +76,7 @@ pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
             ("duplicates", r(&stats.duplicates)),
             ("dropped", r(&stats.dropped)),
             ("disconnects", r(&stats.disconnects)),
+            ("block_size_mismatch", r(&stats.block_size_mismatch)),
         ] {
             sync_counter(&m.kv_stream.with_label_values(&[w.id(), kind]), value);
         }

@@ -43,13 +43,36 @@ impl SimEngine {
         seed: u64,
         speedup: f64,
     ) -> SimEngine {
+        let core = EngineCoreArgs {
+            engine_speedup: speedup,
+            ..EngineCoreArgs::default()
+        };
+        SimEngine::start_with(model, addr, events, replay, seed, core).await
+    }
+
+    /// Starts an engine serving `model` on ephemeral ports with `block_size` tokens per KV block.
+    pub async fn start_with_block_size(model: &str, block_size: usize) -> SimEngine {
+        let core = EngineCoreArgs {
+            block_size,
+            ..EngineCoreArgs::default()
+        };
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        let (events, replay) = ("tcp://127.0.0.1:*", "tcp://127.0.0.1:*");
+        SimEngine::start_with(model, any, events, replay, 0, core).await
+    }
+
+    async fn start_with(
+        model: &str,
+        addr: SocketAddr,
+        events: &str,
+        replay: &str,
+        seed: u64,
+        core: EngineCoreArgs,
+    ) -> SimEngine {
         let args = EngineArgs {
             model: model.into(),
             kv_events_endpoint: "none".into(),
-            core: EngineCoreArgs {
-                engine_speedup: speedup,
-                ..EngineCoreArgs::default()
-            },
+            core,
             seed,
             ..EngineArgs::default()
         };

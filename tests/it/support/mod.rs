@@ -4,8 +4,11 @@
 //! - [`engine`]: simulated engines in this process, publishing KV events over ZeroMQ;
 //! - [`process`]: `kvroute engine` / `kvroute serve` child processes and memory readings;
 //! - [`qwen3`]: the Qwen3 tokenizer fixture, loaded once per test binary;
-//! - [`vllm`], [`vllm_router`]: real vLLM engines as child processes, kvroute in front of them,
-//!   and the exactness check (the `real_vllm*` tests);
+//! - [`real_engine`]: what real engines share as child processes (cache, ports, process
+//!   group, readiness, stop by id); [`vllm`] and [`sglang`] launch vLLM and SGLang with it;
+//! - [`real_router`], [`request_kinds`]: kvroute in front of real engines, the exactness
+//!   check and the request kinds it is made on; [`real_scenarios`]: eviction, tenants, the SDK,
+//!   routing and restarts on either engine (the `real_vllm*` and `real_sglang*` tests);
 //! - here: the fixtures directory, free ports, and polling until a condition holds.
 //!
 //! Everything is re-exported here, so a test writes `use crate::support::*;` or names the
@@ -19,8 +22,12 @@ pub mod backend;
 pub mod engine;
 pub mod process;
 pub mod qwen3;
+pub mod real_engine;
+pub mod real_router;
+pub mod real_scenarios;
+pub mod request_kinds;
+pub mod sglang;
 pub mod vllm;
-pub mod vllm_router;
 
 pub use backend::*;
 pub use engine::*;

@@ -1,9 +1,9 @@
-//! kvroute (in this process) in front of real vLLM engines, and the exactness check: for each
-//! request, `/debug/route`'s predicted reuse on the worker that then serves it must equal the
-//! `cached_tokens` that engine reports.
+//! kvroute (in this process) in front of real engines (vLLM or SGLang), and the exactness
+//! check: for each request, `/debug/route`'s predicted reuse on the worker that then serves it
+//! must equal the `cached_tokens` that engine reports.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use kvroute::config::Config;
@@ -12,7 +12,19 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 
-use super::vllm::{VLLM_BLOCK, VLLM_LORA, VLLM_MODEL, VllmEngine, VllmSetup};
+use super::real_engine::EngineProc;
+
+/// The tiny model's name as clients send it (both engines serve it under this name).
+pub const MODEL: &str = "tiny-qwen3";
+/// Its LoRA adapter's name.
+pub const LORA: &str = "tiny-qwen3-lora";
+
+/// What the router must be told about the engines' model: its tokenizer directory and the
+/// engines' KV block (page) size.
+pub trait RouterModel {
+    fn tokenizer_dir(&self) -> PathBuf;
+    fn block_size(&self) -> u32;
+}
 
 /// The admin key of routers started with tenants.
 pub const ADMIN_KEY: &str = "admin-key";
@@ -23,21 +35,22 @@ pub type Tenant = (&'static str, &'static str);
 /// The router's config for `engines`: the tiny model with the engines' tokenizer and block
 /// size, the LoRA adapter on it, and each engine's event and replay endpoints.
 pub fn router_config(
-    setup: &VllmSetup,
-    engines: &[VllmEngine],
+    setup: &impl RouterModel,
+    engines: &[EngineProc],
     policy: &str,
     tenants: &[Tenant],
 ) -> Config {
     let mut text = format!(
         "policy = \"{policy}\"\nshutdown_grace_s = 1.0\n[health]\ninterval_s = 0.5\n\
          [kv_aware]\ncalibrate = false\n\
-         [[models]]\nname = \"{VLLM_MODEL}\"\ntokenizer = \"{}\"\nblock_size = {VLLM_BLOCK}\n\
-         [[models]]\nname = \"{VLLM_LORA}\"\nbase_model = \"{VLLM_MODEL}\"\n",
-        setup.model.display()
+         [[models]]\nname = \"{MODEL}\"\ntokenizer = \"{}\"\nblock_size = {}\n\
+         [[models]]\nname = \"{LORA}\"\nbase_model = \"{MODEL}\"\n",
+        setup.tokenizer_dir().display(),
+        setup.block_size()
     );
     for e in engines {
         text += &format!(
-            "[[workers]]\nid = \"{}\"\nurl = \"{}\"\nmodels = [\"{VLLM_MODEL}\", \"{VLLM_LORA}\"]\n\
+            "[[workers]]\nid = \"{}\"\nurl = \"{}\"\nmodels = [\"{MODEL}\", \"{LORA}\"]\n\
              kv_events = \"{}\"\nkv_replay = \"{}\"\n",
             e.name,
             e.url(),
@@ -54,7 +67,7 @@ pub fn router_config(
         }
         text += &format!("[admin]\napi_key_sha256 = \"{}\"\n", sha256_hex(ADMIN_KEY));
     }
-    Config::from_toml(&text, Path::new("real_vllm")).expect("router config")
+    Config::from_toml(&text, Path::new("real_engines")).expect("router config")
 }
 
 fn sha256_hex(s: &str) -> String {
@@ -86,17 +99,20 @@ impl Outcome {
 }
 
 /// A router in this process, in front of real engines.
-pub struct VllmRouter {
+pub struct RealRouter {
     pub handle: RouterHandle,
+    /// The engines' block size (the model's, in the router's config).
+    block: u32,
     http: reqwest::Client,
 }
 
-impl VllmRouter {
-    pub async fn start(config: &Config) -> VllmRouter {
+impl RealRouter {
+    pub async fn start(config: &Config) -> RealRouter {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind router");
         let handle = kvroute::server::start(config, listener).expect("router starts");
-        VllmRouter {
+        RealRouter {
             handle,
+            block: config.model(MODEL).block_size,
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(120))
                 .build()
@@ -186,14 +202,14 @@ impl VllmRouter {
             engine_prompt_tokens: usage["prompt_tokens"].as_u64().unwrap_or(0),
             body: answer,
         };
-        let full = outcome.engine_prompt_tokens.saturating_sub(1) / u64::from(VLLM_BLOCK);
+        let full = outcome.engine_prompt_tokens.saturating_sub(1) / u64::from(self.block);
         self.settle(body, tenant, &worker, full).await;
         outcome
     }
 
     /// Waits until the index holds at least `blocks` of `body`'s blocks on `worker` and the
-    /// worker's event stream has gone quiet (no new batch for 300 ms; vLLM publishes once per
-    /// engine step, and an idle engine takes no steps).
+    /// worker's event stream has gone quiet (no new batch for 300 ms; engines publish once per
+    /// step, and an idle engine takes no steps).
     pub async fn settle(&self, body: &Value, tenant: Option<&Tenant>, worker: &str, blocks: u64) {
         let end = Instant::now() + Duration::from_secs(30);
         while Instant::now() < end {
@@ -280,10 +296,10 @@ impl Exactness {
 
 /// `json!` body of a completion for the tiny model.
 pub fn completion(prompt: impl Into<Value>, max_tokens: u32) -> Value {
-    json!({"model": VLLM_MODEL, "prompt": prompt.into(), "max_tokens": max_tokens, "temperature": 0})
+    json!({"model": MODEL, "prompt": prompt.into(), "max_tokens": max_tokens, "temperature": 0})
 }
 
 /// `json!` body of a chat for the tiny model.
 pub fn chat(messages: Value, max_tokens: u32) -> Value {
-    json!({"model": VLLM_MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 0})
+    json!({"model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 0})
 }

@@ -1,0 +1,58 @@
+//! kvroute in front of real SGLang engines (0.5.23's CPU engine, the tiny random-weight Qwen3
+//! with the project's Qwen3 tokenizer): what the router predicts an engine will reuse must be
+//! what the engine then reports (`--enable-cache-report`), request by request. SGLang differs
+//! from vLLM where kvroute must cope: signed 64-bit block hashes (negative ones occur), many
+//! blocks per `BlockRemoved`, an `AllBlocksCleared` at sequence 0, page size 16.
+//!
+//! Ignored by default (they need `scripts/real-engines/sglang-setup.sh`, ~7 GB); `.ci/run` runs
+//! them with `cargo test --test it real_sglang -- --ignored --test-threads=1`. Each test starts
+//! at most two engines (~20 s, ~4.5 GB each) and stops them, also when it fails. Run with
+//! `--nocapture` to see the tables. The scenarios are shared with the vLLM suite
+//! (`support/request_kinds.rs`, `support/real_scenarios.rs`); what SGLang does not support
+//! (LoRA on its CPU engine, `prompt_logprobs`) is explained in `docs/real-sglang.md`.
+
+use crate::support::real_router::{Exactness, RealRouter, router_config};
+use crate::support::real_scenarios::{
+    evicting_cache, tenant_salts, the_official_openai_python_sdk_streams,
+};
+use crate::support::request_kinds::{client_salt_requests, common_request_kinds};
+use crate::support::sglang::{SglangEngine, SglangOptions, SglangSetup};
+
+/// Every request kind kvroute tokenizes differently, clients' and tenants' salts, and the
+/// official SDK streaming, on two engines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs real SGLang: scripts/real-engines/sglang-setup.sh; run by .ci/run"]
+async fn predicted_reuse_equals_sglang_cached_tokens_for_every_request_kind() {
+    let setup = SglangSetup::locate();
+    let engines = SglangEngine::start_all(&setup, 2, &SglangOptions::default()).await;
+    for e in &engines {
+        println!("engine {} RSS {:.0} MiB", e.name, e.rss_mib());
+    }
+    let router = RealRouter::start(&router_config(&setup, &engines, "kv_aware", &[])).await;
+    let mut table = Exactness::default();
+    common_request_kinds(&router, &mut table).await;
+    client_salt_requests(&router, &mut table).await;
+    the_official_openai_python_sdk_streams(&setup.python, &router).await;
+    router.shutdown().await;
+    tenant_salts(&setup, &engines, &mut table).await;
+    table.print("request kinds, 2 SGLang engines");
+    table.assert_all_exact();
+}
+
+/// A cache of 1,024 tokens (64 pages of 16) per engine under ten prompts of ~20–40 pages:
+/// SGLang's radix cache evicts, publishes `BlockRemoved` (several blocks per event), and the
+/// prediction follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs real SGLang: scripts/real-engines/sglang-setup.sh; run by .ci/run"]
+async fn predicted_reuse_stays_exact_while_a_small_sglang_cache_evicts() {
+    let setup = SglangSetup::locate();
+    let options = SglangOptions {
+        max_total_tokens: 1024,
+        context_length: 1024,
+    };
+    let engines = SglangEngine::start_all(&setup, 2, &options).await;
+    let mut table = Exactness::default();
+    evicting_cache(&setup, &engines, &mut table).await;
+    table.print("1,024-token caches, 2 SGLang engines");
+    table.assert_all_exact();
+}
