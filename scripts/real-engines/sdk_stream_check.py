@@ -1,4 +1,4 @@
-"""Streams through kvroute to a real vLLM with the official `openai` SDK.
+"""Streams through kvroute to a real engine (vLLM or SGLang) with the official `openai` SDK.
 
 Usage: sdk_stream_check.py BASE_URL MODEL PROMPT
 Prints one line per check and `sdk checks: all ok` at the end; exits non-zero on a failure.
