@@ -82,6 +82,8 @@ pub struct RequestView {
     pub include_usage: bool,
     /// `tools` for chat templates, if given.
     pub tools: Option<Value>,
+    /// `tool_choice` of a chat, if given (SGLang renders no tools for `"none"`).
+    pub tool_choice: Option<Value>,
     /// `chat_template_kwargs`, if given.
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     /// `add_generation_prompt` (vLLM extension; default true).
@@ -226,6 +228,7 @@ impl RequestView {
             cache_salt,
             include_usage,
             tools,
+            tool_choice: f.tool_choice.filter(|v| !v.is_null()),
             chat_template_kwargs,
             add_generation_prompt,
             reads_prefix_cache,

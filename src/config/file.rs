@@ -111,6 +111,7 @@ pub(super) struct FileModel {
     pub(super) block_size: Option<u32>,
     pub(super) forward_cache_salt: Option<bool>,
     pub(super) base_model: Option<String>,
+    pub(super) engine: Option<String>,
 }
 
 #[derive(Deserialize, Debug, Default)]

@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 use super::file::{FileModel, FileTokens};
 use super::{ConfigError, invalid};
-use crate::tokens::ModelSource;
 pub use crate::tokens::TokenizerSource;
+use crate::tokens::{EngineKind, ModelSource};
 
 /// KV block size of models not listed in `[[models]]` (vLLM's default `--block-size`).
 pub const DEFAULT_BLOCK_SIZE: u32 = 16;
@@ -31,6 +31,9 @@ pub struct ModelConfig {
     /// with the base model's tokenizer and hashed as the base model with this adapter, as the
     /// engine's KV events name its blocks (`lora_name`).
     pub base_model: Option<String>,
+    /// The engine kind serving it (`engine = "vllm"` (default) or `"sglang"`): SGLang renders
+    /// chat tools differently (`tokens::engine_tools`). One model's workers run one kind.
+    pub engine: EngineKind,
 }
 
 impl ModelConfig {
@@ -40,6 +43,7 @@ impl ModelConfig {
             name: &self.name,
             tokenizer: &self.tokenizer,
             block_size: self.block_size as usize,
+            engine: self.engine,
         }
     }
 }
@@ -53,6 +57,7 @@ impl ModelConfig {
             block_size,
             forward_cache_salt: DEFAULT_FORWARD_CACHE_SALT,
             base_model: None,
+            engine: EngineKind::default(),
         }
     }
 }
@@ -125,6 +130,7 @@ fn model(
         for (k, set) in [
             ("tokenizer", m.tokenizer.is_some()),
             ("block_size", m.block_size.is_some()),
+            ("engine", m.engine.is_some()),
         ] {
             if set {
                 return Err(invalid(
@@ -142,12 +148,22 @@ fn model(
             "must name the model this LoRA adapter runs on, not be empty or the adapter itself",
         ));
     }
+    let engine = match m.engine.as_deref() {
+        None => EngineKind::default(),
+        Some(e) => EngineKind::parse(e).ok_or_else(|| {
+            invalid(
+                format!("{key}.engine"),
+                format!("`{e}` is not an engine kind; use \"vllm\" or \"sglang\""),
+            )
+        })?,
+    };
     Ok(ModelConfig {
         name: m.name,
         tokenizer,
         block_size,
         forward_cache_salt: m.forward_cache_salt.unwrap_or(DEFAULT_FORWARD_CACHE_SALT),
         base_model: m.base_model,
+        engine,
     })
 }
 

@@ -103,6 +103,15 @@ fn the_example_config_uses_no_deprecated_key() {
 }
 
 #[test]
+fn a_model_names_the_engine_kind_that_renders_its_chats() {
+    let c =
+        load("[[models]]\nname = \"s\"\nengine = \"sglang\"\n[[models]]\nname = \"v\"").unwrap();
+    assert_eq!(c.model("s").engine, crate::tokens::EngineKind::Sglang);
+    assert_eq!(c.model("v").engine, crate::tokens::EngineKind::Vllm);
+    assert_eq!(c.model("unlisted").engine, crate::tokens::EngineKind::Vllm);
+}
+
+#[test]
 fn lora_adapters_name_their_base_model_and_take_its_tokenizer() {
     let c = load("[[models]]\nname = \"base\"\n[[models]]\nname = \"sql\"\nbase_model = \"base\"")
         .unwrap();
@@ -119,6 +128,11 @@ fn lora_adapters_name_their_base_model_and_take_its_tokenizer() {
             "base_model = \"b\"\ntokenizer = \"builtin\"",
             "models[0].tokenizer",
         ),
+        (
+            "base_model = \"b\"\nengine = \"sglang\"",
+            "models[0].engine",
+        ),
+        ("engine = \"trt\"", "models[0].engine"),
     ] {
         let e = load(&format!("[[models]]\nname = \"sql\"\n{extra}"))
             .unwrap_err()

@@ -42,6 +42,8 @@ pub(super) struct Fields {
     pub stream_options: Seen<Seen<bool>>,
     /// An array; kept for chat (the template reads it), `None` for completions.
     pub tools: Seen<Option<Value>>,
+    /// Chat only (else skipped), as JSON: engines differ in which tools they render for it.
+    pub tool_choice: Option<Value>,
     /// An object; kept for chat, `None` for completions.
     pub chat_template_kwargs: Seen<Option<Map<String, Value>>>,
     pub add_generation_prompt: Seen<bool>,
@@ -82,6 +84,7 @@ enum Key {
     CacheSalt,
     StreamOptions,
     Tools,
+    ToolChoice,
     ChatTemplateKwargs,
     AddGenerationPrompt,
     PromptLogprobs,
@@ -103,6 +106,7 @@ impl Key {
             "cache_salt" => Key::CacheSalt,
             "stream_options" => Key::StreamOptions,
             "tools" => Key::Tools,
+            "tool_choice" => Key::ToolChoice,
             "chat_template_kwargs" => Key::ChatTemplateKwargs,
             "add_generation_prompt" => Key::AddGenerationPrompt,
             "prompt_logprobs" => Key::PromptLogprobs,
@@ -157,6 +161,7 @@ impl<'de> Visitor<'de> for BodySeed {
                 Key::CacheSalt => f.cache_salt = map.next_value_seed(ScalarSeed)?.string(),
                 Key::StreamOptions => f.stream_options = map.next_value_seed(StreamOptionsSeed)?,
                 Key::Tools => f.tools = map.next_value_seed(ToolsSeed { keep: chat })?,
+                Key::ToolChoice if chat => f.tool_choice = Some(map.next_value::<Value>()?),
                 Key::ChatTemplateKwargs => {
                     f.chat_template_kwargs = map.next_value_seed(KwargsSeed { keep: chat })?;
                 }
@@ -170,7 +175,7 @@ impl<'de> Visitor<'de> for BodySeed {
                 Key::Logprobs => {
                     f.logprobs = !matches!(map.next_value_seed(ScalarSeed)?, Scalar::Null);
                 }
-                Key::Prompt | Key::Messages | Key::Unread => {
+                Key::Prompt | Key::Messages | Key::ToolChoice | Key::Unread => {
                     map.next_value::<Skip>()?;
                 }
             }

@@ -3,6 +3,7 @@
 
 pub mod builtin_chat;
 pub mod chat_template;
+pub mod engine_tools;
 pub mod hash;
 pub mod model;
 mod pyjson;
@@ -12,6 +13,7 @@ mod strftime;
 pub mod tokenizer;
 
 pub use chat_template::{ChatRequest, ChatTemplate};
+pub use engine_tools::EngineKind;
 pub use hash::{BlockHash, HashSeed, block_hashes, chain_hash};
 pub use model::ModelTokens;
 pub use registry::{ModelRegistry, ModelSource, TokenizerSource};

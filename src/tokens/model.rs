@@ -14,6 +14,7 @@ use serde_json::Value as Json;
 
 use super::builtin_chat;
 use super::chat_template::{ChatRequest, ChatTemplate};
+use super::engine_tools::EngineKind;
 use super::hash::{BlockHash, HashSeed, block_hashes};
 use super::segment::{CacheStats, Piece, SegmentCache, Segmenter, Unsegmentable};
 use super::tokenizer::{TokenError, Tokenizer};
@@ -27,6 +28,8 @@ pub struct ModelTokens {
     tokenizer: Tokenizer,
     template: Option<ChatTemplate>,
     block_size: usize,
+    /// Which engine serves the model: which tools it renders into a chat prompt.
+    engine: EngineKind,
     pieces: Result<Pieces, Unsegmentable>,
 }
 
@@ -42,6 +45,7 @@ impl std::fmt::Debug for ModelTokens {
             .field("tokenizer", &self.tokenizer)
             .field("template", &self.template.is_some())
             .field("block_size", &self.block_size)
+            .field("engine", &self.engine)
             .field("segmenting", &self.pieces.as_ref().map(|_| ()))
             .finish()
     }
@@ -54,6 +58,7 @@ impl ModelTokens {
             tokenizer: Tokenizer::builtin(),
             template: None,
             block_size,
+            engine: EngineKind::default(),
             // The builtin tokenizer is cheaper than a cache lookup.
             pieces: Err(Unsegmentable("the builtin tokenizer needs no cache".into())),
         }
@@ -83,8 +88,15 @@ impl ModelTokens {
             tokenizer,
             template,
             block_size,
+            engine: EngineKind::default(),
             pieces,
         }
+    }
+
+    /// The same model, served by `engine` (which tools its chat prompts render).
+    pub fn served_by(mut self, engine: EngineKind) -> ModelTokens {
+        self.engine = engine;
+        self
     }
 
     /// Loads a Hugging Face model directory: `tokenizer.json`, the chat template from
@@ -198,9 +210,12 @@ impl ModelTokens {
                 Ok(batches.first().cloned().unwrap_or_default())
             }
             Input::Messages(messages) => {
+                let tools = self
+                    .engine
+                    .template_tools(view.tools.as_ref(), view.tool_choice.as_ref());
                 let text = self.render_chat(&ChatRequest {
                     messages,
-                    tools: view.tools.as_ref(),
+                    tools: tools.as_deref(),
                     add_generation_prompt: view.add_generation_prompt,
                     kwargs: view.chat_template_kwargs.as_ref(),
                 })?;

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, RwLock};
 
+use super::engine_tools::EngineKind;
 use super::model::ModelTokens;
 use super::tokenizer::{TokenError, Tokenizer};
 use std::path::PathBuf;
@@ -32,6 +33,8 @@ pub struct ModelSource<'a> {
     pub tokenizer: &'a TokenizerSource,
     /// KV block size of its engines.
     pub block_size: usize,
+    /// The engine kind serving it (how chat tools are rendered).
+    pub engine: EngineKind,
 }
 
 /// Per-model [`ModelTokens`], shared by all requests.
@@ -60,7 +63,8 @@ impl ModelRegistry {
                     ModelTokens::from_hf_dir(p, bs, cache_units)?
                 }
                 TokenizerSource::Path(p) => from_tokenizer_file(p, bs, cache_units)?,
-            };
+            }
+            .served_by(m.engine);
             if let Err(why) = tokens.segmenting() {
                 tracing::info!(model = %m.name, reason = %why.0, "repeated prompt segments are not cached");
             }
@@ -123,6 +127,7 @@ mod tests {
             name: "qwen",
             tokenizer: &TokenizerSource::Path(dir.into()),
             block_size: 16,
+            engine: EngineKind::Vllm,
         };
         let r = ModelRegistry::load([qwen], 32 << 20, 32).unwrap();
         let q = r.get("qwen");

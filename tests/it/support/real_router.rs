@@ -24,6 +24,8 @@ pub const LORA: &str = "tiny-qwen3-lora";
 pub trait RouterModel {
     fn tokenizer_dir(&self) -> PathBuf;
     fn block_size(&self) -> u32;
+    /// `[[models]] engine`: how the engine renders chat tools.
+    fn engine(&self) -> &'static str;
 }
 
 /// The admin key of routers started with tenants.
@@ -43,10 +45,11 @@ pub fn router_config(
     let mut text = format!(
         "policy = \"{policy}\"\nshutdown_grace_s = 1.0\n[health]\ninterval_s = 0.5\n\
          [kv_aware]\ncalibrate = false\n\
-         [[models]]\nname = \"{MODEL}\"\ntokenizer = \"{}\"\nblock_size = {}\n\
+         [[models]]\nname = \"{MODEL}\"\ntokenizer = \"{}\"\nblock_size = {}\nengine = \"{}\"\n\
          [[models]]\nname = \"{LORA}\"\nbase_model = \"{MODEL}\"\n",
         setup.tokenizer_dir().display(),
-        setup.block_size()
+        setup.block_size(),
+        setup.engine()
     );
     for e in engines {
         text += &format!(

@@ -33,8 +33,13 @@ pub fn document(topic: &str, words: usize) -> String {
 
 /// Completions, token-id prompts (exact multiples of the block size, so a router that forgets
 /// the last-token rule is caught), chats, a multi-turn conversation that extends each turn with
-/// the engine's own reply, `enable_thinking` off and on, and tools with a tool-call history.
-pub async fn common_request_kinds(router: &RealRouter, table: &mut Exactness) {
+/// the engine's own reply, `enable_thinking` off and on, and tools with a tool-call history,
+/// once per `tool_choice` in `tool_choices` (engines render tools differently per choice).
+pub async fn common_request_kinds(
+    router: &RealRouter,
+    table: &mut Exactness,
+    tool_choices: &[Value],
+) {
     // Completions: a shared document, different questions, then a repeat (a full hit).
     let doc = document("completions", 300);
     for q in ["What is first?", "What is last?", "What is first?"] {
@@ -85,10 +90,13 @@ pub async fn common_request_kinds(router: &RealRouter, table: &mut Exactness) {
         table.record("enable_thinking", &o);
     }
 
-    // Tools (rendered into the system prompt) and a tool-call history.
-    for body in tool_chats() {
-        let o = router.checked(&body, None).await;
-        table.record("tools", &o);
+    // Tools (rendered into the system prompt, or not) and a tool-call history.
+    for choice in tool_choices {
+        let case = format!("tools, tool_choice {choice}");
+        for body in tool_chats(choice) {
+            let o = router.checked(&body, None).await;
+            table.record(&case, &o);
+        }
     }
 }
 
@@ -114,15 +122,21 @@ pub async fn client_salt_requests(router: &RealRouter, table: &mut Exactness) {
     }
 }
 
-/// Chats with tools (`tool_choice: "none"`: vLLM refuses `auto` without a tool parser) and a
-/// tool-call history.
-pub fn tool_chats() -> Vec<Value> {
+/// Chats with two tools and `tool_choice` (vLLM refuses `"auto"` without a tool parser, so its
+/// suite sends `"none"`), and a tool-call history.
+pub fn tool_chats(tool_choice: &Value) -> Vec<Value> {
     let tools = json!([{
         "type": "function",
         "function": {
             "name": "get_weather",
             "description": document("weather tool", 40),
             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+        }
+    }, {
+        "type": "function",
+        "function": {
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            "name": "get_time"
         }
     }]);
     let ask = json!({"role": "user", "content": "What is the weather in Paris?"});
@@ -134,7 +148,7 @@ pub fn tool_chats() -> Vec<Value> {
     let with_tools = |messages: Value| {
         let mut body = chat(messages, 4);
         body["tools"] = tools.clone();
-        body["tool_choice"] = json!("none");
+        body["tool_choice"] = tool_choice.clone();
         body
     };
     vec![

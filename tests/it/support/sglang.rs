@@ -47,6 +47,9 @@ impl RouterModel for SglangSetup {
     fn tokenizer_dir(&self) -> PathBuf {
         self.model.clone()
     }
+    fn engine(&self) -> &'static str {
+        "sglang"
+    }
     fn block_size(&self) -> u32 {
         SGLANG_PAGE
     }

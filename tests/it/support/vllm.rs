@@ -49,6 +49,9 @@ impl RouterModel for VllmSetup {
     fn tokenizer_dir(&self) -> PathBuf {
         self.model.clone()
     }
+    fn engine(&self) -> &'static str {
+        "vllm"
+    }
     fn block_size(&self) -> u32 {
         VLLM_BLOCK
     }
