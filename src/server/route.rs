@@ -15,7 +15,7 @@ use crate::index::Overlaps;
 use crate::openai::{ApiError, Input, Prompt, RequestView};
 use crate::routing::Analysis;
 use crate::tokens::TokenError;
-use crate::tokens::model::hash_seed;
+use crate::tokens::model::{adapter_name, hash_seed};
 
 /// Tokenizes and analyses the prompt if the policy needs it; `cache_salt` is the request's
 /// effective (tenant-namespaced) salt. The view travels to the tokenizer thread and back
@@ -59,7 +59,7 @@ pub(super) async fn analyse(
         .with_label_values(&[state.policy.name(), "tokenize"])
         .observe(started.elapsed().as_secs_f64());
     let seed = match &base {
-        Some(base) => hash_seed(base, Some(&view.model), cache_salt),
+        Some(base) => hash_seed(base, Some(adapter_name(&view.model, base)), cache_salt),
         None => hash_seed(&view.model, None, cache_salt),
     };
     let mut analysis = state.decider.analyse(&ids, seed, block_size, state.now());

@@ -241,6 +241,18 @@ pub fn hash_seed(model: &str, lora: Option<&str>, cache_salt: Option<&str>) -> H
     )
 }
 
+/// The name an engine's KV events give the LoRA adapter a client requested as `model`, running
+/// on `base`: the model name itself (vLLM: clients send the adapter's name), or what follows
+/// `BASE:` when the client used SGLang's `"model": "BASE:ADAPTER"` form (SGLang's events name
+/// the adapter alone, `lora_name = ADAPTER`).
+pub fn adapter_name<'a>(model: &'a str, base: &str) -> &'a str {
+    model
+        .strip_prefix(base)
+        .and_then(|rest| rest.strip_prefix(':'))
+        .filter(|adapter| !adapter.is_empty())
+        .unwrap_or(model)
+}
+
 fn read_json(path: &Path) -> Result<Json, TokenError> {
     let err = |reason: String| TokenError::Load {
         path: path.display().to_string(),
@@ -255,6 +267,19 @@ mod tests {
     use super::*;
     use crate::openai::Endpoint;
     use serde_json::json;
+
+    #[test]
+    fn an_adapter_is_named_as_the_engines_events_name_it() {
+        // vLLM: the adapter's own name; SGLang: `BASE:ADAPTER`, whose events say `ADAPTER`.
+        assert_eq!(adapter_name("sql-lora", "qwen"), "sql-lora");
+        assert_eq!(adapter_name("qwen:sql-lora", "qwen"), "sql-lora");
+        assert_eq!(adapter_name("qwen:", "qwen"), "qwen:");
+        assert_eq!(adapter_name("qwen2:sql", "qwen"), "qwen2:sql");
+        assert_eq!(
+            hash_seed("qwen", Some(adapter_name("qwen:sql-lora", "qwen")), None),
+            hash_seed("qwen", Some("sql-lora"), None)
+        );
+    }
 
     fn view(endpoint: Endpoint, body: Json) -> RequestView {
         RequestView::parse(endpoint, &body).unwrap()
