@@ -35,8 +35,6 @@ mod mixed_block_sizes;
 mod openai_sdk;
 mod proptest_parsers;
 mod real_sglang;
-mod real_sglang_lifecycle;
-mod real_sglang_routing;
 mod real_vllm;
 mod real_vllm_lifecycle;
 mod real_vllm_routing;

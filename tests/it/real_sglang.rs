@@ -6,8 +6,10 @@
 //!
 //! Ignored by default (they need `scripts/real-engines/sglang-setup.sh`, ~7 GB); `.ci/run` runs
 //! them with `cargo test --test it real_sglang -- --ignored --test-threads=1`. Each test starts
-//! at most two engines (~20 s, ~4.5 GB each) and stops them, also when it fails. Run with
-//! `--nocapture` to see the tables. The scenarios are shared with the vLLM suite
+//! two engines (~20 s, ~4.5 GB each; more on a busy machine) and stops them, also when it
+//! fails; to keep the stage short, one pair of engines serves every scenario that fits a
+//! default-sized cache (request kinds, routing, restarts), and a second pair the small cache
+//! that evicts. Run with `--nocapture` to see the tables. The scenarios are shared with the vLLM suite
 //! (`support/request_kinds.rs`, `support/real_scenarios.rs`); what SGLang does not support
 //! (LoRA on its CPU engine, `prompt_logprobs`) is explained in `docs/real-sglang.md`.
 
@@ -15,21 +17,29 @@ use serde_json::json;
 
 use crate::support::real_router::{Exactness, RealRouter, router_config};
 use crate::support::real_scenarios::{
-    evicting_cache, tenant_salts, the_official_openai_python_sdk_streams,
+    engine_restart, evicting_cache, kv_aware_beats_round_robin, router_restart, tenant_salts,
+    the_official_openai_python_sdk_streams,
 };
 use crate::support::request_kinds::{client_salt_requests, common_request_kinds};
 use crate::support::sglang::{SglangEngine, SglangOptions, SglangSetup};
 
-/// Every request kind kvroute tokenizes differently, clients' and tenants' salts, and the
-/// official SDK streaming, on two engines.
+/// On two engines: every request kind kvroute tokenizes differently, clients' and tenants'
+/// salts and the official SDK streaming (exactness, clients); shared-prefix groups under
+/// `round_robin` then `kv_aware`, measured by SGLang's own `sglang:cached_tokens_total` /
+/// `sglang:prompt_tokens_total` (routing); a router restarted next to a warm engine, then that
+/// engine restarted on its ports (lifecycle). Every request of every part is checked for
+/// exactness.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs real SGLang: scripts/real-engines/sglang-setup.sh; run by .ci/run"]
-async fn predicted_reuse_equals_sglang_cached_tokens_for_every_request_kind() {
+async fn predicted_reuse_equals_sglang_cached_tokens_for_every_request_kind_route_and_restart() {
     let setup = SglangSetup::locate();
-    let engines = SglangEngine::start_all(&setup, 2, &SglangOptions::default()).await;
-    for e in &engines {
-        println!("engine {} RSS {:.0} MiB", e.name, e.rss_mib());
-    }
+    let mut engines = SglangEngine::start_all(&setup, 2, &SglangOptions::default()).await;
+    let rss: Vec<f64> = engines.iter().map(|e| e.rss_mib()).collect();
+    println!(
+        "engine RSS (MiB, all processes of each engine): {:?}, total {:.0}",
+        rss.iter().map(|r| r.round()).collect::<Vec<_>>(),
+        rss.iter().sum::<f64>()
+    );
     let router = RealRouter::start(&router_config(&setup, &engines, "kv_aware", &[])).await;
     let mut table = Exactness::default();
     // SGLang renders no tools for "none", only the named one for a named function, and all of
@@ -42,7 +52,20 @@ async fn predicted_reuse_equals_sglang_cached_tokens_for_every_request_kind() {
     router.shutdown().await;
     tenant_salts(&setup, &engines, &mut table).await;
     table.print("request kinds, 2 SGLang engines");
+
+    // Fresh documents: what the engines already hold does not help either policy.
+    let mut routing = Exactness::default();
+    kv_aware_beats_round_robin(&setup, &engines, &mut routing).await;
+    routing.print("routing, 2 SGLang engines");
+
+    let mut restarts = Exactness::default();
+    router_restart(&setup, &engines[0], &mut restarts).await;
+    engine_restart(&setup, &mut engines[0], &mut restarts).await;
+    restarts.print("router and engine restarts, 1 SGLang engine");
+
     table.assert_all_exact();
+    routing.assert_all_exact();
+    restarts.assert_all_exact();
 }
 
 /// A cache of 1,024 tokens (64 pages of 16) per engine under ten prompts of ~20–40 pages:
