@@ -70,7 +70,7 @@ pub struct Metrics {
     pub index_evictions: IntCounter,
     /// `kvroute_kv_events_total{worker,kind}`: per-worker event-stream counters (batches,
     /// undecodable, gaps, restarts, replays_ok, replays_failed, replays_abandoned, duplicates,
-    /// dropped).
+    /// dropped, block_size_mismatch).
     pub kv_stream: IntCounterVec,
     /// `kvroute_open_connections`: client connections open now.
     pub open_connections: IntGauge,
@@ -225,7 +225,7 @@ impl Metrics {
         .expect("static metric definition");
         let kv_stream = counter(
             "kvroute_kv_events_total",
-            "Per-worker KV-event stream counters: batches, undecodable, gaps, restarts, replays, drops.",
+            "Per-worker KV-event stream counters: batches, undecodable, gaps, restarts, replays, drops, block_size_mismatch.",
             &["worker", "kind"],
         );
         let retries_denied = IntCounter::new(
