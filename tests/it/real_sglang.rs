@@ -13,8 +13,12 @@
 //! (`support/request_kinds.rs`, `support/real_scenarios.rs`); what SGLang does not support
 //! (LoRA on its CPU engine, `prompt_logprobs`) is explained in `docs/real-sglang.md`.
 
+use std::time::{Duration, Instant};
+
 use serde_json::json;
 
+use crate::support::metrics_text;
+use crate::support::real_engine::{EngineProc, metric_sum};
 use crate::support::real_router::{Exactness, RealRouter, router_config};
 use crate::support::real_scenarios::{
     engine_restart, evicting_cache, kv_aware_beats_round_robin, router_restart, tenant_salts,
@@ -41,6 +45,7 @@ async fn predicted_reuse_equals_sglang_cached_tokens_for_every_request_kind_rout
         rss.iter().sum::<f64>()
     );
     let router = RealRouter::start(&router_config(&setup, &engines, "kv_aware", &[])).await;
+    the_router_reads_each_engines_capacity_from_its_metrics(&router, &engines).await;
     let mut table = Exactness::default();
     // SGLang renders no tools for "none", only the named one for a named function, and all of
     // them (through its request model) otherwise: each is checked.
@@ -66,6 +71,44 @@ async fn predicted_reuse_equals_sglang_cached_tokens_for_every_request_kind_rout
     table.assert_all_exact();
     routing.assert_all_exact();
     restarts.assert_all_exact();
+}
+
+/// The router's `kvroute_worker_kv_blocks` for each engine equals SGLang's own
+/// `sglang:max_total_num_tokens / sglang:page_size` (read by the health checker).
+async fn the_router_reads_each_engines_capacity_from_its_metrics(
+    router: &RealRouter,
+    engines: &[EngineProc],
+) {
+    for e in engines {
+        let text = e.metrics().await;
+        let want = (metric_sum(&text, "sglang:max_total_num_tokens")
+            / metric_sum(&text, "sglang:page_size"))
+        .floor();
+        assert!(want >= 1.0, "SGLang reports no capacity:\n{text}");
+        let series = format!("kvroute_worker_kv_blocks{{worker=\"{}\"}} ", e.name);
+        let end = Instant::now() + Duration::from_secs(30);
+        let seen = loop {
+            let page = metrics_text(router.handle.addr).await;
+            let seen = page
+                .lines()
+                .find_map(|l| l.strip_prefix(series.as_str()))
+                .and_then(|v| v.trim().parse::<f64>().ok());
+            if seen == Some(want) || Instant::now() > end {
+                break seen;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_eq!(
+            seen,
+            Some(want),
+            "the router's capacity for {} is not SGLang's tokens over page size",
+            e.name
+        );
+        println!(
+            "capacity of {}: {want} blocks (SGLang's metrics and the router agree)",
+            e.name
+        );
+    }
 }
 
 /// A cache of 1,024 tokens (64 pages of 16) per engine under ten prompts of ~20–40 pages:
