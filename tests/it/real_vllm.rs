@@ -78,9 +78,10 @@ async fn prompt_logprobs_read_nothing_from_the_cache(router: &RealRouter, table:
     );
     let again = router.checked(&plain, None).await;
     table.record("prompt_logprobs", &again);
+    // Either engine may serve it now: a prompt_logprobs request stores the blocks it computes.
     assert!(
-        again.cached > 0 && again.worker == warm.worker,
-        "the plain repeat after prompt_logprobs was not a hit on the warm engine: {again:?}"
+        again.cached > 0,
+        "the plain repeat after prompt_logprobs was not a hit: {again:?}"
     );
 }
 
