@@ -51,7 +51,7 @@ async fn predicted_reuse_equals_sglang_cached_tokens_for_every_request_kind_rout
     // them (through its request model) otherwise: each is checked.
     let named = json!({"type": "function", "function": {"name": "get_time"}});
     let choices = [json!("none"), json!("auto"), named];
-    common_request_kinds(&router, &mut table, &choices).await;
+    common_request_kinds(&router, &mut table, &choices, true).await;
     client_salt_requests(&router, &mut table).await;
     the_official_openai_python_sdk_streams(&setup.python, &router).await;
     router.shutdown().await;

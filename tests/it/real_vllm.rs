@@ -35,7 +35,7 @@ async fn predicted_reuse_equals_vllm_cached_tokens_for_every_request_kind() {
     }
     let router = RealRouter::start(&router_config(&setup, &engines, "kv_aware", &[])).await;
     let mut table = Exactness::default();
-    common_request_kinds(&router, &mut table, &[json!("none")]).await;
+    common_request_kinds(&router, &mut table, &[json!("none")], false).await;
     lora_requests(&router, &mut table).await;
     client_salt_requests(&router, &mut table).await;
     prompt_logprobs_read_nothing_from_the_cache(&router, &mut table).await;
