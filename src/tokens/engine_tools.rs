@@ -3,9 +3,12 @@
 //! kvroute renders chats itself, so its prompt must be the engine's byte for byte, tools
 //! included, or every prediction for a chat with tools is wrong. The engines differ:
 //!
-//! - **vLLM** passes the request's `tools` to the chat template as sent, whatever the
-//!   `tool_choice` (with `"none"` the tools are still rendered, the model is just not asked to
-//!   call one).
+//! - **vLLM** renders the request's `tools` whatever the `tool_choice` (with `"none"` the tools
+//!   are still rendered, the model is just not asked to call one). kvroute passes them as sent,
+//!   which is what vLLM renders when each function lists `name`, `description`, `parameters`;
+//!   vLLM too dumps each tool through its request model (`ChatCompletionToolsParam`), so a tool
+//!   that leaves out a field or orders them otherwise renders differently there (measured: 6
+//!   tokens more). Reproducing that dump, as is done for SGLang below, is left to do.
 //! - **SGLang** (0.5.23, `serving_chat.py`) renders **no** tools when `tool_choice` is
 //!   `"none"`, only the named one when `tool_choice` names a function, and otherwise passes each
 //!   tool through its pydantic model (`protocol.py`, `Tool` / `Function`): a tool becomes
@@ -24,7 +27,7 @@ use serde_json::{Map, Value as Json};
 /// The engine kind that serves a model, where engines render a request differently.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum EngineKind {
-    /// vLLM (and the simulated engine): tools rendered as sent.
+    /// vLLM (and the simulated engine): tools rendered as sent (see the module documentation).
     #[default]
     Vllm,
     /// SGLang: tools filtered by `tool_choice` and normalized by its request model.
