@@ -15,6 +15,7 @@ mod bench_synthesis;
 mod bench_synthetic;
 mod bench_trace;
 mod body_admission;
+mod body_memory;
 mod chaos;
 mod connections;
 mod engine_events;
