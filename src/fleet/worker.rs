@@ -151,6 +151,9 @@ pub struct Worker {
     pub breaker: Breaker,
     discovered_models: RwLock<Vec<ServedModel>>,
     healthy: AtomicBool,
+    /// Whether a health check has ever passed: a worker starts healthy (optimistic routing,
+    /// with retries behind it) but is not yet evidence that the router can serve (`/ready`).
+    verified: AtomicBool,
     draining: AtomicBool,
     event_feed: AtomicBool,
     /// Its KV-event feed's warm-up replay runs: its index entries are a lower bound.
@@ -200,6 +203,7 @@ impl Worker {
             breaker: Breaker::new(breaker),
             discovered_models: RwLock::new(Vec::new()),
             healthy: AtomicBool::new(true),
+            verified: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             event_feed: AtomicBool::new(false),
             kv_warming: AtomicBool::new(false),
@@ -272,6 +276,11 @@ impl Worker {
         self.healthy.load(Ordering::Relaxed)
     }
 
+    /// Whether a health check of this worker has ever passed.
+    pub fn is_verified(&self) -> bool {
+        self.verified.load(Ordering::Relaxed)
+    }
+
     /// Marks the worker (un)healthy; returns the previous state. Going down runs the down
     /// hook (its cached blocks are forgotten).
     pub fn set_healthy(&self, healthy: bool) -> bool {
@@ -289,6 +298,9 @@ impl Worker {
     /// Records one active health check; the state flips only after `threshold` consecutive
     /// checks that disagree with it. Returns the state after the check.
     pub fn observe_check(&self, ok: bool, up_threshold: u32, down_threshold: u32) -> bool {
+        if ok {
+            self.verified.store(true, Ordering::Relaxed);
+        }
         let healthy = self.is_healthy();
         if ok == healthy {
             self.streak.store(0, Ordering::Relaxed);

@@ -17,16 +17,17 @@ pub(super) async fn health() -> Json<serde_json::Value> {
     Json(json!({"status": "ok"}))
 }
 
-/// `GET /ready`: at least one worker can take requests.
+/// `GET /ready`: at least one worker has passed a health check and can take requests (a pod
+/// must not join its Service before any worker was seen).
 pub(super) async fn ready(State(state): State<Arc<AppState>>) -> Response {
-    if state.fleet.any_routable() {
+    if state.fleet.any_ready() {
         Json(json!({"status": "ready"})).into_response()
     } else {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "service_unavailable",
             Some("not_ready"),
-            "no healthy worker serving a model is available",
+            "no worker serving a model has passed a health check and can take requests",
         )
         .into_response()
     }

@@ -34,6 +34,7 @@ mod kv_routing;
 mod lora_routing;
 mod openai_sdk;
 mod proptest_parsers;
+mod readiness;
 mod real_vllm;
 mod real_vllm_lifecycle;
 mod real_vllm_routing;
