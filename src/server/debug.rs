@@ -69,7 +69,7 @@ async fn explain(
         return Err(ApiError::model_not_found(&view.model));
     }
     let salt = caller.cache_salt(view.cache_salt.as_deref());
-    let (analysis, view) = route::analyse(state, view, salt.as_deref()).await?;
+    let (analysis, view) = route::analyse(state, view, salt.as_deref(), bytes.len()).await?;
     let (workers, candidates, decision) = state.decider.explain(&analysis, &eligible);
     let listed: Vec<_> = candidates
         .iter()

@@ -175,7 +175,7 @@ async fn forward(
     let salt = caller.cache_salt(view.cache_salt.as_deref());
     let eligible = eligible(state, &view.model)?;
     let decision_started = Instant::now();
-    let (analysis, view) = route::analyse(state, view, salt.as_deref()).await?;
+    let (analysis, view) = route::analyse(state, view, salt.as_deref(), bytes.len()).await?;
     // The salted copy of the body is made only now that the prompt's token ids are gone (the
     // analysis keeps block hashes), so a large body never has the original, its ids and the
     // copy alive at once: peak memory stays near twice the body, not three times.
