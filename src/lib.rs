@@ -24,6 +24,7 @@ pub mod routing;
 pub mod server;
 #[cfg(feature = "lab")]
 pub mod sim;
+pub mod tls;
 pub mod tokens;
 #[cfg(feature = "lab")]
 pub mod workload;

@@ -74,6 +74,12 @@ pub struct Metrics {
     pub kv_stream: IntCounterVec,
     /// `kvroute_open_connections`: client connections open now.
     pub open_connections: IntGauge,
+    /// `kvroute_tls_reloads_total{result}`: changed TLS files of the front door, `applied` or
+    /// `refused` (unusable; the previous certificate is still served).
+    pub tls_reloads: IntCounterVec,
+    /// `kvroute_tls_handshake_failures_total`: client connections whose TLS handshake failed
+    /// or timed out.
+    pub tls_handshake_failures: IntCounter,
     /// `kvroute_connections_refused_total`: client connections closed on accept because
     /// `server.max_connections` were open.
     pub connections_refused: IntCounter,
@@ -262,8 +268,21 @@ impl Metrics {
              server.idle_timeout_s).",
             &["reason"],
         );
+        let tls_reloads = counter(
+            "kvroute_tls_reloads_total",
+            "Changed TLS files of the front door: applied, or refused (unusable; the previous \
+             certificate is still served).",
+            &["result"],
+        );
+        let tls_handshake_failures = IntCounter::new(
+            "kvroute_tls_handshake_failures_total",
+            "Client connections whose TLS handshake failed or timed out.",
+        )
+        .expect("static metric definition");
         for c in [
             Box::new(open_connections.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(tls_reloads.clone()),
+            Box::new(tls_handshake_failures.clone()),
             Box::new(connections_refused.clone()),
             Box::new(connections_closed.clone()),
             Box::new(requests.clone()),
@@ -314,6 +333,8 @@ impl Metrics {
             circuit_state,
             open_connections,
             connections_refused,
+            tls_reloads,
+            tls_handshake_failures,
             connections_closed,
         }
     }

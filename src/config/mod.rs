@@ -21,6 +21,7 @@ mod policy;
 mod proxy;
 mod server;
 mod tenants;
+mod tls;
 mod values;
 mod workers;
 
@@ -172,6 +173,8 @@ pub struct Config {
     pub header_read_timeout: Duration,
     /// Client connections: idle timeout, HTTP/2 keep-alive, how many at once.
     pub connections: Connections,
+    /// HTTPS at the front door (`[server.tls]`), if configured.
+    pub tls: Option<crate::tls::ServerTls>,
     /// Admission limits.
     pub limits: Limits,
     /// API keys and their tenants; empty means no authentication.
@@ -267,6 +270,7 @@ impl Config {
             body_read_timeout: front.body_read_timeout,
             header_read_timeout: front.header_read_timeout,
             connections: front.connections,
+            tls: tls::server_tls(file.server.tls.as_ref())?,
             limits,
             tenants,
             admin_key_sha256,

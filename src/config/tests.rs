@@ -61,7 +61,7 @@ fn errors_name_the_key() {
         ("policy = \"fastest\"", "policy"),
         ("[proxy]\nretries = 50", "proxy.retries"),
         ("[health]\ninterval_s = -1", "health.interval_s"),
-        ("[[workers]]\nurl = \"https://x\"", "workers[0].url"),
+        ("[[workers]]\nurl = \"ftp://x\"", "workers[0].url"),
         (
             "[[workers]]\nurl = \"http://a:1\"\nkv_events = \"a:1\"",
             "workers[0].kv_events",

@@ -14,12 +14,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tokio_util::sync::CancellationToken;
 
 use super::capacity::parse_kv_blocks;
 use super::{Fleet, ServedModel, Worker};
+use crate::tls::upstream::WorkerConnector;
+use crate::tls::{TlsError, UpstreamTls};
 
 /// Called when a worker's KV cache capacity (in blocks) becomes known or changes.
 pub type CapacityHook = Arc<dyn Fn(&Worker, usize) + Send + Sync>;
@@ -51,21 +52,21 @@ impl Default for HealthConfig {
     }
 }
 
-type ProbeClient = Client<HttpConnector, Empty<Bytes>>;
+type ProbeClient = Client<WorkerConnector, Empty<Bytes>>;
 
 /// Runs health checks until `stop` is cancelled. The first round runs immediately;
-/// `on_capacity` hears of every KV capacity read from a worker's metrics.
+/// `on_capacity` hears of every KV capacity read from a worker's metrics. `https://` workers
+/// are reached as `tls` says (the proxy's settings); fails when its files cannot be used.
 pub fn spawn(
     fleet: Arc<Fleet>,
     config: HealthConfig,
+    tls: &UpstreamTls,
     on_capacity: Option<CapacityHook>,
     stop: CancellationToken,
-) -> tokio::task::JoinHandle<()> {
-    let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(config.timeout));
-    connector.set_nodelay(true);
+) -> Result<tokio::task::JoinHandle<()>, TlsError> {
+    let connector = crate::tls::upstream::connector(tls, config.timeout)?;
     let client: ProbeClient = Client::builder(TokioExecutor::new()).build(connector);
-    tokio::spawn(async move {
+    Ok(tokio::spawn(async move {
         let mut tick = tokio::time::interval(config.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -81,7 +82,7 @@ pub fn spawn(
             });
             futures_util::future::join_all(checks).await;
         }
-    })
+    }))
 }
 
 /// Checks one worker now and updates its state; returns whether it is healthy.

@@ -38,6 +38,7 @@ use crate::openai::{ApiError, ECHO_MAX, shorten};
 use crate::policy::{self, Policy};
 use crate::proxy::Upstream;
 use crate::routing::Decider;
+use crate::tls::listener::TlsFront;
 use crate::tokens::ModelRegistry;
 
 /// Everything a request handler needs, shared by all requests.
@@ -75,6 +76,8 @@ pub struct AppState {
     started: Instant,
     /// The router's own addresses (configured and bound): a worker there would be a loop.
     own_addrs: std::sync::RwLock<Vec<SocketAddr>>,
+    /// The front door's TLS, once started with it (for its reload counts in `/metrics`).
+    tls: std::sync::OnceLock<Arc<TlsFront>>,
 }
 
 impl AppState {
@@ -108,7 +111,8 @@ impl AppState {
             fleet: Arc::clone(lifecycle.fleet()),
             lifecycle,
             policy,
-            upstream: Upstream::new(config.proxy.clone()),
+            upstream: Upstream::new(config.proxy.clone())
+                .map_err(|e| anyhow::anyhow!("proxy.tls: {e}"))?,
             metrics,
             max_body_bytes: config.max_body_bytes,
             body_read_timeout: config.body_read_timeout,
@@ -128,6 +132,7 @@ impl AppState {
                     .chain(config.metrics_listen)
                     .collect(),
             ),
+            tls: std::sync::OnceLock::new(),
         })
     }
 
@@ -137,6 +142,15 @@ impl AppState {
             Ok(a) => a.clone(),
             Err(p) => p.into_inner().clone(),
         }
+    }
+
+    fn set_tls(&self, front: Arc<TlsFront>) {
+        let _ = self.tls.set(front);
+    }
+
+    /// The front door's TLS, when it serves HTTPS.
+    pub fn tls(&self) -> Option<&Arc<TlsFront>> {
+        self.tls.get()
     }
 
     fn add_own_addr(&self, addr: SocketAddr) {
@@ -283,14 +297,27 @@ pub fn start_with_state(
     let health_task = health::spawn(
         Arc::clone(&state.fleet),
         config.health.clone(),
+        &config.proxy.tls,
         Some(state.lifecycle.capacity_hook()),
         stop.clone(),
-    );
+    )
+    .map_err(|e| anyhow::anyhow!("proxy.tls: {e}"))?;
+    let tls = match &config.tls {
+        Some(settings) => {
+            let front =
+                TlsFront::load(settings.clone()).map_err(|e| anyhow::anyhow!("server.tls: {e}"))?;
+            front.spawn_reloader(stop.clone());
+            state.set_tls(Arc::clone(&front));
+            Some(front)
+        }
+        None => None,
+    };
     let front = listen::FrontDoor {
         grace: config.shutdown_grace,
         header_read_timeout: config.header_read_timeout,
         connections: config.connections,
         cutoff: state.cutoff.clone(),
+        tls: None,
     };
     let metrics = state.metrics.clone();
     let (metrics_addr, metrics_task) = match config.metrics_listen {
@@ -311,6 +338,9 @@ pub fn start_with_state(
         None => (None, None),
     };
     let app = app(Arc::clone(&state), metrics_addr.is_some());
+    // The API's listener speaks TLS when configured; a separate metrics listener stays plain
+    // (scrapers on the pod network), as Prometheus exporters usually are.
+    let front = listen::FrontDoor { tls, ..front };
     let stop_serving = stop.clone();
     let task = tokio::spawn(async move {
         listen::serve_until(listener, app, stop_serving, front, metrics).await;

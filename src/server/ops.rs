@@ -37,6 +37,11 @@ pub(super) async fn ready(State(state): State<Arc<AppState>>) -> Response {
 /// time, so they can never drift from what routing sees.
 pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let m = &state.metrics;
+    if let Some(tls) = state.tls() {
+        let (applied, refused) = tls.reload_counts();
+        sync_counter(&m.tls_reloads.with_label_values(&["applied"]), applied);
+        sync_counter(&m.tls_reloads.with_label_values(&["refused"]), refused);
+    }
     m.in_flight.reset();
     m.worker_healthy.reset();
     m.worker_kv_blocks.reset();

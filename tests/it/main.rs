@@ -48,6 +48,7 @@ mod serve_cli;
 mod sim_results;
 mod sim_routing;
 mod stream_endings;
+mod tls;
 mod tokens_chat_templates;
 mod tokens_jinja_parity;
 mod tokens_segments;

@@ -19,6 +19,7 @@ pub mod backend;
 pub mod engine;
 pub mod process;
 pub mod qwen3;
+pub mod tls;
 pub mod vllm;
 pub mod vllm_router;
 
