@@ -471,9 +471,14 @@ mod tests {
             "http://h:1/v10"
         );
         assert!(matches!(
-            BaseUrl::parse("https://h:1"),
+            BaseUrl::parse("ftp://h:1"),
             Err(WorkerUrlError::Scheme(_))
         ));
+        let https = BaseUrl::parse("https://h/v1").unwrap();
+        assert!(https.is_tls());
+        assert_eq!(https.host_port(), "h:443");
+        assert_eq!(https.join("/v1/models").to_string(), "https://h/v1/models");
+        assert_eq!(https.to_string(), "https://h");
         assert!(matches!(
             BaseUrl::parse("not a url"),
             Err(WorkerUrlError::Invalid(_))
