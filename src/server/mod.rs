@@ -286,6 +286,14 @@ pub fn start_with_state(
         Some(state.lifecycle.capacity_hook()),
         stop.clone(),
     );
+    let discovery_tasks = crate::discovery::spawn(
+        &config.discovery,
+        &state.lifecycle,
+        &state.metrics,
+        config.health.timeout,
+        state.own_addrs(),
+        &stop,
+    );
     let front = listen::FrontDoor {
         grace: config.shutdown_grace,
         header_read_timeout: config.header_read_timeout,
@@ -318,6 +326,9 @@ pub fn start_with_state(
             let _ = t.await;
         }
         health_task.abort();
+        for t in discovery_tasks {
+            t.abort();
+        }
     });
     Ok(RouterHandle {
         addr,
