@@ -17,6 +17,8 @@ mod bench_trace;
 mod body_admission;
 mod chaos;
 mod connections;
+mod discovery_dns;
+mod discovery_kubernetes;
 mod engine_events;
 mod engine_http;
 mod error_bodies;
