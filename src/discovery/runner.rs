@@ -72,8 +72,11 @@ pub async fn run(
             changed = desired.changed() => if changed.is_err() { return },
             _ = tokio::time::sleep(TICK) => {}
         }
-        let want = desired.borrow_and_update().clone();
-        let actions = rec.plan(&want, &InFlight(ctx.lifecycle.fleet()), Instant::now());
+        // Planned on the set in place (no copy each tick); the borrow ends before any await.
+        let actions = {
+            let want = desired.borrow_and_update();
+            rec.plan(&want, &InFlight(ctx.lifecycle.fleet()), Instant::now())
+        };
         let mut joins = Vec::new();
         for action in actions {
             match action {

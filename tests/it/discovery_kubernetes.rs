@@ -298,6 +298,14 @@ async fn pods_come_and_go_while_traffic_flows_and_nothing_is_lost() {
             format!("kvroute_discovery_events_total{{kind=\"{kind}\",source=\"kubernetes\"}}");
         assert!(metric(&text, &series) >= 1.0, "{series} missing:\n{text}");
     }
+    // Every departure waited for its requests: none was cut by the drain timeout.
+    assert_eq!(
+        metric(
+            &text,
+            "kvroute_discovery_events_total{kind=\"forced_leave\",source=\"kubernetes\"}"
+        ),
+        0.0
+    );
     assert_eq!(
         metric(&text, "kvroute_discovery_workers{source=\"kubernetes\"}"),
         2.0
