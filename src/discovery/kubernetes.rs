@@ -25,7 +25,7 @@ use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::pods::workers_of;
+use super::pods::{NotAWorker, workers_of};
 use super::{Desired, count};
 use crate::config::KubernetesDiscovery;
 use crate::fleet::WorkerSpec;
@@ -87,7 +87,15 @@ pub async fn run(
         let map = |pod: &Pod| {
             let name = pod.metadata.name.clone().unwrap_or_default();
             let workers = workers_of(pod, &namespace, &config).unwrap_or_else(|why| {
-                tracing::debug!(pod = %name, %why, "pod is no worker now");
+                match why {
+                    // A pod's ordinary life: starting, stopping, not Ready for a while.
+                    NotAWorker::NotReady | NotAWorker::Terminating | NotAWorker::NoIp => {
+                        tracing::debug!(pod = %name, %why, "pod is no worker now");
+                    }
+                    // A Ready pod the selector matched but that cannot be used: the
+                    // operator's to fix.
+                    _ => tracing::warn!(pod = %name, %why, "pod matches the selector but is no worker"),
+                }
                 Vec::new()
             });
             (name, workers)
