@@ -319,3 +319,125 @@ async fn pods_come_and_go_while_traffic_flows_and_nothing_is_lost() {
         api.stats().bookmarks.load(Ordering::SeqCst),
     );
 }
+
+/// Starts `kvroute serve` (round robin) watching the pods of `api`, departing workers drained
+/// for at most `drain_timeout_s`.
+async fn router_watching(
+    api: &FakeKube,
+    dir: &std::path::Path,
+    drain_timeout_s: f64,
+) -> (RouterProcess, tempfile::NamedTempFile) {
+    let kubeconfig = api.kubeconfig(dir);
+    let config = format!(
+        "shutdown_grace_s = 1.0\npolicy = \"round_robin\"\n[health]\ninterval_s = 0.5\n\
+         [discovery]\ndrain_timeout_s = {drain_timeout_s}\n\
+         [discovery.kubernetes]\nlabel_selector = \"app=engine\"\n"
+    );
+    RouterProcess::start_env(
+        &config,
+        &[],
+        Stdio::null(),
+        &[("KUBECONFIG", kubeconfig.as_path())],
+    )
+    .await
+}
+
+/// Sends streaming requests until one is routed to `id`; returns its (unread) response.
+async fn request_on(r: std::net::SocketAddr, id: &str) -> reqwest::Response {
+    let c = client();
+    for k in 0..50 {
+        let body = serde_json::json!({"model": "m", "prompt": format!("p{k}"), "max_tokens": 3, "stream": true});
+        let resp = c
+            .post(format!("http://{r}/v1/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        if resp.headers()["x-kvroute-worker"] == id {
+            return resp;
+        }
+        assert!(resp.text().await.unwrap().contains("[DONE]"));
+    }
+    panic!("no request was routed to {id}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_departing_pod_leaves_only_when_its_last_request_ends() {
+    let held = Backend::start("held", &["m"]).await;
+    held.set(|b| b.hold_last_chunk = true);
+    let other = Backend::start("other", &["m"]).await;
+    let api = FakeKube::start(NS).await;
+    api.put(pod_json(NS, "held", "127.0.0.1", true, held.addr.port()));
+    api.put(pod_json(NS, "other", "127.0.0.1", true, other.addr.port()));
+    let dir = tempfile::tempdir().unwrap();
+    let (router, _file) = router_watching(&api, dir.path(), 600.0).await;
+    let r = router.addr;
+    wait_workers(r, "both pods", |w| w.len() == 2).await;
+    let pending = request_on(r, "k8s:llm:held").await;
+
+    // Not Ready: drained, and kept while its request runs.
+    api.put(pod_json(NS, "held", "127.0.0.1", false, held.addr.port()));
+    let w = wait_workers(r, "held draining", |w| {
+        find(w, "k8s:llm:held").is_some_and(|h| h["draining"] == true)
+    })
+    .await;
+    assert_eq!(find(&w, "k8s:llm:held").unwrap()["in_flight"], 1);
+    let before = held.count();
+    for k in 0..10 {
+        let resp = complete(
+            &client(),
+            r,
+            &serde_json::json!({"model": "m", "prompt": format!("q{k}"), "max_tokens": 2}),
+        )
+        .await;
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.headers()["x-kvroute-worker"], "k8s:llm:other");
+    }
+    assert_eq!(held.count(), before, "a draining pod got a new request");
+    assert!(
+        find(&workers(r).await, "k8s:llm:held").is_some(),
+        "left with a request in flight"
+    );
+
+    // Its request ends: answered in full, and the worker leaves.
+    held.release();
+    assert!(pending.text().await.unwrap().contains("[DONE]"));
+    wait_workers(r, "held gone", |w| find(w, "k8s:llm:held").is_none()).await;
+    let text = metrics_text(r).await;
+    let kind = |k: &str| {
+        metric(
+            &text,
+            &format!("kvroute_discovery_events_total{{kind=\"{k}\",source=\"kubernetes\"}}"),
+        )
+    };
+    assert_eq!((kind("leave"), kind("forced_leave")), (1.0, 0.0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_that_outlasts_its_timeout_is_forced_and_the_request_still_ends() {
+    let held = Backend::start("held", &["m"]).await;
+    held.set(|b| b.hold_last_chunk = true);
+    let other = Backend::start("other", &["m"]).await;
+    let api = FakeKube::start(NS).await;
+    api.put(pod_json(NS, "held", "127.0.0.1", true, held.addr.port()));
+    api.put(pod_json(NS, "other", "127.0.0.1", true, other.addr.port()));
+    let dir = tempfile::tempdir().unwrap();
+    let (router, _file) = router_watching(&api, dir.path(), 0.5).await;
+    let r = router.addr;
+    wait_workers(r, "both pods", |w| w.len() == 2).await;
+    let pending = request_on(r, "k8s:llm:held").await;
+    api.delete("held");
+    wait_workers(r, "held removed", |w| find(w, "k8s:llm:held").is_none()).await;
+    let text = metrics_text(r).await;
+    assert_eq!(
+        metric(
+            &text,
+            "kvroute_discovery_events_total{kind=\"forced_leave\",source=\"kubernetes\"}"
+        ),
+        1.0
+    );
+    // Removed, not cut: the request finishes on its open connection.
+    held.release();
+    assert!(pending.text().await.unwrap().contains("[DONE]"));
+}
