@@ -2,7 +2,9 @@
 //! the pods of a fake API server on loopback while a client keeps sending requests. Pods become
 //! not Ready, are deleted, come back through a re-list forced by 410 Gone after an API-server
 //! outage, and change IP. Every request must be answered in full, no backend may receive a
-//! request once its worker has left, and the outage must keep the last known workers.
+//! request once its worker has left, and the outage must keep the last known workers. A
+//! departing pod stays (drained) while its last request runs, unless that outlasts the drain
+//! timeout.
 
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
