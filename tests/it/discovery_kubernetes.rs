@@ -130,7 +130,7 @@ async fn more_requests(t: &Traffic, more: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn pods_come_and_go_while_traffic_flows_and_nothing_is_lost() {
-    let slow = |b: &Backend| b.set(|x| x.chunk_delay = Duration::from_millis(15));
+    let slow = |b: &Backend| b.set(|x| x.chunk_delay = Duration::from_millis(25));
     let a = Backend::start("a", &["m"]).await;
     let b = Backend::start("b", &["m"]).await;
     let c1 = Backend::start("c1", &["m"]).await;
@@ -197,7 +197,9 @@ async fn pods_come_and_go_while_traffic_flows_and_nothing_is_lost() {
     let e = assert_openai_error(del, 409).await;
     assert_eq!(e["code"], "worker_discovered");
 
-    let traffic = Traffic::start(r, 6);
+    // A few clients, each request a few tens of milliseconds: always some in flight, without
+    // starving the tests that run alongside.
+    let traffic = Traffic::start(r, 3);
     more_requests(&traffic, 30).await;
     assert!(a.count() > 0 && b.count() > 0 && c1.count() > 0);
 
