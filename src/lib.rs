@@ -8,6 +8,7 @@ pub mod bench;
 pub mod config;
 #[cfg(feature = "lab")]
 pub mod demo;
+pub mod discovery;
 #[cfg(feature = "lab")]
 pub mod engine;
 pub mod fleet;

@@ -86,6 +86,11 @@ pub struct Metrics {
     /// `kvroute_connections_closed_total{reason}`: client connections the router closed
     /// (`first_request_timeout`, `idle`).
     pub connections_closed: IntCounterVec,
+    /// `kvroute_discovery_events_total{source,kind}`: what worker discovery saw and did
+    /// (`join`, `join_failed`, `drain`, `undrain`, `leave`, `forced_leave`, `error`, `relist`).
+    pub discovery_events: IntCounterVec,
+    /// `kvroute_discovery_workers{source}`: workers a discovery source has in the fleet now.
+    pub discovery_workers: IntGaugeVec,
 }
 
 impl Metrics {
@@ -279,10 +284,28 @@ impl Metrics {
             "Client connections whose TLS handshake failed or timed out.",
         )
         .expect("static metric definition");
+        let discovery_events = counter(
+            "kvroute_discovery_events_total",
+            "Worker discovery, by source (kubernetes, dns) and kind: join, join_failed (the \
+             endpoint's /v1/models did not answer; retried), drain, undrain, leave, forced_leave \
+             (drain timeout), error (the source could not be read; the last known workers are \
+             kept), relist (a full list after a start, a 410 Gone or a reconnect).",
+            &["source", "kind"],
+        );
+        let discovery_workers = IntGaugeVec::new(
+            Opts::new(
+                "kvroute_discovery_workers",
+                "Workers a discovery source has in the fleet now, draining ones included.",
+            ),
+            &["source"],
+        )
+        .expect("static metric definition");
         for c in [
             Box::new(open_connections.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(tls_reloads.clone()),
             Box::new(tls_handshake_failures.clone()),
+            Box::new(discovery_events.clone()),
+            Box::new(discovery_workers.clone()),
             Box::new(connections_refused.clone()),
             Box::new(connections_closed.clone()),
             Box::new(requests.clone()),
@@ -336,6 +359,8 @@ impl Metrics {
             tls_reloads,
             tls_handshake_failures,
             connections_closed,
+            discovery_events,
+            discovery_workers,
         }
     }
 

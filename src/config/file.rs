@@ -41,6 +41,8 @@ pub(super) struct FileConfig {
     #[serde(default)]
     pub(super) tenants: Vec<FileTenant>,
     pub(super) admin: Option<FileAdmin>,
+    #[serde(default)]
+    pub(super) discovery: super::discovery::FileDiscovery,
 }
 
 #[derive(Deserialize, Debug, Default)]

@@ -312,6 +312,14 @@ pub fn start_with_state(
         }
         None => None,
     };
+    let discovery_tasks = crate::discovery::spawn(
+        &config.discovery,
+        &state.lifecycle,
+        &state.metrics,
+        config.health.timeout,
+        state.own_addrs(),
+        &stop,
+    );
     let front = listen::FrontDoor {
         grace: config.shutdown_grace,
         header_read_timeout: config.header_read_timeout,
@@ -348,6 +356,9 @@ pub fn start_with_state(
             let _ = t.await;
         }
         health_task.abort();
+        for t in discovery_tasks {
+            t.abort();
+        }
     });
     Ok(RouterHandle {
         addr,

@@ -18,6 +18,8 @@ mod body_admission;
 mod body_memory;
 mod chaos;
 mod connections;
+mod discovery_dns;
+mod discovery_kubernetes;
 mod engine_events;
 mod engine_http;
 mod error_bodies;

@@ -2,6 +2,8 @@
 //! - [`backend`]: test backends (small OpenAI-style servers that record what they receive and
 //!   misbehave on request) and a router started in front of them;
 //! - [`engine`]: simulated engines in this process, publishing KV events over ZeroMQ;
+//! - [`kube_api`]: a fake Kubernetes API server (list, watch, bookmarks, 410 Gone, outages)
+//!   for the discovery tests;
 //! - [`process`]: `kvroute engine` / `kvroute serve` child processes and memory readings;
 //! - [`qwen3`]: the Qwen3 tokenizer fixture, loaded once per test binary;
 //! - [`vllm`], [`vllm_router`]: real vLLM engines as child processes, kvroute in front of them,
@@ -17,6 +19,7 @@ use std::time::{Duration, Instant};
 
 pub mod backend;
 pub mod engine;
+pub mod kube_api;
 pub mod process;
 pub mod qwen3;
 pub mod tls;
