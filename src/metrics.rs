@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
 };
 
@@ -55,6 +55,10 @@ pub struct Metrics {
     /// `kvroute_worker_warming{worker}`: 1 while the worker's KV-event warm-up replay runs (its
     /// index entries are a lower bound of its cache).
     pub worker_warming: IntGaugeVec,
+    /// Age of the last reading of each worker's own load, seconds (absent without one).
+    pub worker_load_age: GaugeVec,
+    /// Requests on each worker that other router replicas sent, from that reading.
+    pub worker_unseen_in_flight: IntGaugeVec,
     /// `kvroute_prefix_hit_blocks_total{worker}`: prompt blocks the chosen worker held.
     pub prefix_hit_blocks: IntCounterVec,
     /// `kvroute_prefix_queried_blocks_total{worker}`: prompt blocks routed to the worker.
@@ -95,6 +99,8 @@ impl Metrics {
         forget(&self.worker_healthy, id);
         forget(&self.worker_kv_blocks, id);
         forget(&self.worker_warming, id);
+        forget(&self.worker_load_age, id);
+        forget(&self.worker_unseen_in_flight, id);
         forget(&self.prefix_hit_blocks, id);
         forget(&self.prefix_queried_blocks, id);
         forget(&self.kv_stream, id);
@@ -189,6 +195,22 @@ impl Metrics {
             &["worker"],
         )
         .expect("static metric definition");
+        let worker_load_age = GaugeVec::new(
+            Opts::new(
+                "kvroute_worker_load_reading_age_seconds",
+                "Age of the last reading of the worker's own load from its /metrics ([health] load_interval_ms); absent without one.",
+            ),
+            &["worker"],
+        )
+        .expect("static metric definition");
+        let worker_unseen_in_flight = IntGaugeVec::new(
+            Opts::new(
+                "kvroute_worker_unseen_in_flight",
+                "Requests on the worker that this router did not send (other router replicas'), from the last load reading.",
+            ),
+            &["worker"],
+        )
+        .expect("static metric definition");
         let counter = |name: &str, help: &str, labels: &[&str]| {
             IntCounterVec::new(Opts::new(name, help), labels).expect("static metric definition")
         };
@@ -276,6 +298,8 @@ impl Metrics {
             Box::new(worker_healthy.clone()),
             Box::new(worker_kv_blocks.clone()),
             Box::new(worker_warming.clone()),
+            Box::new(worker_load_age.clone()),
+            Box::new(worker_unseen_in_flight.clone()),
             Box::new(prefix_hit_blocks.clone()),
             Box::new(prefix_queried_blocks.clone()),
             Box::new(index_entries.clone()),
@@ -302,6 +326,8 @@ impl Metrics {
             worker_healthy,
             worker_kv_blocks,
             worker_warming,
+            worker_load_age,
+            worker_unseen_in_flight,
             prefix_hit_blocks,
             prefix_queried_blocks,
             index_entries,

@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, ModelConfig};
 use crate::fleet::Fleet;
-use crate::fleet::health;
+use crate::fleet::{health, load_poller};
 use crate::index::{ApproxConfig, ApproxIndex, Holdings, IndexConfig, KvIndex};
 use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
@@ -286,6 +286,13 @@ pub fn start_with_state(
         Some(state.lifecycle.capacity_hook()),
         stop.clone(),
     );
+    let load_task = (!config.health.load_interval.is_zero()).then(|| {
+        load_poller::spawn(
+            Arc::clone(&state.fleet),
+            config.health.load_interval,
+            stop.clone(),
+        )
+    });
     let front = listen::FrontDoor {
         grace: config.shutdown_grace,
         header_read_timeout: config.header_read_timeout,
@@ -318,6 +325,9 @@ pub fn start_with_state(
             let _ = t.await;
         }
         health_task.abort();
+        if let Some(t) = load_task {
+            t.abort();
+        }
     });
     Ok(RouterHandle {
         addr,
