@@ -7,8 +7,8 @@ use std::collections::HashMap;
 
 use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
 use prometheus::{
-    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Buckets for latencies from sub-millisecond to minutes.

@@ -167,6 +167,9 @@ mod tests {
             Some(&reading(1, 2, snap(0, 0, 0))),
             Admissions::default(),
         );
-        assert_eq!((v.in_flight, v.queued_prefill_tokens, v.decoding), (3, 0, 1));
+        assert_eq!(
+            (v.in_flight, v.queued_prefill_tokens, v.decoding),
+            (3, 0, 1)
+        );
     }
 }

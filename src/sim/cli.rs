@@ -79,7 +79,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
 
 fn describe(a: &SimulateArgs, trace: &Trace) -> String {
     format!(
-        "- requests: {}, over {:.1} s, {} prompt tokens\n- workers: {}{}{}, index: {}, event delay {} s\n- engine: block {} tokens, {} blocks, {} batched tokens, {} seqs, speedup {}\n- SLO: TTFT {}, E2E {}; seed {}\n",
+        "- requests: {}, over {:.1} s, {} prompt tokens\n- workers: {}{}{}, index: {}, event delay {} s\n{}- engine: block {} tokens, {} blocks, {} batched tokens, {} seqs, speedup {}\n- SLO: TTFT {}, E2E {}; seed {}\n",
         trace.len(),
         trace.duration_s(),
         trace.total_input_tokens(),
@@ -90,6 +90,7 @@ fn describe(a: &SimulateArgs, trace: &Trace) -> String {
         )),
         a.index.flag(),
         a.event_delay,
+        replicas(a),
         a.core.block_size,
         a.core.num_blocks,
         a.core.max_num_batched_tokens,
@@ -98,6 +99,19 @@ fn describe(a: &SimulateArgs, trace: &Trace) -> String {
         target(a.slo.slo_ttft),
         target(a.slo.slo_e2e),
         a.seed,
+    )
+}
+
+/// The router replicas line, for runs with more than one or with engine load readings.
+fn replicas(a: &SimulateArgs) -> String {
+    let sample = a.load_sample_ms.filter(|&ms| ms != 0.0);
+    if a.routers == 1 && sample.is_none() {
+        return String::new();
+    }
+    format!(
+        "- router replicas: {} (arrivals dealt round-robin), engine load read {}\n",
+        a.routers,
+        sample.map_or_else(|| "never".to_owned(), |ms| format!("every {ms} ms")),
     )
 }
 
