@@ -111,6 +111,10 @@ pub struct SimulateArgs {
     /// router's `kv_aware.decode_weight`; 0 optimises each request's own TTFT only).
     #[arg(long, value_name = "WEIGHT")]
     pub kv_aware_decode_weight: Option<f64>,
+    /// kv_aware: sample the choice with weights `exp(−Δcost / (temperature × best))` instead of
+    /// always taking the minimum (the live router's `kv_aware.temperature`; default 0).
+    #[arg(long, value_name = "T")]
+    pub kv_aware_temperature: Option<f64>,
     /// Router replicas in front of the same workers, arrivals dealt round-robin; each sees
     /// only its own requests (plus engine load readings with --load-sample-ms).
     #[arg(long, default_value_t = 1, value_name = "N")]
@@ -193,6 +197,9 @@ impl SimulateArgs {
         kv_aware.calibrate = !self.kv_aware_no_calibrate;
         if let Some(w) = self.kv_aware_decode_weight {
             kv_aware.decode_weight = w;
+        }
+        if let Some(t) = self.kv_aware_temperature {
+            kv_aware.temperature = t;
         }
         PolicySettings {
             seed: self.seed,

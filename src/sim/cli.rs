@@ -58,6 +58,9 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         if args.kv_aware_decode_weight.is_some() {
             a.kv_aware_decode_weight = args.kv_aware_decode_weight;
         }
+        if args.kv_aware_temperature.is_some() {
+            a.kv_aware_temperature = args.kv_aware_temperature;
+        }
         a.kv_aware_no_calibrate |= args.kv_aware_no_calibrate;
         let out: Option<PathBuf> = match &args.out {
             Some(dir) if many => Some(dir.join(&s.name)),
