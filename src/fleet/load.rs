@@ -78,7 +78,9 @@ impl Load {
     /// Records a reading of the engine's own load; `own` is [`Load::snapshot`] taken when the
     /// engine was asked, `at` when (for the reading's age; the simulator passes `None`).
     pub fn set_reading(&self, engine: EngineLoad, own: LoadSnapshot, at: Option<Instant>) {
-        *self.lock_reading() = Some((Reading { engine, own }, at));
+        let mut held = self.lock_reading();
+        let reading = Reading::after(held.as_ref().map(|(r, _)| r), engine, own);
+        *held = Some((reading, at));
     }
 
     /// Forgets the reading (too old, or the engine stopped answering): the view falls back to

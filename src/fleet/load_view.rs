@@ -40,6 +40,32 @@ pub struct Reading {
     pub engine: EngineLoad,
     /// This replica's router-side counters for the worker when the reading was taken.
     pub own: LoadSnapshot,
+    /// How many more requests of others the engine held than at the previous reading (0 for
+    /// a first reading): recent arrivals, most likely still before their first token.
+    pub others_arrived: u64,
+}
+
+impl Reading {
+    /// A reading that follows `previous` (if any) of the same worker.
+    pub fn after(previous: Option<&Reading>, engine: EngineLoad, own: LoadSnapshot) -> Reading {
+        let mut r = Reading {
+            engine,
+            own,
+            others_arrived: 0,
+        };
+        if let Some(p) = previous {
+            r.others_arrived = r.others().saturating_sub(p.others());
+        }
+        r
+    }
+
+    /// Requests on the engine that this replica did not send.
+    pub fn others(&self) -> u64 {
+        self.engine
+            .running
+            .saturating_add(self.engine.waiting)
+            .saturating_sub(self.own.in_flight)
+    }
 }
 
 /// Totals of every request this replica has routed to a worker, to price others' requests.
@@ -66,18 +92,20 @@ pub fn combine(own: LoadSnapshot, reading: Option<&Reading>, history: Admissions
         return own;
     };
     let at = r.own;
-    let engine_total = r.engine.running.saturating_add(r.engine.waiting);
-    let others = engine_total.saturating_sub(at.in_flight);
+    let others = r.others();
     if others == 0 {
         return own;
     }
     // Own requests that had no first token at the reading are assumed to be the engine's
-    // waiting ones first: the rest of its queue belongs to others.
+    // waiting ones first: the rest of its queue belongs to others. Others' requests that
+    // arrived since the previous reading are counted as still prefilling too (the engine's
+    // running count does not tell a long prefill from a decode).
     let own_prefilling = at.in_flight.saturating_sub(at.decoding);
     let others_waiting = r
         .engine
         .waiting
         .saturating_sub(own_prefilling.min(r.engine.waiting))
+        .max(r.others_arrived)
         .min(others);
     let others_running = others - others_waiting;
     let prefill = Admissions::mean(history.prefill_tokens, history.requests);
@@ -117,6 +145,7 @@ mod tests {
                 kv_usage: None,
             },
             own,
+            others_arrived: 0,
         }
     }
 
@@ -158,6 +187,24 @@ mod tests {
         assert_eq!(v.queued_prefill_tokens, 800 + 2 * 500);
         assert_eq!(v.decoding, 2 + 4);
         assert_eq!(v.active_prompt_tokens, 400 + 6 * 800);
+    }
+
+    #[test]
+    fn others_arrived_since_the_previous_reading_are_priced_as_prefilling() {
+        let at = snap(1, 0, 1);
+        let first = reading(3, 0, at);
+        assert_eq!(first.others(), 2);
+        let next = Reading::after(Some(&first), first.engine, at);
+        assert_eq!(next.others_arrived, 0);
+        let grown = EngineLoad {
+            running: 6,
+            ..first.engine
+        };
+        let next = Reading::after(Some(&first), grown, at);
+        assert_eq!(next.others_arrived, 3);
+        let v = combine(at, Some(&next), HISTORY);
+        // 5 others: the 3 new ones queued at 500 tokens each, 2 decoding.
+        assert_eq!((v.queued_prefill_tokens, v.decoding), (1_500, 1 + 2));
     }
 
     #[test]

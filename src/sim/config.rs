@@ -205,5 +205,17 @@ mod tests {
         assert_eq!(c.max_workers(), 5);
         c.workers = 0;
         assert_eq!(c.validate().unwrap_err(), SimConfigError::NoWorkers);
+        let mut c = SimConfig {
+            routers: 0,
+            ..SimConfig::default()
+        };
+        assert_eq!(c.validate().unwrap_err(), SimConfigError::NoRouters);
+        c.routers = 4;
+        for bad in [0.0, -1.0, f64::NAN] {
+            c.load_sample_s = Some(bad);
+            assert_eq!(c.validate().unwrap_err(), SimConfigError::LoadSample);
+        }
+        c.load_sample_s = Some(0.1);
+        assert!(c.validate().is_ok());
     }
 }
