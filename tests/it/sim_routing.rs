@@ -166,11 +166,14 @@ fn replicas_reading_engine_load_route_closer_to_one_router() {
     let (_, blind) = run(4, None);
     let (_, read) = run(4, Some(0.1));
     let (_, fresh) = run(4, Some(0.005));
-    eprintln!("fresh {:.4}", fresh.ttft_s.mean);
     eprintln!(
-        "TTFT mean: one {:.4}, four blind {:.4}, four reading {:.4}",
-        one_r.ttft_s.mean, blind.ttft_s.mean, read.ttft_s.mean
+        "TTFT mean: one {:.4}, four blind {:.4}, four reading every 100 ms {:.4}, every 5 ms {:.4}",
+        one_r.ttft_s.mean, blind.ttft_s.mean, read.ttft_s.mean, fresh.ttft_s.mean
     );
+    // Fresher readings see more of the others' requests (measured: 0.1225 s one router,
+    // 0.1639 blind, 0.1511 at 100 ms, 0.1451 at 5 ms: counts alone do not tell how much
+    // prefill the others' requests still need, which only shared bookkeeping would).
+    assert!(fresh.ttft_s.mean <= read.ttft_s.mean);
     assert_eq!(blind.errors + read.errors, 0);
     assert!(
         (read.ttft_s.mean - one_r.ttft_s.mean).abs()
