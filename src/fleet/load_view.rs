@@ -12,9 +12,11 @@
 //! own requests since the reading", except that own requests that finished since the reading
 //! are no longer counted.
 //!
-//! Engines report request counts, not tokens, so others' waiting requests are priced at this
-//! replica's own mean uncached prompt tokens per routed request (replicas behind one load
-//! balancer see the same mix). Without a reading, or when the engine reports no more than this
+//! Engines report request counts, not tokens, so others' requests still before their first
+//! token — the engine's waiting ones, and those that arrived since the previous reading (a
+//! long prefill runs for several steps and shows as running) — are priced at this replica's
+//! own mean uncached prompt tokens per routed request (replicas behind one load balancer see
+//! the same mix); the rest count as decoding. Without a reading, or when the engine reports no more than this
 //! replica's own requests (one router), the view is exactly the router-side counters, so a
 //! single router behaves as it did before readings existed.
 //!
