@@ -232,6 +232,13 @@ async fn prefix_groups_concentrate_through_two_replicas_as_through_one() {
                 let prompt = format!("{prefix} {}", text(&format!("g{g}q{k}u"), 8));
                 let router = sent % routers;
                 sent += 1;
+                // Every earlier request has ended: wait until the replica's engine readings
+                // say so too (a reading taken while the other replica's request ran still
+                // counts it, for at most one interval).
+                assert!(
+                    support::wait_for(Duration::from_secs(20), || r.seen_in_flight(router) == 0)
+                        .await
+                );
                 let (resp, worker) = r.send(router, &prompt, 4, false).await;
                 let _ = resp.bytes().await.unwrap();
                 if k == 0 {
