@@ -7,8 +7,8 @@ use std::collections::HashMap;
 
 use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Buckets for latencies from sub-millisecond to minutes.
@@ -55,6 +55,10 @@ pub struct Metrics {
     /// `kvroute_worker_warming{worker}`: 1 while the worker's KV-event warm-up replay runs (its
     /// index entries are a lower bound of its cache).
     pub worker_warming: IntGaugeVec,
+    /// Age of the last reading of each worker's own load, seconds (absent without one).
+    pub worker_load_age: GaugeVec,
+    /// Requests on each worker that other router replicas sent, from that reading.
+    pub worker_unseen_in_flight: IntGaugeVec,
     /// `kvroute_prefix_hit_blocks_total{worker}`: prompt blocks the chosen worker held.
     pub prefix_hit_blocks: IntCounterVec,
     /// `kvroute_prefix_queried_blocks_total{worker}`: prompt blocks routed to the worker.
@@ -106,6 +110,8 @@ impl Metrics {
         forget(&self.worker_healthy, id);
         forget(&self.worker_kv_blocks, id);
         forget(&self.worker_warming, id);
+        forget(&self.worker_load_age, id);
+        forget(&self.worker_unseen_in_flight, id);
         forget(&self.prefix_hit_blocks, id);
         forget(&self.prefix_queried_blocks, id);
         forget(&self.kv_stream, id);
@@ -196,6 +202,22 @@ impl Metrics {
             Opts::new(
                 "kvroute_worker_warming",
                 "1 while the worker's KV-event warm-up replay runs (its index entries are a lower bound).",
+            ),
+            &["worker"],
+        )
+        .expect("static metric definition");
+        let worker_load_age = GaugeVec::new(
+            Opts::new(
+                "kvroute_worker_load_reading_age_seconds",
+                "Age of the last reading of the worker's own load from its /metrics ([health] load_interval_ms); absent without one.",
+            ),
+            &["worker"],
+        )
+        .expect("static metric definition");
+        let worker_unseen_in_flight = IntGaugeVec::new(
+            Opts::new(
+                "kvroute_worker_unseen_in_flight",
+                "Requests on the worker that this router did not send (other router replicas'), from the last load reading.",
             ),
             &["worker"],
         )
@@ -318,6 +340,8 @@ impl Metrics {
             Box::new(worker_healthy.clone()),
             Box::new(worker_kv_blocks.clone()),
             Box::new(worker_warming.clone()),
+            Box::new(worker_load_age.clone()),
+            Box::new(worker_unseen_in_flight.clone()),
             Box::new(prefix_hit_blocks.clone()),
             Box::new(prefix_queried_blocks.clone()),
             Box::new(index_entries.clone()),
@@ -344,6 +368,8 @@ impl Metrics {
             worker_healthy,
             worker_kv_blocks,
             worker_warming,
+            worker_load_age,
+            worker_unseen_in_flight,
             prefix_hit_blocks,
             prefix_queried_blocks,
             index_entries,

@@ -110,6 +110,7 @@ pub(super) struct FileHealth {
     pub(super) timeout_s: Option<f64>,
     pub(super) unhealthy_threshold: Option<u32>,
     pub(super) healthy_threshold: Option<u32>,
+    pub(super) load_interval_ms: Option<u64>,
 }
 
 #[derive(Deserialize, Debug)]

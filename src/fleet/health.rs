@@ -38,6 +38,9 @@ pub struct HealthConfig {
     pub unhealthy_threshold: u32,
     /// Consecutive passed checks that bring a down worker back.
     pub healthy_threshold: u32,
+    /// Time between two readings of each worker's own load from its `/metrics`
+    /// ([`super::load_poller`]); zero turns the readings off (one router sees all its load).
+    pub load_interval: Duration,
 }
 
 impl Default for HealthConfig {
@@ -48,11 +51,12 @@ impl Default for HealthConfig {
             path: "/health".into(),
             unhealthy_threshold: 2,
             healthy_threshold: 1,
+            load_interval: super::load_poller::DEFAULT_INTERVAL,
         }
     }
 }
 
-type ProbeClient = Client<WorkerConnector, Empty<Bytes>>;
+pub(super) type ProbeClient = Client<WorkerConnector, Empty<Bytes>>;
 
 /// Runs health checks until `stop` is cancelled. The first round runs immediately;
 /// `on_capacity` hears of every KV capacity read from a worker's metrics. `https://` workers
@@ -159,7 +163,7 @@ async fn learn_capacity(
     }
 }
 
-async fn get(
+pub(super) async fn get(
     client: &ProbeClient,
     worker: &Worker,
     path: &str,

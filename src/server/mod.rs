@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, ModelConfig};
 use crate::fleet::Fleet;
-use crate::fleet::health;
+use crate::fleet::{health, load_poller};
 use crate::index::{ApproxConfig, ApproxIndex, Holdings, IndexConfig, KvIndex};
 use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
@@ -320,6 +320,19 @@ pub fn start_with_state(
         state.own_addrs(),
         &stop,
     );
+    let load_task = if config.health.load_interval.is_zero() {
+        None
+    } else {
+        Some(
+            load_poller::spawn(
+                Arc::clone(&state.fleet),
+                config.health.load_interval,
+                &config.proxy.tls,
+                stop.clone(),
+            )
+            .map_err(|e| anyhow::anyhow!("proxy.tls: {e}"))?,
+        )
+    };
     let front = listen::FrontDoor {
         grace: config.shutdown_grace,
         header_read_timeout: config.header_read_timeout,
@@ -357,6 +370,9 @@ pub fn start_with_state(
         }
         health_task.abort();
         for t in discovery_tasks {
+            t.abort();
+        }
+        if let Some(t) = load_task {
             t.abort();
         }
     });

@@ -46,6 +46,8 @@ pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     m.worker_healthy.reset();
     m.worker_kv_blocks.reset();
     m.worker_warming.reset();
+    m.worker_load_age.reset();
+    m.worker_unseen_in_flight.reset();
     m.circuit_state.reset();
     let now = std::time::Instant::now();
     let workers = state.fleet.workers();
@@ -103,6 +105,14 @@ pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
             m.worker_kv_blocks
                 .with_label_values(&[w.id()])
                 .set(i64::try_from(blocks).unwrap_or(i64::MAX));
+        }
+        if let Some(at) = w.load.reading_taken() {
+            m.worker_load_age
+                .with_label_values(&[w.id()])
+                .set(now.saturating_duration_since(at).as_secs_f64());
+            m.worker_unseen_in_flight
+                .with_label_values(&[w.id()])
+                .set(i64::try_from(w.load.view().unseen_in_flight).unwrap_or(i64::MAX));
         }
         m.circuit_state
             .with_label_values(&[w.id()])

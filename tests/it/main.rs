@@ -44,6 +44,7 @@ mod reliability;
 mod request_ids;
 mod router_lifecycle;
 mod router_proxy;
+mod router_replicas;
 mod routing_loops;
 mod routing_parity;
 mod serve_cli;
