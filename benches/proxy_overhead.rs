@@ -1,10 +1,20 @@
 //! Added latency of the router: the same small request sent N times sequentially, directly to a
-//! backend and through kvroute (one run, same machine, same client), median and p99.
+//! backend and through each router in front of it (one run, same machine, same client, rounds
+//! alternating so drift on a shared machine hits every path alike), median and p99.
 //!
-//! Run: `cargo bench --bench proxy_overhead` (N defaults to 2,000; set `KVROUTE_BENCH_N`).
+//! Paths: kvroute in this process (`least_request`), `kvroute serve` processes with a load-only
+//! policy and with its default (`kv_aware`: the request is tokenized, hashed and looked up), and — when
+//! `KVROUTE_BENCH_SGLANG_ROUTER` names a Python with the `sglang-router` package
+//! (`scripts/peer-routers-setup.sh` installs one) — the SGLang router (`cache_aware`) as a peer.
+//! The two processes are compared like for like: a separate process each, one worker behind.
+//!
+//! Run: `cargo bench --bench proxy_overhead` (N defaults to 2,000 per path; set
+//! `KVROUTE_BENCH_N`).
 
+use std::net::SocketAddr;
 use std::path::Path;
-use std::time::Instant;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::routing::post;
@@ -12,15 +22,22 @@ use bytes::Bytes;
 use hdrhistogram::Histogram;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use kvroute::config::Config;
 use tokio::net::TcpListener;
 
 const BODY: &str = r#"{"model":"m","prompt":"Say hello","max_tokens":1}"#;
 const ANSWER: &str = r#"{"id":"c","object":"text_completion","choices":[{"index":0,"text":"hi","finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}"#;
+const MODELS: &str =
+    r#"{"object":"list","data":[{"id":"m","object":"model","owned_by":"bench","root":"m"}]}"#;
 
-async fn measure(url: &str, n: usize) -> Histogram<u64> {
-    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+/// Rounds per path; each round sends `n / ROUNDS` requests after 100 warm-up ones.
+const ROUNDS: usize = 4;
+
+type BenchClient = Client<HttpConnector, Full<Bytes>>;
+
+async fn measure(client: &BenchClient, url: &str, n: usize) -> Histogram<u64> {
     let mut h = Histogram::<u64>::new(3).expect("histogram");
     for i in 0..n + 100 {
         let req = http::Request::post(url)
@@ -44,6 +61,73 @@ async fn measure(url: &str, n: usize) -> Histogram<u64> {
     h
 }
 
+fn free_addr() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr")
+}
+
+/// A router process, killed when dropped.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Waits until `url` answers a completion, so no path is measured while still starting.
+async fn wait_serving(client: &BenchClient, url: &str) {
+    for _ in 0..600 {
+        let req = http::Request::post(url)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from_static(BODY.as_bytes())))
+            .expect("request");
+        if let Ok(r) = client.request(req).await
+            && r.status().is_success()
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{url} never answered");
+}
+
+fn kvroute_process(backend: SocketAddr, dir: &Path, policy: &str) -> (Process, String) {
+    let addr = free_addr();
+    let file = dir.join(format!("kvroute-{policy}.toml"));
+    let text = format!(
+        "listen = \"{addr}\"\npolicy = \"{policy}\"\n[[workers]]\nid = \"b\"\nurl = \"http://{backend}\"\nmodels = [\"m\"]\n"
+    );
+    std::fs::write(&file, text).expect("config");
+    let child = Command::new(env!("CARGO_BIN_EXE_kvroute"))
+        .arg("serve")
+        .arg("--config")
+        .arg(&file)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("kvroute serve");
+    (Process(child), format!("http://{addr}/v1/completions"))
+}
+
+fn sglang_router(python: &str, backend: SocketAddr) -> (Process, String) {
+    let addr = free_addr();
+    let child = Command::new(python)
+        .args(["-m", "sglang_router.launch_router", "--host", "127.0.0.1"])
+        .args(["--port", &addr.port().to_string()])
+        .args(["--worker-urls", &format!("http://{backend}")])
+        .args(["--policy", "cache_aware", "--log-level", "warn"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("sglang router");
+    (Process(child), format!("http://{addr}/v1/completions"))
+}
+
 fn main() {
     let n: usize = std::env::var("KVROUTE_BENCH_N")
         .ok()
@@ -54,11 +138,17 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
+    let dir = std::env::temp_dir().join(format!("kvroute-proxy-overhead-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
     rt.block_on(async {
         let backend = Router::new()
             .route(
                 "/v1/completions",
                 post(|| async { ([("content-type", "application/json")], ANSWER) }),
+            )
+            .route(
+                "/v1/models",
+                axum::routing::get(|| async { ([("content-type", "application/json")], MODELS) }),
             )
             .route("/health", axum::routing::get(|| async { "ok" }));
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -72,32 +162,73 @@ fn main() {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let router = kvroute::server::start(&config, listener).expect("router");
 
-        let direct_url = format!("http://{backend_addr}/v1/completions");
-        let routed_url = format!("http://{}/v1/completions", router.addr);
-        // Interleave two rounds each so drift on a shared machine hits both sides alike.
-        let mut direct = Histogram::<u64>::new(3).expect("histogram");
-        let mut routed = Histogram::<u64>::new(3).expect("histogram");
-        for _ in 0..2 {
-            direct.add(measure(&direct_url, n / 2).await).expect("add");
-            routed.add(measure(&routed_url, n / 2).await).expect("add");
+        let client: BenchClient = Client::builder(TokioExecutor::new()).build_http();
+        let mut paths: Vec<(&str, String)> = vec![
+            ("direct", format!("http://{backend_addr}/v1/completions")),
+            (
+                "kvroute in-process (least_request)",
+                format!("http://{}/v1/completions", router.addr),
+            ),
+        ];
+        let mut processes = Vec::new();
+        let (p, url) = kvroute_process(backend_addr, &dir, "least_request");
+        processes.push(p);
+        paths.push(("kvroute serve (least_request)", url));
+        let (p, url) = kvroute_process(backend_addr, &dir, "kv_aware");
+        processes.push(p);
+        paths.push(("kvroute serve (kv_aware)", url));
+        if let Ok(python) = std::env::var("KVROUTE_BENCH_SGLANG_ROUTER") {
+            let (p, url) = sglang_router(&python, backend_addr);
+            processes.push(p);
+            paths.push(("sglang-router (cache_aware)", url));
+        }
+        for (_, url) in &paths {
+            wait_serving(&client, url).await;
+        }
+
+        let mut hists: Vec<Histogram<u64>> = paths
+            .iter()
+            .map(|_| Histogram::<u64>::new(3).expect("histogram"))
+            .collect();
+        for _ in 0..ROUNDS {
+            for (i, (_, url)) in paths.iter().enumerate() {
+                hists[i]
+                    .add(measure(&client, url, n / ROUNDS).await)
+                    .expect("add");
+            }
         }
         let us = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
-        println!("requests per path: {}", direct.len());
-        println!(
-            "direct : median {:>8.1} µs  p99 {:>8.1} µs",
-            us(&direct, 0.5),
-            us(&direct, 0.99)
-        );
-        println!(
-            "routed : median {:>8.1} µs  p99 {:>8.1} µs",
-            us(&routed, 0.5),
-            us(&routed, 0.99)
-        );
-        println!(
-            "added  : median {:>8.1} µs  p99 {:>8.1} µs",
-            us(&routed, 0.5) - us(&direct, 0.5),
-            us(&routed, 0.99) - us(&direct, 0.99)
-        );
+        println!("requests per path: {}", hists[0].len());
+        for ((name, _), h) in paths.iter().zip(&hists) {
+            println!(
+                "{name:<36}: median {:>8.1} µs  p99 {:>8.1} µs",
+                us(h, 0.5),
+                us(h, 0.99)
+            );
+        }
+        let direct = &hists[0];
+        let added: Vec<(f64, f64)> = hists
+            .iter()
+            .map(|h| (us(h, 0.5) - us(direct, 0.5), us(h, 0.99) - us(direct, 0.99)))
+            .collect();
+        for ((name, _), (m, p)) in paths.iter().zip(&added).skip(1) {
+            println!("added by {name:<27}: median {m:>8.1} µs  p99 {p:>8.1} µs");
+        }
+        if let [.., (_, (kv_m, kv_p)), (_, (sg_m, sg_p))] = paths
+            .iter()
+            .zip(added.iter().copied())
+            .collect::<Vec<_>>()
+            .as_slice()
+            && paths.len() == 5
+        {
+            println!(
+                "kvroute serve adds {:.2}× what sglang-router adds (median), {:.2}× (p99)",
+                kv_m / sg_m,
+                kv_p / sg_p
+            );
+        }
+        drop(processes);
         router.shutdown().await;
     });
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -171,7 +171,10 @@ def semantics(docs: list[dict], name: str, overlay: bool) -> dict:
     tgps = pod.get("terminationGracePeriodSeconds", 30)
     check(tgps > sleep + grace, f"terminationGracePeriodSeconds {tgps} > preStop {sleep:g} s + shutdown_grace_s {grace:g} s")
 
-    # RBAC for the coming discovery: read-only pods and endpointslices, bound to the pod's SA.
+    # Kubernetes discovery reads the API with the pod's ServiceAccount token: it must be mounted.
+    if "kubernetes" in config.get("discovery", {}):
+        check(pod.get("automountServiceAccountToken") is not False, "[discovery.kubernetes] is configured and the pod mounts its ServiceAccount token")
+    # RBAC for discovery: read-only pods and endpointslices, bound to the pod's SA.
     rules = {(g, r): set(rule["verbs"]) for rule in role.get("rules", []) for g in rule["apiGroups"] for r in rule["resources"]}
     want = {"get", "list", "watch"}
     check(rules.get(("", "pods")) == want, "Role: get/list/watch on pods, nothing more")
@@ -235,7 +238,11 @@ def run_config(kvroute: str, parts: dict, name: str) -> None:
         text = merged.read_text()
         conf = tomllib.loads(text)
         check(len(conf.get("tenants", [])) >= 1 and "admin" in conf, "merged config has the Secret's [[tenants]] and [admin]")
-        check(len(conf.get("workers", [])) >= 1, f"merged config lists {len(conf.get('workers', []))} workers")
+        sources = sorted(conf.get("discovery", {}).keys() & {"kubernetes", "dns"})
+        check(
+            len(conf.get("workers", [])) >= 1 or sources,
+            f"merged config lists {len(conf.get('workers', []))} workers, discovery {sources}",
+        )
 
         port = free_port()
         env = dict(os.environ, KVROUTE_CONFIG=str(merged), KVROUTE_LISTEN=f"127.0.0.1:{port}", RUST_LOG="warn")

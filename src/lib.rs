@@ -8,6 +8,7 @@ pub mod bench;
 pub mod config;
 #[cfg(feature = "lab")]
 pub mod demo;
+pub mod discovery;
 #[cfg(feature = "lab")]
 pub mod engine;
 pub mod fleet;
@@ -24,6 +25,7 @@ pub mod routing;
 pub mod server;
 #[cfg(feature = "lab")]
 pub mod sim;
+pub mod tls;
 pub mod tokens;
 #[cfg(feature = "lab")]
 pub mod workload;

@@ -20,6 +20,37 @@ use crate::kv_events::{ReplayLimits, SubscriberConfig, SubscriberStats};
 use crate::metrics::Metrics;
 use crate::policy::Policy;
 
+/// Where a worker came from: the admin API refuses to remove a discovered worker without
+/// `force`, since its source would bring it back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// `[[workers]]` or `--worker`.
+    Config,
+    /// `POST /admin/workers`.
+    Admin,
+    /// `[discovery.kubernetes]`.
+    Kubernetes,
+    /// `[discovery.dns]`.
+    Dns,
+}
+
+impl Source {
+    /// Its name in the admin API and metric labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            Source::Config => "config",
+            Source::Admin => "admin",
+            Source::Kubernetes => "kubernetes",
+            Source::Dns => "dns",
+        }
+    }
+
+    /// Whether a discovery source owns the worker.
+    pub fn is_discovered(self) -> bool {
+        matches!(self, Source::Kubernetes | Source::Dns)
+    }
+}
+
 /// Why a worker could not join.
 #[derive(Debug, Error, PartialEq)]
 pub enum JoinError {
@@ -60,6 +91,10 @@ pub struct Lifecycle {
     feeds: Mutex<HashMap<WorkerId, WorkerFeed>>,
     /// Bounds of the feeds' replays.
     replay_limits: ReplayLimits,
+    /// Where each worker that joined at run time came from, by id (absent: `Config`). Written
+    /// under the same lock as the fleet's insertion and removal, so a worker is never seen
+    /// without its source.
+    sources: Mutex<HashMap<String, Source>>,
 }
 
 impl Lifecycle {
@@ -92,6 +127,7 @@ impl Lifecycle {
             default_block_size: DEFAULT_BLOCK_SIZE,
             feeds: Mutex::new(HashMap::new()),
             replay_limits: ReplayLimits::default(),
+            sources: Mutex::new(HashMap::new()),
         }
     }
 
@@ -125,12 +161,31 @@ impl Lifecycle {
         }
     }
 
-    /// Adds a worker at run time. Must be called on a Tokio runtime.
+    fn sources(&self) -> MutexGuard<'_, HashMap<String, Source>> {
+        self.sources.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds a worker at run time, for the admin API. Must be called on a Tokio runtime.
     pub fn join(&self, spec: WorkerSpec) -> Result<Arc<Worker>, JoinError> {
-        let worker = self.fleet.add(spec)?;
+        self.join_as(spec, Source::Admin)
+    }
+
+    /// Adds a worker at run time from `source`. Must be called on a Tokio runtime.
+    pub fn join_as(&self, spec: WorkerSpec, source: Source) -> Result<Arc<Worker>, JoinError> {
+        let worker = {
+            let mut sources = self.sources();
+            let worker = self.fleet.add(spec)?;
+            sources.insert(worker.id().to_owned(), source);
+            worker
+        };
         self.arrive(&worker);
-        tracing::info!(worker = worker.id(), key = %worker.key, "worker joined");
+        tracing::info!(worker = worker.id(), key = %worker.key, source = source.name(), "worker joined");
         Ok(worker)
+    }
+
+    /// Where the worker `id` came from (`Config` for an id the lifecycle does not know).
+    pub fn source(&self, id: &str) -> Source {
+        self.sources().get(id).copied().unwrap_or(Source::Config)
     }
 
     /// Stops sending new requests to the worker `id`; in-flight ones finish.
@@ -164,7 +219,15 @@ impl Lifecycle {
                 in_flight,
             });
         }
-        let Some(w) = self.fleet.remove(id) else {
+        let removed = {
+            let mut sources = self.sources();
+            let removed = self.fleet.remove(id);
+            if removed.is_some() {
+                sources.remove(id);
+            }
+            removed
+        };
+        let Some(w) = removed else {
             // Removed meanwhile by another call, which does the rest.
             return Err(LeaveError::NotFound(id.to_owned()));
         };

@@ -7,8 +7,8 @@ use std::collections::HashMap;
 
 use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Buckets for latencies from sub-millisecond to minutes.
@@ -55,6 +55,10 @@ pub struct Metrics {
     /// `kvroute_worker_warming{worker}`: 1 while the worker's KV-event warm-up replay runs (its
     /// index entries are a lower bound of its cache).
     pub worker_warming: IntGaugeVec,
+    /// Age of the last reading of each worker's own load, seconds (absent without one).
+    pub worker_load_age: GaugeVec,
+    /// Requests on each worker that other router replicas sent, from that reading.
+    pub worker_unseen_in_flight: IntGaugeVec,
     /// `kvroute_prefix_hit_blocks_total{worker}`: prompt blocks the chosen worker held.
     pub prefix_hit_blocks: IntCounterVec,
     /// `kvroute_prefix_queried_blocks_total{worker}`: prompt blocks routed to the worker.
@@ -74,12 +78,23 @@ pub struct Metrics {
     pub kv_stream: IntCounterVec,
     /// `kvroute_open_connections`: client connections open now.
     pub open_connections: IntGauge,
+    /// `kvroute_tls_reloads_total{result}`: changed TLS files of the front door, `applied` or
+    /// `refused` (unusable; the previous certificate is still served).
+    pub tls_reloads: IntCounterVec,
+    /// `kvroute_tls_handshake_failures_total`: client connections whose TLS handshake failed
+    /// or timed out.
+    pub tls_handshake_failures: IntCounter,
     /// `kvroute_connections_refused_total`: client connections closed on accept because
     /// `server.max_connections` were open.
     pub connections_refused: IntCounter,
     /// `kvroute_connections_closed_total{reason}`: client connections the router closed
     /// (`first_request_timeout`, `idle`).
     pub connections_closed: IntCounterVec,
+    /// `kvroute_discovery_events_total{source,kind}`: what worker discovery saw and did
+    /// (`join`, `join_failed`, `drain`, `undrain`, `leave`, `forced_leave`, `error`, `relist`).
+    pub discovery_events: IntCounterVec,
+    /// `kvroute_discovery_workers{source}`: workers a discovery source has in the fleet now.
+    pub discovery_workers: IntGaugeVec,
 }
 
 impl Metrics {
@@ -95,6 +110,8 @@ impl Metrics {
         forget(&self.worker_healthy, id);
         forget(&self.worker_kv_blocks, id);
         forget(&self.worker_warming, id);
+        forget(&self.worker_load_age, id);
+        forget(&self.worker_unseen_in_flight, id);
         forget(&self.prefix_hit_blocks, id);
         forget(&self.prefix_queried_blocks, id);
         forget(&self.kv_stream, id);
@@ -189,6 +206,22 @@ impl Metrics {
             &["worker"],
         )
         .expect("static metric definition");
+        let worker_load_age = GaugeVec::new(
+            Opts::new(
+                "kvroute_worker_load_reading_age_seconds",
+                "Age of the last reading of the worker's own load from its /metrics ([health] load_interval_ms); absent without one.",
+            ),
+            &["worker"],
+        )
+        .expect("static metric definition");
+        let worker_unseen_in_flight = IntGaugeVec::new(
+            Opts::new(
+                "kvroute_worker_unseen_in_flight",
+                "Requests on the worker that this router did not send (other router replicas'), from the last load reading.",
+            ),
+            &["worker"],
+        )
+        .expect("static metric definition");
         let counter = |name: &str, help: &str, labels: &[&str]| {
             IntCounterVec::new(Opts::new(name, help), labels).expect("static metric definition")
         };
@@ -262,8 +295,39 @@ impl Metrics {
              server.idle_timeout_s).",
             &["reason"],
         );
+        let tls_reloads = counter(
+            "kvroute_tls_reloads_total",
+            "Changed TLS files of the front door: applied, or refused (unusable; the previous \
+             certificate is still served).",
+            &["result"],
+        );
+        let tls_handshake_failures = IntCounter::new(
+            "kvroute_tls_handshake_failures_total",
+            "Client connections whose TLS handshake failed or timed out.",
+        )
+        .expect("static metric definition");
+        let discovery_events = counter(
+            "kvroute_discovery_events_total",
+            "Worker discovery, by source (kubernetes, dns) and kind: join, join_failed (the \
+             endpoint's /v1/models did not answer; retried), drain, undrain, leave, forced_leave \
+             (drain timeout), error (the source could not be read; the last known workers are \
+             kept), relist (a full list after a start, a 410 Gone or a reconnect).",
+            &["source", "kind"],
+        );
+        let discovery_workers = IntGaugeVec::new(
+            Opts::new(
+                "kvroute_discovery_workers",
+                "Workers a discovery source has in the fleet now, draining ones included.",
+            ),
+            &["source"],
+        )
+        .expect("static metric definition");
         for c in [
             Box::new(open_connections.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(tls_reloads.clone()),
+            Box::new(tls_handshake_failures.clone()),
+            Box::new(discovery_events.clone()),
+            Box::new(discovery_workers.clone()),
             Box::new(connections_refused.clone()),
             Box::new(connections_closed.clone()),
             Box::new(requests.clone()),
@@ -276,6 +340,8 @@ impl Metrics {
             Box::new(worker_healthy.clone()),
             Box::new(worker_kv_blocks.clone()),
             Box::new(worker_warming.clone()),
+            Box::new(worker_load_age.clone()),
+            Box::new(worker_unseen_in_flight.clone()),
             Box::new(prefix_hit_blocks.clone()),
             Box::new(prefix_queried_blocks.clone()),
             Box::new(index_entries.clone()),
@@ -302,6 +368,8 @@ impl Metrics {
             worker_healthy,
             worker_kv_blocks,
             worker_warming,
+            worker_load_age,
+            worker_unseen_in_flight,
             prefix_hit_blocks,
             prefix_queried_blocks,
             index_entries,
@@ -314,7 +382,11 @@ impl Metrics {
             circuit_state,
             open_connections,
             connections_refused,
+            tls_reloads,
+            tls_handshake_failures,
             connections_closed,
+            discovery_events,
+            discovery_workers,
         }
     }
 

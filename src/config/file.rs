@@ -41,6 +41,8 @@ pub(super) struct FileConfig {
     #[serde(default)]
     pub(super) tenants: Vec<FileTenant>,
     pub(super) admin: Option<FileAdmin>,
+    #[serde(default)]
+    pub(super) discovery: super::discovery::FileDiscovery,
 }
 
 #[derive(Deserialize, Debug, Default)]
@@ -56,6 +58,24 @@ pub(super) struct FileServer {
     pub(super) http2_keepalive_interval_s: Option<f64>,
     pub(super) http2_keepalive_timeout_s: Option<f64>,
     pub(super) metrics_listen: Option<String>,
+    pub(super) tls: Option<FileServerTls>,
+}
+
+#[derive(Deserialize, Debug, Default, Clone)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FileServerTls {
+    pub(super) cert_file: Option<std::path::PathBuf>,
+    pub(super) key_file: Option<std::path::PathBuf>,
+    pub(super) client_ca_file: Option<std::path::PathBuf>,
+    pub(super) reload_interval_s: Option<f64>,
+}
+
+#[derive(Deserialize, Debug, Default, Clone)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FileUpstreamTls {
+    pub(super) ca_file: Option<std::path::PathBuf>,
+    pub(super) cert_file: Option<std::path::PathBuf>,
+    pub(super) key_file: Option<std::path::PathBuf>,
 }
 
 #[derive(Deserialize, Debug, Default)]
@@ -79,6 +99,7 @@ pub(super) struct FileProxy {
     pub(super) breaker_failure_rate: Option<f64>,
     pub(super) breaker_window_s: Option<f64>,
     pub(super) breaker_open_s: Option<f64>,
+    pub(super) tls: Option<FileUpstreamTls>,
 }
 
 #[derive(Deserialize, Debug, Default)]
@@ -89,6 +110,7 @@ pub(super) struct FileHealth {
     pub(super) timeout_s: Option<f64>,
     pub(super) unhealthy_threshold: Option<u32>,
     pub(super) healthy_threshold: Option<u32>,
+    pub(super) load_interval_ms: Option<u64>,
 }
 
 #[derive(Deserialize, Debug)]

@@ -15,6 +15,9 @@ pub(super) fn health(file: FileHealth) -> Result<HealthConfig, ConfigError> {
         path: file.path.unwrap_or(d.path),
         unhealthy_threshold: file.unhealthy_threshold.unwrap_or(d.unhealthy_threshold),
         healthy_threshold: file.healthy_threshold.unwrap_or(d.healthy_threshold),
+        load_interval: file
+            .load_interval_ms
+            .map_or(d.load_interval, std::time::Duration::from_millis),
     };
     if health.unhealthy_threshold == 0 || health.healthy_threshold == 0 {
         return Err(invalid(

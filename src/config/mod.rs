@@ -7,10 +7,11 @@
 //!
 //! Layout: `file` is the file's shape; each section is validated by a builder in its own
 //! file, next to the type it builds and the defaults it applies (`server`, `proxy`, `health`,
-//! `workers`, `models`, `policy`, `index`, `limits`, `tenants`; `values` holds the range
+//! `workers`, `models`, `policy`, `index`, `limits`, `tenants`, `discovery`; `values` holds the range
 //! checks they share). `Config::build` only sequences them. A default lives once: as a named constant in the
 //! section's file, or as the `Default` impl of the type the section builds.
 
+mod discovery;
 mod file;
 mod health;
 mod index;
@@ -21,6 +22,7 @@ mod policy;
 mod proxy;
 mod server;
 mod tenants;
+mod tls;
 mod values;
 mod workers;
 
@@ -38,6 +40,10 @@ use crate::fleet::{BreakerConfig, HealthConfig, WorkerSpec};
 use crate::policy::{KvAwareConfig, PolicyKind, PolicySettings};
 use crate::proxy::ProxyConfig;
 
+pub use discovery::{
+    DEFAULT_ANNOTATION_PREFIX, DEFAULT_DNS_INTERVAL, DEFAULT_DRAIN_TIMEOUT, DiscoveryConfig,
+    DnsDiscovery, KubernetesDiscovery, PortRef,
+};
 pub use index::IndexSettings;
 pub use limits::Limits;
 pub use models::{
@@ -172,6 +178,8 @@ pub struct Config {
     pub header_read_timeout: Duration,
     /// Client connections: idle timeout, HTTP/2 keep-alive, how many at once.
     pub connections: Connections,
+    /// HTTPS at the front door (`[server.tls]`), if configured.
+    pub tls: Option<crate::tls::ServerTls>,
     /// Admission limits.
     pub limits: Limits,
     /// API keys and their tenants; empty means no authentication.
@@ -180,6 +188,8 @@ pub struct Config {
     pub admin_key_sha256: Option<[u8; 32]>,
     /// Deprecated keys the file used (still honoured); see [`Config::warn_deprecations`].
     pub deprecations: Vec<Deprecation>,
+    /// Workers found at run time (`[discovery]`).
+    pub discovery: DiscoveryConfig,
 }
 
 impl Config {
@@ -239,6 +249,7 @@ impl Config {
         let kv_aware = policy::kv_aware(&file.kv_aware)?;
         let index = IndexSettings::from_file(&file.index)?;
         let replay_limits = kv_events::replay_limits(&file.kv_events)?;
+        let discovery = discovery::discovery(file.discovery)?;
         let limits = Limits::from_file(&file.limits, front.max_body_bytes)?;
         let tenants = tenants::tenants(file.tenants)?;
         let admin_key_sha256 = tenants::admin_key(file.admin, &tenants)?;
@@ -267,10 +278,12 @@ impl Config {
             body_read_timeout: front.body_read_timeout,
             header_read_timeout: front.header_read_timeout,
             connections: front.connections,
+            tls: tls::server_tls(file.server.tls.as_ref())?,
             limits,
             tenants,
             admin_key_sha256,
             deprecations,
+            discovery,
         })
     }
 }

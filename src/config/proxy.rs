@@ -57,6 +57,7 @@ pub(super) fn proxy(file: &FileProxy) -> Result<ProxyConfig, ConfigError> {
             )?,
             ..d.retry_budget
         },
+        tls: super::tls::upstream_tls(file.tls.as_ref())?,
     };
     if proxy.retries > MAX_RETRIES {
         return Err(invalid(

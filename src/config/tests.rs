@@ -61,7 +61,7 @@ fn errors_name_the_key() {
         ("policy = \"fastest\"", "policy"),
         ("[proxy]\nretries = 50", "proxy.retries"),
         ("[health]\ninterval_s = -1", "health.interval_s"),
-        ("[[workers]]\nurl = \"https://x\"", "workers[0].url"),
+        ("[[workers]]\nurl = \"ftp://x\"", "workers[0].url"),
         (
             "[[workers]]\nurl = \"http://a:1\"\nkv_events = \"a:1\"",
             "workers[0].kv_events",
@@ -94,6 +94,28 @@ fn example_config_loads() {
     assert!(!c.workers.is_empty());
     assert_eq!(c.workers[0].kv_blocks, Some(27264));
     assert_eq!(c.workers[1].kv_blocks, None);
+}
+
+/// The example's `[discovery]` block is commented out (the example must not watch anything),
+/// but uncommented it loads as documented.
+#[cfg(feature = "kubernetes")]
+#[test]
+fn the_example_discovery_block_loads_when_uncommented() {
+    let text = include_str!("../../config/kvroute.example.toml");
+    let start = text.find("# [discovery]\n").unwrap();
+    let end = start + text[start..].find("\n\n").unwrap();
+    let block: String = text[start..end]
+        .lines()
+        .map(|l| l.strip_prefix("# ").unwrap_or(l.trim_start_matches('#')))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let d = load(&block).unwrap().discovery;
+    let k = d.kubernetes.unwrap();
+    assert_eq!(k.label_selector, "app.kubernetes.io/name=vllm");
+    assert_eq!(k.namespace.as_deref(), Some("llm"));
+    let dns = d.dns.unwrap();
+    assert_eq!((dns.port, dns.kv_events_port), (8000, Some(5557)));
+    assert_eq!(d.drain_timeout, DEFAULT_DRAIN_TIMEOUT);
 }
 
 #[test]

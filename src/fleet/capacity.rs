@@ -70,14 +70,14 @@ pub fn parse_kv_blocks(text: &str) -> Option<usize> {
 }
 
 /// One sample line: `name{label="value",…} value [timestamp]`.
-struct Sample<'a> {
-    name: &'a str,
+pub(super) struct Sample<'a> {
+    pub(super) name: &'a str,
     labels: &'a str,
-    value: Option<f64>,
+    pub(super) value: Option<f64>,
 }
 
 impl<'a> Sample<'a> {
-    fn parse(line: &'a str) -> Option<Sample<'a>> {
+    pub(super) fn parse(line: &'a str) -> Option<Sample<'a>> {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
             return None;
@@ -101,7 +101,7 @@ impl<'a> Sample<'a> {
     }
 
     /// The value of label `key` (escapes are not needed for the numbers read here).
-    fn label(&self, key: &str) -> Option<&'a str> {
+    pub(super) fn label(&self, key: &str) -> Option<&'a str> {
         let mut rest = self.labels;
         while !rest.is_empty() {
             let eq = rest.find('=')?;

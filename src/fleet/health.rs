@@ -14,12 +14,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tokio_util::sync::CancellationToken;
 
 use super::capacity::parse_kv_blocks;
 use super::{Fleet, ServedModel, Worker};
+use crate::tls::upstream::WorkerConnector;
+use crate::tls::{TlsError, UpstreamTls};
 
 /// Called when a worker's KV cache capacity (in blocks) becomes known or changes.
 pub type CapacityHook = Arc<dyn Fn(&Worker, usize) + Send + Sync>;
@@ -37,6 +38,9 @@ pub struct HealthConfig {
     pub unhealthy_threshold: u32,
     /// Consecutive passed checks that bring a down worker back.
     pub healthy_threshold: u32,
+    /// Time between two readings of each worker's own load from its `/metrics`
+    /// ([`super::load_poller`]); zero turns the readings off (one router sees all its load).
+    pub load_interval: Duration,
 }
 
 impl Default for HealthConfig {
@@ -47,25 +51,26 @@ impl Default for HealthConfig {
             path: "/health".into(),
             unhealthy_threshold: 2,
             healthy_threshold: 1,
+            load_interval: super::load_poller::DEFAULT_INTERVAL,
         }
     }
 }
 
-type ProbeClient = Client<HttpConnector, Empty<Bytes>>;
+pub(super) type ProbeClient = Client<WorkerConnector, Empty<Bytes>>;
 
 /// Runs health checks until `stop` is cancelled. The first round runs immediately;
-/// `on_capacity` hears of every KV capacity read from a worker's metrics.
+/// `on_capacity` hears of every KV capacity read from a worker's metrics. `https://` workers
+/// are reached as `tls` says (the proxy's settings); fails when its files cannot be used.
 pub fn spawn(
     fleet: Arc<Fleet>,
     config: HealthConfig,
+    tls: &UpstreamTls,
     on_capacity: Option<CapacityHook>,
     stop: CancellationToken,
-) -> tokio::task::JoinHandle<()> {
-    let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(config.timeout));
-    connector.set_nodelay(true);
+) -> Result<tokio::task::JoinHandle<()>, TlsError> {
+    let connector = crate::tls::upstream::connector(tls, config.timeout)?;
     let client: ProbeClient = Client::builder(TokioExecutor::new()).build(connector);
-    tokio::spawn(async move {
+    Ok(tokio::spawn(async move {
         let mut tick = tokio::time::interval(config.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -81,7 +86,7 @@ pub fn spawn(
             });
             futures_util::future::join_all(checks).await;
         }
-    })
+    }))
 }
 
 /// Checks one worker now and updates its state; returns whether it is healthy.
@@ -158,7 +163,7 @@ async fn learn_capacity(
     }
 }
 
-async fn get(
+pub(super) async fn get(
     client: &ProbeClient,
     worker: &Worker,
     path: &str,

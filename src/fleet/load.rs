@@ -5,9 +5,16 @@
 //! it ends. A [`LoadGuard`] is the only way to change these counters and releases whatever is
 //! still held when it is dropped, so an error, a retry or a client that hangs up can never
 //! leak load (a leaked count would steer traffic away from a worker forever).
+//!
+//! With several router replicas the counters are only this replica's share: the last reading
+//! of the engine's own load ([`Load::set_reading`]) adds the others' ([`Load::view`], see
+//! [`super::load_view`]).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use super::load_view::{Admissions, EngineLoad, Reading, combine};
 
 /// Live load counters of one worker.
 #[derive(Debug, Default)]
@@ -16,6 +23,10 @@ pub struct Load {
     queued_prefill_tokens: AtomicU64,
     decoding: AtomicU64,
     active_prompt_tokens: AtomicU64,
+    admitted: AtomicU64,
+    admitted_prefill_tokens: AtomicU64,
+    admitted_prompt_tokens: AtomicU64,
+    reading: Mutex<Option<(Reading, Option<Instant>)>>,
 }
 
 /// A consistent-enough copy of [`Load`] for one routing decision.
@@ -29,6 +40,9 @@ pub struct LoadSnapshot {
     pub decoding: u64,
     /// Prompt tokens of all routed, unfinished requests (their KV footprint, roughly).
     pub active_prompt_tokens: u64,
+    /// Of `in_flight`, requests this router did not send (other router replicas'), from the
+    /// engine's last load reading; 0 without one. The other fields include their share.
+    pub unseen_in_flight: u64,
 }
 
 impl Load {
@@ -39,7 +53,54 @@ impl Load {
             queued_prefill_tokens: self.queued_prefill_tokens.load(Ordering::Relaxed),
             decoding: self.decoding.load(Ordering::Relaxed),
             active_prompt_tokens: self.active_prompt_tokens.load(Ordering::Relaxed),
+            unseen_in_flight: 0,
         }
+    }
+
+    /// The load a routing decision weighs: this router's counters plus, when the engine's
+    /// load was read, the requests other router replicas have there. Exactly
+    /// [`Load::snapshot`] without a reading.
+    pub fn view(&self) -> LoadSnapshot {
+        let own = self.snapshot();
+        let reading = self.reading();
+        combine(own, reading.as_ref(), self.admissions())
+    }
+
+    /// Totals of every request admitted here (they price other replicas' requests).
+    pub fn admissions(&self) -> Admissions {
+        Admissions {
+            requests: self.admitted.load(Ordering::Relaxed),
+            prefill_tokens: self.admitted_prefill_tokens.load(Ordering::Relaxed),
+            prompt_tokens: self.admitted_prompt_tokens.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Records a reading of the engine's own load; `own` is [`Load::snapshot`] taken when the
+    /// engine was asked, `at` when (for the reading's age; the simulator passes `None`).
+    pub fn set_reading(&self, engine: EngineLoad, own: LoadSnapshot, at: Option<Instant>) {
+        let mut held = self.lock_reading();
+        let reading = Reading::after(held.as_ref().map(|(r, _)| r), engine, own);
+        *held = Some((reading, at));
+    }
+
+    /// Forgets the reading (too old, or the engine stopped answering): the view falls back to
+    /// this router's own counters.
+    pub fn clear_reading(&self) {
+        *self.lock_reading() = None;
+    }
+
+    /// The last reading, if any.
+    pub fn reading(&self) -> Option<Reading> {
+        self.lock_reading().as_ref().map(|(r, _)| *r)
+    }
+
+    /// When the last reading was taken, if one is held and was timed.
+    pub fn reading_taken(&self) -> Option<Instant> {
+        self.lock_reading().as_ref().and_then(|(_, at)| *at)
+    }
+
+    fn lock_reading(&self) -> std::sync::MutexGuard<'_, Option<(Reading, Option<Instant>)>> {
+        self.reading.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Counts a request of `prompt_tokens` routed here with `prefill_tokens` of them still to
@@ -50,6 +111,11 @@ impl Load {
             .fetch_add(prompt_tokens, Ordering::Relaxed);
         self.queued_prefill_tokens
             .fetch_add(prefill_tokens, Ordering::Relaxed);
+        self.admitted.fetch_add(1, Ordering::Relaxed);
+        self.admitted_prefill_tokens
+            .fetch_add(prefill_tokens, Ordering::Relaxed);
+        self.admitted_prompt_tokens
+            .fetch_add(prompt_tokens, Ordering::Relaxed);
         LoadGuard {
             load: Arc::clone(self),
             prompt_tokens,
@@ -129,6 +195,7 @@ mod tests {
                 queued_prefill_tokens: 100,
                 decoding: 0,
                 active_prompt_tokens: 160,
+                unseen_in_flight: 0,
             }
         );
         g.first_token();
@@ -140,6 +207,7 @@ mod tests {
                 queued_prefill_tokens: 0,
                 decoding: 1,
                 active_prompt_tokens: 160,
+                unseen_in_flight: 0,
             }
         );
         drop(g);
@@ -156,5 +224,29 @@ mod tests {
         drop(a);
         drop(b);
         assert_eq!(load.snapshot(), LoadSnapshot::default());
+    }
+
+    #[test]
+    fn the_view_adds_other_replicas_requests_from_a_reading_until_it_is_cleared() {
+        let load = Arc::new(Load::default());
+        let _own = load.admit(100, 60);
+        assert_eq!(load.view(), load.snapshot());
+        let at = load.snapshot();
+        load.set_reading(
+            EngineLoad {
+                running: 1,
+                waiting: 3,
+                kv_usage: Some(0.5),
+            },
+            at,
+            None,
+        );
+        let v = load.view();
+        assert_eq!((v.in_flight, v.unseen_in_flight), (4, 3));
+        // Own request waiting, two others waiting at 60 tokens each, one other running.
+        assert_eq!((v.queued_prefill_tokens, v.decoding), (60 + 120, 1));
+        assert_eq!(load.snapshot().in_flight, 1);
+        load.clear_reading();
+        assert_eq!(load.view(), load.snapshot());
     }
 }

@@ -9,6 +9,8 @@ pub mod breaker;
 pub mod capacity;
 pub mod health;
 pub mod load;
+pub mod load_poller;
+pub mod load_view;
 pub mod roster;
 pub mod worker;
 pub mod worker_id;
@@ -19,6 +21,7 @@ use std::sync::{Arc, Mutex, Weak};
 pub use breaker::{Breaker, BreakerConfig, CircuitState};
 pub use health::HealthConfig;
 pub use load::{Load, LoadGuard, LoadSnapshot};
+pub use load_view::{EngineLoad, Reading};
 pub use roster::Roster;
 pub use worker::{BaseUrl, DownHook, ServedModel, Worker, WorkerSpec, WorkerUrlError};
 pub use worker_id::WorkerId;
@@ -130,11 +133,14 @@ impl Fleet {
         self.workers().iter().find_map(|w| w.adapter_base(model))
     }
 
-    /// Whether at least one worker is healthy and serves a model.
-    pub fn any_routable(&self) -> bool {
+    /// Whether the router can serve: at least one worker serves a model, may take requests, and
+    /// has passed a health check (workers start healthy so that routing need not wait for the
+    /// first round, but readiness must not be claimed before any worker was actually seen).
+    pub fn any_ready(&self) -> bool {
+        let now = std::time::Instant::now();
         self.workers()
             .iter()
-            .any(|w| w.is_routable(std::time::Instant::now()) && !w.models().is_empty())
+            .any(|w| w.is_verified() && w.is_routable(now) && !w.models().is_empty())
     }
 
     /// The worker with `id`, if any.

@@ -19,33 +19,36 @@ pub enum WorkerUrlError {
     #[error("`{0}` is not a valid URL (expected e.g. http://127.0.0.1:8101)")]
     Invalid(String),
     /// A scheme the proxy does not speak.
-    #[error("`{0}`: only http:// workers are supported (terminate TLS in front of the worker)")]
+    #[error("`{0}`: only http:// and https:// workers are supported")]
     Scheme(String),
     /// No host.
     #[error("`{0}` has no host")]
     NoHost(String),
 }
 
-/// Where a worker listens: `http://host:port` plus an optional path prefix.
+/// Where a worker listens: `http[s]://host:port` plus an optional path prefix.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BaseUrl {
     authority: http::uri::Authority,
     prefix: String,
+    /// `https://`: reached over TLS (`[proxy.tls]`).
+    tls: bool,
 }
 
 impl BaseUrl {
-    /// Parses `http://host[:port][/prefix]`.
+    /// Parses `http[s]://host[:port][/prefix]`.
     ///
     /// A trailing `/v1` is dropped: it is what an OpenAI client's `base_url` ends with, so
     /// operators paste it, but kvroute adds `/v1/…` itself and every request would go to
     /// `/v1/v1/…` and 404. The worker's URL as shown (admin API, logs) says what is used.
     pub fn parse(s: &str) -> Result<BaseUrl, WorkerUrlError> {
         let uri: Uri = s.parse().map_err(|_| WorkerUrlError::Invalid(s.into()))?;
-        match uri.scheme_str() {
-            Some("http") => {}
+        let tls = match uri.scheme_str() {
+            Some("http") => false,
+            Some("https") => true,
             Some(_) => return Err(WorkerUrlError::Scheme(s.into())),
             None => return Err(WorkerUrlError::Invalid(s.into())),
-        }
+        };
         let authority = uri
             .authority()
             .cloned()
@@ -55,22 +58,39 @@ impl BaseUrl {
         }
         let path = uri.path().trim_end_matches('/');
         let prefix = path.strip_suffix("/v1").unwrap_or(path).to_string();
-        Ok(BaseUrl { authority, prefix })
+        Ok(BaseUrl {
+            authority,
+            prefix,
+            tls,
+        })
     }
 
     /// `host:port`, the default worker id.
     pub fn host_port(&self) -> String {
         match self.authority.port_u16() {
             Some(p) => format!("{}:{}", self.authority.host(), p),
-            None => format!("{}:80", self.authority.host()),
+            None => format!("{}:{}", self.authority.host(), self.default_port()),
         }
+    }
+
+    fn default_port(&self) -> u16 {
+        if self.tls { 443 } else { 80 }
+    }
+
+    fn scheme(&self) -> &'static str {
+        if self.tls { "https" } else { "http" }
+    }
+
+    /// Whether the worker is reached over TLS.
+    pub fn is_tls(&self) -> bool {
+        self.tls
     }
 
     /// The URI of `path` (which starts with `/`) on this worker.
     pub fn join(&self, path_and_query: &str) -> Uri {
         let pq = format!("{}{}", self.prefix, path_and_query);
         Uri::builder()
-            .scheme("http")
+            .scheme(self.scheme())
             .authority(self.authority.clone())
             .path_and_query(pq)
             .build()
@@ -83,7 +103,7 @@ impl BaseUrl {
     }
 
     /// Whether `other` reaches the same server and path: host compared without case, a
-    /// missing port read as 80.
+    /// missing port read as the scheme's default.
     pub fn same_endpoint(&self, other: &BaseUrl) -> bool {
         self.host_port().eq_ignore_ascii_case(&other.host_port()) && self.prefix == other.prefix
     }
@@ -91,7 +111,7 @@ impl BaseUrl {
 
 impl std::fmt::Display for BaseUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "http://{}{}", self.authority, self.prefix)
+        write!(f, "{}://{}{}", self.scheme(), self.authority, self.prefix)
     }
 }
 
@@ -151,6 +171,9 @@ pub struct Worker {
     pub breaker: Breaker,
     discovered_models: RwLock<Vec<ServedModel>>,
     healthy: AtomicBool,
+    /// Whether a health check has ever passed: a worker starts healthy (optimistic routing,
+    /// with retries behind it) but is not yet evidence that the router can serve (`/ready`).
+    verified: AtomicBool,
     draining: AtomicBool,
     event_feed: AtomicBool,
     /// Its KV-event feed's warm-up replay runs: its index entries are a lower bound.
@@ -200,6 +223,7 @@ impl Worker {
             breaker: Breaker::new(breaker),
             discovered_models: RwLock::new(Vec::new()),
             healthy: AtomicBool::new(true),
+            verified: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             event_feed: AtomicBool::new(false),
             kv_warming: AtomicBool::new(false),
@@ -272,6 +296,11 @@ impl Worker {
         self.healthy.load(Ordering::Relaxed)
     }
 
+    /// Whether a health check of this worker has ever passed.
+    pub fn is_verified(&self) -> bool {
+        self.verified.load(Ordering::Relaxed)
+    }
+
     /// Marks the worker (un)healthy; returns the previous state. Going down runs the down
     /// hook (its cached blocks are forgotten).
     pub fn set_healthy(&self, healthy: bool) -> bool {
@@ -289,6 +318,9 @@ impl Worker {
     /// Records one active health check; the state flips only after `threshold` consecutive
     /// checks that disagree with it. Returns the state after the check.
     pub fn observe_check(&self, ok: bool, up_threshold: u32, down_threshold: u32) -> bool {
+        if ok {
+            self.verified.store(true, Ordering::Relaxed);
+        }
         let healthy = self.is_healthy();
         if ok == healthy {
             self.streak.store(0, Ordering::Relaxed);
@@ -439,9 +471,14 @@ mod tests {
             "http://h:1/v10"
         );
         assert!(matches!(
-            BaseUrl::parse("https://h:1"),
+            BaseUrl::parse("ftp://h:1"),
             Err(WorkerUrlError::Scheme(_))
         ));
+        let https = BaseUrl::parse("https://h/v1").unwrap();
+        assert!(https.is_tls());
+        assert_eq!(https.host_port(), "h:443");
+        assert_eq!(https.join("/v1/models").to_string(), "https://h/v1/models");
+        assert_eq!(https.to_string(), "https://h");
         assert!(matches!(
             BaseUrl::parse("not a url"),
             Err(WorkerUrlError::Invalid(_))

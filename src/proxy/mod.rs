@@ -16,6 +16,8 @@ pub mod headers;
 pub mod hops;
 pub mod retry_budget;
 
+use crate::tls::upstream::WorkerConnector;
+use crate::tls::{self, TlsError, UpstreamTls};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,7 +26,6 @@ use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use crate::fleet::Worker;
@@ -53,6 +54,8 @@ pub struct ProxyConfig {
     pub total_timeout: Duration,
     /// How many retries recent traffic allows.
     pub retry_budget: RetryBudgetConfig,
+    /// How `https://` workers are reached (`[proxy.tls]`).
+    pub tls: UpstreamTls,
 }
 
 impl Default for ProxyConfig {
@@ -65,6 +68,7 @@ impl Default for ProxyConfig {
             idle_timeout: Duration::from_secs(300),
             total_timeout: Duration::from_secs(3600),
             retry_budget: RetryBudgetConfig::default(),
+            tls: UpstreamTls::default(),
         }
     }
 }
@@ -72,7 +76,7 @@ impl Default for ProxyConfig {
 /// The pooled HTTP/1.1 client to the workers.
 #[derive(Clone)]
 pub struct Upstream {
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<WorkerConnector, Full<Bytes>>,
     config: ProxyConfig,
     budget: Arc<RetryBudget>,
     /// This router's id in the hop header of what it forwards.
@@ -102,23 +106,21 @@ pub fn charges_worker(status: StatusCode) -> bool {
 }
 
 impl Upstream {
-    /// A client with `config`.
-    pub fn new(config: ProxyConfig) -> Upstream {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(config.connect_timeout));
-        connector.set_nodelay(true);
+    /// A client with `config`; fails when its TLS files cannot be used.
+    pub fn new(config: ProxyConfig) -> Result<Upstream, TlsError> {
+        let connector = tls::upstream::connector(&config.tls, config.connect_timeout)?;
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(config.pool_max_idle_per_host)
             .build(connector);
         let budget = Arc::new(RetryBudget::new(config.retry_budget));
-        Upstream {
+        Ok(Upstream {
             client,
             config,
             budget,
             hop: HopId::random(),
-        }
+        })
     }
 
     /// This router's id in the hop header (see [`hops`]).

@@ -80,7 +80,7 @@ impl Decider {
             .map(|t| Candidate {
                 id: Arc::clone(t.label()),
                 worker: t.worker(),
-                load: t.load().snapshot(),
+                load: t.load().view(),
                 overlap_blocks: analysis.overlaps.get(t.worker()),
             })
             .collect();

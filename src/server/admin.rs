@@ -5,7 +5,10 @@
 //! - `POST /admin/workers/{id}/drain`: no new requests; in-flight ones finish.
 //! - `POST /admin/workers/{id}/undrain`: new requests again (the end of a drain).
 //! - `DELETE /admin/workers/{id}`: remove a drained (idle) worker; `?force=true` removes it
-//!   with requests in flight (they finish on their open connections).
+//!   with requests in flight (they finish on their open connections). A discovered worker
+//!   (`source` `kubernetes` or `dns`) is refused with 409 `worker_discovered` unless forced:
+//!   its source would bring it back; forced, it comes back when its endpoint changes or at the
+//!   source's next re-list.
 //!
 //! A removed worker's KV-event feed stops and its index entries go with it. An added worker is
 //! checked exactly as a `[[workers]]` entry is (`config::check_worker`), and refused when its
@@ -31,6 +34,7 @@ fn describe(state: &AppState, w: &Worker) -> Value {
     let load = w.load.snapshot();
     json!({
         "id": w.id(),
+        "source": state.lifecycle.source(w.id()).name(),
         "url": w.spec.url.to_string(),
         "models": w.models(),
         "healthy": w.is_healthy(),
@@ -178,6 +182,21 @@ pub(super) async fn remove(
         return e.into_response();
     }
     let force = q.get("force").is_some_and(|v| v == "true" || v == "1");
+    let source = state.lifecycle.source(&id);
+    if source.is_discovered() && !force && state.fleet.get(&id).is_some() {
+        return ApiError::new(
+            StatusCode::CONFLICT,
+            "invalid_request_error",
+            Some("worker_discovered"),
+            format!(
+                "worker `{id}` was discovered by {} and would come back; it leaves by itself \
+                 when its endpoint goes. Add ?force=true to remove it until its endpoint changes \
+                 or is listed again",
+                source.name()
+            ),
+        )
+        .into_response();
+    }
     match state.lifecycle.leave(&id, force).await {
         Ok(in_flight) => Json(json!({"removed": id, "in_flight": in_flight})).into_response(),
         Err(LeaveError::NotFound(_)) => not_found(&id).into_response(),

@@ -69,7 +69,7 @@ async fn explain(
         return Err(ApiError::model_not_found(&view.model));
     }
     let salt = caller.cache_salt(view.cache_salt.as_deref());
-    let (analysis, view) = route::analyse(state, view, salt.as_deref()).await?;
+    let (analysis, view) = route::analyse(state, view, salt.as_deref(), bytes.len()).await?;
     let (workers, candidates, decision) = state.decider.explain(&analysis, &eligible);
     let listed: Vec<_> = candidates
         .iter()
@@ -81,6 +81,7 @@ async fn explain(
                 "cached_tokens": u64::from(c.overlap_blocks) * u64::from(analysis.request.block_size),
                 "queued_tokens": c.load.queued_prefill_tokens,
                 "in_flight": c.load.in_flight,
+                "unseen_in_flight": c.load.unseen_in_flight,
                 "decoding": c.load.decoding,
                 "active_prompt_tokens": c.load.active_prompt_tokens,
                 "kv_events": workers[i].has_event_feed(),

@@ -25,6 +25,7 @@ use super::canned::CannedErrors;
 use super::connection::{self, Activity, CUT_FLUSH, Deadlines, Tracked};
 use crate::config::Connections;
 use crate::metrics::Metrics;
+use crate::tls::listener::TlsFront;
 
 /// Open-file limit assumed where the process's own cannot be read.
 const ASSUMED_FILE_LIMIT: usize = 1024;
@@ -42,6 +43,8 @@ pub(super) struct FrontDoor {
     pub(super) connections: Connections,
     /// Cancelled when the grace is over: streams still running end with an error event.
     pub(super) cutoff: CancellationToken,
+    /// TLS, when this listener serves HTTPS.
+    pub(super) tls: Option<Arc<TlsFront>>,
 }
 
 /// Serves `app` on `listener` until `stop` is cancelled, then drains (see the module doc).
@@ -94,14 +97,41 @@ pub(super) async fn serve_until(
             tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
         }
         let activity = Activity::new();
-        let io = CannedErrors::new(TokioIo::new(stream), Arc::clone(&activity));
         let service = Tracked::new(TowerToHyperService::new(app.clone()), Arc::clone(&activity));
-        let conn = builder
-            .serve_connection_with_upgrades(io, service)
-            .into_owned();
         let (stop, cutoff, metrics) = (stop.clone(), front.cutoff.clone(), metrics.clone());
+        let builder = builder.clone();
+        let tls = front.tls.as_ref().map(|t| t.acceptor());
         tokio::spawn(async move {
-            connection::drive(conn, activity, deadlines, stop, cutoff, metrics).await;
+            match tls {
+                None => {
+                    let io = CannedErrors::new(TokioIo::new(stream), Arc::clone(&activity));
+                    let conn = builder.serve_connection_with_upgrades(io, service);
+                    connection::drive(conn, activity, deadlines, stop, cutoff, metrics).await;
+                }
+                Some(acceptor) => {
+                    // The handshake is held to the first request's deadline: a client that
+                    // opens a connection and never finishes its hello is closed like one
+                    // that never sends a request.
+                    let shake =
+                        tokio::time::timeout(deadlines.first_request, acceptor.accept(stream));
+                    let stream = match shake.await {
+                        Ok(Ok(s)) => s,
+                        Ok(Err(e)) => {
+                            metrics.tls_handshake_failures.inc();
+                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            metrics.tls_handshake_failures.inc();
+                            tracing::debug!(%peer, "TLS handshake timed out");
+                            return;
+                        }
+                    };
+                    let io = CannedErrors::new(TokioIo::new(stream), Arc::clone(&activity));
+                    let conn = builder.serve_connection_with_upgrades(io, service);
+                    connection::drive(conn, activity, deadlines, stop, cutoff, metrics).await;
+                }
+            }
             drop(slot);
         });
     }

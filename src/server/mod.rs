@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, ModelConfig};
 use crate::fleet::Fleet;
-use crate::fleet::health;
+use crate::fleet::{health, load_poller};
 use crate::index::{ApproxConfig, ApproxIndex, Holdings, IndexConfig, KvIndex};
 use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
@@ -38,6 +38,7 @@ use crate::openai::{ApiError, ECHO_MAX, shorten};
 use crate::policy::{self, Policy};
 use crate::proxy::Upstream;
 use crate::routing::Decider;
+use crate::tls::listener::TlsFront;
 use crate::tokens::ModelRegistry;
 
 /// Everything a request handler needs, shared by all requests.
@@ -75,6 +76,8 @@ pub struct AppState {
     started: Instant,
     /// The router's own addresses (configured and bound): a worker there would be a loop.
     own_addrs: std::sync::RwLock<Vec<SocketAddr>>,
+    /// The front door's TLS, once started with it (for its reload counts in `/metrics`).
+    tls: std::sync::OnceLock<Arc<TlsFront>>,
 }
 
 impl AppState {
@@ -109,7 +112,8 @@ impl AppState {
             fleet: Arc::clone(lifecycle.fleet()),
             lifecycle,
             policy,
-            upstream: Upstream::new(config.proxy.clone()),
+            upstream: Upstream::new(config.proxy.clone())
+                .map_err(|e| anyhow::anyhow!("proxy.tls: {e}"))?,
             metrics,
             max_body_bytes: config.max_body_bytes,
             body_read_timeout: config.body_read_timeout,
@@ -129,6 +133,7 @@ impl AppState {
                     .chain(config.metrics_listen)
                     .collect(),
             ),
+            tls: std::sync::OnceLock::new(),
         })
     }
 
@@ -138,6 +143,15 @@ impl AppState {
             Ok(a) => a.clone(),
             Err(p) => p.into_inner().clone(),
         }
+    }
+
+    fn set_tls(&self, front: Arc<TlsFront>) {
+        let _ = self.tls.set(front);
+    }
+
+    /// The front door's TLS, when it serves HTTPS.
+    pub fn tls(&self) -> Option<&Arc<TlsFront>> {
+        self.tls.get()
     }
 
     fn add_own_addr(&self, addr: SocketAddr) {
@@ -284,14 +298,48 @@ pub fn start_with_state(
     let health_task = health::spawn(
         Arc::clone(&state.fleet),
         config.health.clone(),
+        &config.proxy.tls,
         Some(state.lifecycle.capacity_hook()),
         stop.clone(),
+    )
+    .map_err(|e| anyhow::anyhow!("proxy.tls: {e}"))?;
+    let tls = match &config.tls {
+        Some(settings) => {
+            let front =
+                TlsFront::load(settings.clone()).map_err(|e| anyhow::anyhow!("server.tls: {e}"))?;
+            front.spawn_reloader(stop.clone());
+            state.set_tls(Arc::clone(&front));
+            Some(front)
+        }
+        None => None,
+    };
+    let discovery_tasks = crate::discovery::spawn(
+        &config.discovery,
+        &state.lifecycle,
+        &state.metrics,
+        config.health.timeout,
+        state.own_addrs(),
+        &stop,
     );
+    let load_task = if config.health.load_interval.is_zero() {
+        None
+    } else {
+        Some(
+            load_poller::spawn(
+                Arc::clone(&state.fleet),
+                config.health.load_interval,
+                &config.proxy.tls,
+                stop.clone(),
+            )
+            .map_err(|e| anyhow::anyhow!("proxy.tls: {e}"))?,
+        )
+    };
     let front = listen::FrontDoor {
         grace: config.shutdown_grace,
         header_read_timeout: config.header_read_timeout,
         connections: config.connections,
         cutoff: state.cutoff.clone(),
+        tls: None,
     };
     let metrics = state.metrics.clone();
     let (metrics_addr, metrics_task) = match config.metrics_listen {
@@ -312,6 +360,9 @@ pub fn start_with_state(
         None => (None, None),
     };
     let app = app(Arc::clone(&state), metrics_addr.is_some());
+    // The API's listener speaks TLS when configured; a separate metrics listener stays plain
+    // (scrapers on the pod network), as Prometheus exporters usually are.
+    let front = listen::FrontDoor { tls, ..front };
     let stop_serving = stop.clone();
     let task = tokio::spawn(async move {
         listen::serve_until(listener, app, stop_serving, front, metrics).await;
@@ -319,6 +370,12 @@ pub fn start_with_state(
             let _ = t.await;
         }
         health_task.abort();
+        for t in discovery_tasks {
+            t.abort();
+        }
+        if let Some(t) = load_task {
+            t.abort();
+        }
     });
     Ok(RouterHandle {
         addr,

@@ -17,16 +17,17 @@ pub(super) async fn health() -> Json<serde_json::Value> {
     Json(json!({"status": "ok"}))
 }
 
-/// `GET /ready`: at least one worker can take requests.
+/// `GET /ready`: at least one worker has passed a health check and can take requests (a pod
+/// must not join its Service before any worker was seen).
 pub(super) async fn ready(State(state): State<Arc<AppState>>) -> Response {
-    if state.fleet.any_routable() {
+    if state.fleet.any_ready() {
         Json(json!({"status": "ready"})).into_response()
     } else {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "service_unavailable",
             Some("not_ready"),
-            "no healthy worker serving a model is available",
+            "no worker serving a model has passed a health check and can take requests",
         )
         .into_response()
     }
@@ -36,10 +37,17 @@ pub(super) async fn ready(State(state): State<Arc<AppState>>) -> Response {
 /// time, so they can never drift from what routing sees.
 pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let m = &state.metrics;
+    if let Some(tls) = state.tls() {
+        let (applied, refused) = tls.reload_counts();
+        sync_counter(&m.tls_reloads.with_label_values(&["applied"]), applied);
+        sync_counter(&m.tls_reloads.with_label_values(&["refused"]), refused);
+    }
     m.in_flight.reset();
     m.worker_healthy.reset();
     m.worker_kv_blocks.reset();
     m.worker_warming.reset();
+    m.worker_load_age.reset();
+    m.worker_unseen_in_flight.reset();
     m.circuit_state.reset();
     let now = std::time::Instant::now();
     let workers = state.fleet.workers();
@@ -98,6 +106,14 @@ pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
             m.worker_kv_blocks
                 .with_label_values(&[w.id()])
                 .set(i64::try_from(blocks).unwrap_or(i64::MAX));
+        }
+        if let Some(at) = w.load.reading_taken() {
+            m.worker_load_age
+                .with_label_values(&[w.id()])
+                .set(now.saturating_duration_since(at).as_secs_f64());
+            m.worker_unseen_in_flight
+                .with_label_values(&[w.id()])
+                .set(i64::try_from(w.load.view().unseen_in_flight).unwrap_or(i64::MAX));
         }
         m.circuit_state
             .with_label_values(&[w.id()])

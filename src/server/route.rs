@@ -17,15 +17,24 @@ use crate::routing::Analysis;
 use crate::tokens::TokenError;
 use crate::tokens::model::{adapter_name, hash_seed};
 
+/// Bodies smaller than this are tokenized on the request's own task: their prompt tokenizes
+/// in microseconds, less than the hop to a blocking thread and back costs (measured by
+/// `cargo bench --bench proxy_overhead`, where that hop was most of what `kv_aware` added over a
+/// load-only policy). Longer prompts take milliseconds and go to a blocking thread, so that no
+/// other connection on this async thread waits on them.
+pub const INLINE_TOKENIZE_BYTES: usize = 2 << 10;
+
 /// Tokenizes and analyses the prompt if the policy needs it; `cache_salt` is the request's
-/// effective (tenant-namespaced) salt. The view travels to the tokenizer thread and back
-/// rather than being copied (a long chat is tens of kilobytes of JSON). Token ids a client sent
-/// are moved out of the view, not copied, and need no tokenizer thread: the view that comes
-/// back is for its model name and flags, not its prompt.
+/// effective (tenant-namespaced) salt and `body_bytes` the size of the body it came in (an
+/// upper bound on the prompt's text, for choosing where to tokenize it). The view travels to
+/// the tokenizer thread and back rather than being copied (a long chat is tens of kilobytes of
+/// JSON). Token ids a client sent are moved out of the view, not copied, and need no tokenizer
+/// thread: the view that comes back is for its model name and flags, not its prompt.
 pub(super) async fn analyse(
     state: &Arc<AppState>,
     mut view: RequestView,
     cache_salt: Option<&str>,
+    body_bytes: usize,
 ) -> Result<(Analysis, RequestView), ApiError> {
     if !state.decider.uses_prefix() {
         return Ok((Analysis::load_only(), view));
@@ -38,6 +47,7 @@ pub(super) async fn analyse(
     let started = Instant::now();
     let (ids, view) = match take_token_ids(&mut view) {
         Some(ids) => (Ok(ids), view),
+        None if body_bytes < INLINE_TOKENIZE_BYTES => (tokens.prompt_ids(&view), view),
         None => tokio::task::spawn_blocking(move || (tokens.prompt_ids(&view), view))
             .await
             .map_err(|e| internal(format!("tokenizer task failed: {e}")))?,

@@ -71,7 +71,7 @@ pub struct SimulateArgs {
             // holding a nested flatten does not conflict as a whole).
             "WorkloadArgs", "SloArgs", "TimingArgs", "block_size", "num_blocks", "max_num_seqs",
             "max_num_batched_tokens", "max_model_len", "engine_speedup", "workers", "index",
-            "event_delay", "join_at", "restart_at", "seed",
+            "event_delay", "join_at", "restart_at", "seed", "routers", "load_sample_ms",
         ]
     )]
     pub scenario: Option<String>,
@@ -111,6 +111,19 @@ pub struct SimulateArgs {
     /// router's `kv_aware.decode_weight`; 0 optimises each request's own TTFT only).
     #[arg(long, value_name = "WEIGHT")]
     pub kv_aware_decode_weight: Option<f64>,
+    /// kv_aware: sample the choice with weights `exp(−Δcost / (temperature × best))` instead of
+    /// always taking the minimum (the live router's `kv_aware.temperature`; default 0).
+    #[arg(long, value_name = "T")]
+    pub kv_aware_temperature: Option<f64>,
+    /// Router replicas in front of the same workers, arrivals dealt round-robin; each sees
+    /// only its own requests (plus engine load readings with --load-sample-ms).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub routers: u32,
+    /// Every router replica reads every engine's own load (running and waiting requests)
+    /// every M milliseconds, as the live `[health] load_interval_ms` poller does (default:
+    /// never; 0 is never too).
+    #[arg(long, value_name = "M")]
+    pub load_sample_ms: Option<f64>,
     /// Service targets.
     #[command(flatten)]
     pub slo: SloArgs,
@@ -185,6 +198,9 @@ impl SimulateArgs {
         if let Some(w) = self.kv_aware_decode_weight {
             kv_aware.decode_weight = w;
         }
+        if let Some(t) = self.kv_aware_temperature {
+            kv_aware.temperature = t;
+        }
         PolicySettings {
             seed: self.seed,
             kv_aware,
@@ -218,6 +234,11 @@ impl SimulateArgs {
             model: "kvroute/sim".to_string(),
             synth: self.workload.prompt_synth(self.seed),
             slo: self.slo.slo(),
+            routers: self.routers,
+            load_sample_s: self
+                .load_sample_ms
+                .filter(|&ms| ms != 0.0)
+                .map(|ms| ms / 1000.0),
         };
         config.validate()?;
         Ok(config)

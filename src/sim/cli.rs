@@ -58,6 +58,9 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         if args.kv_aware_decode_weight.is_some() {
             a.kv_aware_decode_weight = args.kv_aware_decode_weight;
         }
+        if args.kv_aware_temperature.is_some() {
+            a.kv_aware_temperature = args.kv_aware_temperature;
+        }
         a.kv_aware_no_calibrate |= args.kv_aware_no_calibrate;
         let out: Option<PathBuf> = match &args.out {
             Some(dir) if many => Some(dir.join(&s.name)),
@@ -79,7 +82,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
 
 fn describe(a: &SimulateArgs, trace: &Trace) -> String {
     format!(
-        "- requests: {}, over {:.1} s, {} prompt tokens\n- workers: {}{}{}, index: {}, event delay {} s\n- engine: block {} tokens, {} blocks, {} batched tokens, {} seqs, speedup {}\n- SLO: TTFT {}, E2E {}; seed {}\n",
+        "- requests: {}, over {:.1} s, {} prompt tokens\n- workers: {}{}{}, index: {}, event delay {} s\n{}- engine: block {} tokens, {} blocks, {} batched tokens, {} seqs, speedup {}\n- SLO: TTFT {}, E2E {}; seed {}\n",
         trace.len(),
         trace.duration_s(),
         trace.total_input_tokens(),
@@ -90,6 +93,7 @@ fn describe(a: &SimulateArgs, trace: &Trace) -> String {
         )),
         a.index.flag(),
         a.event_delay,
+        replicas(a),
         a.core.block_size,
         a.core.num_blocks,
         a.core.max_num_batched_tokens,
@@ -98,6 +102,19 @@ fn describe(a: &SimulateArgs, trace: &Trace) -> String {
         target(a.slo.slo_ttft),
         target(a.slo.slo_e2e),
         a.seed,
+    )
+}
+
+/// The router replicas line, for runs with more than one or with engine load readings.
+fn replicas(a: &SimulateArgs) -> String {
+    let sample = a.load_sample_ms.filter(|&ms| ms != 0.0);
+    if a.routers == 1 && sample.is_none() {
+        return String::new();
+    }
+    format!(
+        "- router replicas: {} (arrivals dealt round-robin), engine load read {}\n",
+        a.routers,
+        sample.map_or_else(|| "never".to_owned(), |ms| format!("every {ms} ms")),
     )
 }
 

@@ -70,6 +70,12 @@ pub struct SimConfig {
     pub synth: PromptSynth,
     /// Service targets.
     pub slo: Slo,
+    /// Router replicas; arrivals are dealt to them round-robin. Each has its own load
+    /// counters and policy (calibration included) and sees only its own decisions.
+    pub routers: u32,
+    /// Seconds between two readings of every engine's own load by every router replica
+    /// (`[health] load_interval_ms` live); `None`: replicas see only their own requests.
+    pub load_sample_s: Option<f64>,
 }
 
 impl Default for SimConfig {
@@ -83,6 +89,8 @@ impl Default for SimConfig {
             model: "kvroute/sim".to_string(),
             synth: PromptSynth::default(),
             slo: Slo::default(),
+            routers: 1,
+            load_sample_s: None,
         }
     }
 }
@@ -115,6 +123,12 @@ pub enum SimConfigError {
     /// A negative or non-finite event delay.
     #[error("--event-delay must be a number of seconds >= 0")]
     EventDelay,
+    /// No router replica.
+    #[error("--routers must be at least 1")]
+    NoRouters,
+    /// A load sampling interval that is not a positive number of seconds.
+    #[error("--load-sample-ms must be a positive number of milliseconds")]
+    LoadSample,
 }
 
 impl SimConfig {
@@ -123,6 +137,15 @@ impl SimConfig {
         self.engine.validate()?;
         if self.workers == 0 {
             return Err(SimConfigError::NoWorkers);
+        }
+        if self.routers == 0 {
+            return Err(SimConfigError::NoRouters);
+        }
+        if self
+            .load_sample_s
+            .is_some_and(|s| !(s.is_finite() && s > 0.0))
+        {
+            return Err(SimConfigError::LoadSample);
         }
         if let IndexMode::Events { delay_s } = self.index
             && !(delay_s.is_finite() && delay_s >= 0.0)
@@ -182,5 +205,17 @@ mod tests {
         assert_eq!(c.max_workers(), 5);
         c.workers = 0;
         assert_eq!(c.validate().unwrap_err(), SimConfigError::NoWorkers);
+        let mut c = SimConfig {
+            routers: 0,
+            ..SimConfig::default()
+        };
+        assert_eq!(c.validate().unwrap_err(), SimConfigError::NoRouters);
+        c.routers = 4;
+        for bad in [0.0, -1.0, f64::NAN] {
+            c.load_sample_s = Some(bad);
+            assert_eq!(c.validate().unwrap_err(), SimConfigError::LoadSample);
+        }
+        c.load_sample_s = Some(0.1);
+        assert!(c.validate().is_ok());
     }
 }

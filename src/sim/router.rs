@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use crate::engine::events::batch;
 use crate::fleet::WorkerId;
-use crate::fleet::{Load, LoadSnapshot};
+use crate::fleet::{EngineLoad, Load, LoadSnapshot};
 use crate::index::{ApproxConfig, ApproxIndex, Holdings, IndexConfig, KvIndex, seeds_for};
 use crate::kv_events::KvEvent;
 use crate::policy::Policy;
@@ -35,6 +35,20 @@ pub struct Routed {
     pub blocks: u32,
     admitted: Admitted,
     at: f64,
+}
+
+impl Routed {
+    /// The request's first token arrived at `now`: releases its queued prefill and feeds the
+    /// calibration of the replica that routed it.
+    pub fn first_token(&mut self, now: f64) {
+        self.admitted.first_token();
+        self.admitted.observe_ttft(now - self.at);
+    }
+
+    /// The request ended (finished, failed or cancelled).
+    pub fn finish(&mut self) {
+        self.admitted.finish();
+    }
 }
 
 /// A simulated worker as the decision sees it.
@@ -92,8 +106,20 @@ impl SimRouter {
         block_size: usize,
         max_workers: u32,
     ) -> SimRouter {
+        SimRouter::sharing(
+            policy,
+            Arc::new(Self::fresh_holdings()),
+            mode,
+            model,
+            block_size,
+            max_workers,
+        )
+    }
+
+    /// An index with the live router's default settings.
+    pub fn fresh_holdings() -> Holdings {
         let defaults = crate::config::IndexSettings::default();
-        let holdings = Holdings::new(
+        Holdings::new(
             KvIndex::new(IndexConfig {
                 max_entries: defaults.max_entries,
             }),
@@ -101,10 +127,22 @@ impl SimRouter {
                 ttl: defaults.approx_ttl,
                 capacity_per_worker: defaults.approx_capacity_blocks,
             }),
-        );
+        )
+    }
+
+    /// A router over `holdings`, which other router replicas may share: with events, every
+    /// replica subscribes to the same streams, so their exact indexes are the same one.
+    pub fn sharing(
+        policy: Arc<dyn Policy>,
+        holdings: Arc<Holdings>,
+        mode: IndexMode,
+        model: &str,
+        block_size: usize,
+        max_workers: u32,
+    ) -> SimRouter {
         let events = matches!(mode, IndexMode::Events { .. });
         SimRouter {
-            decider: Decider::new(policy, Arc::new(holdings)),
+            decider: Decider::new(policy, holdings),
             targets: (0..max_workers)
                 .map(|i| SimTarget {
                     worker: WorkerId(i),
@@ -146,6 +184,14 @@ impl SimRouter {
         }
     }
 
+    /// Records a reading of worker `slot`'s engine load, with this replica's own counters now
+    /// (what the live poller stores each `[health] load_interval_ms`).
+    pub fn read_load(&self, slot: u32, engine: EngineLoad) {
+        if let Some(t) = self.targets.get(slot as usize) {
+            t.load.set_reading(engine, t.load.snapshot(), None);
+        }
+    }
+
     /// Every worker's router-side load, by slot.
     pub fn loads(&self) -> Vec<LoadSnapshot> {
         self.targets.iter().map(|t| t.load.snapshot()).collect()
@@ -182,13 +228,12 @@ impl SimRouter {
 
     /// The request's first token arrived at `now`.
     pub fn first_token(&self, routed: &mut Routed, now: f64) {
-        routed.admitted.first_token();
-        routed.admitted.observe_ttft(now - routed.at);
+        routed.first_token(now);
     }
 
     /// The request ended (finished, failed or cancelled).
     pub fn finish(&self, routed: &mut Routed) {
-        routed.admitted.finish();
+        routed.finish();
     }
 
     /// Applies one batch of worker `slot`'s KV events (events mode).

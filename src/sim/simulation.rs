@@ -8,12 +8,23 @@
 //! exactly as the engine's real-time driver sleeps until the step's end before it delivers
 //! tokens and publishes events. Nothing here reads a clock or a random source of its own, so
 //! the same inputs give the same records.
+//!
+//! Several router replicas (`SimConfig::routers`) sit in front of the same engines as they
+//! would behind a Kubernetes Service: arrivals are dealt to them round-robin, each has its own
+//! load counters and policy (with its own calibration), and each sees only its own requests —
+//! plus, with `load_sample_s`, every engine's running and waiting counts read at that interval,
+//! as the live `[health] load_interval_ms` poller reads `/metrics`. With events they share one
+//! exact index (all subscribe to the same streams, so their indexes are equal); without events
+//! each predicts only what it routed itself.
 
 use std::collections::BTreeSet;
 
 use thiserror::Error;
 
+use std::sync::Arc;
+
 use crate::engine::{EngineConfig, EngineCore, EngineCounters, RequestId, StepOutcome};
+use crate::fleet::EngineLoad;
 use crate::index::Holdings;
 use crate::kv_events::KvEvent;
 use crate::policy::{self, PolicyKind};
@@ -62,6 +73,8 @@ enum Event {
         events: Vec<KvEvent>,
     },
     Change(usize),
+    /// Every replica reads every engine's load.
+    SampleLoad,
 }
 
 struct SimWorker {
@@ -82,12 +95,17 @@ struct SimWorker {
 pub struct Simulation<'t> {
     trace: &'t Trace,
     config: SimConfig,
-    router: SimRouter,
+    /// The router replicas (one unless `config.routers` says otherwise).
+    routers: Vec<SimRouter>,
+    /// Whether the replicas share one exact index (events mode).
+    shared_index: bool,
     workers: Vec<SimWorker>,
     joined: u32,
     queue: EventQueue<Event>,
     records: Vec<SimRecord>,
     routed: Vec<Option<Routed>>,
+    /// Arrivals dealt so far (the next one goes to replica `dealt % routers`).
+    dealt: usize,
 }
 
 fn engine_config(base: &EngineConfig, slot: u32, life: u32) -> EngineConfig {
@@ -119,15 +137,31 @@ impl<'t> Simulation<'t> {
     /// A simulation of `policy` over `trace` with `config`.
     pub fn new(trace: &'t Trace, config: &SimConfig, policy: PolicyKind) -> Result<Self, SimError> {
         config.validate()?;
-        let policy = policy::build(policy, &config.policy);
         let max = config.max_workers();
-        let mut router = SimRouter::new(
-            policy,
-            config.index,
-            &config.model,
-            config.engine.block_size,
-            max,
-        );
+        let shared_index = matches!(config.index, IndexMode::Events { .. });
+        let shared = Arc::new(SimRouter::fresh_holdings());
+        let mut routers: Vec<SimRouter> = (0..config.routers.max(1))
+            .map(|r| {
+                // Each replica breaks ties with its own random stream, as live replicas do.
+                let settings = policy::PolicySettings {
+                    seed: config.policy.seed.wrapping_add(u64::from(r)),
+                    ..config.policy
+                };
+                let holdings = if shared_index {
+                    Arc::clone(&shared)
+                } else {
+                    Arc::new(SimRouter::fresh_holdings())
+                };
+                SimRouter::sharing(
+                    policy::build(policy, &settings),
+                    holdings,
+                    config.index,
+                    &config.model,
+                    config.engine.block_size,
+                    max,
+                )
+            })
+            .collect();
         let mut workers = Vec::with_capacity(max as usize);
         for slot in 0..max {
             workers.push(SimWorker {
@@ -141,9 +175,14 @@ impl<'t> Simulation<'t> {
             });
         }
         for slot in 0..config.workers {
-            router.enable(slot, config.engine.num_blocks as usize);
+            for router in &mut routers {
+                router.enable(slot, config.engine.num_blocks as usize);
+            }
         }
         let mut queue = EventQueue::default();
+        if config.load_sample_s.is_some() {
+            queue.push(0.0, Event::SampleLoad);
+        }
         for (i, c) in config.changes.iter().enumerate() {
             queue.push(c.at(), Event::Change(i));
         }
@@ -153,25 +192,27 @@ impl<'t> Simulation<'t> {
         Ok(Simulation {
             trace,
             config: config.clone(),
-            router,
+            routers,
+            shared_index,
             workers,
             joined: config.workers,
             queue,
             records: vec![SimRecord::default(); trace.len()],
             routed: (0..trace.len()).map(|_| None).collect(),
+            dealt: 0,
         })
     }
 
     /// The router's index (for inspection after or during a run).
     pub fn holdings(&self) -> &Holdings {
-        self.router.holdings()
+        self.routers[0].holdings()
     }
 
     /// kvroute's block hashes of trace request `i`'s prompt.
     #[cfg(any(test, feature = "testing"))]
     pub fn request_hashes(&self, i: usize) -> Vec<crate::tokens::BlockHash> {
         let prompt = self.config.synth.prompt_tokens(&self.trace.requests[i]);
-        self.router.hashes(&prompt)
+        self.routers[0].hashes(&prompt)
     }
 
     /// Runs until every event is processed.
@@ -201,11 +242,11 @@ impl<'t> Simulation<'t> {
                 r.error = Some("never completed (engine stuck)".to_string());
             }
             if let Some(mut routed) = self.routed[i].take() {
-                self.router.finish(&mut routed);
+                routed.finish();
             }
         }
         PolicyRun {
-            policy: self.router.policy_name().to_string(),
+            policy: self.routers[0].policy_name().to_string(),
             records: self.records,
             counters,
             workers: self.joined,
@@ -227,10 +268,11 @@ impl<'t> Simulation<'t> {
                 events,
             } => {
                 if self.workers[worker as usize].life == life {
-                    self.router.apply_events(worker, ts, events);
+                    self.apply_events(worker, ts, events);
                 }
             }
             Event::Change(k) => self.change(k, now),
+            Event::SampleLoad => self.sample_load(now),
         }
     }
 
@@ -241,7 +283,9 @@ impl<'t> Simulation<'t> {
         rec.arrival = now;
         rec.prompt_tokens = req.input_tokens;
         rec.output_tokens = req.output_tokens.max(1);
-        let Some(mut routed) = self.router.route(&prompt, now) else {
+        let replica = self.dealt % self.routers.len();
+        self.dealt += 1;
+        let Some(mut routed) = self.routers[replica].route(&prompt, now) else {
             rec.error = Some("no worker available".to_string());
             rec.end = Some(now);
             return;
@@ -267,7 +311,7 @@ impl<'t> Simulation<'t> {
             Err(e) => {
                 rec.error = Some(e.to_string());
                 rec.end = Some(now);
-                self.router.finish(&mut routed);
+                routed.finish();
             }
         }
     }
@@ -316,8 +360,39 @@ impl<'t> Simulation<'t> {
                     },
                 );
             } else {
-                self.router.apply_events(slot, at, events);
+                self.apply_events(slot, at, events);
             }
+        }
+    }
+
+    /// A batch of KV events reaches every replica's index (the shared one once).
+    fn apply_events(&self, slot: u32, ts: f64, events: Vec<KvEvent>) {
+        if self.shared_index {
+            self.routers[0].apply_events(slot, ts, events);
+        } else {
+            for r in &self.routers {
+                r.apply_events(slot, ts, events.clone());
+            }
+        }
+    }
+
+    /// Every replica reads every engine's running and waiting counts now; the next reading is
+    /// scheduled while anything else is left to happen.
+    fn sample_load(&mut self, now: f64) {
+        for (slot, w) in self.workers.iter().enumerate().take(self.joined as usize) {
+            let engine = EngineLoad {
+                running: w.engine.num_running() as u64,
+                waiting: w.engine.num_waiting() as u64,
+                kv_usage: Some(w.engine.kv_usage()),
+            };
+            for r in &self.routers {
+                r.read_load(slot as u32, engine);
+            }
+        }
+        if let Some(dt) = self.config.load_sample_s
+            && self.queue.peek_at().is_some()
+        {
+            self.queue.push(now + dt, Event::SampleLoad);
         }
     }
 
@@ -335,7 +410,7 @@ impl<'t> Simulation<'t> {
             let i = t.id.0 as usize;
             self.records[i].first_token = Some(out.end);
             if let Some(routed) = self.routed[i].as_mut() {
-                self.router.first_token(routed, out.end);
+                routed.first_token(out.end);
             }
         }
         for s in &out.finished {
@@ -345,7 +420,7 @@ impl<'t> Simulation<'t> {
             rec.cached_tokens = s.cached_tokens as u32;
             rec.preemptions = s.preemptions;
             if let Some(mut routed) = self.routed[i].take() {
-                self.router.finish(&mut routed);
+                routed.finish();
             }
             self.workers[slot as usize].requests.remove(&i);
         }
@@ -357,8 +432,9 @@ impl<'t> Simulation<'t> {
             FleetChange::Join { .. } => {
                 let slot = self.joined;
                 self.joined += 1;
-                self.router
-                    .enable(slot, self.config.engine.num_blocks as usize);
+                for router in &mut self.routers {
+                    router.enable(slot, self.config.engine.num_blocks as usize);
+                }
             }
             FleetChange::Restart { worker, .. } => self.restart(worker, now),
         }
@@ -376,7 +452,7 @@ impl<'t> Simulation<'t> {
                 rec.cached_tokens = s.cached_tokens as u32;
             }
             if let Some(mut routed) = self.routed[i].take() {
-                self.router.finish(&mut routed);
+                routed.finish();
             }
         }
         w.life += 1;
@@ -388,6 +464,13 @@ impl<'t> Simulation<'t> {
         }
         w.pending = None;
         w.kicked = false;
-        self.router.worker_restarted(slot);
+        let restarted = if self.shared_index {
+            &self.routers[..1]
+        } else {
+            &self.routers[..]
+        };
+        for r in restarted {
+            r.worker_restarted(slot);
+        }
     }
 }

@@ -110,6 +110,12 @@ pub struct WorkloadArgs {
     /// Cap prompts at N tokens, keeping their exact prefix.
     #[arg(long, value_name = "N")]
     pub max_input_tokens: Option<u32>,
+    /// Delay every arrival by a seeded uniform time in [0, S) seconds (after the speed-up):
+    /// spreads the bursts of a trace whose timestamps are coarse (the Mooncake conversation
+    /// trace gives up to 28 requests one timestamp, every 3 s), which no real client sends
+    /// at one instant.
+    #[arg(long, value_name = "S")]
+    pub arrival_jitter: Option<f64>,
     /// Token ids used for synthesized prompts, START:END (end exclusive).
     #[arg(long, value_name = "START:END", default_value = "1000:30000", value_parser = parse_vocab)]
     pub vocab: (u32, u32),
@@ -168,7 +174,7 @@ impl WorkloadArgs {
             (Some(_), Some(_)) => bail!("give either --trace or --synthetic, not both"),
             (None, None) => bail!("give a workload: --trace FILE or --synthetic KIND"),
         };
-        let trace = self.transforms().apply(trace, &mut label)?;
+        let trace = self.transforms(seed).apply(trace, &mut label)?;
         Ok((trace, label))
     }
 
@@ -180,13 +186,14 @@ impl WorkloadArgs {
         Ok(trace.with_block_tokens(self.trace_block_size)?)
     }
 
-    /// The transforms these flags ask for.
-    pub fn transforms(&self) -> Transforms {
+    /// The transforms these flags ask for; `seed` draws the arrival jitter.
+    pub fn transforms(&self, seed: u64) -> Transforms {
         Transforms {
             window: self.window,
             max_requests: self.max_requests,
             speed_up: self.trace_speedup,
             max_input_tokens: self.max_input_tokens,
+            jitter: self.arrival_jitter.map(|s| (s, seed)),
         }
     }
 

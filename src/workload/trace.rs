@@ -185,6 +185,28 @@ impl Trace {
         Ok(Trace { requests })
     }
 
+    /// The same requests, each arriving a uniform random time in `[0, seconds)` later (drawn
+    /// from `seed`), re-sorted by arrival: requests that share one coarse timestamp no longer
+    /// arrive at the same instant.
+    pub fn jitter(&self, seconds: f64, seed: u64) -> Result<Trace, TraceError> {
+        use rand::{Rng, SeedableRng};
+        if !(seconds.is_finite() && seconds >= 0.0) {
+            return Err(TraceError::Transform(format!(
+                "arrival jitter {seconds} must be a number of seconds >= 0"
+            )));
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x6a69_7474_6572);
+        let requests = self
+            .requests
+            .iter()
+            .map(|r| TraceRequest {
+                arrival_s: r.arrival_s + seconds * rng.random::<f64>(),
+                ..r.clone()
+            })
+            .collect();
+        Ok(Trace::new(requests))
+    }
+
     /// Caps every prompt at `max_tokens`, keeping its exact prefix: the prompt is cut, and so
     /// are the block ids beyond it, so shared prefixes stay shared. A cut that falls inside a
     /// block keeps that block's id (its content is a prefix of the full block's content).
@@ -276,6 +298,8 @@ pub struct Transforms {
     pub speed_up: Option<f64>,
     /// Cut inputs to at most this many tokens, keeping the exact prefix.
     pub max_input_tokens: Option<u32>,
+    /// Delay each arrival by a uniform time in `[0, seconds)` drawn from `seed`.
+    pub jitter: Option<(f64, u64)>,
 }
 
 impl Transforms {
@@ -297,6 +321,10 @@ impl Transforms {
             trace = trace.cap_input(n)?;
             label.push_str(&format!(", input cap {n}"));
         }
+        if let Some((s, seed)) = self.jitter {
+            trace = trace.jitter(s, seed)?;
+            label.push_str(&format!(", arrivals jittered by up to {s} s"));
+        }
         Ok(trace)
     }
 }
@@ -304,6 +332,24 @@ impl Transforms {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn jitter_spreads_one_timestamp_and_keeps_every_request() {
+        let t = Trace::from_mooncake_str(
+            "{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}\n\
+             {\"timestamp\": 0, \"input_length\": 2, \"output_length\": 1, \"hash_ids\": [2]}\n\
+             {\"timestamp\": 0, \"input_length\": 3, \"output_length\": 1, \"hash_ids\": [3]}\n",
+        )
+        .unwrap();
+        let j = t.jitter(1.0, 7).unwrap();
+        let at: Vec<f64> = j.requests.iter().map(|r| r.arrival_s).collect();
+        assert_eq!(at.len(), 3);
+        assert!(at.iter().all(|a| (0.0..1.0).contains(a)));
+        assert!(at.windows(2).all(|w| w[0] < w[1]), "{at:?}");
+        assert_eq!(j.total_input_tokens(), 6);
+        assert_eq!(t.jitter(1.0, 7).unwrap().requests, j.requests);
+        assert!(t.jitter(-1.0, 7).is_err());
+    }
 
     #[test]
     fn sorts_out_of_order_lines_stably() {

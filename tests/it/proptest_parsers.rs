@@ -282,7 +282,9 @@ proptest! {
             if let Some(ep) = &w.kv_events {
                 prop_assert!(ep.starts_with("tcp://") || ep.starts_with("ipc://"), "{ep}");
             }
-            prop_assert!(w.url.to_string().starts_with("http://"));
+            let url = w.url.to_string();
+            prop_assert!(url.starts_with("http://") || url.starts_with("https://"), "{url}");
+            prop_assert_eq!(url.starts_with("https://"), w.url.is_tls());
             // A worker URL joins any API path into a valid URI.
             let _ = w.url.join("/v1/completions");
         }

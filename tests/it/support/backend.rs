@@ -90,6 +90,11 @@ pub struct Backend {
 
 impl Backend {
     pub async fn start(name: &str, models: &[&str]) -> Backend {
+        Backend::start_on(SocketAddr::from(([127, 0, 0, 1], 0)), name, models).await
+    }
+
+    /// A backend listening on `addr` (another loopback address, a chosen port).
+    pub async fn start_on(addr: SocketAddr, name: &str, models: &[&str]) -> Backend {
         let state = Arc::new(BackendState {
             name: name.into(),
             models: models.iter().map(|m| m.to_string()).collect(),
@@ -106,7 +111,7 @@ impl Backend {
             .route("/health", get(health))
             .layer(DefaultBodyLimit::disable())
             .with_state(Arc::clone(&state));
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listener = TcpListener::bind(addr).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;

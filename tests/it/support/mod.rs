@@ -2,6 +2,8 @@
 //! - [`backend`]: test backends (small OpenAI-style servers that record what they receive and
 //!   misbehave on request) and a router started in front of them;
 //! - [`engine`]: simulated engines in this process, publishing KV events over ZeroMQ;
+//! - [`kube_api`]: a fake Kubernetes API server (list, watch, bookmarks, 410 Gone, outages)
+//!   for the discovery tests;
 //! - [`process`]: `kvroute engine` / `kvroute serve` child processes and memory readings;
 //! - [`qwen3`]: the Qwen3 tokenizer fixture, loaded once per test binary;
 //! - [`real_engine`]: what real engines share as child processes (cache, ports, process
@@ -20,6 +22,7 @@ use std::time::{Duration, Instant};
 
 pub mod backend;
 pub mod engine;
+pub mod kube_api;
 pub mod process;
 pub mod qwen3;
 pub mod real_engine;
@@ -27,6 +30,7 @@ pub mod real_router;
 pub mod real_scenarios;
 pub mod request_kinds;
 pub mod sglang;
+pub mod tls;
 pub mod vllm;
 
 pub use backend::*;

@@ -112,6 +112,17 @@ impl RouterProcess {
         flags: &[&str],
         stderr: Stdio,
     ) -> (RouterProcess, tempfile::NamedTempFile) {
+        RouterProcess::start_env(config_toml, flags, stderr, &[]).await
+    }
+
+    /// As [`RouterProcess::start_with`], with environment variables set for the child (e.g.
+    /// `KUBECONFIG`).
+    pub async fn start_env(
+        config_toml: &str,
+        flags: &[&str],
+        stderr: Stdio,
+        env: &[(&str, &std::path::Path)],
+    ) -> (RouterProcess, tempfile::NamedTempFile) {
         let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let text = format!("listen = \"{addr}\"\n{config_toml}");
         let file = tempfile::NamedTempFile::new().unwrap();
@@ -120,6 +131,7 @@ impl RouterProcess {
             .args(["serve", "--config"])
             .arg(file.path())
             .args(flags)
+            .envs(env.iter().map(|(k, v)| (*k, *v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr)

@@ -1,0 +1,336 @@
+//! Which workers a pod is: pure, from the pod object alone.
+//!
+//! A pod is a worker while it is Running, Ready and not terminating (a deletion timestamp set
+//! means the kubelet is stopping it: drain now, not when the object finally goes). Its ports are
+//! the container ports named in `[discovery.kubernetes]` (`http`, `kv-events`, `kv-replay` by
+//! default), or numbers given there, and an annotation `<prefix>http-port`,
+//! `<prefix>kv-events-port` or `<prefix>kv-replay-port` (a number or a port name) overrides
+//! either. `<prefix>data-parallel-size: N` makes it N workers, one per rank, each rank's ports
+//! offset by the rank as vLLM's data-parallel ranks offset theirs.
+
+use std::net::{IpAddr, SocketAddr};
+
+use k8s_openapi::api::core::v1::Pod;
+use thiserror::Error;
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::config::{KubernetesDiscovery, MAX_WORKER_ID_BYTES, PortRef};
+use crate::fleet::{BaseUrl, WorkerSpec};
+
+/// Largest data-parallel size taken from an annotation.
+pub const MAX_DATA_PARALLEL: u16 = 256;
+
+/// Why a pod is no worker now.
+#[derive(Debug, Error, PartialEq)]
+pub enum NotAWorker {
+    /// It has no name (never the case for a pod read from the API).
+    #[error("the pod has no name")]
+    Unnamed,
+    /// It is being deleted.
+    #[error("terminating")]
+    Terminating,
+    /// Not Running, or not Ready.
+    #[error("not ready")]
+    NotReady,
+    /// No IP yet.
+    #[error("no pod IP")]
+    NoIp,
+    /// Its IP is not an IP.
+    #[error("pod IP `{0}` is not an address")]
+    BadIp(String),
+    /// The HTTP port is neither annotated nor a named container port.
+    #[error("no container port named `{0}` and no annotation giving it")]
+    NoHttpPort(String),
+    /// An annotation that cannot be read.
+    #[error("annotation `{key}`: `{value}` {why}")]
+    BadAnnotation {
+        /// The annotation.
+        key: String,
+        /// Its value.
+        value: String,
+        /// What is wrong.
+        why: &'static str,
+    },
+}
+
+/// The workers `pod` is now, under `config`, in `namespace`.
+pub fn workers_of(
+    pod: &Pod,
+    namespace: &str,
+    config: &KubernetesDiscovery,
+) -> Result<Vec<WorkerSpec>, NotAWorker> {
+    let name = pod.metadata.name.as_deref().ok_or(NotAWorker::Unnamed)?;
+    if pod.metadata.deletion_timestamp.is_some() {
+        return Err(NotAWorker::Terminating);
+    }
+    let status = pod.status.as_ref().ok_or(NotAWorker::NotReady)?;
+    let ready = status.phase.as_deref() == Some("Running")
+        && status
+            .conditions
+            .as_ref()
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    if !ready {
+        return Err(NotAWorker::NotReady);
+    }
+    let ip_text = status.pod_ip.as_deref().ok_or(NotAWorker::NoIp)?;
+    let ip: IpAddr = ip_text
+        .parse()
+        .map_err(|_| NotAWorker::BadIp(ip_text.to_owned()))?;
+    let annotation = |what: &str| {
+        let key = format!("{}{what}", config.annotation_prefix);
+        let value = pod
+            .metadata
+            .annotations
+            .as_ref()?
+            .get(&key)?
+            .trim()
+            .to_owned();
+        Some((key, value))
+    };
+    let port = |what: &str, configured: &PortRef| -> Result<Option<u16>, NotAWorker> {
+        let wanted = match annotation(what) {
+            Some((key, value)) => match value.parse::<u16>() {
+                Ok(0) => {
+                    return Err(NotAWorker::BadAnnotation {
+                        key,
+                        value,
+                        why: "is not a port",
+                    });
+                }
+                Ok(n) => PortRef::Number(n),
+                Err(_) => PortRef::Name(value),
+            },
+            None => configured.clone(),
+        };
+        Ok(match wanted {
+            PortRef::Number(n) => Some(n),
+            PortRef::Name(n) => named_port(pod, &n),
+        })
+    };
+    let http = port("http-port", &config.http_port)?
+        .ok_or_else(|| NotAWorker::NoHttpPort(config.http_port.to_string()))?;
+    let events = port("kv-events-port", &config.kv_events_port)?;
+    let replay = port("kv-replay-port", &config.kv_replay_port)?.filter(|_| events.is_some());
+    let ranks = match annotation("data-parallel-size") {
+        None => 1,
+        Some((key, value)) => match value.parse::<u16>() {
+            Ok(n) if (1..=MAX_DATA_PARALLEL).contains(&n) => n,
+            _ => {
+                return Err(NotAWorker::BadAnnotation {
+                    key,
+                    value,
+                    why: "is not a data-parallel size from 1 to 256",
+                });
+            }
+        },
+    };
+    let offset = |p: u16, rank: u16| {
+        p.checked_add(rank).ok_or(NotAWorker::BadAnnotation {
+            key: format!("{}data-parallel-size", config.annotation_prefix),
+            value: ranks.to_string(),
+            why: "puts a rank's port beyond 65535",
+        })
+    };
+    let zmq = |p: u16| format!("tcp://{}", SocketAddr::new(ip, p));
+    let mut workers = Vec::with_capacity(ranks as usize);
+    for rank in 0..ranks {
+        let addr = SocketAddr::new(ip, offset(http, rank)?);
+        let url = BaseUrl::parse(&format!("http://{addr}"))
+            .map_err(|_| NotAWorker::BadIp(ip_text.to_owned()))?;
+        let rank_suffix = (ranks > 1).then(|| format!(":dp{rank}"));
+        workers.push(WorkerSpec {
+            id: worker_id(namespace, name, rank_suffix.as_deref().unwrap_or("")),
+            url,
+            models: Vec::new(),
+            kv_events: events.map(|p| offset(p, rank)).transpose()?.map(zmq),
+            kv_replay: replay.map(|p| offset(p, rank)).transpose()?.map(zmq),
+            kv_blocks: None,
+        });
+    }
+    Ok(workers)
+}
+
+/// The port of the container port named `name`, in any container of the pod.
+fn named_port(pod: &Pod, name: &str) -> Option<u16> {
+    pod.spec
+        .as_ref()?
+        .containers
+        .iter()
+        .flat_map(|c| c.ports.iter().flatten())
+        .find(|p| p.name.as_deref() == Some(name))
+        .and_then(|p| u16::try_from(p.container_port).ok())
+        .filter(|p| *p != 0)
+}
+
+/// `k8s:<namespace>:<pod><suffix>`, stable for the pod's name. A name too long for a worker id
+/// (pod names reach 253 bytes, ids 128) is cut and ends with a hash of the whole, so two long
+/// names never share an id.
+pub fn worker_id(namespace: &str, pod: &str, suffix: &str) -> String {
+    let id = format!("k8s:{namespace}:{pod}{suffix}");
+    if id.len() <= MAX_WORKER_ID_BYTES {
+        return id;
+    }
+    let hash = format!("~{:016x}", xxh3_64(id.as_bytes()));
+    let mut cut = MAX_WORKER_ID_BYTES - hash.len();
+    while !id.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}{hash}", &id[..cut])
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::api::core::v1::{Container, ContainerPort, PodCondition, PodSpec, PodStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+
+    use super::*;
+    use crate::config::{DEFAULT_ANNOTATION_PREFIX, check_worker};
+
+    fn config() -> KubernetesDiscovery {
+        KubernetesDiscovery {
+            namespace: None,
+            label_selector: "app=vllm".into(),
+            http_port: PortRef::Name("http".into()),
+            kv_events_port: PortRef::Name("kv-events".into()),
+            kv_replay_port: PortRef::Name("kv-replay".into()),
+            annotation_prefix: DEFAULT_ANNOTATION_PREFIX.into(),
+        }
+    }
+
+    fn pod(name: &str, ip: &str, ready: bool, ports: &[(&str, i32)]) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                containers: vec![Container {
+                    name: "engine".into(),
+                    ports: Some(
+                        ports
+                            .iter()
+                            .map(|(n, p)| ContainerPort {
+                                name: Some((*n).into()),
+                                container_port: *p,
+                                ..Default::default()
+                            })
+                            .collect(),
+                    ),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            status: Some(PodStatus {
+                phase: Some("Running".into()),
+                pod_ip: Some(ip.into()),
+                conditions: Some(vec![PodCondition {
+                    type_: "Ready".into(),
+                    status: if ready { "True" } else { "False" }.into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn annotate(mut p: Pod, kv: &[(&str, &str)]) -> Pod {
+        p.metadata.annotations = Some(
+            kv.iter()
+                .map(|(k, v)| (format!("kvroute.io/{k}"), v.to_string()))
+                .collect::<BTreeMap<_, _>>(),
+        );
+        p
+    }
+
+    const PORTS: &[(&str, i32)] = &[("http", 8000), ("kv-events", 5557), ("kv-replay", 5558)];
+
+    #[test]
+    fn a_ready_pod_is_a_worker_on_its_named_ports() {
+        let w = workers_of(&pod("vllm-0", "10.0.0.5", true, PORTS), "llm", &config()).unwrap();
+        assert_eq!(w.len(), 1);
+        assert_eq!(w[0].id, "k8s:llm:vllm-0");
+        assert_eq!(w[0].url.to_string(), "http://10.0.0.5:8000");
+        assert_eq!(w[0].kv_events.as_deref(), Some("tcp://10.0.0.5:5557"));
+        assert_eq!(w[0].kv_replay.as_deref(), Some("tcp://10.0.0.5:5558"));
+        check_worker(&w[0]).unwrap();
+        let only_http = workers_of(&pod("p", "fd00::5", true, &[("http", 80)]), "n", &config());
+        let only_http = only_http.unwrap();
+        assert_eq!(only_http[0].url.to_string(), "http://[fd00::5]:80");
+        assert_eq!(
+            (
+                only_http[0].kv_events.as_ref(),
+                only_http[0].kv_replay.as_ref()
+            ),
+            (None, None)
+        );
+    }
+
+    #[test]
+    fn not_ready_terminating_and_portless_pods_are_not_workers() {
+        let c = config();
+        assert_eq!(
+            workers_of(&pod("p", "10.0.0.5", false, PORTS), "n", &c),
+            Err(NotAWorker::NotReady)
+        );
+        let mut dying = pod("p", "10.0.0.5", true, PORTS);
+        dying.metadata.deletion_timestamp = Some(Time(Default::default()));
+        assert_eq!(workers_of(&dying, "n", &c), Err(NotAWorker::Terminating));
+        let mut pending = pod("p", "10.0.0.5", true, PORTS);
+        if let Some(s) = pending.status.as_mut() {
+            s.phase = Some("Pending".into());
+        }
+        assert_eq!(workers_of(&pending, "n", &c), Err(NotAWorker::NotReady));
+        let mut no_ip = pod("p", "10.0.0.5", true, PORTS);
+        if let Some(s) = no_ip.status.as_mut() {
+            s.pod_ip = None;
+        }
+        assert_eq!(workers_of(&no_ip, "n", &c), Err(NotAWorker::NoIp));
+        assert_eq!(
+            workers_of(&pod("p", "10.0.0.5", true, &[("web", 80)]), "n", &c),
+            Err(NotAWorker::NoHttpPort("http".into()))
+        );
+    }
+
+    #[test]
+    fn annotations_override_ports_and_split_data_parallel_ranks() {
+        let p = annotate(
+            pod("p", "10.0.0.5", true, PORTS),
+            &[
+                ("http-port", "9000"),
+                ("kv-events-port", "kv-replay"),
+                ("data-parallel-size", "2"),
+            ],
+        );
+        let w = workers_of(&p, "n", &config()).unwrap();
+        let ids: Vec<_> = w.iter().map(|w| w.id.as_str()).collect();
+        assert_eq!(ids, ["k8s:n:p:dp0", "k8s:n:p:dp1"]);
+        assert_eq!(w[1].url.to_string(), "http://10.0.0.5:9001");
+        assert_eq!(w[1].kv_events.as_deref(), Some("tcp://10.0.0.5:5559"));
+        assert_eq!(w[1].kv_replay.as_deref(), Some("tcp://10.0.0.5:5559"));
+        for (k, v) in [
+            ("data-parallel-size", "0"),
+            ("data-parallel-size", "x"),
+            ("http-port", "0"),
+        ] {
+            let bad = annotate(pod("p", "10.0.0.5", true, PORTS), &[(k, v)]);
+            assert!(
+                matches!(
+                    workers_of(&bad, "n", &config()),
+                    Err(NotAWorker::BadAnnotation { .. })
+                ),
+                "{k}={v}"
+            );
+        }
+    }
+
+    #[test]
+    fn long_names_make_bounded_distinct_ids() {
+        let a = worker_id("ns", &"a".repeat(253), "");
+        let b = worker_id("ns", &format!("{}b", "a".repeat(252)), "");
+        assert!(a.len() <= MAX_WORKER_ID_BYTES && b.len() <= MAX_WORKER_ID_BYTES);
+        assert_ne!(a, b);
+        assert_eq!(a, worker_id("ns", &"a".repeat(253), ""), "stable");
+    }
+}
