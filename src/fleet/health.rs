@@ -25,6 +25,10 @@ use crate::tls::{TlsError, UpstreamTls};
 /// Called when a worker's KV cache capacity (in blocks) becomes known or changes.
 pub type CapacityHook = Arc<dyn Fn(&Worker, usize) + Send + Sync>;
 
+/// The default interval between two readings of a worker's load (`[health] load_interval_ms`;
+/// read by `fleet::load_poller`).
+pub const DEFAULT_LOAD_INTERVAL: Duration = Duration::from_millis(100);
+
 /// How health is checked.
 #[derive(Clone, Debug)]
 pub struct HealthConfig {
@@ -51,7 +55,7 @@ impl Default for HealthConfig {
             path: "/health".into(),
             unhealthy_threshold: 2,
             healthy_threshold: 1,
-            load_interval: super::load_poller::DEFAULT_INTERVAL,
+            load_interval: DEFAULT_LOAD_INTERVAL,
         }
     }
 }

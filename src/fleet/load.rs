@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use super::load_view::{Admissions, EngineLoad, Reading, combine};
+use super::load_view::{Admissions, EngineLoad, LoadSnapshot, Reading, combine};
 
 /// Live load counters of one worker.
 #[derive(Debug, Default)]
@@ -27,22 +27,6 @@ pub struct Load {
     admitted_prefill_tokens: AtomicU64,
     admitted_prompt_tokens: AtomicU64,
     reading: Mutex<Option<(Reading, Option<Instant>)>>,
-}
-
-/// A consistent-enough copy of [`Load`] for one routing decision.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LoadSnapshot {
-    /// Requests routed and not yet finished.
-    pub in_flight: u64,
-    /// Uncached prompt tokens of routed requests that have not produced a first token.
-    pub queued_prefill_tokens: u64,
-    /// Routed requests past their first token.
-    pub decoding: u64,
-    /// Prompt tokens of all routed, unfinished requests (their KV footprint, roughly).
-    pub active_prompt_tokens: u64,
-    /// Of `in_flight`, requests this router did not send (other router replicas'), from the
-    /// engine's last load reading; 0 without one. The other fields include their share.
-    pub unseen_in_flight: u64,
 }
 
 impl Load {

@@ -26,9 +26,6 @@ use super::load_view::EngineLoad;
 use super::{Fleet, LoadSnapshot, Worker};
 use crate::tls::{TlsError, UpstreamTls};
 
-/// The default interval between two readings of a worker's load.
-pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(100);
-
 /// How long one reading may take: twice the interval, at least 100 ms.
 pub fn timeout(interval: Duration) -> Duration {
     (interval * 2).max(Duration::from_millis(100))

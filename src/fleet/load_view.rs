@@ -22,7 +22,22 @@
 //!
 //! Pure: no clock, no I/O. The poller (`fleet::load_poller`) and the simulator supply readings.
 
-use super::load::LoadSnapshot;
+/// A consistent-enough copy of a worker's [`super::Load`] for one routing decision: this
+/// router's own counters, with other replicas' requests added when the engine's load is read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoadSnapshot {
+    /// Requests routed and not yet finished.
+    pub in_flight: u64,
+    /// Uncached prompt tokens of routed requests that have not produced a first token.
+    pub queued_prefill_tokens: u64,
+    /// Routed requests past their first token.
+    pub decoding: u64,
+    /// Prompt tokens of all routed, unfinished requests (their KV footprint, roughly).
+    pub active_prompt_tokens: u64,
+    /// Of `in_flight`, requests this router did not send (other router replicas'), from the
+    /// engine's last load reading; 0 without one. The other fields include their share.
+    pub unseen_in_flight: u64,
+}
 
 /// One reading of an engine's own load.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

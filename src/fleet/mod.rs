@@ -20,7 +20,8 @@ use std::sync::{Arc, Mutex, Weak};
 
 pub use breaker::{Breaker, BreakerConfig, CircuitState};
 pub use health::HealthConfig;
-pub use load::{Load, LoadGuard, LoadSnapshot};
+pub use load::{Load, LoadGuard};
+pub use load_view::LoadSnapshot;
 pub use load_view::{EngineLoad, Reading};
 pub use roster::Roster;
 pub use worker::{BaseUrl, DownHook, ServedModel, Worker, WorkerSpec, WorkerUrlError};
