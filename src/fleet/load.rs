@@ -26,6 +26,11 @@ pub struct Load {
     admitted: AtomicU64,
     admitted_prefill_tokens: AtomicU64,
     admitted_prompt_tokens: AtomicU64,
+    /// Requests that ended here, ever (with `admitted`, what may still be in an engine's
+    /// lagging counts).
+    finished: AtomicU64,
+    /// `finished` when the engine was last asked for its load.
+    finished_at_ask: AtomicU64,
     reading: Mutex<Option<(Reading, Option<Instant>)>>,
 }
 
@@ -65,6 +70,12 @@ impl Load {
         let mut held = self.lock_reading();
         let reading = Reading::after(held.as_ref().map(|(r, _)| r), engine, own);
         *held = Some((reading, at));
+    }
+
+    /// Requests that ended since the engine was last asked, marking now as the last ask.
+    pub fn finished_since_last_ask(&self) -> u64 {
+        let now = self.finished.load(Ordering::Relaxed);
+        now.saturating_sub(self.finished_at_ask.swap(now, Ordering::Relaxed))
     }
 
     /// Forgets the reading (too old, or the engine stopped answering): the view falls back to
@@ -154,6 +165,7 @@ impl LoadGuard {
             .active_prompt_tokens
             .fetch_sub(self.prompt_tokens, Ordering::Relaxed);
         self.load.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.load.finished.fetch_add(1, Ordering::Relaxed);
         self.stage = Stage::Done;
     }
 }
@@ -196,6 +208,22 @@ mod tests {
         );
         drop(g);
         assert_eq!(load.snapshot(), LoadSnapshot::default());
+    }
+
+    #[test]
+    fn ended_requests_are_counted_once_per_ask() {
+        let load = Arc::new(Load::default());
+        let a = load.admit(10, 10);
+        let b = load.admit(10, 10);
+        assert_eq!(load.finished_since_last_ask(), 0);
+        drop(a);
+        drop(b);
+        assert_eq!(load.finished_since_last_ask(), 2);
+        assert_eq!(
+            load.finished_since_last_ask(),
+            0,
+            "marked at the previous ask"
+        );
     }
 
     #[test]

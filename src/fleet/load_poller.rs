@@ -105,14 +105,15 @@ pub fn spawn(
 }
 
 /// This replica's own load as the engine may have counted it: its counters when the engine was
-/// asked, plus the `sent_meanwhile` requests it admitted before the answer came back. Those may
-/// already be in the engine's counts; taken for another replica's, each would be phantom load
-/// on a worker this replica just chose (pushing its next request off a warm cache for a whole
-/// interval). Counted as its own, at worst another replica's request is missed until the next
-/// reading.
-pub fn own_at_reading(asked: LoadSnapshot, sent_meanwhile: u64) -> LoadSnapshot {
+/// asked, plus `uncertain` requests — those it admitted before the answer came back (they may
+/// already be in the engine's counts) and those that ended since the previous reading (an
+/// engine's gauges lag its responses: vLLM updates them once per scheduler step). Taken for
+/// another replica's, each would be phantom load on a worker this replica just used, pushing
+/// its next request off a warm cache for a whole interval; counted as its own, at worst another
+/// replica's short request is missed until the next reading.
+pub fn own_at_reading(asked: LoadSnapshot, uncertain: u64) -> LoadSnapshot {
     LoadSnapshot {
-        in_flight: asked.in_flight.saturating_add(sent_meanwhile),
+        in_flight: asked.in_flight.saturating_add(uncertain),
         ..asked
     }
 }
@@ -124,6 +125,7 @@ async fn read_worker(client: &ProbeClient, worker: &Arc<Worker>, interval: Durat
         return;
     }
     let own = worker.load.snapshot();
+    let ended_lately = worker.load.finished_since_last_ask();
     let admitted_before = worker.load.admissions().requests;
     let asked = Instant::now();
     let answer = get(client, worker, "/metrics", timeout(interval)).await;
@@ -137,7 +139,7 @@ async fn read_worker(client: &ProbeClient, worker: &Arc<Worker>, interval: Durat
                 .admissions()
                 .requests
                 .saturating_sub(admitted_before);
-            let own = own_at_reading(own, sent_meanwhile);
+            let own = own_at_reading(own, sent_meanwhile + ended_lately);
             worker.load.set_reading(engine, own, Some(asked));
         }
         None => {
