@@ -107,7 +107,7 @@ pub fn spawn(
 /// This replica's own load as the engine may have counted it: its counters when the engine was
 /// asked, plus `uncertain` requests — those it admitted before the answer came back (they may
 /// already be in the engine's counts) and those that ended since the previous reading (an
-/// engine's gauges lag its responses: vLLM updates them once per scheduler step). Taken for
+/// engine's gauges can lag its responses). Taken for
 /// another replica's, each would be phantom load on a worker this replica just used, pushing
 /// its next request off a warm cache for a whole interval; counted as its own, at worst another
 /// replica's short request is missed until the next reading.

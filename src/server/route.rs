@@ -1,7 +1,7 @@
-//! A request's prompt as routing needs it: tokenized off the async threads, then analysed by
-//! the shared decision core ([`crate::routing`]).
+//! A request's prompt as routing needs it: tokenized (long prompts off the async threads), then
+//! analysed by the shared decision core ([`crate::routing`]).
 //!
-//! Tokenization costs milliseconds for long prompts, so it runs on a blocking thread; the
+//! Tokenization costs milliseconds for long prompts, so they go to a blocking thread; the
 //! index lookup costs microseconds. Load-only policies skip both. Live requests and
 //! `/debug/route` share this, so an explanation is exactly what a request would get.
 
