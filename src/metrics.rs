@@ -232,7 +232,8 @@ impl Metrics {
         };
         let prefix_hit_blocks = counter(
             "kvroute_prefix_hit_blocks_total",
-            "Prompt blocks the chosen worker already held (block-weighted hits).",
+            "Prompt blocks the chosen worker already held (block-weighted hits), under every \
+             policy (load-only ones look the prompt up off the request's path).",
             &["worker"],
         );
         let prefix_queried_blocks = counter(

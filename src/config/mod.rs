@@ -7,7 +7,7 @@
 //!
 //! Layout: `file` is the file's shape; each section is validated by a builder in its own
 //! file, next to the type it builds and the defaults it applies (`server`, `proxy`, `health`,
-//! `workers`, `models`, `policy`, `index`, `limits`, `tenants`, `discovery`; `values` holds the range
+//! `workers`, `models`, `policy`, `index`, `limits`, `tenants`, `discovery`, `recording`; `values` holds the range
 //! checks they share). `Config::build` only sequences them. A default lives once: as a named constant in the
 //! section's file, or as the `Default` impl of the type the section builds.
 

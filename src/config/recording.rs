@@ -45,7 +45,9 @@ pub(super) fn recording(
     if max_bytes < MIN_MAX_BYTES {
         return Err(invalid(
             "recording.max_bytes",
-            format!("{max_bytes} is too small; give at least {MIN_MAX_BYTES} (default {DEFAULT_MAX_BYTES})"),
+            format!(
+                "{max_bytes} is too small; give at least {MIN_MAX_BYTES} (default {DEFAULT_MAX_BYTES})"
+            ),
         ));
     }
     let keep_files = file.keep_files.unwrap_or(DEFAULT_KEEP_FILES);
@@ -88,7 +90,9 @@ mod tests {
             (s.path.to_str(), s.max_bytes, s.keep_files, s.queue),
             (Some("/tmp/a.jsonl"), 1 << 20, 2, DEFAULT_QUEUE)
         );
-        let s = recording(&file, Some(Path::new("/tmp/b.jsonl"))).unwrap().unwrap();
+        let s = recording(&file, Some(Path::new("/tmp/b.jsonl")))
+            .unwrap()
+            .unwrap();
         assert_eq!(s.path, PathBuf::from("/tmp/b.jsonl"));
     }
 
@@ -99,10 +103,34 @@ mod tests {
             ..f
         };
         for (bad, key) in [
-            (named(FileRecording { max_bytes: Some(10), ..Default::default() }), "recording.max_bytes"),
-            (named(FileRecording { keep_files: Some(5000), ..Default::default() }), "recording.keep_files"),
-            (named(FileRecording { queue: Some(0), ..Default::default() }), "recording.queue"),
-            (FileRecording { trace: Some(std::env::temp_dir()), ..Default::default() }, "recording.trace"),
+            (
+                named(FileRecording {
+                    max_bytes: Some(10),
+                    ..Default::default()
+                }),
+                "recording.max_bytes",
+            ),
+            (
+                named(FileRecording {
+                    keep_files: Some(5000),
+                    ..Default::default()
+                }),
+                "recording.keep_files",
+            ),
+            (
+                named(FileRecording {
+                    queue: Some(0),
+                    ..Default::default()
+                }),
+                "recording.queue",
+            ),
+            (
+                FileRecording {
+                    trace: Some(std::env::temp_dir()),
+                    ..Default::default()
+                },
+                "recording.trace",
+            ),
         ] {
             let e = recording(&bad, None).unwrap_err().to_string();
             assert!(e.contains(key), "{e}");

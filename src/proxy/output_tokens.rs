@@ -200,7 +200,11 @@ mod tests {
     #[test]
     fn an_oversized_event_counts_once() {
         let big = vec![b'x'; MAX_LINE + 10];
-        let chunks: Vec<&[u8]> = vec![b"data: ", &big, b"\n\ndata: {\"choices\":[{\"text\":\"y\"}]}\n\n"];
+        let chunks: Vec<&[u8]> = vec![
+            b"data: ",
+            &big,
+            b"\n\ndata: {\"choices\":[{\"text\":\"y\"}]}\n\n",
+        ];
         assert_eq!(counted(true, &chunks), Some(2));
     }
 }

@@ -111,7 +111,11 @@ mod tests {
         let path = dir.path().join("t.jsonl");
         fs::write(&path, "earlier run\n").unwrap();
         let mut f = TraceFile::create(&path, 10, 2).unwrap();
-        assert_eq!(read(&rotated(&path, 1)), "earlier run\n", "never appended to");
+        assert_eq!(
+            read(&rotated(&path, 1)),
+            "earlier run\n",
+            "never appended to"
+        );
         for line in ["aaaaaa\n", "bbbbbb\n", "cccccc\n", "dddddd\n", "eeee\n"] {
             f.write_line(line).unwrap();
         }
@@ -119,7 +123,10 @@ mod tests {
         assert_eq!(read(&path), "eeee\n");
         assert_eq!(read(&rotated(&path, 1)), "cccccc\ndddddd\n");
         assert_eq!(read(&rotated(&path, 2)), "aaaaaa\nbbbbbb\n");
-        assert!(!rotated(&path, 3).exists(), "only two rotated files are kept");
+        assert!(
+            !rotated(&path, 3).exists(),
+            "only two rotated files are kept"
+        );
     }
 
     #[test]

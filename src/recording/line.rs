@@ -73,7 +73,10 @@ mod tests {
     }
 
     fn parse(line: &str) -> serde_json::Value {
-        assert!(line.ends_with('\n') && line.matches('\n').count() == 1, "{line}");
+        assert!(
+            line.ends_with('\n') && line.matches('\n').count() == 1,
+            "{line}"
+        );
         serde_json::from_str(line).unwrap()
     }
 

@@ -38,8 +38,8 @@ pub struct RecordSettings {
     pub queue: usize,
 }
 
-/// Default `[recording] max_bytes`: 256 MiB (about a million requests of 1k-token prompts at
-/// block size 16).
+/// Default `[recording] max_bytes`: 256 MiB, about 200,000 requests of 1k-token prompts at
+/// block size 16 (each id takes about 17 bytes).
 pub const DEFAULT_MAX_BYTES: u64 = 256 << 20;
 /// Default `[recording] keep_files`.
 pub const DEFAULT_KEEP_FILES: usize = 4;
@@ -200,7 +200,13 @@ mod tests {
         let mut lines = 0;
         for _ in 0..200 {
             lines = (0..=10)
-                .map(|n| if n == 0 { path.clone() } else { rotated(&path, n) })
+                .map(|n| {
+                    if n == 0 {
+                        path.clone()
+                    } else {
+                        rotated(&path, n)
+                    }
+                })
                 .filter_map(|p| std::fs::read_to_string(p).ok())
                 .map(|t| t.lines().count())
                 .sum::<usize>();

@@ -14,8 +14,8 @@ use super::AppState;
 use crate::index::Overlaps;
 use crate::openai::{ApiError, Input, Prompt, RequestView};
 use crate::routing::Analysis;
-use crate::tokens::{HashSeed, ModelTokens, TokenError};
 use crate::tokens::model::{adapter_name, hash_seed};
+use crate::tokens::{HashSeed, ModelTokens, TokenError};
 
 /// Bodies smaller than this are tokenized on the request's own task: their prompt tokenizes
 /// in microseconds, less than the hop to a blocking thread and back costs (measured by
@@ -95,8 +95,13 @@ pub(super) async fn hash_off_path(
             .ok()?
             .ok()?,
     };
-    let mut analysis =
-        Analysis::of_prompt(&ids, seed, block_size, state.decider.holdings(), state.now());
+    let mut analysis = Analysis::of_prompt(
+        &ids,
+        seed,
+        block_size,
+        state.decider.holdings(),
+        state.now(),
+    );
     if !reads_cache {
         analysis.overlaps = Overlaps::default();
     }

@@ -76,7 +76,7 @@ impl Trail {
                     recorder,
                     arrival,
                     analysis: Analysis {
-                        request: analysis.request.clone(),
+                        request: analysis.request,
                         hashes: analysis.hashes.clone(),
                         overlaps: Default::default(),
                     },
@@ -172,7 +172,9 @@ fn count(state: &AppState, analysis: &Analysis, worker: &Arc<Worker>) {
     metrics
         .prefix_hit_blocks
         .with_label_values(&[worker.id()])
-        .inc_by(u64::from(analysis.overlaps.get(worker.worker()).min(blocks)));
+        .inc_by(u64::from(
+            analysis.overlaps.get(worker.worker()).min(blocks),
+        ));
     if !worker.publishes_events() {
         state
             .holdings

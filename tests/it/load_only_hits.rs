@@ -34,7 +34,10 @@ async fn wait_metric(addr: std::net::SocketAddr, name: &str, at_least: u64) -> u
 
 /// 64 words = 4 blocks of 16 tokens (3 reusable: the last token is always computed).
 fn prompt() -> String {
-    (0..64).map(|i| format!("w{i}")).collect::<Vec<_>>().join(" ")
+    (0..64)
+        .map(|i| format!("w{i}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -49,7 +52,10 @@ async fn least_request_counts_hits_from_kv_events() {
     let http = support::client();
     let body = json!({"model": MODEL, "prompt": prompt(), "max_tokens": 2});
     let url = format!("http://{}/v1/completions", router.addr);
-    assert_eq!(http.post(&url).json(&body).send().await.unwrap().status(), 200);
+    assert_eq!(
+        http.post(&url).json(&body).send().await.unwrap().status(),
+        200
+    );
     assert_eq!(
         wait_metric(router.addr, "kvroute_prefix_queried_blocks_total", 4).await,
         4
@@ -57,17 +63,26 @@ async fn least_request_counts_hits_from_kv_events() {
     // The engine's events reach the index, then the same prompt again.
     assert!(wait_metric(router.addr, "kvroute_index_entries", 4).await >= 4);
     assert_eq!(
-        total(&support::metrics_text(router.addr).await, "kvroute_prefix_hit_blocks_total"),
+        total(
+            &support::metrics_text(router.addr).await,
+            "kvroute_prefix_hit_blocks_total"
+        ),
         0
     );
-    assert_eq!(http.post(&url).json(&body).send().await.unwrap().status(), 200);
+    assert_eq!(
+        http.post(&url).json(&body).send().await.unwrap().status(),
+        200
+    );
     assert_eq!(
         wait_metric(router.addr, "kvroute_prefix_hit_blocks_total", 3).await,
         3,
         "the repeated prompt's reusable blocks were on the chosen worker"
     );
     assert_eq!(
-        total(&support::metrics_text(router.addr).await, "kvroute_prefix_queried_blocks_total"),
+        total(
+            &support::metrics_text(router.addr).await,
+            "kvroute_prefix_queried_blocks_total"
+        ),
         8
     );
     router.shutdown().await;
@@ -84,12 +99,18 @@ async fn round_robin_counts_predicted_hits_without_events() {
     let http = support::client();
     let body = json!({"model": MODEL, "prompt": prompt(), "max_tokens": 2});
     let url = format!("http://{}/v1/completions", router.addr);
-    assert_eq!(http.post(&url).json(&body).send().await.unwrap().status(), 200);
+    assert_eq!(
+        http.post(&url).json(&body).send().await.unwrap().status(),
+        200
+    );
     assert_eq!(
         wait_metric(router.addr, "kvroute_prefix_queried_blocks_total", 4).await,
         4
     );
-    assert_eq!(http.post(&url).json(&body).send().await.unwrap().status(), 200);
+    assert_eq!(
+        http.post(&url).json(&body).send().await.unwrap().status(),
+        200
+    );
     assert_eq!(
         wait_metric(router.addr, "kvroute_prefix_hit_blocks_total", 3).await,
         3,

@@ -96,7 +96,13 @@ async fn serve_records_a_trace_that_simulate_replays() {
     // 40 words = 2 full blocks of 16 and a partial one; the second prompt extends the first.
     let shared = words("secretword", 0, 40);
     send("key-acme", shared.clone(), 3, false).await;
-    send("key-acme", format!("{shared} {}", words("more", 0, 30)), 5, true).await;
+    send(
+        "key-acme",
+        format!("{shared} {}", words("more", 0, 30)),
+        5,
+        true,
+    )
+    .await;
     send("key-globex", shared.clone(), 2, false).await;
     let text = wait_lines(&trace, 8, 3).await;
     assert!(!text.contains("secretword"), "no prompt text in the trace");
@@ -119,11 +125,19 @@ async fn serve_records_a_trace_that_simulate_replays() {
     let input = [0, 1, 2].map(|i| field(i, "input_length"));
     assert!(input[0] == input[2] && input[1] > input[0], "{input:?}");
     for (i, ids) in [&a, &b, &other].into_iter().enumerate() {
-        assert_eq!(ids.len() as u64, input[i].div_ceil(16), "ceil(tokens / 16) ids");
+        assert_eq!(
+            ids.len() as u64,
+            input[i].div_ceil(16),
+            "ceil(tokens / 16) ids"
+        );
     }
     let full = (input[0] / 16) as usize;
     assert!(full >= 2);
-    assert_eq!(a[..full], b[..full], "a shared prefix shares its full blocks' ids");
+    assert_eq!(
+        a[..full],
+        b[..full],
+        "a shared prefix shares its full blocks' ids"
+    );
     if input[0] % 16 != 0 {
         assert_ne!(a[full], b[full], "a partial block is never shared");
     }
@@ -169,6 +183,9 @@ async fn serve_records_a_trace_that_simulate_replays() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(stdout.contains("kv_aware") && stdout.contains("least_request"), "{stdout}");
+    assert!(
+        stdout.contains("kv_aware") && stdout.contains("least_request"),
+        "{stdout}"
+    );
     drop(router);
 }
