@@ -1,5 +1,5 @@
 //! `[recording]`: the operator's own traffic as a Mooncake trace (`trace`, `max_bytes`,
-//! `keep_files`, `queue`); `kvroute serve --record-trace FILE` sets `trace`. Off unless a file
+//! `keep_files`, `queue`, `id_key_file`); `kvroute serve --record-trace FILE` sets `trace`. Off unless a file
 //! is named. Defaults are in [`crate::recording`].
 
 use std::path::{Path, PathBuf};
@@ -17,6 +17,7 @@ pub(super) struct FileRecording {
     pub(super) max_bytes: Option<u64>,
     pub(super) keep_files: Option<usize>,
     pub(super) queue: Option<usize>,
+    pub(super) id_key_file: Option<PathBuf>,
 }
 
 /// Smallest `max_bytes`: a file must hold at least a few lines.
@@ -64,11 +65,22 @@ pub(super) fn recording(
             format!("must be 1 to {MAX_QUEUE} records (default {DEFAULT_QUEUE})"),
         ));
     }
+    if file
+        .id_key_file
+        .as_ref()
+        .is_some_and(|p| p.as_os_str().is_empty())
+    {
+        return Err(invalid(
+            "recording.id_key_file",
+            "must name a file holding at least 16 random bytes, or be left out for a random key per process",
+        ));
+    }
     Ok(Some(RecordSettings {
         path,
         max_bytes,
         keep_files,
         queue,
+        id_key_file: file.id_key_file.clone(),
     }))
 }
 
@@ -84,6 +96,7 @@ mod tests {
             max_bytes: Some(1 << 20),
             keep_files: Some(2),
             queue: None,
+            id_key_file: None,
         };
         let s = recording(&file, None).unwrap().unwrap();
         assert_eq!(
@@ -130,6 +143,13 @@ mod tests {
                     ..Default::default()
                 },
                 "recording.trace",
+            ),
+            (
+                named(FileRecording {
+                    id_key_file: Some(PathBuf::new()),
+                    ..Default::default()
+                }),
+                "recording.id_key_file",
             ),
         ] {
             let e = recording(&bad, None).unwrap_err().to_string();

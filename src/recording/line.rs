@@ -82,7 +82,7 @@ mod tests {
 
     #[test]
     fn a_line_covers_every_block_and_a_partial_tail() {
-        let ids = BlockIds::new();
+        let ids = BlockIds::random();
         let v = parse(&mooncake_line(&record(40, &[1, 2]), &ids, 0));
         assert_eq!(v["timestamp"], 1234);
         assert_eq!(v["input_length"], 40);

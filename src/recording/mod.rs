@@ -36,6 +36,8 @@ pub struct RecordSettings {
     pub keep_files: usize,
     /// Records waiting for the writer before new ones are dropped.
     pub queue: usize,
+    /// The file holding the key of the block ids; a random key per process without one.
+    pub id_key_file: Option<PathBuf>,
 }
 
 /// Default `[recording] max_bytes`: 256 MiB, about 200,000 requests of 1k-token prompts at
@@ -54,8 +56,37 @@ impl RecordSettings {
             max_bytes: DEFAULT_MAX_BYTES,
             keep_files: DEFAULT_KEEP_FILES,
             queue: DEFAULT_QUEUE,
+            id_key_file: None,
         }
     }
+}
+
+/// Fewest bytes of an `id_key_file`: a shorter key could be guessed.
+pub const MIN_KEY_BYTES: usize = 16;
+
+/// The block-id map of `settings`: under the key in its `id_key_file` (its bytes, trailing
+/// whitespace trimmed), else under a random key.
+fn block_ids(settings: &RecordSettings) -> std::io::Result<BlockIds> {
+    let Some(path) = &settings.id_key_file else {
+        return Ok(BlockIds::random());
+    };
+    let bytes = std::fs::read(path).map_err(|e| {
+        std::io::Error::new(e.kind(), format!("id_key_file {}: {e}", path.display()))
+    })?;
+    let key = bytes.trim_ascii_end();
+    if key.len() < MIN_KEY_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "id_key_file {} holds {} bytes; give at least {MIN_KEY_BYTES} random ones, e.g. \
+                 `head -c 32 /dev/urandom | base64 > {}`",
+                path.display(),
+                key.len(),
+                path.display()
+            ),
+        ));
+    }
+    Ok(BlockIds::with_key(key))
 }
 
 /// The request path's handle on the trace writer.
@@ -72,14 +103,15 @@ impl std::fmt::Debug for Recorder {
 }
 
 impl Recorder {
-    /// Creates the trace file (failing now if it cannot be) and starts the writer thread; it
+    /// Reads the id key, creates the trace file (failing now if either cannot be) and starts the writer thread; it
     /// ends when the recorder is dropped, after writing what was queued.
     pub fn start(settings: &RecordSettings, metrics: &Metrics) -> std::io::Result<Recorder> {
+        let ids = block_ids(settings)?;
         let file = TraceFile::create(&settings.path, settings.max_bytes, settings.keep_files)?;
         let (tx, rx) = sync_channel(settings.queue.max(1));
         let writer = Writer {
             file,
-            ids: BlockIds::new(),
+            ids,
             seq: 0,
             metrics: metrics.clone(),
             path: settings.path.clone(),
@@ -217,6 +249,29 @@ mod tests {
         }
         assert_eq!(lines, 6);
         assert!(rotated(&path, 1).exists(), "a 150-byte file rotates");
+    }
+
+    #[test]
+    fn a_key_file_gives_every_process_the_same_ids() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("id.key");
+        let with_key = |k: &std::path::Path| RecordSettings {
+            id_key_file: Some(k.to_owned()),
+            ..RecordSettings::new(dir.path().join("t.jsonl"))
+        };
+        std::fs::write(&key, "short\n").unwrap();
+        let e = block_ids(&with_key(&key)).unwrap_err().to_string();
+        assert!(e.contains("at least 16"), "{e}");
+        let e = block_ids(&with_key(&dir.path().join("absent"))).unwrap_err();
+        assert!(e.to_string().contains("absent"), "{e}");
+        std::fs::write(&key, "c2VjcmV0LWtleS1mb3ItdGVzdHM=\n").unwrap();
+        let (a, b) = (
+            block_ids(&with_key(&key)).unwrap(),
+            block_ids(&with_key(&key)).unwrap(),
+        );
+        assert_eq!(a.id(BlockHash(5)), b.id(BlockHash(5)));
+        let random = block_ids(&RecordSettings::new(dir.path().join("t.jsonl"))).unwrap();
+        assert_ne!(a.id(BlockHash(5)), random.id(BlockHash(5)));
     }
 
     #[test]
