@@ -109,6 +109,31 @@ mod tests {
         assert_eq!(s.path, PathBuf::from("/tmp/b.jsonl"));
     }
 
+    /// The example's `[recording]` block is commented out (the example must not write
+    /// anything), but uncommented it loads with the defaults it documents.
+    #[test]
+    fn the_example_block_loads_when_uncommented() {
+        let text = include_str!("../../config/kvroute.example.toml");
+        let start = text.find("# [recording]\n").unwrap();
+        let end = start + text[start..].find("\n\n").unwrap();
+        let block: String = text[start..end]
+            .lines()
+            .map(|l| l.strip_prefix("# ").unwrap_or(l.trim_start_matches('#')))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let c = super::super::Config::from_toml(&block, Path::new("example")).unwrap();
+        let r = c.recording.unwrap();
+        assert_eq!(r.path, PathBuf::from("/var/lib/kvroute/trace.jsonl"));
+        assert_eq!(
+            (r.max_bytes, r.keep_files, r.queue),
+            (DEFAULT_MAX_BYTES, DEFAULT_KEEP_FILES, DEFAULT_QUEUE)
+        );
+        assert_eq!(
+            r.id_key_file,
+            Some(PathBuf::from("/etc/kvroute/trace-id.key"))
+        );
+    }
+
     #[test]
     fn bad_values_name_their_key() {
         let named = |f: FileRecording| FileRecording {

@@ -52,8 +52,19 @@ async fn wait_lines(path: &Path, keep: usize, n: usize) -> String {
     recorded(path, keep)
 }
 
+/// A load-only policy: the prompt is hashed off the request's path.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_records_a_trace_that_simulate_replays() {
+    record_and_replay("least_request").await;
+}
+
+/// A prefix-aware policy: the hashes made for the decision are the ones recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kv_aware_records_the_hashes_it_routed_on() {
+    record_and_replay("kv_aware").await;
+}
+
+async fn record_and_replay(policy: &str) {
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("trace.jsonl");
     let engines = [
@@ -61,7 +72,7 @@ async fn serve_records_a_trace_that_simulate_replays() {
         SimEngine::start(MODEL, 2, 50.0).await,
     ];
     let mut config = format!(
-        "policy = \"least_request\"\n[[models]]\nname = \"{MODEL}\"\nblock_size = 16\n\
+        "policy = \"{policy}\"\n[[models]]\nname = \"{MODEL}\"\nblock_size = 16\n\
          [recording]\nmax_bytes = 4096\nkeep_files = 8\n\
          [[tenants]]\nname = \"acme\"\napi_key_sha256 = \"{}\"\n\
          [[tenants]]\nname = \"globex\"\napi_key_sha256 = \"{}\"\n",
