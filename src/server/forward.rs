@@ -179,7 +179,6 @@ async fn forward(
     let body_bytes = bytes.len();
     let (analysis, view) = route::analyse(state, view, salt.as_deref(), body_bytes).await?;
     let model = view.model.clone();
-    let sse_requested = view.stream;
     let mut trail = Trail::start(state, &analysis, (view, body_bytes), salt.clone(), started);
     // The salted copy of the body is made only now that the prompt's token ids are gone (the
     // analysis keeps block hashes), so a large body never has the original, its ids and the
@@ -226,7 +225,7 @@ async fn forward(
         started,
         requester,
     )
-    .with_trail(trail, sse || sse_requested);
+    .with_trail(trail, sse);
     let timeouts = BodyTimeouts {
         idle: state.upstream.config().idle_timeout,
         total: state.upstream.config().total_timeout,
