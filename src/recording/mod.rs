@@ -107,7 +107,11 @@ impl Recorder {
     /// ends when the recorder is dropped, after writing what was queued.
     pub fn start(settings: &RecordSettings, metrics: &Metrics) -> std::io::Result<Recorder> {
         let ids = block_ids(settings)?;
-        let file = TraceFile::create(&settings.path, settings.max_bytes, settings.keep_files)?;
+        let file = TraceFile::create(&settings.path, settings.max_bytes, settings.keep_files)
+            .map_err(|e| {
+                let path = settings.path.display();
+                std::io::Error::new(e.kind(), format!("cannot write the trace {path}: {e}"))
+            })?;
         let (tx, rx) = sync_channel(settings.queue.max(1));
         let writer = Writer {
             file,

@@ -199,12 +199,8 @@ fn recorder(config: &Config, metrics: &Metrics) -> anyhow::Result<Option<Arc<Rec
     let Some(settings) = &config.recording else {
         return Ok(None);
     };
-    let recorder = Recorder::start(settings, metrics).map_err(|e| {
-        anyhow::anyhow!(
-            "recording.trace: cannot write {}: {e}",
-            settings.path.display()
-        )
-    })?;
+    let recorder =
+        Recorder::start(settings, metrics).map_err(|e| anyhow::anyhow!("[recording]: {e}"))?;
     tracing::info!(path = %settings.path.display(), "recording routed requests as a Mooncake trace");
     Ok(Some(Arc::new(recorder)))
 }
