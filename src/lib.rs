@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod openai;
 pub mod policy;
 pub mod proxy;
+pub mod recording;
 #[cfg(feature = "lab")]
 pub mod report;
 pub mod routing;

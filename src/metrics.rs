@@ -63,6 +63,11 @@ pub struct Metrics {
     pub prefix_hit_blocks: IntCounterVec,
     /// `kvroute_prefix_queried_blocks_total{worker}`: prompt blocks routed to the worker.
     pub prefix_queried_blocks: IntCounterVec,
+    /// `kvroute_trace_records_total`: requests written to the recorded trace.
+    pub trace_records: IntCounter,
+    /// `kvroute_trace_records_dropped_total{reason}`: requests not recorded (`queue_full`,
+    /// `write_error`, `no_usage`, `untokenized`).
+    pub trace_records_dropped: IntCounterVec,
     /// `kvroute_index_entries`: (block, worker) entries in the event-fed index.
     pub index_entries: IntGauge,
     /// `kvroute_index_bytes`: heap bytes of the event-fed index; divided by
@@ -227,13 +232,25 @@ impl Metrics {
         };
         let prefix_hit_blocks = counter(
             "kvroute_prefix_hit_blocks_total",
-            "Prompt blocks the chosen worker already held (block-weighted hits).",
+            "Prompt blocks the chosen worker already held (block-weighted hits), under every \
+             policy (load-only ones look the prompt up off the request's path).",
             &["worker"],
         );
         let prefix_queried_blocks = counter(
             "kvroute_prefix_queried_blocks_total",
             "Prompt blocks of requests routed to the worker (block-weighted queries).",
             &["worker"],
+        );
+        let trace_records = IntCounter::new(
+            "kvroute_trace_records_total",
+            "Requests written to the recorded trace ([recording] trace).",
+        )
+        .expect("static metric definition");
+        let trace_records_dropped = counter(
+            "kvroute_trace_records_dropped_total",
+            "Routed requests not written to the recorded trace: queue_full (the writer fell \
+             behind), write_error, no_usage (the response told no output length), untokenized.",
+            &["reason"],
         );
         let index_entries = IntGauge::new(
             "kvroute_index_entries",
@@ -344,6 +361,8 @@ impl Metrics {
             Box::new(worker_unseen_in_flight.clone()),
             Box::new(prefix_hit_blocks.clone()),
             Box::new(prefix_queried_blocks.clone()),
+            Box::new(trace_records.clone()),
+            Box::new(trace_records_dropped.clone()),
             Box::new(index_entries.clone()),
             Box::new(index_bytes.clone()),
             Box::new(index_events.clone()),
@@ -372,6 +391,8 @@ impl Metrics {
             worker_unseen_in_flight,
             prefix_hit_blocks,
             prefix_queried_blocks,
+            trace_records,
+            trace_records_dropped,
             index_entries,
             index_bytes,
             index_events,

@@ -7,7 +7,7 @@
 //!
 //! Layout: `file` is the file's shape; each section is validated by a builder in its own
 //! file, next to the type it builds and the defaults it applies (`server`, `proxy`, `health`,
-//! `workers`, `models`, `policy`, `index`, `limits`, `tenants`, `discovery`; `values` holds the range
+//! `workers`, `models`, `policy`, `index`, `limits`, `tenants`, `discovery`, `recording`; `values` holds the range
 //! checks they share). `Config::build` only sequences them. A default lives once: as a named constant in the
 //! section's file, or as the `Default` impl of the type the section builds.
 
@@ -20,6 +20,7 @@ mod limits;
 mod models;
 mod policy;
 mod proxy;
+mod recording;
 mod server;
 mod tenants;
 mod tls;
@@ -133,6 +134,10 @@ pub struct ServeArgs {
     /// Log format.
     #[arg(long, value_enum)]
     pub log_format: Option<LogFormat>,
+    /// Record every routed request to this Mooncake trace file (`[recording] trace`), for
+    /// `kvroute simulate --trace FILE`. See docs/recording-traffic.md.
+    #[arg(long, value_name = "FILE")]
+    pub record_trace: Option<PathBuf>,
 }
 
 /// The validated configuration of `kvroute serve`.
@@ -190,6 +195,8 @@ pub struct Config {
     pub deprecations: Vec<Deprecation>,
     /// Workers found at run time (`[discovery]`).
     pub discovery: DiscoveryConfig,
+    /// The recorded trace of routed requests (`[recording]`), when one is named.
+    pub recording: Option<crate::recording::RecordSettings>,
 }
 
 impl Config {
@@ -250,6 +257,7 @@ impl Config {
         let index = IndexSettings::from_file(&file.index)?;
         let replay_limits = kv_events::replay_limits(&file.kv_events)?;
         let discovery = discovery::discovery(file.discovery)?;
+        let recording = recording::recording(&file.recording, args.record_trace.as_deref())?;
         let limits = Limits::from_file(&file.limits, front.max_body_bytes)?;
         let tenants = tenants::tenants(file.tenants)?;
         let admin_key_sha256 = tenants::admin_key(file.admin, &tenants)?;
@@ -284,6 +292,7 @@ impl Config {
             admin_key_sha256,
             deprecations,
             discovery,
+            recording,
         })
     }
 }

@@ -44,6 +44,9 @@ pub trait ResponseObserver: Send + 'static {
     fn first_token(&mut self);
     /// The response ended, after `bytes` of body reached the client; called exactly once.
     fn end(&mut self, end: End, bytes: u64);
+    /// A chunk of the worker's body passed through (for observers that read it, such as the
+    /// trace recorder's output-token count).
+    fn data(&mut self, _chunk: &[u8]) {}
 }
 
 /// Errors a proxied body can end with.
@@ -208,6 +211,7 @@ impl<O: ResponseObserver + Unpin> Body for ObservedBody<O> {
                     .reset(Instant::now() + this.timeouts.idle);
                 if let Some(data) = frame.data_ref() {
                     this.bytes += data.len() as u64;
+                    this.observer.data(data);
                     if let Some(d) = this.detector.as_mut()
                         && d.feed(data)
                     {

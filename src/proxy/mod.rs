@@ -14,6 +14,7 @@ pub mod body;
 pub mod first_token;
 pub mod headers;
 pub mod hops;
+pub mod output_tokens;
 pub mod retry_budget;
 
 use crate::tls::upstream::WorkerConnector;

@@ -14,6 +14,7 @@ use super::access_log::AccessLine;
 use super::admission::{BodyClaim, Ticket};
 use super::auth::{Caller, Keys};
 use super::observer::{Observer, Requester};
+use super::trail::Trail;
 use super::{AppState, body, cache_salt, request_id, route};
 use crate::fleet::Worker;
 use crate::openai::{ApiError, Endpoint, RequestView};
@@ -175,11 +176,14 @@ async fn forward(
     let salt = caller.cache_salt(view.cache_salt.as_deref());
     let eligible = eligible(state, &view.model)?;
     let decision_started = Instant::now();
-    let (analysis, view) = route::analyse(state, view, salt.as_deref(), bytes.len()).await?;
+    let body_bytes = bytes.len();
+    let (analysis, view) = route::analyse(state, view, salt.as_deref(), body_bytes).await?;
+    let model = view.model.clone();
+    let mut trail = Trail::start(state, &analysis, (view, body_bytes), salt.clone(), started);
     // The salted copy of the body is made only now that the prompt's token ids are gone (the
     // analysis keeps block hashes), so a large body never has the original, its ids and the
     // copy alive at once: peak memory stays near twice the body, not three times.
-    let bytes = tenant_body(state, &caller, salt.as_deref(), &view.model, bytes)?;
+    let bytes = tenant_body(state, &caller, salt.as_deref(), &model, bytes)?;
     drop(claim);
     let clock = || state.now();
     let mut session = Session::new(
@@ -207,10 +211,11 @@ async fn forward(
         out_headers.insert(WORKER_HEADER, v);
     }
     let sse = proxy::is_event_stream(&parts.headers);
+    trail.routed(&attempt.worker);
     let requester = Requester {
         id: request_id::of(&headers).to_owned(),
         tenant: caller.tenant().map(str::to_owned),
-        model: view.model,
+        model,
     };
     let observer = Observer::new(
         attempt,
@@ -219,7 +224,8 @@ async fn forward(
         parts.status,
         started,
         requester,
-    );
+    )
+    .with_trail(trail, sse);
     let timeouts = BodyTimeouts {
         idle: state.upstream.config().idle_timeout,
         total: state.upstream.config().total_timeout,

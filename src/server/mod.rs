@@ -17,6 +17,7 @@ mod observer;
 mod ops;
 mod request_id;
 mod route;
+mod trail;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -37,6 +38,7 @@ use crate::metrics::Metrics;
 use crate::openai::{ApiError, ECHO_MAX, shorten};
 use crate::policy::{self, Policy};
 use crate::proxy::Upstream;
+use crate::recording::Recorder;
 use crate::routing::Decider;
 use crate::tls::listener::TlsFront;
 use crate::tokens::ModelRegistry;
@@ -70,6 +72,8 @@ pub struct AppState {
     /// Cancelled when the shutdown grace is over: responses still streaming end with an error
     /// event rather than a bare close.
     pub cutoff: CancellationToken,
+    /// The recorded trace of routed requests (`[recording]`), when one is named.
+    pub recorder: Option<Arc<Recorder>>,
     /// Per-model settings (block size, salt forwarding).
     models: Vec<ModelConfig>,
     /// Origin of the index's clock (approximate entries expire on it).
@@ -114,7 +118,7 @@ impl AppState {
             policy,
             upstream: Upstream::new(config.proxy.clone())
                 .map_err(|e| anyhow::anyhow!("proxy.tls: {e}"))?,
-            metrics,
+            metrics: metrics.clone(),
             max_body_bytes: config.max_body_bytes,
             body_read_timeout: config.body_read_timeout,
             tokens: ModelRegistry::load(
@@ -125,6 +129,7 @@ impl AppState {
             holdings,
             keys: auth::Keys::new(&config.tenants, config.admin_key_sha256),
             admission: admission::Admission::new(config.limits, &config.tenants),
+            recorder: recorder(config, &metrics)?,
             models: config.models.clone(),
             started: Instant::now(),
             cutoff: CancellationToken::new(),
@@ -186,6 +191,18 @@ impl AppState {
     pub fn now(&self) -> Duration {
         self.started.elapsed()
     }
+}
+
+/// The trace recorder of `[recording]`, started now (its file is created now, so a path that
+/// cannot be written fails the start).
+fn recorder(config: &Config, metrics: &Metrics) -> anyhow::Result<Option<Arc<Recorder>>> {
+    let Some(settings) = &config.recording else {
+        return Ok(None);
+    };
+    let recorder =
+        Recorder::start(settings, metrics).map_err(|e| anyhow::anyhow!("[recording]: {e}"))?;
+    tracing::info!(path = %settings.path.display(), "recording routed requests as a Mooncake trace");
+    Ok(Some(Arc::new(recorder)))
 }
 
 /// The axum application; `/metrics` is on it unless `metrics_apart` (served by

@@ -5,7 +5,9 @@ use std::time::{Duration, Instant};
 
 use super::access_log::AccessLine;
 use super::admission::Ticket;
+use super::trail::Trail;
 use crate::metrics::Metrics;
+use crate::proxy::output_tokens::OutputTokens;
 use crate::proxy::{End, ResponseObserver};
 use crate::routing::Attempt;
 
@@ -31,6 +33,10 @@ pub(super) struct Observer {
     started: Instant,
     requester: Requester,
     ttft: Option<Duration>,
+    /// What follows the response's end (trace line, load-only hit counts).
+    trail: Trail,
+    /// The output tokens counted, when a trace is recorded.
+    output: Option<OutputTokens>,
 }
 
 impl Observer {
@@ -51,7 +57,17 @@ impl Observer {
             started,
             requester,
             ttft: None,
+            trail: Trail::Off,
+            output: None,
         }
+    }
+
+    /// Hands the request's `trail` its end; the output tokens of a response (a stream when
+    /// `sse`) are counted if it records a trace.
+    pub(super) fn with_trail(mut self, trail: Trail, sse: bool) -> Observer {
+        self.output = trail.records().then(|| OutputTokens::new(sse));
+        self.trail = trail;
+        self
     }
 }
 
@@ -70,8 +86,16 @@ impl ResponseObserver for Observer {
         }
     }
 
+    fn data(&mut self, chunk: &[u8]) {
+        if let Some(o) = self.output.as_mut() {
+            o.feed(chunk);
+        }
+    }
+
     fn end(&mut self, end: End, bytes: u64) {
         self.attempt.admitted.finish();
+        let output = self.output.as_ref().and_then(OutputTokens::count);
+        self.trail.end(self.status.is_success(), output);
         if end == End::UpstreamError {
             self.attempt.worker.record_failure(Instant::now());
         }

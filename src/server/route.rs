@@ -14,8 +14,8 @@ use super::AppState;
 use crate::index::Overlaps;
 use crate::openai::{ApiError, Input, Prompt, RequestView};
 use crate::routing::Analysis;
-use crate::tokens::TokenError;
 use crate::tokens::model::{adapter_name, hash_seed};
+use crate::tokens::{HashSeed, ModelTokens, TokenError};
 
 /// Bodies smaller than this are tokenized on the request's own task: their prompt tokenizes
 /// in microseconds, less than the hop to a blocking thread and back costs (measured by
@@ -39,10 +39,7 @@ pub(super) async fn analyse(
     if !state.decider.uses_prefix() {
         return Ok((Analysis::load_only(), view));
     }
-    // A LoRA adapter's prompts are the base model's tokens, hashed with the adapter's name, as
-    // the engine's events name the adapter's blocks.
-    let base = state.adapter_base(&view.model);
-    let tokens = state.tokens.get(base.as_deref().unwrap_or(&view.model));
+    let (tokens, seed) = tokens_and_seed(state, &view.model, cache_salt);
     let block_size = tokens.block_size();
     let started = Instant::now();
     let (ids, view) = match take_token_ids(&mut view) {
@@ -68,10 +65,6 @@ pub(super) async fn analyse(
         .decision
         .with_label_values(&[state.policy.name(), "tokenize"])
         .observe(started.elapsed().as_secs_f64());
-    let seed = match &base {
-        Some(base) => hash_seed(base, Some(adapter_name(&view.model, base)), cache_salt),
-        None => hash_seed(&view.model, None, cache_salt),
-    };
     let mut analysis = state.decider.analyse(&ids, seed, block_size, state.now());
     if !view.reads_prefix_cache {
         // The engine will compute the whole prompt (it scores every position) but still cache
@@ -79,6 +72,58 @@ pub(super) async fn analyse(
         analysis.overlaps = Overlaps::default();
     }
     Ok((analysis, view))
+}
+
+/// The analysis a prefix-aware policy would have made of `view`'s prompt, made for a load-only
+/// policy off the request's path (see `trail`): tokenized (long prompts on a blocking thread),
+/// hashed and looked up now; `body_bytes` as for [`analyse`]. `None` when the prompt cannot be
+/// tokenized.
+pub(super) async fn hash_off_path(
+    state: &Arc<AppState>,
+    mut view: RequestView,
+    cache_salt: Option<&str>,
+    body_bytes: usize,
+) -> Option<Analysis> {
+    let (tokens, seed) = tokens_and_seed(state, &view.model, cache_salt);
+    let block_size = tokens.block_size();
+    let reads_cache = view.reads_prefix_cache;
+    let ids = match take_token_ids(&mut view) {
+        Some(ids) => ids,
+        None if body_bytes < INLINE_TOKENIZE_BYTES => tokens.prompt_ids(&view).ok()?,
+        None => tokio::task::spawn_blocking(move || tokens.prompt_ids(&view))
+            .await
+            .ok()?
+            .ok()?,
+    };
+    let mut analysis = Analysis::of_prompt(
+        &ids,
+        seed,
+        block_size,
+        state.decider.holdings(),
+        state.now(),
+    );
+    if !reads_cache {
+        analysis.overlaps = Overlaps::default();
+    }
+    Some(analysis)
+}
+
+/// The tokenizer of `model` (its base model's, for a LoRA adapter) and the hash seed of its
+/// prompts under the tenant-namespaced `cache_salt`. A LoRA adapter's prompts are the base
+/// model's tokens, hashed with the adapter's name, as the engine's events name the adapter's
+/// blocks.
+fn tokens_and_seed(
+    state: &AppState,
+    model: &str,
+    cache_salt: Option<&str>,
+) -> (Arc<ModelTokens>, HashSeed) {
+    let base = state.adapter_base(model);
+    let tokens = state.tokens.get(base.as_deref().unwrap_or(model));
+    let seed = match &base {
+        Some(base) => hash_seed(base, Some(adapter_name(model, base)), cache_salt),
+        None => hash_seed(model, None, cache_salt),
+    };
+    (tokens, seed)
 }
 
 /// The ids routing hashes when the client sent token ids (the first of a batch, as

@@ -54,7 +54,9 @@ pub struct WorkloadArgs {
     /// A Mooncake JSONL trace (timestamp ms, input_length, output_length, hash_ids).
     #[arg(long, value_name = "FILE", conflicts_with = "synthetic")]
     pub trace: Option<PathBuf>,
-    /// Tokens per block id of the trace file (Mooncake: 512).
+    /// Tokens per block id of the trace file (Mooncake: 512). Lines that name their
+    /// `block_size` (traces `kvroute serve --record-trace` writes) keep it unless a size other
+    /// than 512 is given here.
     #[arg(
         long,
         default_value_t = MOONCAKE_BLOCK_TOKENS,

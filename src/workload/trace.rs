@@ -70,13 +70,15 @@ pub enum TraceError {
 }
 
 /// One Mooncake JSONL line, as written; unknown extra fields are ignored (other trace
-/// producers add some).
+/// producers add some). `block_size` is not Mooncake's (its traces are all 512 tokens per id):
+/// traces kvroute records carry their engines' block size there.
 #[derive(Deserialize)]
 struct MooncakeLine {
     timestamp: f64,
     input_length: u32,
     output_length: u32,
     hash_ids: Vec<u64>,
+    block_size: Option<u32>,
 }
 
 impl Trace {
@@ -87,7 +89,9 @@ impl Trace {
     }
 
     /// Reads a Mooncake JSONL file (`timestamp` ms, `input_length`, `output_length`,
-    /// `hash_ids` of 512-token blocks). Blank lines are skipped; unknown fields are ignored.
+    /// `hash_ids` of 512-token blocks, or of `block_size` tokens where a line says so, as
+    /// `kvroute serve --record-trace` writes). Blank lines are skipped; unknown fields are
+    /// ignored.
     pub fn from_mooncake_file(path: &Path) -> Result<Trace, TraceError> {
         let io = |source| TraceError::Io {
             path: path.display().to_string(),
@@ -276,12 +280,15 @@ fn parse_mooncake_line(text: &str, line_no: usize) -> Result<TraceRequest, Trace
             parsed.timestamp
         )));
     }
+    if parsed.block_size == Some(0) {
+        return Err(err("block_size must be at least 1 token".to_string()));
+    }
     Ok(TraceRequest {
         arrival_s: parsed.timestamp / 1000.0,
         input_tokens: parsed.input_length,
         output_tokens: parsed.output_length,
         hash_ids: parsed.hash_ids,
-        block_tokens: MOONCAKE_BLOCK_TOKENS,
+        block_tokens: parsed.block_size.unwrap_or(MOONCAKE_BLOCK_TOKENS),
     })
 }
 
@@ -362,6 +369,23 @@ mod tests {
         let order: Vec<u32> = t.requests.iter().map(|r| r.input_tokens).collect();
         assert_eq!(order, vec![2, 3, 1]);
         assert_eq!(t.requests[0].arrival_s, 1.0);
+    }
+
+    #[test]
+    fn a_line_may_name_its_block_size() {
+        let t = Trace::from_mooncake_str(
+            "{\"timestamp\": 0, \"input_length\": 20, \"output_length\": 1, \"hash_ids\": [1, 2], \"block_size\": 16}\n\
+             {\"timestamp\": 1, \"input_length\": 20, \"output_length\": 1, \"hash_ids\": [1]}\n",
+        )
+        .unwrap();
+        assert_eq!(t.requests[0].block_tokens, 16);
+        assert_eq!(t.requests[1].block_tokens, MOONCAKE_BLOCK_TOKENS);
+        let e = Trace::from_mooncake_str(
+            "{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [], \"block_size\": 0}",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("block_size"), "{e}");
     }
 
     #[test]
