@@ -7,11 +7,12 @@
 //!
 //! Layout: `file` is the file's shape; each section is validated by a builder in its own
 //! file, next to the type it builds and the defaults it applies (`server`, `proxy`, `health`,
-//! `workers`, `models`, `policy`, `index`, `limits`, `tenants`, `discovery`; `values` holds the range
+//! `workers`, `models`, `policy`, `index`, `limits`, `tenants`, `discovery`, `endpoints`; `values` holds the range
 //! checks they share). `Config::build` only sequences them. A default lives once: as a named constant in the
 //! section's file, or as the `Default` impl of the type the section builds.
 
 mod discovery;
+mod endpoints;
 mod file;
 mod health;
 mod index;
@@ -43,6 +44,10 @@ use crate::proxy::ProxyConfig;
 pub use discovery::{
     DEFAULT_ANNOTATION_PREFIX, DEFAULT_DNS_INTERVAL, DEFAULT_DRAIN_TIMEOUT, DiscoveryConfig,
     DnsDiscovery, KubernetesDiscovery, PortRef,
+};
+pub use endpoints::{
+    DEFAULT_FORWARD_PATHS, DEFAULT_RESPONSES_CAPACITY, DEFAULT_RESPONSES_TTL, EndpointsConfig,
+    NEVER_BY_WILDCARD, PathPattern,
 };
 pub use index::IndexSettings;
 pub use limits::Limits;
@@ -190,6 +195,8 @@ pub struct Config {
     pub deprecations: Vec<Deprecation>,
     /// Workers found at run time (`[discovery]`).
     pub discovery: DiscoveryConfig,
+    /// Endpoints beyond completions and chat (`[endpoints]`).
+    pub endpoints: EndpointsConfig,
 }
 
 impl Config {
@@ -250,6 +257,7 @@ impl Config {
         let index = IndexSettings::from_file(&file.index)?;
         let replay_limits = kv_events::replay_limits(&file.kv_events)?;
         let discovery = discovery::discovery(file.discovery)?;
+        let endpoints = endpoints::endpoints(&file.endpoints)?;
         let limits = Limits::from_file(&file.limits, front.max_body_bytes)?;
         let tenants = tenants::tenants(file.tenants)?;
         let admin_key_sha256 = tenants::admin_key(file.admin, &tenants)?;
@@ -284,6 +292,7 @@ impl Config {
             admin_key_sha256,
             deprecations,
             discovery,
+            endpoints,
         })
     }
 }
