@@ -27,10 +27,17 @@ const DECISION_BUCKETS: &[f64] = &[
 #[derive(Clone)]
 pub struct Metrics {
     registry: Registry,
-    /// `kvroute_requests_total{model,worker,status}`: requests answered, by final status.
+    /// `kvroute_requests_total{endpoint,model,worker,status}`: requests answered, by final
+    /// status (`endpoint`: the kind of endpoint, see `server::api`; worker `-`: none, the router
+    /// answered).
     pub requests: IntCounterVec,
-    /// `kvroute_request_duration_seconds{model}`: arrival to last byte.
+    /// `kvroute_request_duration_seconds{endpoint,model}`: arrival to last byte.
     pub request_duration: HistogramVec,
+    /// `kvroute_response_affinity_total{outcome}`: Responses API requests that name a stored
+    /// response (`routed`, `unknown`, `holder_gone`, `holder_unavailable`), and ids `learned`.
+    pub response_affinity: IntCounterVec,
+    /// `kvroute_response_affinity_entries`: stored responses whose worker is remembered.
+    pub response_affinity_entries: IntGauge,
     /// `kvroute_time_to_first_token_seconds{model,worker}`.
     pub ttft: HistogramVec,
     /// `kvroute_worker_in_flight{worker}`: requests routed to a worker and not finished.
@@ -133,7 +140,7 @@ impl Metrics {
                  event), cancelled (the client went away), shutdown (cut when the shutdown grace \
                  ended).",
             ),
-            &["model", "worker", "status"],
+            &["endpoint", "model", "worker", "status"],
         )
         .expect("static metric definition");
         let request_duration = HistogramVec::new(
@@ -142,7 +149,7 @@ impl Metrics {
                 "Time from arrival to the last byte of the response.",
             )
             .buckets(LATENCY_BUCKETS.to_vec()),
-            &["model"],
+            &["endpoint", "model"],
         )
         .expect("static metric definition");
         let ttft = HistogramVec::new(
@@ -339,8 +346,23 @@ impl Metrics {
             &["source"],
         )
         .expect("static metric definition");
+        let response_affinity = counter(
+            "kvroute_response_affinity_total",
+            "Responses API: ids of stored responses learned, and requests naming one, by \
+             outcome: routed (to the worker that stores it), unknown (never learned, or \
+             forgotten), holder_gone (its worker left the fleet), holder_unavailable (its worker \
+             is down, draining or open-circuited).",
+            &["outcome"],
+        );
+        let response_affinity_entries = IntGauge::new(
+            "kvroute_response_affinity_entries",
+            "Stored Responses API responses whose worker the router remembers.",
+        )
+        .expect("static metric definition");
         for c in [
             Box::new(open_connections.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(response_affinity.clone()),
+            Box::new(response_affinity_entries.clone()),
             Box::new(tls_reloads.clone()),
             Box::new(tls_handshake_failures.clone()),
             Box::new(discovery_events.clone()),
@@ -379,6 +401,8 @@ impl Metrics {
             registry,
             requests,
             request_duration,
+            response_affinity,
+            response_affinity_entries,
             ttft,
             in_flight,
             decision,
@@ -494,10 +518,16 @@ mod tests {
     #[test]
     fn renders_registered_metrics() {
         let m = Metrics::new();
-        m.requests.with_label_values(&["m", "w", "200"]).inc();
+        m.requests
+            .with_label_values(&["chat_completions", "m", "w", "200"])
+            .inc();
         m.ttft.with_label_values(&["m", "w"]).observe(0.2);
         let text = m.render();
-        assert!(text.contains("kvroute_requests_total{model=\"m\",status=\"200\",worker=\"w\"} 1"));
+        assert!(text.contains(
+            "kvroute_requests_total{endpoint=\"chat_completions\",model=\"m\",status=\"200\",worker=\"w\"} 1"
+        ));
+        m.forget_worker("w");
+        assert!(!m.render().contains("kvroute_requests_total{"));
         assert!(text.contains("kvroute_time_to_first_token_seconds_bucket"));
         // Two routers in one process keep separate numbers.
         assert!(!Metrics::new().render().contains("kvroute_requests_total{"));

@@ -1,5 +1,6 @@
 //! The slice of the OpenAI API that routing needs: a validated view of a completion or chat
-//! request, and the error body every client library understands.
+//! request, a Responses request's prompt ([`responses`]), the model of other bodies
+//! ([`model_field`], [`multipart`]), and the error body every client library understands.
 //!
 //! The router reads a body once into [`RequestView`] ([`RequestView::from_json`]: one streaming
 //! pass that keeps only what routing reads — model, prompt or messages, stream flag, salt — and
@@ -17,8 +18,14 @@ use walk::Seen;
 
 mod fields;
 mod messages;
+pub mod model_field;
+pub mod multipart;
 mod prompt;
+pub mod responses;
 mod walk;
+
+pub use model_field::ModelField;
+pub use responses::ResponsesRequest;
 
 /// Which OpenAI endpoint a body was sent to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -45,6 +45,7 @@ pub(super) struct FileConfig {
     pub(super) discovery: super::discovery::FileDiscovery,
     #[serde(default)]
     pub(super) recording: super::recording::FileRecording,
+    pub(super) endpoints: super::endpoints::FileEndpoints,
 }
 
 #[derive(Deserialize, Debug, Default)]
@@ -136,6 +137,7 @@ pub(super) struct FileModel {
     pub(super) forward_cache_salt: Option<bool>,
     pub(super) base_model: Option<String>,
     pub(super) engine: Option<String>,
+    pub(super) max_model_len: Option<u64>,
 }
 
 #[derive(Deserialize, Debug, Default)]

@@ -7,11 +7,13 @@
 //!
 //! Layout: `file` is the file's shape; each section is validated by a builder in its own
 //! file, next to the type it builds and the defaults it applies (`server`, `proxy`, `health`,
-//! `workers`, `models`, `policy`, `index`, `limits`, `tenants`, `discovery`, `recording`; `values` holds the range
+//! `workers`, `models`, `policy`, `index`, `limits`, `tenants`, `discovery`, `recording`,
+//! `endpoints`; `values` holds the range
 //! checks they share). `Config::build` only sequences them. A default lives once: as a named constant in the
 //! section's file, or as the `Default` impl of the type the section builds.
 
 mod discovery;
+mod endpoints;
 mod file;
 mod health;
 mod index;
@@ -44,6 +46,10 @@ use crate::proxy::ProxyConfig;
 pub use discovery::{
     DEFAULT_ANNOTATION_PREFIX, DEFAULT_DNS_INTERVAL, DEFAULT_DRAIN_TIMEOUT, DiscoveryConfig,
     DnsDiscovery, KubernetesDiscovery, PortRef,
+};
+pub use endpoints::{
+    DEFAULT_FORWARD_PATHS, DEFAULT_RESPONSES_CAPACITY, DEFAULT_RESPONSES_TTL, EndpointsConfig,
+    NEVER_BY_WILDCARD, PathPattern,
 };
 pub use index::IndexSettings;
 pub use limits::Limits;
@@ -197,6 +203,8 @@ pub struct Config {
     pub discovery: DiscoveryConfig,
     /// The recorded trace of routed requests (`[recording]`), when one is named.
     pub recording: Option<crate::recording::RecordSettings>,
+    /// Endpoints beyond completions and chat (`[endpoints]`).
+    pub endpoints: EndpointsConfig,
 }
 
 impl Config {
@@ -258,6 +266,7 @@ impl Config {
         let replay_limits = kv_events::replay_limits(&file.kv_events)?;
         let discovery = discovery::discovery(file.discovery)?;
         let recording = recording::recording(&file.recording, args.record_trace.as_deref())?;
+        let endpoints = endpoints::endpoints(&file.endpoints)?;
         let limits = Limits::from_file(&file.limits, front.max_body_bytes)?;
         let tenants = tenants::tenants(file.tenants)?;
         let admin_key_sha256 = tenants::admin_key(file.admin, &tenants)?;
@@ -293,6 +302,7 @@ impl Config {
             deprecations,
             discovery,
             recording,
+            endpoints,
         })
     }
 }

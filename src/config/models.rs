@@ -34,6 +34,9 @@ pub struct ModelConfig {
     /// The engine kind serving it (`engine = "vllm"` (default) or `"sglang"`): SGLang renders
     /// chat tools differently (`tokens::engine_tools`). One model's workers run one kind.
     pub engine: EngineKind,
+    /// The engines' `max_model_len`, when configured (else read from their `/v1/models`): what
+    /// the router's own `/tokenize` answers report.
+    pub max_model_len: Option<u64>,
 }
 
 impl ModelConfig {
@@ -58,6 +61,7 @@ impl ModelConfig {
             forward_cache_salt: DEFAULT_FORWARD_CACHE_SALT,
             base_model: None,
             engine: EngineKind::default(),
+            max_model_len: None,
         }
     }
 }
@@ -131,6 +135,7 @@ fn model(
             ("tokenizer", m.tokenizer.is_some()),
             ("block_size", m.block_size.is_some()),
             ("engine", m.engine.is_some()),
+            ("max_model_len", m.max_model_len.is_some()),
         ] {
             if set {
                 return Err(invalid(
@@ -157,6 +162,12 @@ fn model(
             )
         })?,
     };
+    if m.max_model_len == Some(0) {
+        return Err(invalid(
+            format!("{key}.max_model_len"),
+            "must be at least 1: the engines' --max-model-len",
+        ));
+    }
     Ok(ModelConfig {
         name: m.name,
         tokenizer,
@@ -164,6 +175,7 @@ fn model(
         forward_cache_salt: m.forward_cache_salt.unwrap_or(DEFAULT_FORWARD_CACHE_SALT),
         base_model: m.base_model,
         engine,
+        max_model_len: m.max_model_len,
     })
 }
 

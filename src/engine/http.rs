@@ -1,13 +1,17 @@
 //! The engine's HTTP face: the slice of vLLM's OpenAI server a router talks to.
 //!
 //! `POST /v1/completions` and `/v1/chat/completions` (streaming and not), `GET /v1/models`,
-//! `GET /health`, `POST /tokenize`, `GET /metrics`, `POST /reset_prefix_cache`. Requests are
-//! validated with the router's own [`RequestView`] so both sides agree on what a body means, and
-//! tokenized with the same [`Tokenizer`] so a prompt costs the same tokens on both sides.
+//! `GET /health`, `GET /metrics`, `POST /reset_prefix_cache`, and by concept in their own
+//! files: the Responses API with a per-engine store (`responses_api`), embeddings, rerank and
+//! score (`pooling`), transcriptions (`audio`), `/tokenize` and `/detokenize` (`tokenize`).
+//! Requests are validated with the router's own [`RequestView`] so both sides agree on what a
+//! body means, and tokenized with the same [`crate::tokens::Tokenizer`] so a prompt costs the
+//! same tokens on both sides.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Router;
@@ -25,6 +29,7 @@ use super::driver::{EngineClient, RequestEvent, RequestStream, SubmitError};
 use super::metrics::EngineMetrics;
 use super::request::RequestStats;
 use super::responses::{ResponseShape, Usage, token_text};
+use super::{audio, pooling, responses_api, tokenize};
 use crate::openai::{ApiError, Endpoint, Input, Prompt, RequestView};
 use crate::tokens::{ModelTokens, TokenError};
 
@@ -49,6 +54,8 @@ pub struct AppState {
     pub metrics: Arc<EngineMetrics>,
     /// Response id counter.
     pub responses: AtomicU64,
+    /// Stored Responses API responses, by id (this engine's own: another engine has none).
+    pub stored: Mutex<HashMap<String, responses_api::Stored>>,
 }
 
 /// The router for one engine.
@@ -58,7 +65,21 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
         .route("/health", get(health))
-        .route("/tokenize", post(tokenize))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
+        .route("/v1/responses", post(responses_api::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses_api::retrieve).delete(responses_api::delete),
+        )
+        .route("/v1/responses/{id}/cancel", post(responses_api::cancel))
+        .route("/v1/embeddings", post(pooling::embeddings))
+        .route("/v1/rerank", post(pooling::rerank))
+        .route("/rerank", post(pooling::rerank))
+        .route("/v2/rerank", post(pooling::rerank))
+        .route("/v1/score", post(pooling::score))
+        .route("/score", post(pooling::score))
+        .route("/v1/audio/transcriptions", post(audio::transcriptions))
         .route("/metrics", get(metrics))
         .route("/reset_prefix_cache", post(reset_prefix_cache))
         .fallback(not_found)
@@ -67,12 +88,12 @@ pub fn router(state: Arc<AppState>) -> Router {
 
 /// A tokenization failure as the client sees it: the request's fault (a template that raised,
 /// text the tokenizer rejects) is a 400.
-fn token_error(e: TokenError) -> ApiError {
+pub(super) fn token_error(e: TokenError) -> ApiError {
     ApiError::invalid(e.to_string(), Some("prompt"))
 }
 
 /// Prompt text → token ids, through the same [`ModelTokens`] the router uses.
-fn encode(tokens: &ModelTokens, text: &str) -> Result<Vec<u32>, ApiError> {
+pub(super) fn encode(tokens: &ModelTokens, text: &str) -> Result<Vec<u32>, ApiError> {
     tokens.encode(text).map_err(token_error)
 }
 
@@ -105,12 +126,12 @@ fn prompt_tokens(state: &AppState, view: &RequestView) -> Result<Vec<u32>, ApiEr
     Ok(tokens)
 }
 
-fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
+pub(super) fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
     serde_json::from_slice(body)
         .map_err(|e| ApiError::invalid(format!("request body is not valid JSON: {e}"), None))
 }
 
-fn unavailable() -> ApiError {
+pub(super) fn unavailable() -> ApiError {
     ApiError::new(
         StatusCode::SERVICE_UNAVAILABLE,
         "server_error",
@@ -119,7 +140,7 @@ fn unavailable() -> ApiError {
     )
 }
 
-fn unix_now() -> u64 {
+pub(super) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -155,11 +176,33 @@ async fn generate(
         ));
     }
     let prompt = prompt_tokens(&state, &view)?;
+    let (stream, max_tokens) = submit(&state, prompt, &view, "max_tokens").await?;
+    let shape = ResponseShape::new(
+        endpoint,
+        state.responses.fetch_add(1, Ordering::Relaxed),
+        unix_now(),
+        &state.model,
+    );
+    if view.stream {
+        Ok(sse(shape, stream, max_tokens, view.include_usage).into_response())
+    } else {
+        collect(shape, stream).await
+    }
+}
+
+/// Submits `prompt` for `view` (its `max_tokens`, named `max_key` in errors, and salt); the
+/// token stream and the output length asked for.
+pub(super) async fn submit(
+    state: &AppState,
+    prompt: Vec<u32>,
+    view: &RequestView,
+    max_key: &str,
+) -> Result<(RequestStream, usize), ApiError> {
     let max_tokens = match view.max_tokens {
         Some(0) => {
             return Err(ApiError::invalid(
-                "`max_tokens` must be at least 1",
-                Some("max_tokens"),
+                format!("`{max_key}` must be at least 1"),
+                Some(max_key),
             ));
         }
         Some(m) => usize::try_from(m).unwrap_or(usize::MAX),
@@ -174,21 +217,11 @@ async fn generate(
             SubmitError::Rejected(e) => rejected(&e),
             SubmitError::Stopped => unavailable(),
         })?;
-    let shape = ResponseShape::new(
-        endpoint,
-        state.responses.fetch_add(1, Ordering::Relaxed),
-        unix_now(),
-        &state.model,
-    );
-    if view.stream {
-        Ok(sse(shape, stream, max_tokens, view.include_usage).into_response())
-    } else {
-        collect(shape, stream).await
-    }
+    Ok((stream, max_tokens))
 }
 
 /// The 400 for a request the engine refused, naming the parameter at fault.
-fn rejected(e: &AddError) -> ApiError {
+pub(super) fn rejected(e: &AddError) -> ApiError {
     let param = match e {
         AddError::EmptyPrompt => "prompt",
         AddError::NoOutput | AddError::TooLong { .. } => "max_tokens",
@@ -204,7 +237,7 @@ fn rejected(e: &AddError) -> ApiError {
     ApiError::invalid(e.to_string(), Some(param))
 }
 
-fn usage_of(stats: &RequestStats) -> Usage {
+pub(super) fn usage_of(stats: &RequestStats) -> Usage {
     Usage {
         prompt_tokens: stats.prompt_tokens,
         completion_tokens: stats.output_tokens,
@@ -341,46 +374,6 @@ async fn models(State(state): State<Arc<AppState>>) -> Response {
 
 async fn health() -> StatusCode {
     StatusCode::OK
-}
-
-/// vLLM's `/tokenize`: `{"prompt": "…"}` or `{"messages": […]}` →
-/// `{"count", "max_model_len", "tokens", "token_strs"}`.
-async fn tokenize(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
-    tokenize_inner(&state, &body).unwrap_or_else(IntoResponse::into_response)
-}
-
-fn tokenize_inner(state: &AppState, body: &Bytes) -> Result<Response, ApiError> {
-    let v = parse_body(body)?;
-    if let Some(m) = v.get("model").and_then(Value::as_str)
-        && m != state.model
-    {
-        return Err(ApiError::model_not_found(m));
-    }
-    let tokens = if v.get("messages").is_some() {
-        let mut body = v.clone();
-        if body.get("model").is_none() {
-            body["model"] = Value::String(state.model.clone());
-        }
-        let view = RequestView::parse(Endpoint::ChatCompletions, &body)?;
-        state.tokens.prompt_ids(&view).map_err(token_error)?
-    } else {
-        match v.get("prompt") {
-            Some(Value::String(p)) => encode(&state.tokens, p)?,
-            _ => {
-                return Err(ApiError::invalid(
-                    "`prompt` must be a string (or send `messages`)",
-                    Some("prompt"),
-                ));
-            }
-        }
-    };
-    Ok(axum::Json(json!({
-        "count": tokens.len(),
-        "max_model_len": state.max_model_len,
-        "tokens": tokens,
-        "token_strs": null,
-    }))
-    .into_response())
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {

@@ -11,6 +11,7 @@
 //!   format through a [`events::KvEventSink`].
 
 pub mod args;
+pub mod audio;
 pub mod block_hash;
 pub mod cli;
 pub mod core;
@@ -20,11 +21,14 @@ pub mod free_queue;
 pub mod http;
 pub mod kv_cache;
 pub mod metrics;
+pub mod pooling;
 pub mod request;
 pub mod responses;
+pub mod responses_api;
 pub mod scheduler;
 pub mod server;
 pub mod timing;
+pub mod tokenize;
 
 pub use args::{EngineCoreArgs, TimingArgs};
 pub use block_hash::EngineHasher;

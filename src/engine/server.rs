@@ -129,6 +129,7 @@ pub async fn start(config: ServeConfig, listener: TcpListener) -> Result<EngineH
         max_model_len,
         metrics: metrics.clone(),
         responses: AtomicU64::new(1),
+        stored: std::sync::Mutex::new(std::collections::HashMap::new()),
     });
     let app = router(state);
     let stop = shutdown.clone();

@@ -190,7 +190,7 @@ pub(super) async fn get(
 }
 
 /// The models of an OpenAI `GET /v1/models` answer. vLLM lists each LoRA adapter as a model
-/// of its own whose `parent` is the base model it runs on.
+/// of its own whose `parent` is the base model it runs on, and each model's `max_model_len`.
 pub fn parse_models(body: &[u8]) -> Option<Vec<ServedModel>> {
     let v: serde_json::Value = serde_json::from_slice(body).ok()?;
     let data = v.get("data")?.as_array()?;
@@ -203,7 +203,12 @@ pub fn parse_models(body: &[u8]) -> Option<Vec<ServedModel>> {
                     .and_then(|p| p.as_str())
                     .filter(|p| !p.is_empty() && *p != id)
                     .map(str::to_owned);
-                Some(ServedModel { id, parent })
+                let max_model_len = m.get("max_model_len").and_then(|n| n.as_u64());
+                Some(ServedModel {
+                    id,
+                    parent,
+                    max_model_len,
+                })
             })
             .collect(),
     )
@@ -231,11 +236,13 @@ mod tests {
     fn vllm_lora_adapters_name_their_base_model() {
         // vLLM's list: the base model (`parent: null`), then each adapter with its base.
         let body = br#"{"object":"list","data":[
-            {"id":"qwen3","object":"model","root":"/models/qwen3","parent":null},
+            {"id":"qwen3","object":"model","root":"/models/qwen3","parent":null,"max_model_len":4096},
             {"id":"sql-lora","object":"model","root":"/adapters/sql","parent":"qwen3"}]}"#;
         let models = parse_models(body).unwrap();
         assert_eq!(ids(&models), ["qwen3", "sql-lora"]);
         assert_eq!(models[0].parent, None);
         assert_eq!(models[1].parent.as_deref(), Some("qwen3"));
+        assert_eq!(models[0].max_model_len, Some(4096));
+        assert_eq!(models[1].max_model_len, None);
     }
 }

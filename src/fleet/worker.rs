@@ -140,6 +140,8 @@ pub struct ServedModel {
     pub id: String,
     /// For a LoRA adapter, the base model it runs on (vLLM's `parent`).
     pub parent: Option<String>,
+    /// The longest prompt plus output the engine takes (vLLM's `max_model_len`), if reported.
+    pub max_model_len: Option<u64>,
 }
 
 /// A base model (no `parent`).
@@ -148,6 +150,7 @@ impl From<&str> for ServedModel {
         ServedModel {
             id: id.to_owned(),
             parent: None,
+            max_model_len: None,
         }
     }
 }
@@ -259,6 +262,16 @@ impl Worker {
             .find(|m| m.id == model)?
             .parent
             .clone()
+    }
+
+    /// The `max_model_len` this worker reported for `model`, if any.
+    pub fn max_model_len(&self, model: &str) -> Option<u64> {
+        self.discovered_models
+            .read()
+            .ok()?
+            .iter()
+            .find(|m| m.id == model)?
+            .max_model_len
     }
 
     /// Whether the worker serves `model`.
@@ -516,10 +529,13 @@ mod tests {
             ServedModel {
                 id: "b-lora".into(),
                 parent: Some("b".into()),
+                max_model_len: Some(4096),
             },
         ]);
         assert!(w.serves("b-lora"));
         assert_eq!(w.adapter_base("b-lora").as_deref(), Some("b"));
         assert_eq!(w.adapter_base("b"), None);
+        assert_eq!(w.max_model_len("b-lora"), Some(4096));
+        assert_eq!(w.max_model_len("b"), None);
     }
 }

@@ -20,6 +20,7 @@ use tokio::time::{Instant, Sleep, sleep};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use super::first_token::FirstTokenDetector;
+use super::response_id::ResponseIdScanner;
 
 /// How a proxied response ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +48,10 @@ pub trait ResponseObserver: Send + 'static {
     /// A chunk of the worker's body passed through (for observers that read it, such as the
     /// trace recorder's output-token count).
     fn data(&mut self, _chunk: &[u8]) {}
+    /// The body named the Responses API response it is (see
+    /// [`ObservedBody::learn_response_id`]); called at most once, before the bytes that carry
+    /// the id reach the client.
+    fn response_id(&mut self, _id: String) {}
 }
 
 /// Errors a proxied body can end with.
@@ -76,6 +81,8 @@ pub struct ObservedBody<O: ResponseObserver> {
     bytes: u64,
     /// Resolves when the shutdown grace is over (see [`ObservedBody::cut_on`]).
     cutoff: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
+    /// Looks for the response's id, when asked to.
+    ids: Option<ResponseIdScanner>,
 }
 
 impl<O: ResponseObserver> ObservedBody<O> {
@@ -92,7 +99,15 @@ impl<O: ResponseObserver> ObservedBody<O> {
             ended: false,
             bytes: 0,
             cutoff: None,
+            ids: None,
         }
+    }
+
+    /// Reports the id of the Responses API response in the body (a JSON body's `id`, a
+    /// stream's `response.id`) to the observer.
+    pub fn learn_response_id(mut self) -> Self {
+        self.ids = Some(ResponseIdScanner::new(self.detector.is_some()));
+        self
     }
 
     /// Cuts the response when `token` is cancelled (the router's shutdown grace is over).
@@ -216,6 +231,9 @@ impl<O: ResponseObserver + Unpin> Body for ObservedBody<O> {
                         && d.feed(data)
                     {
                         this.mark_first_token();
+                    }
+                    if let Some(id) = this.ids.as_mut().and_then(|s| s.feed(data)) {
+                        this.observer.response_id(id);
                     }
                 }
                 // A body of known length is complete with its last byte; hyper may never

@@ -97,7 +97,8 @@ impl FirstTokenDetector {
 }
 
 /// Whether one SSE line is a `data:` event reporting an error (OpenAI's, SGLang's and vLLM's
-/// `{"error": …}`, or older vLLM's `{"object": "error", …}`).
+/// `{"error": …}`, older vLLM's `{"object": "error", …}`, or the Responses API's
+/// `{"type": "error", …}`).
 fn line_is_error(line: &[u8]) -> bool {
     const NEEDLE: &[u8] = b"\"error\"";
     if !line.windows(NEEDLE.len()).any(|w| w == NEEDLE) {
@@ -109,7 +110,9 @@ fn line_is_error(line: &[u8]) -> bool {
     };
     match serde_json::from_slice::<Value>(data.trim_ascii()) {
         Ok(Value::Object(o)) => {
-            o.contains_key("error") || o.get("object").and_then(Value::as_str) == Some("error")
+            o.contains_key("error")
+                || o.get("object").and_then(Value::as_str) == Some("error")
+                || o.get("type").and_then(Value::as_str) == Some("error")
         }
         _ => false,
     }
@@ -132,8 +135,20 @@ fn line_has_content(line: &[u8]) -> bool {
     }
 }
 
-/// Whether a completion or chat chunk carries a generated token.
+/// Whether a completion or chat chunk, or a Responses API stream event, carries a generated
+/// token.
 pub fn event_has_content(v: &Value) -> bool {
+    if let Some(kind) = v.get("type").and_then(Value::as_str) {
+        // Responses API: `response.output_text.delta`, `response.reasoning_text.delta`,
+        // `response.function_call_arguments.delta`, … with a non-empty `delta`.
+        return kind.starts_with("response.")
+            && kind.ends_with(".delta")
+            && v.get("delta").is_some_and(|d| match d {
+                Value::String(s) => !s.is_empty(),
+                Value::Null => false,
+                _ => true,
+            });
+    }
     let Some(choices) = v.get("choices").and_then(Value::as_array) else {
         return false;
     };
@@ -201,6 +216,16 @@ mod tests {
         let mut d = FirstTokenDetector::default();
         assert!(!d.feed(b"data: {\"object\":\"error\",\"message\":\"x\",\"code\":500}\n\n"));
         assert!(d.error_seen() && !d.found());
+    }
+
+    #[test]
+    fn responses_stream_deltas_count_and_lifecycle_events_do_not() {
+        let mut d = FirstTokenDetector::default();
+        assert!(!d.feed(b"event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"r\"}}\n\n"));
+        assert!(!d.feed(b"data: {\"type\":\"response.output_text.delta\",\"delta\":\"\"}\n\n"));
+        assert!(d.feed(b"data: {\"type\":\"response.output_text.delta\",\"delta\":\"Hi\"}\n\n"));
+        assert!(!d.feed(b"data: {\"type\":\"error\",\"code\":\"x\",\"message\":\"boom\"}\n\n"));
+        assert!(d.error_seen());
     }
 
     #[test]

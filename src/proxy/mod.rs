@@ -15,6 +15,7 @@ pub mod first_token;
 pub mod headers;
 pub mod hops;
 pub mod output_tokens;
+pub mod response_id;
 pub mod retry_budget;
 
 use crate::tls::upstream::WorkerConnector;
@@ -23,7 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
@@ -134,12 +135,14 @@ impl Upstream {
         &self.config
     }
 
-    /// Sends `body` to `path` on workers the routing `session` chooses, retrying on another
-    /// worker while nothing has reached the client, until the session has no worker left.
+    /// Sends `body` with `method` to `path` (and query) on workers the routing `session`
+    /// chooses, retrying on another worker while nothing has reached the client, until the
+    /// session has no worker left.
     ///
     /// Returns the attempt that answered and its response; the caller streams it on.
     pub async fn forward(
         &self,
+        method: &Method,
         path: &str,
         client_headers: &HeaderMap,
         body: Bytes,
@@ -169,7 +172,7 @@ impl Upstream {
             let worker_id = attempt.worker.id().to_string();
             let last_chance = attempt_no == self.config.retries;
             match self
-                .send(&attempt.worker, path, &headers, body.clone())
+                .send(&attempt.worker, method, path, &headers, body.clone())
                 .await
             {
                 Ok(resp) => {
@@ -235,11 +238,14 @@ impl Upstream {
     async fn send(
         &self,
         worker: &Worker,
+        method: &Method,
         path: &str,
         headers: &HeaderMap,
         body: Bytes,
     ) -> Result<Response<Incoming>, Failure> {
-        let mut req = Request::post(worker.spec.url.join(path))
+        let mut req = Request::builder()
+            .method(method.clone())
+            .uri(worker.spec.url.join(path))
             .body(Full::new(body))
             .map_err(|e| Failure::Connect(e.to_string()))?;
         *req.headers_mut() = headers.clone();

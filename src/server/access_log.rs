@@ -1,4 +1,4 @@
-//! The access log: one line per completion request, under the tracing target
+//! The access log: one line per request to an OpenAI or engine endpoint, under the tracing target
 //! `kvroute::access` (filter it with `RUST_LOG=kvroute::access=info`; with `--log-format json`
 //! each line is a JSON object). Client strings are shortened and written as quoted values,
 //! so a request cannot forge log lines.
@@ -12,6 +12,8 @@ use crate::openai::{ECHO_MAX, shorten};
 pub(super) struct AccessLine<'a> {
     /// The request id (see `request_id`).
     pub(super) id: &'a str,
+    /// The kind of endpoint (`server::api`), `-` when not known.
+    pub(super) endpoint: &'a str,
     /// The tenant, when keys are configured and the key was valid.
     pub(super) tenant: Option<&'a str>,
     /// The requested model, when the body named one.
@@ -39,6 +41,7 @@ impl AccessLine<'_> {
         tracing::info!(
             target: "kvroute::access",
             request_id = self.id,
+            endpoint = self.endpoint,
             tenant = self.tenant,
             model = model.as_deref(),
             worker = self.worker,

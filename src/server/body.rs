@@ -10,7 +10,7 @@ use http_body_util::BodyExt;
 
 use super::admission::BodyClaim;
 use crate::metrics::Metrics;
-use crate::openai::{ApiError, Endpoint, RequestView};
+use crate::openai::{ApiError, Endpoint, ModelField, RequestView};
 
 /// Bodies at least this large are read into a view on a blocking thread: parsing costs about a
 /// millisecond per megabyte, which on an async thread would stall every other connection it
@@ -114,11 +114,24 @@ async fn read_within(
 
 /// The view of a body sent to `endpoint`; large bodies are read on a blocking thread.
 pub async fn view(endpoint: Endpoint, bytes: &Bytes) -> Result<RequestView, ApiError> {
+    parse(bytes, move |b| RequestView::from_json(endpoint, b)).await
+}
+
+/// The `model` of a JSON body whose other fields routing does not read.
+pub async fn model_field(bytes: &Bytes) -> Result<ModelField, ApiError> {
+    parse(bytes, ModelField::from_json).await
+}
+
+/// `read(bytes)`, on a blocking thread when the body is large.
+pub async fn parse<T: Send + 'static>(
+    bytes: &Bytes,
+    read: impl FnOnce(&[u8]) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
     if bytes.len() < BLOCKING_PARSE_BYTES {
-        return RequestView::from_json(endpoint, bytes);
+        return read(bytes);
     }
     let bytes = bytes.clone();
-    tokio::task::spawn_blocking(move || RequestView::from_json(endpoint, &bytes))
+    tokio::task::spawn_blocking(move || read(&bytes))
         .await
         .map_err(|e| {
             ApiError::new(

@@ -16,9 +16,10 @@ use serde_json::json;
 use super::auth::{Caller, TENANT_HEADER};
 use super::body::read_limited;
 use super::{AppState, route};
-use crate::openai::{ApiError, Endpoint, RequestView};
+use crate::openai::{ApiError, Endpoint, RequestView, ResponsesRequest};
 
-/// `POST /debug/route` with a completion or chat body (`messages` selects chat).
+/// `POST /debug/route` with a completion, chat or Responses body (`messages` selects chat,
+/// `input` without `prompt` the Responses API).
 pub(super) async fn route(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
@@ -58,12 +59,21 @@ async fn explain(
     let bytes = read_limited(headers, body, state.max_body_bytes, state.body_read_timeout).await?;
     let json: serde_json::Value = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}"), None))?;
-    let endpoint = if json.get("messages").is_some() {
-        Endpoint::ChatCompletions
+    let view = if json.get("input").is_some() && json.get("prompt").is_none() {
+        // A Responses API body: its prompt is its `instructions` and `input` as a chat.
+        let req = ResponsesRequest::parse(&json)?;
+        let model = super::forward::default_model(state, req.model.clone())?.ok_or_else(|| {
+            ApiError::invalid("you must provide a model parameter", Some("model"))
+        })?;
+        req.chat_view(&model)
     } else {
-        Endpoint::Completions
+        let endpoint = if json.get("messages").is_some() {
+            Endpoint::ChatCompletions
+        } else {
+            Endpoint::Completions
+        };
+        RequestView::parse(endpoint, &json)?
     };
-    let view = RequestView::parse(endpoint, &json)?;
     let eligible = state.fleet.eligible(&view.model);
     if eligible.is_empty() && !state.fleet.knows_model(&view.model) {
         return Err(ApiError::model_not_found(&view.model));

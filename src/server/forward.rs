@@ -1,4 +1,9 @@
-//! `POST /v1/completions` and `/v1/chat/completions`: validate, route, forward, stream back.
+//! The path every forwarded request takes: authenticate, admit, read the body, let its endpoint
+//! read it ([`Read`]), route — on the prompt's KV prefix, on load alone, or to the one worker
+//! that stores a response — forward with retries, and stream the answer back observed.
+//!
+//! `POST /v1/completions` and `/v1/chat/completions` are here; the other endpoints' handlers
+//! (`endpoints`, `responses`, `tokenize`) call [`handle`] with their own [`Read`].
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -7,19 +12,20 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue};
+use http::{HeaderMap, HeaderValue, Method};
 use http_body::Body as _;
 
 use super::access_log::AccessLine;
 use super::admission::{BodyClaim, Ticket};
+use super::api::Api;
 use super::auth::{Caller, Keys};
-use super::observer::{Observer, Requester};
+use super::observer::{Affinity, Observer, Requester};
 use super::trail::Trail;
 use super::{AppState, body, cache_salt, request_id, route};
 use crate::fleet::Worker;
 use crate::openai::{ApiError, Endpoint, RequestView};
 use crate::proxy::{self, BodyTimeouts, ObservedBody};
-use crate::routing::Session;
+use crate::routing::{Analysis, Session};
 
 /// Header naming the worker that served a response.
 pub const WORKER_HEADER: &str = "x-kvroute-worker";
@@ -29,7 +35,8 @@ pub(super) async fn completions(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    handle(state, Endpoint::Completions, headers, body).await
+    let call = Call::post(Api::Completions, Endpoint::Completions.path(), headers);
+    handle(state, call, body, Read::Generation(Endpoint::Completions)).await
 }
 
 pub(super) async fn chat_completions(
@@ -37,62 +44,207 @@ pub(super) async fn chat_completions(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    handle(state, Endpoint::ChatCompletions, headers, body).await
+    let call = Call::post(Api::Chat, Endpoint::ChatCompletions.path(), headers);
+    handle(
+        state,
+        call,
+        body,
+        Read::Generation(Endpoint::ChatCompletions),
+    )
+    .await
 }
 
-/// An admitted request's body as received and as routing reads it.
+/// A request as it arrived, before its body is read.
+pub(super) struct Call {
+    /// The kind of endpoint.
+    pub(super) api: Api,
+    /// The method, sent on as is.
+    pub(super) method: Method,
+    /// The path and query sent to the worker.
+    pub(super) target: String,
+    /// The client's headers.
+    pub(super) headers: HeaderMap,
+}
+
+impl Call {
+    /// A `POST` to `path`.
+    pub(super) fn post(api: Api, path: &str, headers: HeaderMap) -> Call {
+        Call {
+            api,
+            method: Method::POST,
+            target: path.to_owned(),
+            headers,
+        }
+    }
+}
+
+/// How an endpoint reads its body.
+pub(super) enum Read {
+    /// A completion or chat: validated, routed on its prompt.
+    Generation(Endpoint),
+    /// `POST /v1/responses` (see `responses`).
+    Responses,
+    /// A request about stored response `0` (`GET`/`DELETE /v1/responses/{id}`, …).
+    StoredResponse(String),
+    /// A JSON body of which only `model` is read (embeddings, rerank, score); `salted`: it
+    /// takes a `cache_salt`, so a tenant's is written in.
+    ModelJson {
+        /// Whether the tenant's cache salt is written into the body.
+        salted: bool,
+    },
+    /// A `multipart/form-data` body with a `model` field (transcriptions).
+    Multipart,
+    /// `POST /tokenize`, answered here when possible (see `tokenize`).
+    Tokenize,
+    /// `POST /detokenize`, answered here when possible.
+    Detokenize,
+    /// A body on the allow-list: its `model` read when it is a JSON object that names one.
+    Opaque,
+}
+
+/// How a request is routed.
+pub(super) enum Routing {
+    /// On the prompt's KV prefix (and load), as the policy weighs them.
+    Prompt(Box<RequestView>),
+    /// On load alone.
+    Load,
+    /// To this worker only: it stores the response the request is about.
+    Pinned(Arc<Worker>),
+}
+
+/// A request its endpoint has read, ready to be routed.
+pub(super) struct Prepared {
+    /// The model; `None`: any worker may take it.
+    pub(super) model: Option<String>,
+    /// How to choose the worker.
+    pub(super) routing: Routing,
+    /// `Some(client salt)` when the tenant's cache salt is written into the (JSON) body.
+    pub(super) salt: Option<Option<String>>,
+    /// What the answer teaches about stored responses.
+    pub(super) affinity: Option<Affinity>,
+}
+
+impl Prepared {
+    /// A request for `model` routed on load, its body sent as it came.
+    pub(super) fn on_load(model: Option<String>) -> Prepared {
+        Prepared {
+            model,
+            routing: Routing::Load,
+            salt: None,
+            affinity: None,
+        }
+    }
+}
+
+/// What reading the body decided.
+pub(super) enum Step {
+    /// Route and forward it.
+    Forward(Prepared),
+    /// The router answers itself (a `/tokenize` it can answer), with the model it was for.
+    Answer(Response, String),
+}
+
+/// An admitted request's body as received.
 struct Received {
-    endpoint: Endpoint,
     bytes: Bytes,
-    view: RequestView,
     /// The request's slot, held until its response ends.
     ticket: Ticket,
     /// The body's share of the router's body budget, held until the request is routed.
     claim: BodyClaim,
 }
 
-async fn handle(
-    state: Arc<AppState>,
-    endpoint: Endpoint,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
+/// Receives, reads, routes and forwards one request; every error is answered in OpenAI's shape
+/// and counted.
+pub(super) async fn handle(state: Arc<AppState>, call: Call, body: Body, read: Read) -> Response {
     let started = Instant::now();
-    let id = request_id::of(&headers).to_owned();
-    let (caller, received) = match receive(&state, endpoint, &headers, body).await {
+    let id = request_id::of(&call.headers).to_owned();
+    let api = call.api;
+    let (caller, received) = match receive(&state, &call.headers, body).await {
         Ok(r) => r,
-        Err(e) => return reject(&state, "-", e, Rejected::new(&id, None, None, started)),
-    };
-    // A model name becomes a metric label only once a worker is known to serve it: client
-    // strings must not grow the metrics without bound.
-    let label = if state.fleet.knows_model(&received.view.model) {
-        received.view.model.clone()
-    } else {
-        "-".to_owned()
+        Err(e) => return reject(&state, e, Rejected::new(&id, api, None, None, started)),
     };
     let tenant = caller.tenant().map(str::to_owned);
-    let model = received.view.model.clone();
-    match forward(&state, caller, received, headers, started).await {
+    let step = match prepare(&state, &caller, &call, &received.bytes, read).await {
+        Ok(step) => step,
+        Err(e) => {
+            let who = Rejected::new(&id, api, tenant.as_deref(), None, started);
+            return reject(&state, e, who);
+        }
+    };
+    let prepared = match step {
+        Step::Forward(p) => p,
+        Step::Answer(resp, model) => {
+            let who = Rejected::new(&id, api, tenant.as_deref(), Some(&model), started);
+            return answered(&state, resp, who);
+        }
+    };
+    let model = prepared.model.clone();
+    match forward(&state, caller, call, prepared, received, started).await {
         Ok(resp) => resp,
         Err(e) => {
-            let who = Rejected::new(&id, tenant.as_deref(), Some(&model), started);
-            reject(&state, &label, e, who)
+            let who = Rejected::new(&id, api, tenant.as_deref(), model.as_deref(), started);
+            reject(&state, e, who)
         }
     }
 }
 
-/// Who a rejected request came from, for the access log.
+/// Lets the endpoint read the body.
+async fn prepare(
+    state: &Arc<AppState>,
+    caller: &Caller,
+    call: &Call,
+    bytes: &Bytes,
+    read: Read,
+) -> Result<Step, ApiError> {
+    match read {
+        Read::Generation(endpoint) => {
+            let view = body::view(endpoint, bytes).await?;
+            Ok(Step::Forward(Prepared {
+                model: Some(view.model.clone()),
+                salt: Some(view.cache_salt.clone()),
+                routing: Routing::Prompt(Box::new(view)),
+                affinity: None,
+            }))
+        }
+        Read::Responses => super::responses::prepare(state, caller, bytes).await,
+        Read::StoredResponse(id) => super::responses::prepare_stored(state, caller, call, &id),
+        Read::ModelJson { salted } => {
+            let f = body::model_field(bytes).await?;
+            Ok(Step::Forward(Prepared {
+                salt: salted.then_some(f.cache_salt),
+                ..Prepared::on_load(default_model(state, f.model)?)
+            }))
+        }
+        Read::Multipart => super::endpoints::prepare_multipart(state, &call.headers, bytes),
+        Read::Tokenize => super::tokenize::prepare(state, caller, bytes, false).await,
+        Read::Detokenize => super::tokenize::prepare(state, caller, bytes, true).await,
+        Read::Opaque => Ok(Step::Forward(super::endpoints::prepare_opaque(
+            &call.headers,
+            bytes,
+        ))),
+    }
+}
+
+/// Who a request came from, for the metrics and the access log of an answer the router gave.
 struct Rejected<'a> {
     id: &'a str,
+    api: Api,
     tenant: Option<&'a str>,
     model: Option<&'a str>,
     started: Instant,
 }
 
 impl<'a> Rejected<'a> {
-    fn new(id: &'a str, tenant: Option<&'a str>, model: Option<&'a str>, started: Instant) -> Self {
+    fn new(
+        id: &'a str,
+        api: Api,
+        tenant: Option<&'a str>,
+        model: Option<&'a str>,
+        started: Instant,
+    ) -> Self {
         Rejected {
             id,
+            api,
             tenant,
             model,
             started,
@@ -101,15 +253,26 @@ impl<'a> Rejected<'a> {
 }
 
 /// Counts and logs a request answered with an error by the router itself.
-fn reject(state: &AppState, model_label: &str, e: ApiError, who: Rejected<'_>) -> Response {
+fn reject(state: &AppState, e: ApiError, who: Rejected<'_>) -> Response {
+    answered(state, e.into_response(), who)
+}
+
+/// Counts and logs a request the router answered itself (worker `-`).
+fn answered(state: &AppState, resp: Response, who: Rejected<'_>) -> Response {
+    // A model name becomes a metric label only once a worker is known to serve it: client
+    // strings must not grow the metrics without bound.
+    let label = match who.model {
+        Some(m) if state.fleet.knows_model(m) => m,
+        _ => "-",
+    };
     state
         .metrics
         .requests
-        .with_label_values(&[model_label, "-", e.status.as_str()])
+        .with_label_values(&[who.api.label(), label, "-", resp.status().as_str()])
         .inc();
-    let resp = e.into_response();
     AccessLine {
         id: who.id,
+        endpoint: who.api.label(),
         tenant: who.tenant,
         model: who.model,
         status: resp.status().as_str(),
@@ -121,13 +284,12 @@ fn reject(state: &AppState, model_label: &str, e: ApiError, who: Rejected<'_>) -
     resp
 }
 
-/// Authenticates the caller, admits the request, then reads and validates the body. Admission
-/// comes first (the tenant is known from the key): a request over its tenant's or the router's
-/// limit is refused before its body costs anything, and the body's bytes are claimed from the
-/// router's budget as they arrive. Large bodies are read into their view off the async threads.
+/// Authenticates the caller, admits the request, then reads the body. Admission comes first
+/// (the tenant is known from the key): a request over its tenant's or the router's limit is
+/// refused before its body costs anything, and the body's bytes are claimed from the router's
+/// budget as they arrive.
 async fn receive(
     state: &AppState,
-    endpoint: Endpoint,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<(Caller, Received), ApiError> {
@@ -146,44 +308,71 @@ async fn receive(
         &state.metrics,
     )
     .await?;
-    let view = body::view(endpoint, &bytes).await?;
     let received = Received {
-        endpoint,
         bytes,
-        view,
         ticket,
         claim,
     };
     Ok((caller, received))
 }
 
-/// Admits, routes and forwards a received request; the response streams back observed.
+/// Routes and forwards a read request; the response streams back observed.
 async fn forward(
     state: &Arc<AppState>,
     caller: Caller,
+    call: Call,
+    prepared: Prepared,
     received: Received,
-    headers: HeaderMap,
     started: Instant,
 ) -> Result<Response, ApiError> {
     let Received {
-        endpoint,
         bytes,
-        view,
         ticket,
         claim,
     } = received;
-    Keys::authorize_model(&caller, &view.model)?;
-    let salt = caller.cache_salt(view.cache_salt.as_deref());
-    let eligible = eligible(state, &view.model)?;
+    let Prepared {
+        model,
+        routing,
+        salt,
+        affinity,
+    } = prepared;
+    if let Some(m) = &model {
+        Keys::authorize_model(&caller, m)?;
+    }
+    let client_salt = salt.as_ref().and_then(|s| s.as_deref());
+    let salt_value = caller.cache_salt(client_salt);
+    let eligible = match &routing {
+        Routing::Pinned(w) => vec![Arc::clone(w)],
+        _ => eligible(state, model.as_deref())?,
+    };
     let decision_started = Instant::now();
     let body_bytes = bytes.len();
-    let (analysis, view) = route::analyse(state, view, salt.as_deref(), body_bytes).await?;
-    let model = view.model.clone();
-    let mut trail = Trail::start(state, &analysis, (view, body_bytes), salt.clone(), started);
+    let (analysis, view) = match routing {
+        Routing::Prompt(view) => {
+            let (analysis, view) =
+                route::analyse(state, *view, salt_value.as_deref(), body_bytes).await?;
+            (analysis, Some(view))
+        }
+        Routing::Load | Routing::Pinned(_) => (Analysis::load_only(), None),
+    };
+    // Only prompts are hashed for the prefix metrics and the recorded trace.
+    let mut trail = match view {
+        Some(view) => Trail::start(
+            state,
+            &analysis,
+            (view, body_bytes),
+            salt_value.clone(),
+            started,
+        ),
+        None => Trail::Off,
+    };
     // The salted copy of the body is made only now that the prompt's token ids are gone (the
     // analysis keeps block hashes), so a large body never has the original, its ids and the
     // copy alive at once: peak memory stays near twice the body, not three times.
-    let bytes = tenant_body(state, &caller, salt.as_deref(), &model, bytes)?;
+    let bytes = match (&salt, &model) {
+        (Some(_), Some(m)) => tenant_body(state, &caller, salt_value.as_deref(), m, bytes)?,
+        _ => bytes,
+    };
     drop(claim);
     let clock = || state.now();
     let mut session = Session::new(
@@ -194,11 +383,18 @@ async fn forward(
         &clock,
         decision_started,
     );
+    let Call {
+        api,
+        method,
+        target,
+        headers,
+    } = call;
     let headers = upstream_headers(state, headers);
     let (attempt, upstream) = state
         .upstream
         .forward(
-            endpoint.path(),
+            &method,
+            &target,
             &headers,
             bytes,
             &state.metrics,
@@ -212,11 +408,17 @@ async fn forward(
     }
     let sse = proxy::is_event_stream(&parts.headers);
     trail.routed(&attempt.worker);
+    let model_label = match &model {
+        Some(m) if state.fleet.knows_model(m) => m.clone(),
+        _ => "-".to_owned(),
+    };
     let requester = Requester {
         id: request_id::of(&headers).to_owned(),
         tenant: caller.tenant().map(str::to_owned),
-        model,
+        model: model.unwrap_or_else(|| "-".to_owned()),
+        api,
     };
+    let learn = affinity.is_some();
     let observer = Observer::new(
         attempt,
         state.metrics.clone(),
@@ -224,13 +426,19 @@ async fn forward(
         parts.status,
         started,
         requester,
+        model_label,
     )
+    .with_affinity(affinity)
     .with_trail(trail, sse);
     let timeouts = BodyTimeouts {
         idle: state.upstream.config().idle_timeout,
         total: state.upstream.config().total_timeout,
     };
-    let body = ObservedBody::new(incoming, sse, timeouts, observer).cut_on(state.cutoff.clone());
+    let mut body =
+        ObservedBody::new(incoming, sse, timeouts, observer).cut_on(state.cutoff.clone());
+    if learn {
+        body = body.learn_response_id();
+    }
     let mut resp = Response::new(Body::new(body));
     *resp.status_mut() = parts.status;
     *resp.headers_mut() = out_headers;
@@ -255,9 +463,25 @@ fn tenant_body(
         .map_err(|e| ApiError::invalid(format!("cannot set the cache salt: {e}"), None))
 }
 
-/// The workers that may take a request for `model` now: 404 for a model no worker serves,
-/// 503 when every worker that serves it is down, draining or open-circuited.
-fn eligible(state: &AppState, model: &str) -> Result<Vec<Arc<Worker>>, ApiError> {
+/// The workers that may take a request for `model` now (any model: every routable worker):
+/// 404 for a model no worker serves, 503 when every worker that serves it is down, draining or
+/// open-circuited.
+fn eligible(state: &AppState, model: Option<&str>) -> Result<Vec<Arc<Worker>>, ApiError> {
+    let Some(model) = model else {
+        let now = Instant::now();
+        let all: Vec<_> = state
+            .fleet
+            .workers()
+            .iter()
+            .filter(|w| w.is_routable(now))
+            .cloned()
+            .collect();
+        return if all.is_empty() {
+            Err(no_worker())
+        } else {
+            Ok(all)
+        };
+    };
     let eligible = state.fleet.eligible(model);
     if !eligible.is_empty() {
         return Ok(eligible);
@@ -269,6 +493,32 @@ fn eligible(state: &AppState, model: &str) -> Result<Vec<Arc<Worker>>, ApiError>
     })
 }
 
+/// The model of a request that may leave it out (engines then use the one they serve): the one
+/// named, else the fleet's only base model; `None` when the fleet knows no model yet; 400 when
+/// it serves several and the request must say which.
+pub(super) fn default_model(
+    state: &AppState,
+    named: Option<String>,
+) -> Result<Option<String>, ApiError> {
+    if named.is_some() {
+        return Ok(named);
+    }
+    let mut base: Vec<String> = state
+        .fleet
+        .models()
+        .into_iter()
+        .filter(|m| state.adapter_base(m).is_none())
+        .collect();
+    match base.len() {
+        0 => Ok(None),
+        1 => Ok(base.pop()),
+        n => Err(ApiError::invalid(
+            format!("you must provide a model parameter: this router serves {n} models"),
+            Some("model"),
+        )),
+    }
+}
+
 /// The client's key is the router's credential, not the worker's: never pass it on.
 fn upstream_headers(state: &AppState, mut headers: HeaderMap) -> HeaderMap {
     if state.keys.enabled() {
@@ -277,7 +527,7 @@ fn upstream_headers(state: &AppState, mut headers: HeaderMap) -> HeaderMap {
     headers
 }
 
-fn no_worker() -> ApiError {
+pub(super) fn no_worker() -> ApiError {
     ApiError::new(
         http::StatusCode::SERVICE_UNAVAILABLE,
         "service_unavailable",

@@ -27,7 +27,7 @@ pub(super) async fn refuse_loops(
     state
         .metrics
         .requests
-        .with_label_values(&["-", "-", StatusCode::LOOP_DETECTED.as_str()])
+        .with_label_values(&["-", "-", "-", StatusCode::LOOP_DETECTED.as_str()])
         .inc();
     ApiError::new(
         StatusCode::LOOP_DETECTED,

@@ -4,19 +4,24 @@
 mod access_log;
 mod admin;
 pub mod admission;
+mod affinity;
+mod api;
 pub mod auth;
 mod body;
 mod cache_salt;
 mod canned;
 mod connection;
 mod debug;
+mod endpoints;
 mod forward;
 mod hops;
 mod listen;
 mod observer;
 mod ops;
 mod request_id;
+mod responses;
 mod route;
+mod tokenize;
 mod trail;
 
 use std::net::SocketAddr;
@@ -29,7 +34,7 @@ use http::StatusCode;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, ModelConfig};
+use crate::config::{Config, EndpointsConfig, ModelConfig};
 use crate::fleet::Fleet;
 use crate::fleet::{health, load_poller};
 use crate::index::{ApproxConfig, ApproxIndex, Holdings, IndexConfig, KvIndex};
@@ -82,6 +87,10 @@ pub struct AppState {
     own_addrs: std::sync::RwLock<Vec<SocketAddr>>,
     /// The front door's TLS, once started with it (for its reload counts in `/metrics`).
     tls: std::sync::OnceLock<Arc<TlsFront>>,
+    /// The endpoints beyond completions and chat (`[endpoints]`).
+    endpoints: EndpointsConfig,
+    /// Which worker stores which Responses API response.
+    affinity: Arc<affinity::ResponseAffinity>,
 }
 
 impl AppState {
@@ -139,6 +148,11 @@ impl AppState {
                     .collect(),
             ),
             tls: std::sync::OnceLock::new(),
+            endpoints: config.endpoints.clone(),
+            affinity: Arc::new(affinity::ResponseAffinity::new(
+                config.endpoints.responses_capacity,
+                config.endpoints.responses_ttl,
+            )),
         })
     }
 
@@ -175,6 +189,11 @@ impl AppState {
             .iter()
             .find(|m| m.name == model)
             .is_none_or(|m| m.forward_cache_salt)
+    }
+
+    /// The `[[models]]` entry of `model`, if it has one.
+    pub fn model_config(&self, model: &str) -> Option<&ModelConfig> {
+        self.models.iter().find(|m| m.name == model)
     }
 
     /// The base model `model` runs on when it is a LoRA adapter: configured (`[[models]]
@@ -214,6 +233,7 @@ pub fn app(state: Arc<AppState>, metrics_apart: bool) -> Router {
         .route("/v1/models", get(ops::models))
         .route("/health", get(ops::health))
         .route("/ready", get(ops::ready));
+    let router = endpoints::routes(router);
     let router = if metrics_apart {
         router
     } else {
@@ -225,7 +245,7 @@ pub fn app(state: Arc<AppState>, metrics_apart: bool) -> Router {
         .route("/admin/workers/{id}/drain", post(admin::drain))
         .route("/admin/workers/{id}/undrain", post(admin::undrain))
         .route("/admin/workers/{id}", axum::routing::delete(admin::remove))
-        .fallback(not_found)
+        .fallback(endpoints::other)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn(request_id::stamp))
         .layer(axum::middleware::from_fn_with_state(

@@ -3,8 +3,12 @@
 
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
 use super::access_log::AccessLine;
 use super::admission::Ticket;
+use super::affinity::ResponseAffinity;
+use super::api::Api;
 use super::trail::Trail;
 use crate::metrics::Metrics;
 use crate::proxy::output_tokens::OutputTokens;
@@ -17,8 +21,28 @@ pub(super) struct Requester {
     pub(super) id: String,
     /// The tenant, if any.
     pub(super) tenant: Option<String>,
-    /// The requested model.
+    /// The requested model (`-` when the request named none).
     pub(super) model: String,
+    /// The kind of endpoint.
+    pub(super) api: Api,
+}
+
+/// What a response teaches the router about stored Responses API responses.
+pub(super) struct Affinity {
+    /// The map of who stores what.
+    pub(super) map: Arc<ResponseAffinity>,
+    /// The tenant whose responses these are.
+    pub(super) tenant: Option<String>,
+    /// Learn the id the response reports, or forget this id once it is deleted.
+    pub(super) action: AffinityAction,
+}
+
+/// See [`Affinity`].
+pub(super) enum AffinityAction {
+    /// The response creates a stored response: remember its worker.
+    Learn,
+    /// The response deletes stored response `0`: forget it when it succeeds.
+    Forget(String),
 }
 
 /// Records a proxied response's first token and end in load accounting, metrics, the policy's
@@ -28,6 +52,7 @@ pub(super) struct Observer {
     metrics: Metrics,
     /// The admission slot, held until the response ends.
     _ticket: Ticket,
+    /// The model as metrics label it (`-` for one no worker is known to serve).
     model: String,
     status: http::StatusCode,
     started: Instant,
@@ -37,6 +62,7 @@ pub(super) struct Observer {
     trail: Trail,
     /// The output tokens counted, when a trace is recorded.
     output: Option<OutputTokens>,
+    affinity: Option<Affinity>,
 }
 
 impl Observer {
@@ -47,18 +73,20 @@ impl Observer {
         status: http::StatusCode,
         started: Instant,
         requester: Requester,
+        model_label: String,
     ) -> Observer {
         Observer {
             attempt,
             metrics,
             _ticket: ticket,
-            model: requester.model.clone(),
+            model: model_label,
             status,
             started,
             requester,
             ttft: None,
             trail: Trail::Off,
             output: None,
+            affinity: None,
         }
     }
 
@@ -69,12 +97,18 @@ impl Observer {
         self.trail = trail;
         self
     }
+
+    /// Also learns (or forgets) where a Responses API response is stored.
+    pub(super) fn with_affinity(mut self, affinity: Option<Affinity>) -> Observer {
+        self.affinity = affinity;
+        self
+    }
 }
 
 impl ResponseObserver for Observer {
     fn first_token(&mut self) {
         self.attempt.admitted.first_token();
-        if self.status.is_success() {
+        if self.status.is_success() && self.requester.api.generates() {
             let ttft = self.started.elapsed();
             self.ttft = Some(ttft);
             self.metrics
@@ -106,18 +140,30 @@ impl ResponseObserver for Observer {
             End::StreamError => "stream_error",
             End::Shutdown => "shutdown",
         };
+        let endpoint = self.requester.api.label();
         self.metrics
             .requests
-            .with_label_values(&[&self.model, self.attempt.worker.id(), status])
+            .with_label_values(&[endpoint, &self.model, self.attempt.worker.id(), status])
             .inc();
         let duration = self.started.elapsed();
         self.metrics
             .request_duration
-            .with_label_values(&[&self.model])
+            .with_label_values(&[endpoint, &self.model])
             .observe(duration.as_secs_f64());
+        if end == End::Complete
+            && self.status.is_success()
+            && let Some(Affinity {
+                map,
+                tenant,
+                action: AffinityAction::Forget(id),
+            }) = &self.affinity
+        {
+            map.forget(tenant.as_deref(), id);
+        }
         let admitted = &self.attempt.admitted;
         AccessLine {
             id: &self.requester.id,
+            endpoint,
             tenant: self.requester.tenant.as_deref(),
             model: Some(&self.requester.model),
             worker: Some(self.attempt.worker.id()),
@@ -129,5 +175,23 @@ impl ResponseObserver for Observer {
             duration,
         }
         .write();
+    }
+
+    fn response_id(&mut self, id: String) {
+        if !self.status.is_success() {
+            return;
+        }
+        if let Some(Affinity {
+            map,
+            tenant,
+            action: AffinityAction::Learn,
+        }) = &self.affinity
+        {
+            map.learn(tenant.as_deref(), &id, &self.attempt.worker, Instant::now());
+            self.metrics
+                .response_affinity
+                .with_label_values(&["learned"])
+                .inc();
+        }
     }
 }

@@ -42,6 +42,8 @@ pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         sync_counter(&m.tls_reloads.with_label_values(&["applied"]), applied);
         sync_counter(&m.tls_reloads.with_label_values(&["refused"]), refused);
     }
+    m.response_affinity_entries
+        .set(i64::try_from(state.affinity.len()).unwrap_or(i64::MAX));
     m.in_flight.reset();
     m.worker_healthy.reset();
     m.worker_kv_blocks.reset();

@@ -1,5 +1,6 @@
-//! From a request to token ids and block hashes: tokenizers per model, chat templates, and
-//! kvroute's chained block hashes.
+//! From a request to token ids and block hashes: tokenizers per model, chat templates,
+//! kvroute's chained block hashes, and vLLM's `/tokenize` and `/detokenize` answered from them
+//! ([`tokenize_api`]).
 
 pub mod builtin_chat;
 pub mod chat_template;
@@ -10,6 +11,7 @@ mod pyjson;
 pub mod registry;
 pub mod segment;
 mod strftime;
+pub mod tokenize_api;
 pub mod tokenizer;
 
 pub use chat_template::{ChatRequest, ChatTemplate};

@@ -31,6 +31,10 @@ pub struct ModelTokens {
     /// Which engine serves the model: which tools it renders into a chat prompt.
     engine: EngineKind,
     pieces: Result<Pieces, Unsegmentable>,
+    /// Whether decoding cleans up spaces before punctuation (`tokenizer_config.json`'s
+    /// `clean_up_tokenization_spaces`, which transformers applies to non-BPE tokenizers only,
+    /// unless `clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output`).
+    clean_up_spaces: bool,
 }
 
 /// Segmenting and its cache, when the tokenizer allows it.
@@ -61,6 +65,7 @@ impl ModelTokens {
             engine: EngineKind::default(),
             // The builtin tokenizer is cheaper than a cache lookup.
             pieces: Err(Unsegmentable("the builtin tokenizer needs no cache".into())),
+            clean_up_spaces: false,
         }
     }
 
@@ -90,6 +95,7 @@ impl ModelTokens {
             block_size,
             engine: EngineKind::default(),
             pieces,
+            clean_up_spaces: false,
         }
     }
 
@@ -125,12 +131,12 @@ impl ModelTokens {
         } else {
             ChatTemplate::from_tokenizer_config(&config)?
         };
-        Ok(ModelTokens::new(
-            tokenizer,
-            template,
-            block_size,
-            cache_units,
-        ))
+        let flag = |key: &str| config.get(key).and_then(Json::as_bool) == Some(true);
+        let mut tokens = ModelTokens::new(tokenizer, template, block_size, cache_units);
+        tokens.clean_up_spaces = flag("clean_up_tokenization_spaces")
+            && (!tokens.tokenizer.is_bpe()
+                || flag("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"));
+        Ok(tokens)
     }
 
     /// The tokenizer.
@@ -188,6 +194,32 @@ impl ModelTokens {
             }
         }
         Ok(ids)
+    }
+
+    /// Token ids of `text` with the tokenizer's special tokens added (see
+    /// [`Tokenizer::encode_with_special_tokens`]); not cached.
+    pub fn encode_with_special_tokens(&self, text: &str) -> Result<Vec<u32>, TokenError> {
+        self.tokenizer.encode_with_special_tokens(text)
+    }
+
+    /// The text of `ids` as transformers' `decode(ids)` gives it (special tokens kept, spaces
+    /// cleaned up when the tokenizer's configuration asks for it); `None` when the tokenizer
+    /// cannot decode (the builtin one).
+    pub fn decode(&self, ids: &[u32]) -> Option<String> {
+        let text = self.tokenizer.decode(ids)?;
+        Some(if self.clean_up_spaces {
+            clean_up_tokenization(&text)
+        } else {
+            text
+        })
+    }
+
+    /// The vocabulary strings of `ids` (transformers' `convert_ids_to_tokens`); `None` when one
+    /// is not in the vocabulary, or the tokenizer has none (the builtin one).
+    pub fn token_strs(&self, ids: &[u32]) -> Option<Vec<String>> {
+        ids.iter()
+            .map(|&id| self.tokenizer.id_to_token(id))
+            .collect()
     }
 
     /// The token ids routing uses for a request.
@@ -251,6 +283,21 @@ pub fn adapter_name<'a>(model: &'a str, base: &str) -> &'a str {
         .and_then(|rest| rest.strip_prefix(':'))
         .filter(|adapter| !adapter.is_empty())
         .unwrap_or(model)
+}
+
+/// transformers' `clean_up_tokenization`: spaces before punctuation and English contractions
+/// removed.
+fn clean_up_tokenization(text: &str) -> String {
+    text.replace(" .", ".")
+        .replace(" ?", "?")
+        .replace(" !", "!")
+        .replace(" ,", ",")
+        .replace(" ' ", "'")
+        .replace(" n't", "n't")
+        .replace(" 'm", "'m")
+        .replace(" 's", "'s")
+        .replace(" 've", "'ve")
+        .replace(" 're", "'re")
 }
 
 fn read_json(path: &Path) -> Result<Json, TokenError> {

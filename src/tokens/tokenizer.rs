@@ -86,11 +86,42 @@ impl Tokenizer {
         }
     }
 
+    /// Token ids of `text` with the tokenizer's special tokens added (its post-processor: a BOS
+    /// for Llama-style tokenizers, nothing for Qwen's), as transformers' `encode(text)` gives
+    /// them and vLLM's `/tokenize` answers by default.
+    pub fn encode_with_special_tokens(&self, text: &str) -> Result<Vec<u32>, TokenError> {
+        match self {
+            Tokenizer::Builtin => Ok(builtin_encode(text)),
+            Tokenizer::Hf(t) => t
+                .encode_fast(text, true)
+                .map(|e| e.get_ids().to_vec())
+                .map_err(|e| TokenError::Encode(e.to_string())),
+        }
+    }
+
     /// Text of `ids`, where the tokenizer can decode (the builtin one cannot: it hashes).
     pub fn decode(&self, ids: &[u32]) -> Option<String> {
         match self {
             Tokenizer::Builtin => None,
             Tokenizer::Hf(t) => t.decode(ids, false).ok(),
+        }
+    }
+
+    /// The vocabulary string of token `id` (transformers' `convert_ids_to_tokens`); `None` for
+    /// an id outside the vocabulary and for every id of the builtin tokenizer, which has none.
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        match self {
+            Tokenizer::Builtin => None,
+            Tokenizer::Hf(t) => t.id_to_token(id),
+        }
+    }
+
+    /// Whether the model is byte-pair encoding (transformers never cleans up a BPE tokenizer's
+    /// decoded spaces).
+    pub fn is_bpe(&self) -> bool {
+        match self {
+            Tokenizer::Builtin => false,
+            Tokenizer::Hf(t) => matches!(t.get_model(), tokenizers::ModelWrapper::BPE(_)),
         }
     }
 }

@@ -94,7 +94,7 @@ async fn predicted_reuse_stays_exact_while_a_small_vllm_cache_evicts() {
     let options = VllmOptions {
         kv_blocks: 48,
         max_model_len: 1024,
-        lora: false,
+        ..VllmOptions::default()
     };
     let engines = VllmEngine::start_all(&setup, 2, &options).await;
     let mut table = Exactness::default();

@@ -151,6 +151,7 @@ async fn access_log_lines_are_json_with_every_field_and_no_colour() {
     let line = access_line(&lines, "access-1").await;
     let f = &line["fields"];
     assert_eq!(f["model"], "m", "{line}");
+    assert_eq!(f["endpoint"], "completions", "{line}");
     assert_eq!(f["worker"], "w0", "{line}");
     assert_eq!(f["status"], "200", "{line}");
     assert!(f["prompt_tokens"].as_u64().is_some_and(|n| n > 0), "{line}");

@@ -364,7 +364,7 @@ async fn client_disconnect_cancels_upstream_and_releases_load() {
     assert_eq!(b.state.streams_completed.load(Ordering::SeqCst), 0);
     let metrics = metrics_text(r.addr).await;
     assert!(
-        metrics.contains(r#"kvroute_requests_total{model="m",status="cancelled",worker="w0"} 1"#),
+        metrics.contains(r#"kvroute_requests_total{endpoint="completions",model="m",status="cancelled",worker="w0"} 1"#),
         "{metrics}"
     );
     r.shutdown().await;
@@ -471,14 +471,16 @@ async fn metrics_move_with_traffic() {
     }
     let text = metrics_text(r.addr).await;
     assert!(
-        text.contains(r#"kvroute_requests_total{model="m",status="200",worker="w0"} 3"#),
+        text.contains(r#"kvroute_requests_total{endpoint="chat_completions",model="m",status="200",worker="w0"} 3"#),
         "{text}"
     );
     assert!(
         text.contains(r#"kvroute_time_to_first_token_seconds_count{model="m",worker="w0"} 3"#),
         "{text}"
     );
-    assert!(text.contains(r#"kvroute_request_duration_seconds_count{model="m"} 3"#));
+    assert!(text.contains(
+        r#"kvroute_request_duration_seconds_count{endpoint="chat_completions",model="m"} 3"#
+    ));
     assert!(text.contains(
         r#"kvroute_routing_decision_seconds_count{policy="least_request",stage="total"} 3"#
     ));

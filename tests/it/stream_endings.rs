@@ -66,7 +66,7 @@ async fn streams_cut_by_shutdown_end_with_an_error_event() {
     assert_eq!(
         metrics
             .requests
-            .with_label_values(&["m", "w0", "shutdown"])
+            .with_label_values(&["completions", "m", "w0", "shutdown"])
             .get(),
         1
     );
@@ -85,7 +85,11 @@ async fn in_band_error_events_count_as_errors() {
         "the event reaches the client: {text}"
     );
     let m = &router.state.metrics;
-    let count = |status: &str| m.requests.with_label_values(&["m", "w0", status]).get();
+    let count = |status: &str| {
+        m.requests
+            .with_label_values(&["completions", "m", "w0", status])
+            .get()
+    };
     assert!(eventually(|| count("stream_error") == 1).await);
     assert_eq!(count("200"), 0);
 

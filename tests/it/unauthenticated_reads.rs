@@ -91,7 +91,9 @@ async fn metrics_listen_moves_metrics_off_the_main_listener() {
     assert_openai_error(main, 404).await;
     let text = metrics_text(metrics_addr).await;
     assert!(
-        text.contains(r#"kvroute_requests_total{model="m",status="200",worker="w0"} 1"#),
+        text.contains(
+            r#"kvroute_requests_total{endpoint="completions",model="m",status="200",worker="w0"} 1"#
+        ),
         "{text}"
     );
     // The metrics listener serves nothing else.

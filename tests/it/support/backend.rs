@@ -24,6 +24,10 @@ use tokio::sync::Notify;
 #[derive(Clone, Debug)]
 pub struct Received {
     pub path: String,
+    /// The method and the query (any path beyond completions and chat is answered by
+    /// [`any_path`], which records them).
+    pub method: String,
+    pub query: Option<String>,
     pub headers: HeaderMap,
     pub body: Bytes,
 }
@@ -109,6 +113,7 @@ impl Backend {
             .route("/v1/chat/completions", post(completion))
             .route("/v1/models", get(models_list))
             .route("/health", get(health))
+            .fallback(any_path)
             .layer(DefaultBodyLimit::disable())
             .with_state(Arc::clone(&state));
         let listener = TcpListener::bind(addr).await.unwrap();
@@ -168,6 +173,54 @@ async fn models_list(State(s): State<Arc<BackendState>>) -> Response {
     axum::Json(serde_json::json!({"object": "list", "data": data})).into_response()
 }
 
+/// Any other API path (under `/v1/` or `/v2/`, or an engine's own endpoint such as
+/// `/tokenize`) and method: recorded, answered 200 with what was asked (`{"backend", "method",
+/// "path", "query"}`), or with `fail_status` when set. Anything else (`/metrics` the router's
+/// load reader asks for, …) is a 404, unrecorded.
+async fn any_path(
+    State(s): State<Arc<BackendState>>,
+    method: axum::http::Method,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    const ENGINE_PATHS: [&str; 6] = [
+        "/tokenize",
+        "/detokenize",
+        "/rerank",
+        "/score",
+        "/classify",
+        "/pooling",
+    ];
+    let path = uri.path();
+    if !(path.starts_with("/v1/") || path.starts_with("/v2/") || ENGINE_PATHS.contains(&path)) {
+        return StatusCode::NOT_FOUND.into_response();
+    }
+    s.received.lock().unwrap().push(Received {
+        path: uri.path().to_string(),
+        method: method.to_string(),
+        query: uri.query().map(str::to_owned),
+        headers,
+        body,
+    });
+    if let Some(code) = s.behavior.lock().unwrap().fail_status {
+        return (
+            StatusCode::from_u16(code).unwrap(),
+            [("content-type", "application/json")],
+            format!(
+                "{{\"error\":{{\"message\":\"{} failed\",\"type\":\"server_error\"}}}}",
+                s.name
+            ),
+        )
+            .into_response();
+    }
+    axum::Json(
+        serde_json::json!({"backend": s.name, "method": method.as_str(),
+        "path": uri.path(), "query": uri.query()}),
+    )
+    .into_response()
+}
+
 /// Counts a stream as cancelled unless it was marked complete.
 struct StreamGuard {
     state: Arc<BackendState>,
@@ -192,6 +245,8 @@ async fn completion(
 ) -> Response {
     s.received.lock().unwrap().push(Received {
         path: uri.path().to_string(),
+        method: "POST".into(),
+        query: uri.query().map(str::to_owned),
         headers: headers.clone(),
         body: body.clone(),
     });

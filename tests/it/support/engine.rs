@@ -61,6 +61,33 @@ impl SimEngine {
         SimEngine::start_with(model, any, events, replay, 0, core).await
     }
 
+    /// Starts an engine serving `model` on an ephemeral port without KV events, tokenizing with
+    /// `tokenizer` (`builtin`, or a Hugging Face tokenizer directory).
+    pub async fn start_plain(model: &str, tokenizer: &str) -> SimEngine {
+        let args = EngineArgs {
+            model: model.into(),
+            kv_events_endpoint: "none".into(),
+            tokenizer: tokenizer.into(),
+            ..EngineArgs::default()
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let handle = kvroute::engine::start(args.serve_config().unwrap(), listener)
+            .await
+            .unwrap();
+        SimEngine {
+            handle,
+            addr,
+            events: "none".into(),
+            replay: "none".into(),
+        }
+    }
+
+    /// `http://ADDR`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
     async fn start_with(
         model: &str,
         addr: SocketAddr,

@@ -66,6 +66,9 @@ pub struct VllmOptions {
     pub max_model_len: usize,
     /// Serve the LoRA adapter as [`VLLM_LORA`].
     pub lora: bool,
+    /// Keep Responses API responses (`VLLM_ENABLE_RESPONSES_API_STORE=1`; vLLM stores none by
+    /// default), so `previous_response_id` and `GET /v1/responses/{id}` work.
+    pub responses_store: bool,
 }
 
 impl Default for VllmOptions {
@@ -74,6 +77,7 @@ impl Default for VllmOptions {
             kv_blocks: 4096,
             max_model_len: 4096,
             lora: false,
+            responses_store: false,
         }
     }
 }
@@ -120,6 +124,9 @@ fn command(setup: &VllmSetup, o: &VllmOptions, e: &EngineProc) -> Command {
         .args(["--max-num-seqs", "8", "--seed", "0"])
         .args(["--enable-prefix-caching", "--enable-prompt-tokens-details"])
         .args(["--kv-events-config", &events.to_string()]);
+    if o.responses_store {
+        cmd.env("VLLM_ENABLE_RESPONSES_API_STORE", "1");
+    }
     if o.lora {
         cmd.args(["--enable-lora", "--max-lora-rank", "8", "--lora-modules"])
             .arg(format!("{VLLM_LORA}={}", setup.lora.display()));

@@ -1,0 +1,178 @@
+//! The engine endpoints beyond completions and chat: the route table ([`routes`]), the pooling
+//! and audio endpoints (embeddings, rerank, score, transcriptions — routed on load: their
+//! prompts are short-lived and engines seldom reuse their KV, so prefix routing would not pay
+//! for its tokenization), and every other path on `[endpoints] forward_paths`, forwarded as it
+//! came ([`other`]).
+//!
+//! Each of them goes through [`forward::handle`]: a tenant key as for chat, admission, the
+//! model's eligible workers when the body names a model (the only model of the fleet when it
+//! names none, as an engine would assume its own), retries, metrics labelled by endpoint kind,
+//! errors in OpenAI's shape.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::response::Response;
+use axum::routing::{get, post};
+use bytes::Bytes;
+use http::{HeaderMap, Method, StatusCode, Uri};
+
+use super::AppState;
+use super::api::Api;
+use super::forward::{self, Call, Prepared, Read, Step};
+use super::{responses, tokenize};
+use crate::openai::{ApiError, ECHO_MAX, ModelField, multipart, shorten};
+
+/// Adds the routes of the endpoints beyond completions, chat and the model list.
+pub(super) fn routes(router: Router<Arc<AppState>>) -> Router<Arc<AppState>> {
+    router
+        .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::stored).delete(responses::stored),
+        )
+        .route("/v1/responses/{id}/cancel", post(responses::stored))
+        .route("/v1/responses/{id}/input_items", get(responses::stored))
+        .route("/v1/embeddings", post(embeddings))
+        .route("/v1/rerank", post(rerank))
+        .route("/rerank", post(rerank))
+        .route("/v2/rerank", post(rerank))
+        .route("/v1/score", post(score))
+        .route("/score", post(score))
+        .route("/v1/audio/transcriptions", post(transcriptions))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
+}
+
+/// The path (and query) as received, to send to the worker.
+fn target(uri: &Uri) -> String {
+    uri.path_and_query()
+        .map_or_else(|| uri.path().to_owned(), |pq| pq.as_str().to_owned())
+}
+
+async fn pooling(
+    state: Arc<AppState>,
+    api: Api,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let call = Call {
+        target: target(&uri),
+        ..Call::post(api, "", headers)
+    };
+    forward::handle(state, call, body, Read::ModelJson { salted: true }).await
+}
+
+/// `POST /v1/embeddings`.
+async fn embeddings(
+    State(state): State<Arc<AppState>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    pooling(state, Api::Embeddings, uri, headers, body).await
+}
+
+/// `POST /v1/rerank`, `/rerank`, `/v2/rerank` (the path is kept: engines answer each in its
+/// own dialect).
+async fn rerank(
+    State(state): State<Arc<AppState>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    pooling(state, Api::Rerank, uri, headers, body).await
+}
+
+/// `POST /v1/score`, `/score`.
+async fn score(
+    State(state): State<Arc<AppState>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    pooling(state, Api::Score, uri, headers, body).await
+}
+
+/// `POST /v1/audio/transcriptions`: a `multipart/form-data` upload, forwarded byte for byte.
+async fn transcriptions(
+    State(state): State<Arc<AppState>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let call = Call {
+        target: target(&uri),
+        ..Call::post(Api::Transcriptions, "", headers)
+    };
+    forward::handle(state, call, body, Read::Multipart).await
+}
+
+/// Reads the `model` field of a multipart form.
+pub(super) fn prepare_multipart(
+    state: &AppState,
+    headers: &HeaderMap,
+    bytes: &Bytes,
+) -> Result<Step, ApiError> {
+    let content_type = headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let Some(boundary) = multipart::boundary(content_type) else {
+        return Err(ApiError::invalid(
+            "the body must be multipart/form-data (with a boundary)",
+            None,
+        ));
+    };
+    let named = multipart::text_field(bytes, &boundary, "model")?.filter(|m| !m.is_empty());
+    let model = forward::default_model(state, named)?;
+    Ok(Step::Forward(Prepared::on_load(model)))
+}
+
+/// A body forwarded by the allow-list: its `model` when it is a JSON object naming one (then
+/// only that model's workers take it), else any worker.
+pub(super) fn prepare_opaque(headers: &HeaderMap, bytes: &Bytes) -> Prepared {
+    let json = headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("application/json"));
+    let model = if json && !bytes.is_empty() {
+        ModelField::from_json(bytes).ok().and_then(|f| f.model)
+    } else {
+        None
+    };
+    Prepared::on_load(model)
+}
+
+/// Any other path: forwarded when `[endpoints] forward_paths` allows it, else 404.
+pub(super) async fn other(
+    State(state): State<Arc<AppState>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    if !state.endpoints.forwards(uri.path()) {
+        return axum::response::IntoResponse::into_response(not_found(&uri));
+    }
+    let call = Call {
+        api: Api::Forwarded,
+        method,
+        target: target(&uri),
+        headers,
+    };
+    forward::handle(state, call, body, Read::Opaque).await
+}
+
+/// 404 for a path the router neither serves nor forwards.
+pub(super) fn not_found(uri: &Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        Some("not_found"),
+        format!("no route for `{}`", shorten(uri.path(), ECHO_MAX)),
+    )
+}

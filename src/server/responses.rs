@@ -1,0 +1,197 @@
+//! The Responses API: `POST /v1/responses`, and the requests about a stored response
+//! (`GET`/`DELETE /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`,
+//! `GET /v1/responses/{id}/input_items`).
+//!
+//! A new response is routed like a chat, on the KV prefix of its `instructions` and `input`
+//! rendered as the engine renders them ([`crate::openai::responses`]). Engines store responses in
+//! their own memory, so everything that names a stored one — a request continuing it
+//! (`previous_response_id`), reading, cancelling or deleting it — must reach the worker that
+//! stored it: the router learns each response's id from the answer (see `affinity`) and pins
+//! those requests to that worker. An id the router never learned, or whose worker has left,
+//! is answered 404 here rather than sent to a worker that cannot have it; a worker that is down
+//! or draining is a 503 (the response comes back with it).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::response::Response;
+use bytes::Bytes;
+use http::{HeaderMap, Method, StatusCode, Uri};
+
+use super::AppState;
+use super::affinity::Lookup;
+use super::api::Api;
+use super::auth::Caller;
+use super::body;
+use super::forward::{self, Call, Prepared, Read, Routing, Step};
+use super::observer::{Affinity, AffinityAction};
+use crate::fleet::Worker;
+use crate::openai::{ApiError, ECHO_MAX, ResponsesRequest, shorten};
+
+/// `POST /v1/responses`.
+pub(super) async fn create(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let call = Call::post(Api::Responses, "/v1/responses", headers);
+    forward::handle(state, call, body, Read::Responses).await
+}
+
+/// `GET`/`DELETE /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`,
+/// `GET /v1/responses/{id}/input_items`: sent as received (path and query) to the worker that
+/// stores the response.
+pub(super) async fn stored(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let call = Call {
+        api: Api::Responses,
+        method,
+        target: uri
+            .path_and_query()
+            .map_or_else(|| uri.path().to_owned(), |pq| pq.as_str().to_owned()),
+        headers,
+    };
+    forward::handle(state, call, body, Read::StoredResponse(id)).await
+}
+
+/// Reads a `POST /v1/responses` body: pinned to the worker of its `previous_response_id`, else
+/// routed on its prompt.
+pub(super) async fn prepare(
+    state: &Arc<AppState>,
+    caller: &Caller,
+    bytes: &Bytes,
+) -> Result<Step, ApiError> {
+    let req = body::parse(bytes, ResponsesRequest::from_json).await?;
+    let model = forward::default_model(state, req.model.clone())?;
+    let routing = match &req.previous_response_id {
+        Some(prev) => Routing::Pinned(holder(state, caller, prev, "previous_response_id")?),
+        None => match &model {
+            Some(m) => Routing::Prompt(Box::new(req.chat_view(m))),
+            None => Routing::Load,
+        },
+    };
+    Ok(Step::Forward(Prepared {
+        model,
+        routing,
+        salt: Some(req.cache_salt),
+        affinity: Some(affinity(state, caller, AffinityAction::Learn)),
+    }))
+}
+
+/// Reads a request about stored response `id`: pinned to its worker; a `DELETE` that succeeds
+/// forgets it.
+pub(super) fn prepare_stored(
+    state: &Arc<AppState>,
+    caller: &Caller,
+    call: &Call,
+    id: &str,
+) -> Result<Step, ApiError> {
+    let worker = holder(state, caller, id, "response_id")?;
+    let affinity = (call.method == Method::DELETE)
+        .then(|| affinity(state, caller, AffinityAction::Forget(id.to_owned())));
+    Ok(Step::Forward(Prepared {
+        routing: Routing::Pinned(worker),
+        affinity,
+        ..Prepared::on_load(None)
+    }))
+}
+
+fn affinity(state: &AppState, caller: &Caller, action: AffinityAction) -> Affinity {
+    Affinity {
+        map: Arc::clone(&state.affinity),
+        tenant: caller.tenant().map(str::to_owned),
+        action,
+    }
+}
+
+/// The worker that stores response `id` of the caller's tenant, if it can take the request now.
+fn holder(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    param: &str,
+) -> Result<Arc<Worker>, ApiError> {
+    let now = Instant::now();
+    let (outcome, result) = match state.affinity.lookup(caller.tenant(), id, now) {
+        Lookup::Unknown => ("unknown", Err(not_found(id, param))),
+        Lookup::Stored(weak) => {
+            let live = weak
+                .upgrade()
+                .filter(|w| state.fleet.workers().iter().any(|x| Arc::ptr_eq(x, w)));
+            match live {
+                None => ("holder_gone", Err(holder_gone(id, param))),
+                Some(w) if !w.is_routable(now) => {
+                    ("holder_unavailable", Err(holder_unavailable(id, &w, param)))
+                }
+                Some(w) => ("routed", Ok(w)),
+            }
+        }
+    };
+    state
+        .metrics
+        .response_affinity
+        .with_label_values(&[outcome])
+        .inc();
+    result
+}
+
+fn not_found(id: &str, param: &str) -> ApiError {
+    ApiError {
+        param: Some(param.to_owned()),
+        ..ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            Some("response_not_found"),
+            format!(
+                "Response with id '{}' not found: this router has no record of it (it was not \
+                 created through this router with this key, or it was forgotten)",
+                shorten(id, ECHO_MAX)
+            ),
+        )
+    }
+}
+
+fn holder_gone(id: &str, param: &str) -> ApiError {
+    ApiError {
+        param: Some(param.to_owned()),
+        ..ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            Some("response_holder_gone"),
+            format!(
+                "Response with id '{}' not found: the worker that stored it has left",
+                shorten(id, ECHO_MAX)
+            ),
+        )
+    }
+}
+
+fn holder_unavailable(id: &str, worker: &Worker, param: &str) -> ApiError {
+    let why = if worker.is_draining() {
+        "is draining"
+    } else {
+        "cannot take requests now"
+    };
+    ApiError {
+        param: Some(param.to_owned()),
+        retry_after_s: Some(1),
+        ..ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "service_unavailable",
+            Some("response_holder_unavailable"),
+            format!(
+                "the worker `{}` that stores response '{}' {why}; retry later",
+                worker.id(),
+                shorten(id, ECHO_MAX)
+            ),
+        )
+    }
+}

@@ -1,0 +1,122 @@
+//! `POST /tokenize` and `POST /detokenize`: answered by the router itself, exactly as vLLM
+//! answers them ([`crate::tokens::tokenize_api`]), when it has the model's own tokenizer — the model
+//! (or the base of a LoRA adapter) is listed in `[[models]]` with a `tokenizer` path — and
+//! knows its `max_model_len` (`[[models]] max_model_len`, or a worker's `/v1/models`). Anything
+//! else is forwarded to a worker serving the model, on load: a model without a configured
+//! tokenizer, a request using what only the engine renders exactly (a request-supplied chat
+//! template, tools, multimodal content, …), or one the tokenizer or template refuses (the
+//! engine words the error). `[endpoints] local_tokenize = false` forwards everything.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http::HeaderMap;
+use serde_json::Value;
+
+use super::AppState;
+use super::api::Api;
+use super::auth::{Caller, Keys};
+use super::body;
+use super::forward::{self, Call, Prepared, Read, Step};
+use super::route::INLINE_TOKENIZE_BYTES;
+use crate::openai::ApiError;
+use crate::tokens::tokenize_api::{Detokenize, Parsed, Tokenize};
+use crate::tokens::{ModelTokens, TokenizerSource};
+
+/// `POST /tokenize`.
+pub(super) async fn tokenize(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let call = Call::post(Api::Tokenize, "/tokenize", headers);
+    forward::handle(state, call, body, Read::Tokenize).await
+}
+
+/// `POST /detokenize`.
+pub(super) async fn detokenize(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let call = Call::post(Api::Detokenize, "/detokenize", headers);
+    forward::handle(state, call, body, Read::Detokenize).await
+}
+
+/// Answers a `/tokenize` (or, with `detokenize`, `/detokenize`) body here when possible, else
+/// prepares it for a worker.
+pub(super) async fn prepare(
+    state: &Arc<AppState>,
+    caller: &Caller,
+    bytes: &Bytes,
+    detokenize: bool,
+) -> Result<Step, ApiError> {
+    let value: Value = body::parse(bytes, |b| {
+        serde_json::from_slice(b)
+            .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}"), None))
+    })
+    .await?;
+    let named = match value.get("model") {
+        Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),
+        _ => None,
+    };
+    let model = forward::default_model(state, named)?;
+    let Some(model) = model else {
+        return Ok(Step::Forward(Prepared::on_load(None)));
+    };
+    Keys::authorize_model(caller, &model)?;
+    let answer = match local_tokens(state, &model) {
+        None => None,
+        Some((tokens, _)) if detokenize => match Detokenize::parse(&value) {
+            Parsed::Local(d) => d.answer(&tokens),
+            Parsed::Engine => None,
+        },
+        Some((tokens, max_model_len)) => match Tokenize::parse(&value) {
+            Parsed::Local(t) => tokenize_here(t, tokens, max_model_len, bytes.len()).await,
+            Parsed::Engine => None,
+        },
+    };
+    Ok(match answer {
+        Some(v) => Step::Answer(axum::Json(v).into_response(), model),
+        None => Step::Forward(Prepared::on_load(Some(model))),
+    })
+}
+
+/// The model's own tokenizer and its `max_model_len`, when the router may answer for it.
+fn local_tokens(state: &AppState, model: &str) -> Option<(Arc<ModelTokens>, u64)> {
+    if !state.endpoints.local_tokenize || !state.fleet.knows_model(model) {
+        return None;
+    }
+    let base = state.adapter_base(model);
+    let base = base.as_deref().unwrap_or(model);
+    let configured = state.model_config(base)?;
+    if !matches!(configured.tokenizer, TokenizerSource::Path(_)) {
+        return None;
+    }
+    let max_model_len = configured
+        .max_model_len
+        .or_else(|| state.fleet.max_model_len(model))
+        .or_else(|| state.fleet.max_model_len(base))?;
+    Some((state.tokens.get(base), max_model_len))
+}
+
+/// The answer to `t`, tokenized off the async threads when the body is long; `None` when the
+/// template or tokenizer refused it (the engine words that error).
+async fn tokenize_here(
+    t: Tokenize,
+    tokens: Arc<ModelTokens>,
+    max_model_len: u64,
+    body_bytes: usize,
+) -> Option<Value> {
+    let run = move || {
+        let ids = t.ids(&tokens).ok()?;
+        t.answer(&tokens, ids, max_model_len)
+    };
+    if body_bytes < INLINE_TOKENIZE_BYTES {
+        return run();
+    }
+    tokio::task::spawn_blocking(run).await.ok().flatten()
+}
