@@ -5,6 +5,7 @@
 
 #[cfg(feature = "lab")]
 pub mod bench;
+pub mod cli;
 pub mod config;
 #[cfg(feature = "lab")]
 pub mod demo;

@@ -1,36 +1,7 @@
 //! The `kvroute` command: one binary, one subcommand per job.
 
-use clap::{Parser, Subcommand};
-use kvroute::config::{Config, LogFormat, ServeArgs};
-
-#[derive(Parser)]
-#[command(
-    name = "kvroute",
-    version,
-    about = "A KV-cache-aware router for LLM serving"
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Route OpenAI requests to a fleet of vLLM / SGLang workers.
-    Serve(ServeArgs),
-    #[cfg(feature = "lab")]
-    /// Run one simulated vLLM-like engine (OpenAI API, KV events, vLLM metrics).
-    Engine(kvroute::engine::EngineArgs),
-    #[cfg(feature = "lab")]
-    /// Run simulated engines and a router in front of them, all on loopback.
-    Demo(kvroute::demo::DemoArgs),
-    #[cfg(feature = "lab")]
-    /// Replay a workload against an OpenAI endpoint (`bench compare` for tables).
-    Bench(kvroute::bench::BenchCli),
-    #[cfg(feature = "lab")]
-    /// Simulate a trace in virtual time against N engine models, for every policy.
-    Simulate(kvroute::sim::SimulateArgs),
-}
+use kvroute::cli::Job as Command;
+use kvroute::config::{Config, LogFormat};
 
 /// Logs go to stderr (stdout is for results: `bench` and `simulate` print theirs there), in
 /// colour only when stderr is a terminal: escape codes in a file or a log collector are noise.
@@ -49,7 +20,7 @@ fn init_logging(format: LogFormat) {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let cli = kvroute::cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

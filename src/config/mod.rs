@@ -110,7 +110,8 @@ pub enum LogFormat {
     Json,
 }
 
-/// `kvroute serve` flags; each overrides the config file's key of the same meaning.
+/// `kvroute serve` flags; each overrides the config file's key of the same meaning. Each is
+/// also read from its `KVROUTE_*` variable (see [`crate::cli`]).
 #[derive(Args, Debug, Clone, Default)]
 pub struct ServeArgs {
     /// TOML config file (see config/kvroute.example.toml). Without one, the router starts with
@@ -127,8 +128,9 @@ pub struct ServeArgs {
     /// http://h:8000=llama@tcp://h:5557@tcp://h:5558. Models are discovered when omitted;
     /// EVENTS is its KV-event PUB endpoint and REPLAY its replay ROUTER endpoint (tcp:// or
     /// ipc://; with REPLAY the router learns what an idle engine holds when it connects, and
-    /// replays lost batches). Repeat for more workers.
-    #[arg(long = "worker")]
+    /// replays lost batches). Repeat for more workers; in `KVROUTE_WORKER`, separate them with
+    /// spaces.
+    #[arg(long = "worker", value_delimiter = ' ')]
     pub workers: Vec<String>,
     /// Log format.
     #[arg(long, value_enum)]
