@@ -34,10 +34,10 @@ fn main() -> std::process::ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Serve(args) => {
-                let config = Config::load(&args)?;
-                init_logging(config.log_format);
-                config.warn_deprecations();
-                kvroute::server::run(config).await
+                let loaded = Config::load_hashed(&args)?;
+                init_logging(loaded.config.log_format);
+                loaded.config.warn_deprecations();
+                kvroute::server::run(loaded, args).await
             }
             #[cfg(feature = "lab")]
             Command::Engine(args) => {

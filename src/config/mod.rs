@@ -32,6 +32,7 @@ use std::time::Duration;
 
 use clap::Args;
 use serde::Deserialize;
+use sha2::Digest;
 use thiserror::Error;
 
 use file::FileConfig;
@@ -225,11 +226,32 @@ impl Config {
 
     /// Loads the file named by `args.config` (if any), applies the flags, validates.
     pub fn load(args: &ServeArgs) -> Result<Config, ConfigError> {
+        Config::load_hashed(args).map(|l| l.config)
+    }
+
+    /// As [`Config::load`], with the SHA-256 of the file's bytes as read (of nothing without
+    /// a file): what the config metrics show, so an operator can tell which file a replica
+    /// runs (`sha256sum kvroute.toml`).
+    pub fn load_hashed(args: &ServeArgs) -> Result<Loaded, ConfigError> {
+        let text = match &args.config {
+            Some(path) => std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                path: path.to_owned(),
+                source,
+            })?,
+            None => String::new(),
+        };
         let file = match &args.config {
-            Some(path) => read_file(path)?,
+            Some(path) => parse_file(&text, path)?,
             None => FileConfig::default(),
         };
-        Config::build(file, args)
+        let sha256 = sha2::Sha256::digest(text.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        Ok(Loaded {
+            config: Config::build(file, args)?,
+            sha256,
+        })
     }
 
     /// Parses a config from TOML text (no flags); `origin` names it in errors.
@@ -290,12 +312,13 @@ impl Config {
     }
 }
 
-fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-        path: path.to_owned(),
-        source,
-    })?;
-    parse_file(&text, path)
+/// A validated configuration and the digest of the file it came from.
+#[derive(Clone, Debug)]
+pub struct Loaded {
+    /// The configuration.
+    pub config: Config,
+    /// SHA-256 of the file's bytes, in hex.
+    pub sha256: String,
 }
 
 fn parse_file(text: &str, path: &Path) -> Result<FileConfig, ConfigError> {

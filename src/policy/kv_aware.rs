@@ -83,7 +83,9 @@ impl KvAwareConfig {
 /// The cost-model policy.
 #[derive(Debug)]
 pub struct KvAware {
-    config: KvAwareConfig,
+    /// The settings, replaced by a config reload ([`Policy::reconfigure`]); read once per
+    /// decision.
+    config: Mutex<KvAwareConfig>,
     calibrators: Mutex<HashMap<WorkerId, Calibrator>>,
     rng: Mutex<StdRng>,
 }
@@ -92,27 +94,33 @@ impl KvAware {
     /// A policy with `config`; `seed` drives tie-breaks and sampling.
     pub fn new(config: KvAwareConfig, seed: u64) -> KvAware {
         KvAware {
-            config,
+            config: Mutex::new(config),
             calibrators: Mutex::new(HashMap::new()),
             rng: Mutex::new(StdRng::seed_from_u64(seed)),
         }
     }
 
+    /// The settings now.
+    pub fn config(&self) -> KvAwareConfig {
+        *super::lock(&self.config)
+    }
+
     /// The rates currently used for `worker`.
     pub fn rates(&self, worker: WorkerId) -> Rates {
+        let config = self.config();
         let cals = super::lock(&self.calibrators);
-        Self::rates_in(&cals, worker, self.pooled(&cals))
+        Self::rates_in(&cals, worker, Self::pooled(&config, &cals))
     }
 
     /// The mean rates of the calibrated workers, or the prior when none is.
-    fn pooled(&self, cals: &HashMap<WorkerId, Calibrator>) -> Rates {
+    fn pooled(config: &KvAwareConfig, cals: &HashMap<WorkerId, Calibrator>) -> Rates {
         let fitted: Vec<Rates> = cals
             .values()
             .filter(|c| c.observations() >= MIN_OBSERVATIONS)
             .map(Calibrator::rates)
             .collect();
         if fitted.is_empty() {
-            return self.config.prior();
+            return config.prior();
         }
         let n = fitted.len() as f64;
         Rates {
@@ -130,14 +138,19 @@ impl KvAware {
     }
 
     /// Predicted TTFT of `request` on `c`, and the cost of sending it there.
-    fn predict(&self, request: &RouteRequest, c: &Candidate, rates: &Rates) -> (f64, f64) {
+    fn predict(
+        config: &KvAwareConfig,
+        request: &RouteRequest,
+        c: &Candidate,
+        rates: &Rates,
+    ) -> (f64, f64) {
         let cached = u64::from(c.overlap_blocks) * u64::from(request.block_size);
         let uncached = request.prompt_tokens.saturating_sub(cached) as f64;
         let tokens = c.load.queued_prefill_tokens as f64 + uncached;
         let decoding = c.load.decoding as f64;
         let ttft = rates.predict(tokens, decoding);
         let stall = uncached * rates.seconds_per_token + rates.overhead_s;
-        (ttft, ttft + self.config.decode_weight * decoding * stall)
+        (ttft, ttft + config.decode_weight * decoding * stall)
     }
 }
 
@@ -154,17 +167,21 @@ impl Policy for KvAware {
         if candidates.is_empty() {
             return None;
         }
+        let config = self.config();
         let (predicted, cost): (Vec<f64>, Vec<f64>) = {
             let cals = super::lock(&self.calibrators);
-            let pooled = self.pooled(&cals);
+            let pooled = Self::pooled(&config, &cals);
             candidates
                 .iter()
-                .map(|c| self.predict(request, c, &Self::rates_in(&cals, c.worker, pooled)))
+                .map(|c| {
+                    let rates = Self::rates_in(&cals, c.worker, pooled);
+                    Self::predict(&config, request, c, &rates)
+                })
                 .unzip()
         };
         let best = cost.iter().copied().fold(f64::INFINITY, f64::min);
-        let chosen = if self.config.temperature > 0.0 {
-            let scale = self.config.temperature * best.max(1e-3);
+        let chosen = if config.temperature > 0.0 {
+            let scale = config.temperature * best.max(1e-3);
             let weights: Vec<f64> = cost.iter().map(|p| (-(p - best) / scale).exp()).collect();
             let total: f64 = weights.iter().sum();
             let mut x = super::lock(&self.rng).random_range(0.0..total);
@@ -208,13 +225,22 @@ impl Policy for KvAware {
         super::lock(&self.calibrators).remove(&worker);
     }
 
+    /// A reload's new cost model applies from the next decision: the weights, the temperature
+    /// and the prior (which scores every worker not calibrated yet). Rates already fitted are
+    /// kept (they are measurements of the workers, not settings); a new `forgetting` applies
+    /// to workers calibrated from now on. The seed is not changed.
+    fn reconfigure(&self, settings: &super::PolicySettings) {
+        *super::lock(&self.config) = settings.kv_aware;
+    }
+
     fn observe(&self, o: &Observation) {
-        if !self.config.calibrate {
+        let config = self.config();
+        if !config.calibrate {
             return;
         }
         let mut cals = super::lock(&self.calibrators);
-        let prior = self.config.prior();
-        let forgetting = self.config.forgetting;
+        let prior = config.prior();
+        let forgetting = config.forgetting;
         cals.entry(o.worker)
             .or_insert_with(|| Calibrator::new(prior, forgetting))
             .observe(
@@ -267,6 +293,28 @@ mod tests {
         // With a short queue the same prefix wins.
         c[0].load.queued_prefill_tokens = 500;
         assert_eq!(policy().choose(&req(2000), &c).unwrap().chosen, 0);
+    }
+
+    #[test]
+    fn reconfigured_weights_apply_to_the_next_decision() {
+        let mut c = idle(2);
+        c[0].overlap_blocks = 100; // saves 1,600 tokens
+        c[0].load.queued_prefill_tokens = 1_000;
+        let p = policy();
+        assert_eq!(p.choose(&req(2000), &c).unwrap().chosen, 0);
+        let before = p.choose(&req(2000), &c).unwrap().predicted_ttft_s[1].unwrap();
+        // A prior ten times slower changes every prediction at once.
+        p.reconfigure(&crate::policy::PolicySettings {
+            kv_aware: KvAwareConfig {
+                prefill_rate_tokens_per_s: 2_000.0,
+                calibrate: false,
+                ..Default::default()
+            },
+            ..Default::default()
+        });
+        let after = p.choose(&req(2000), &c).unwrap().predicted_ttft_s[1].unwrap();
+        assert!(after > 5.0 * before, "{before} → {after}");
+        assert_eq!(p.config().prefill_rate_tokens_per_s, 2_000.0);
     }
 
     #[test]

@@ -136,11 +136,12 @@ async fn receive(
         .admit(caller.tenant(), &state.metrics)
         .await?;
     let mut claim = state.admission.bodies().claim();
+    let limits = state.body_limits();
     let bytes = body::read_claimed(
         headers,
         body,
-        state.max_body_bytes,
-        state.body_read_timeout,
+        limits.max_bytes,
+        limits.read_timeout,
         &mut claim,
         &state.metrics,
     )

@@ -17,6 +17,7 @@ mod bench_trace;
 mod body_admission;
 mod body_memory;
 mod chaos;
+mod config_reload;
 mod connections;
 mod discovery_dns;
 mod discovery_kubernetes;
