@@ -26,6 +26,7 @@ pub mod routing;
 pub mod server;
 #[cfg(feature = "lab")]
 pub mod sim;
+pub mod telemetry;
 pub mod tls;
 pub mod tokens;
 #[cfg(feature = "lab")]

@@ -43,6 +43,8 @@ pub(super) struct FileConfig {
     pub(super) admin: Option<FileAdmin>,
     #[serde(default)]
     pub(super) discovery: super::discovery::FileDiscovery,
+    #[serde(default)]
+    pub(super) tracing: super::traces::FileTracing,
 }
 
 #[derive(Deserialize, Debug, Default)]

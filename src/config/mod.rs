@@ -23,6 +23,7 @@ mod proxy;
 mod server;
 mod tenants;
 mod tls;
+mod traces;
 mod values;
 mod workers;
 
@@ -57,6 +58,7 @@ pub use server::{
     DEFAULT_MAX_BODY_BYTES, DEFAULT_SHUTDOWN_GRACE, Deprecation, MOVED_TO_SERVER,
 };
 pub use tenants::{ANY_MODEL, TenantConfig};
+pub use traces::TracingConfig;
 pub use workers::{
     MAX_WORKER_ID_BYTES, WORKER_FLAG_SYNTAX, WorkerFlagError, WorkerSpecError, check_worker,
     names_own_address, parse_worker_flag,
@@ -193,6 +195,8 @@ pub struct Config {
     pub deprecations: Vec<Deprecation>,
     /// Workers found at run time (`[discovery]`).
     pub discovery: DiscoveryConfig,
+    /// OpenTelemetry traces (`[tracing]`).
+    pub tracing: TracingConfig,
 }
 
 impl Config {
@@ -308,6 +312,7 @@ impl Config {
             admin_key_sha256,
             deprecations,
             discovery,
+            tracing: traces::tracing(file.tracing)?,
         })
     }
 }

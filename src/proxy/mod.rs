@@ -28,11 +28,13 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+use tracing::{Instrument, field};
 
 use crate::fleet::Worker;
 use crate::metrics::Metrics;
 use crate::openai::ApiError;
 use crate::routing::{Attempt, Session};
+use crate::telemetry::{self, TARGET as TRACE};
 
 pub use body::{BodyTimeouts, End, ObservedBody, ResponseObserver};
 pub use hops::{HopId, VIA_HEADER};
@@ -181,7 +183,16 @@ impl Upstream {
                     metrics.retries.with_label_values(&[reason]).inc();
                 }
             }
-            let Some(attempt) = session.next_attempt() else {
+            let decided = {
+                let decide = tracing::info_span!(target: TRACE, "decide", attempt = attempt_no, worker = field::Empty);
+                let _in = decide.enter();
+                let decided = session.next_attempt();
+                if let Some(a) = &decided {
+                    decide.record("worker", a.worker.id());
+                }
+                decided
+            };
+            let Some(attempt) = decided else {
                 break;
             };
             let worker_id = attempt.worker.id().to_string();
@@ -271,8 +282,22 @@ impl Upstream {
         if let Ok(host) = HeaderValue::from_str(worker.spec.url.authority().as_str()) {
             req.headers_mut().insert(http::header::HOST, host);
         }
+        // From sending to the response head: connect (or a pooled connection), send, wait.
+        // The worker's own spans are its children.
+        let span = tracing::info_span!(
+            target: TRACE,
+            "upstream_connect",
+            otel.kind = "client",
+            worker = worker.id(),
+            status = field::Empty,
+        );
+        telemetry::propagate(&span, req.headers_mut());
         let sent = tokio::time::timeout(first_byte_timeout, self.client.request(req));
-        match sent.await {
+        let sent = sent.instrument(span.clone()).await;
+        if let Ok(Ok(resp)) = &sent {
+            span.record("status", resp.status().as_u16());
+        }
+        match sent {
             Err(_) => Err(Failure::NoResponse(format!(
                 "no response within {first_byte_timeout:?}"
             ))),

@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue};
 use http_body::Body as _;
+use tracing::{Instrument, field};
 
 use super::access_log::AccessLine;
 use super::admission::{BodyClaim, Ticket};
@@ -19,6 +20,7 @@ use crate::fleet::Worker;
 use crate::openai::{ApiError, Endpoint, RequestView};
 use crate::proxy::{self, BodyTimeouts, ObservedBody};
 use crate::routing::Session;
+use crate::telemetry::{self, TARGET as TRACE};
 
 /// Header naming the worker that served a response.
 pub const WORKER_HEADER: &str = "x-kvroute-worker";
@@ -50,7 +52,32 @@ struct Received {
     claim: BodyClaim,
 }
 
+/// Handles the request inside its `request` span (a child of the client's `traceparent`, when
+/// tracing is on); the span ends with the response's last byte.
 async fn handle(
+    state: Arc<AppState>,
+    endpoint: Endpoint,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let span = tracing::info_span!(
+        target: TRACE,
+        "request",
+        otel.kind = "server",
+        request_id = request_id::of(&headers),
+        endpoint = endpoint.path(),
+        tenant = field::Empty,
+        model = field::Empty,
+        worker = field::Empty,
+        status = field::Empty,
+    );
+    telemetry::continue_trace(&span, &headers);
+    respond(state, endpoint, headers, body)
+        .instrument(span)
+        .await
+}
+
+async fn respond(
     state: Arc<AppState>,
     endpoint: Endpoint,
     headers: HeaderMap,
@@ -107,6 +134,7 @@ fn reject(state: &AppState, model_label: &str, e: ApiError, who: Rejected<'_>) -
         .with_label_values(&[model_label, "-", e.status.as_str()])
         .inc();
     let resp = e.into_response();
+    tracing::Span::current().record("status", resp.status().as_u16());
     AccessLine {
         id: who.id,
         tenant: who.tenant,
@@ -145,6 +173,7 @@ async fn receive(
         &mut claim,
         &state.metrics,
     )
+    .instrument(tracing::info_span!(target: TRACE, "body_read"))
     .await?;
     let view = body::view(endpoint, &bytes).await?;
     let received = Received {
@@ -172,6 +201,11 @@ async fn forward(
         ticket,
         claim,
     } = received;
+    let span = tracing::Span::current();
+    span.record("model", view.model.as_str());
+    if let Some(tenant) = caller.tenant() {
+        span.record("tenant", tenant);
+    }
     Keys::authorize_model(&caller, &view.model)?;
     let salt = caller.cache_salt(view.cache_salt.as_deref());
     let eligible = eligible(state, &view.model)?;
@@ -202,6 +236,7 @@ async fn forward(
             &mut session,
         )
         .await?;
+    span.record("worker", attempt.worker.id());
     let (parts, incoming) = upstream.into_parts();
     let mut out_headers = proxy::headers::client_response_headers(&parts.headers);
     if let Ok(v) = HeaderValue::from_str(attempt.worker.id()) {

@@ -8,6 +8,7 @@ use super::admission::Ticket;
 use crate::metrics::Metrics;
 use crate::proxy::{End, ResponseObserver};
 use crate::routing::Attempt;
+use crate::telemetry::TARGET as TRACE;
 
 /// Who asked, for the access log.
 pub(super) struct Requester {
@@ -31,6 +32,12 @@ pub(super) struct Observer {
     started: Instant,
     requester: Requester,
     ttft: Option<Duration>,
+    /// From the response head to the first token (closed when it arrives).
+    first_token_span: Option<tracing::Span>,
+    /// From the response head to the end of the body.
+    stream_span: tracing::Span,
+    /// The request's own span, which ends with the body.
+    request_span: tracing::Span,
 }
 
 impl Observer {
@@ -51,12 +58,21 @@ impl Observer {
             started,
             requester,
             ttft: None,
+            first_token_span: Some(tracing::info_span!(target: TRACE, "first_token")),
+            stream_span: tracing::info_span!(
+                target: TRACE,
+                "stream",
+                end = tracing::field::Empty,
+                bytes = tracing::field::Empty
+            ),
+            request_span: tracing::Span::current(),
         }
     }
 }
 
 impl ResponseObserver for Observer {
     fn first_token(&mut self) {
+        self.first_token_span = None;
         self.attempt.admitted.first_token();
         if self.status.is_success() {
             let ttft = self.started.elapsed();
@@ -86,6 +102,10 @@ impl ResponseObserver for Observer {
             .requests
             .with_label_values(&[&self.model, self.attempt.worker.id(), status])
             .inc();
+        self.first_token_span = None;
+        self.stream_span.record("end", status);
+        self.stream_span.record("bytes", bytes);
+        self.request_span.record("status", status);
         let duration = self.started.elapsed();
         self.metrics
             .request_duration

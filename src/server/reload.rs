@@ -232,6 +232,7 @@ fn restart_needed(running: &Config, new: &Config) -> Vec<&'static str> {
         ("[index]", differs(&a.index, &b.index)),
         ("[kv_events]", differs(&a.replay_limits, &b.replay_limits)),
         ("[discovery]", differs(&a.discovery, &b.discovery)),
+        ("[tracing]", differs(&a.tracing, &b.tracing)),
     ]
     .into_iter()
     .filter_map(|(key, changed)| changed.then_some(key))

@@ -58,5 +58,6 @@ mod tls;
 mod tokens_chat_templates;
 mod tokens_jinja_parity;
 mod tokens_segments;
+mod tracing_otlp;
 mod unauthenticated_reads;
 mod worker_churn;
