@@ -60,6 +60,7 @@ pub(super) struct FileServer {
     pub(super) http2_keepalive_interval_s: Option<f64>,
     pub(super) http2_keepalive_timeout_s: Option<f64>,
     pub(super) metrics_listen: Option<String>,
+    pub(super) config_reload_interval_s: Option<f64>,
     pub(super) tls: Option<FileServerTls>,
 }
 

@@ -147,6 +147,9 @@ pub struct Config {
     pub listen: SocketAddr,
     /// Where `/metrics` is served instead of on `listen`, when set (`[server] metrics_listen`).
     pub metrics_listen: Option<SocketAddr>,
+    /// How often the config file is checked for a change, which reloads it as SIGHUP does
+    /// (`[server] config_reload_interval_s`); `None`: only on SIGHUP.
+    pub config_reload_interval: Option<Duration>,
     /// The routing policy.
     pub policy: PolicyKind,
     /// Seed for policies' random choices.
@@ -288,6 +291,7 @@ impl Config {
         Ok(Config {
             listen: front.listen,
             metrics_listen: front.metrics_listen,
+            config_reload_interval: front.config_reload_interval,
             policy,
             seed: file.seed.unwrap_or(DEFAULT_SEED),
             log_format: args.log_format.or(file.log_format).unwrap_or_default(),

@@ -119,6 +119,19 @@ fn the_example_discovery_block_loads_when_uncommented() {
 }
 
 #[test]
+fn the_config_file_watch_is_off_unless_given_an_interval() {
+    assert_eq!(load("").unwrap().config_reload_interval, None);
+    let at = |v: &str| load(&format!("[server]\nconfig_reload_interval_s = {v}"));
+    assert_eq!(at("0").unwrap().config_reload_interval, None);
+    assert_eq!(
+        at("2.5").unwrap().config_reload_interval,
+        Some(std::time::Duration::from_millis(2500))
+    );
+    let e = at("-1").unwrap_err().to_string();
+    assert!(e.contains("server.config_reload_interval_s"), "{e}");
+}
+
+#[test]
 fn tracing_settings_are_checked() {
     let c = load(
         "[tracing]\nenabled = true\nendpoint = \"http://c:4318\"\nservice_name = \"r\"\n\

@@ -439,6 +439,13 @@ pub async fn run(
     }
     let stop = handle.stop_token();
     let reloader = reload::Reloader::start(Arc::clone(&handle.state), &loaded, args, &stop);
+    if let Some(every) = config.config_reload_interval {
+        tokio::spawn(reload::on_change(
+            every,
+            Arc::clone(&reloader),
+            stop.clone(),
+        ));
+    }
     tokio::spawn(reload::on_hangup(hangups, reloader, stop.clone()));
     tokio::spawn(async move {
         shutdown_signal().await;

@@ -1,4 +1,5 @@
-//! Live reload of the configuration (SIGHUP): the file is read and validated again, and what
+//! Live reload of the configuration (SIGHUP, and a changed file when
+//! `server.config_reload_interval_s` is set): the file is read and validated again, and what
 //! can change under running traffic is applied without dropping a connection or a request.
 //!
 //! A reload is all or nothing: the new file is validated completely (the same checks as at
@@ -40,6 +41,9 @@ pub struct Reloader {
     started: Config,
     /// The static workers wanted now, for their runner; the lock serialises reloads.
     workers: Mutex<watch::Sender<Desired>>,
+    /// SHA-256 of the file as last read by a reload, applied or refused: the change watch
+    /// reloads a file once per change, not an invalid one at every check.
+    last_read: Mutex<String>,
 }
 
 /// What a reload did.
@@ -84,12 +88,35 @@ impl Reloader {
             state,
             started: config.clone(),
             workers: Mutex::new(tx),
+            last_read: Mutex::new(loaded.sha256.clone()),
         })
+    }
+
+    /// Reloads when the file's bytes differ from those the last reload read (the change
+    /// watch, `server.config_reload_interval_s`); `None` when they do not, or it cannot be
+    /// read now (a ConfigMap update swaps a symlink: the next check sees the new file).
+    pub fn reload_if_changed(&self) -> Option<Outcome> {
+        let path = self.args.config.as_ref()?;
+        let text = std::fs::read(path).ok()?;
+        let sha256 = hex_sha256(&text);
+        if *self.last_read.lock().unwrap_or_else(|e| e.into_inner()) == sha256 {
+            return None;
+        }
+        tracing::info!(path = %path.display(), "the config file changed: reloading it");
+        Some(self.reload())
     }
 
     /// Reads the file again and applies it, or refuses it; logs and counts either way.
     pub fn reload(&self) -> Outcome {
         let workers = self.workers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(text) = self
+            .args
+            .config
+            .as_ref()
+            .and_then(|p| std::fs::read(p).ok())
+        {
+            *self.last_read.lock().unwrap_or_else(|e| e.into_inner()) = hex_sha256(&text);
+        }
         let metrics = &self.state.metrics.config;
         let loaded = match Config::load_hashed(&self.args) {
             Ok(l) => l,
@@ -166,6 +193,30 @@ pub async fn on_hangup(
     }
 }
 
+/// Checks the config file for a change every `interval` until `stop`.
+pub async fn on_change(
+    interval: std::time::Duration,
+    reloader: Arc<Reloader>,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+        let reloader = Arc::clone(&reloader);
+        let _ = tokio::task::spawn_blocking(move || reloader.reload_if_changed()).await;
+    }
+}
+
+fn hex_sha256(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// The static workers of `config` as a desired set.
 fn desired(config: &Config, relists: u64) -> Desired {
     Desired {
@@ -195,6 +246,10 @@ fn restart_needed(running: &Config, new: &Config) -> Vec<&'static str> {
     };
     [
         ("server.listen", differs(&a.listen, &b.listen)),
+        (
+            "server.config_reload_interval_s",
+            differs(&a.config_reload_interval, &b.config_reload_interval),
+        ),
         (
             "server.metrics_listen",
             differs(&a.metrics_listen, &b.metrics_listen),

@@ -256,3 +256,49 @@ async fn sighup_applies_keys_and_workers_without_dropping_a_stream_and_refuses_a
     .await;
     assert_eq!(metric(&text, "kvroute_config_restart_pending"), Some(1.0));
 }
+
+/// With `server.config_reload_interval_s`, a changed file is reloaded without a signal (a
+/// Kubernetes ConfigMap volume is rewritten in place); an invalid one is refused once, not at
+/// every check.
+#[tokio::test]
+async fn a_changed_file_is_reloaded_without_a_signal_when_watched() {
+    let a = Backend::start("a", &["m"]).await;
+    let watched = "[server]\nconfig_reload_interval_s = 0.05\n";
+    let workers = [("w0", a.url())];
+    let v1 = config(&[("alice", "k-alice")], &workers, watched);
+    let (router, file) = RouterProcess::start(&v1).await;
+    let addr = router.addr;
+    assert_eq!(complete_as(addr, "k-alice").await.status(), 200);
+    let write = |text: &str| {
+        std::fs::write(file.path(), format!("listen = \"{addr}\"\n{text}")).unwrap();
+    };
+    write(&config(&[("bob", "k-bob")], &workers, watched));
+    wait_metric(
+        addr,
+        "kvroute_config_reloads_total{result=\"applied\"}",
+        1.0,
+    )
+    .await;
+    assert_eq!(complete_as(addr, "k-bob").await.status(), 200);
+    assert_eq!(complete_as(addr, "k-alice").await.status(), 401);
+    write(&format!(
+        "{}[limits]\nmax_queue = -1\n",
+        config(&[("carol", "k-carol")], &workers, watched)
+    ));
+    wait_metric(
+        addr,
+        "kvroute_config_reloads_total{result=\"refused\"}",
+        1.0,
+    )
+    .await;
+    // Many checks later the same invalid file has not been tried again.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let text = metrics_text(addr).await;
+    assert_eq!(
+        metric(&text, "kvroute_config_reloads_total{result=\"refused\"}"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(complete_as(addr, "k-bob").await.status(), 200);
+    assert_eq!(complete_as(addr, "k-carol").await.status(), 401);
+}
