@@ -5,6 +5,7 @@
 
 #[cfg(feature = "lab")]
 pub mod bench;
+pub mod cli;
 pub mod config;
 #[cfg(feature = "lab")]
 pub mod demo;
@@ -26,6 +27,7 @@ pub mod routing;
 pub mod server;
 #[cfg(feature = "lab")]
 pub mod sim;
+pub mod telemetry;
 pub mod tls;
 pub mod tokens;
 #[cfg(feature = "lab")]

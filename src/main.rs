@@ -1,55 +1,11 @@
 //! The `kvroute` command: one binary, one subcommand per job.
 
-use clap::{Parser, Subcommand};
-use kvroute::config::{Config, LogFormat, ServeArgs};
-
-#[derive(Parser)]
-#[command(
-    name = "kvroute",
-    version,
-    about = "A KV-cache-aware router for LLM serving"
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Route OpenAI requests to a fleet of vLLM / SGLang workers.
-    Serve(ServeArgs),
-    #[cfg(feature = "lab")]
-    /// Run one simulated vLLM-like engine (OpenAI API, KV events, vLLM metrics).
-    Engine(kvroute::engine::EngineArgs),
-    #[cfg(feature = "lab")]
-    /// Run simulated engines and a router in front of them, all on loopback.
-    Demo(kvroute::demo::DemoArgs),
-    #[cfg(feature = "lab")]
-    /// Replay a workload against an OpenAI endpoint (`bench compare` for tables).
-    Bench(kvroute::bench::BenchCli),
-    #[cfg(feature = "lab")]
-    /// Simulate a trace in virtual time against N engine models, for every policy.
-    Simulate(kvroute::sim::SimulateArgs),
-}
-
-/// Logs go to stderr (stdout is for results: `bench` and `simulate` print theirs there), in
-/// colour only when stderr is a terminal: escape codes in a file or a log collector are noise.
-fn init_logging(format: LogFormat) {
-    use std::io::IsTerminal;
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
-}
+use kvroute::cli::Job as Command;
+use kvroute::config::Config;
+use kvroute::telemetry;
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let cli = kvroute::cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -60,32 +16,44 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    let result = runtime.block_on(async {
-        match cli.command {
-            Command::Serve(args) => {
-                let config = Config::load(&args)?;
-                init_logging(config.log_format);
-                config.warn_deprecations();
-                kvroute::server::run(config).await
+    // The work's result, and what must be shut down after it while the runtime still runs
+    // (the trace exporter sends its last spans on it).
+    let result: anyhow::Result<(anyhow::Result<()>, Option<telemetry::Telemetry>)> = runtime
+        .block_on(async {
+            match cli.command {
+                Command::Serve(args) => {
+                    let loaded = Config::load_hashed(&args)?;
+                    let telemetry =
+                        telemetry::init(loaded.config.log_format, Some(&loaded.config.tracing))?;
+                    loaded.config.warn_deprecations();
+                    let served = kvroute::server::run(loaded, args).await;
+                    Ok((served, Some(telemetry)))
+                }
+                #[cfg(feature = "lab")]
+                Command::Engine(args) => {
+                    let _logs = telemetry::init(kvroute::config::LogFormat::Text, None)?;
+                    Ok((kvroute::engine::run(args).await, None))
+                }
+                #[cfg(feature = "lab")]
+                Command::Bench(args) => Ok((kvroute::bench::run(args).await, None)),
+                #[cfg(feature = "lab")]
+                Command::Simulate(args) => {
+                    let _logs = telemetry::init(kvroute::config::LogFormat::Text, None)?;
+                    let ran = tokio::task::spawn_blocking(move || kvroute::sim::run(args)).await?;
+                    Ok((ran, None))
+                }
+                #[cfg(feature = "lab")]
+                Command::Demo(args) => {
+                    let _logs = telemetry::init(kvroute::config::LogFormat::Text, None)?;
+                    Ok((kvroute::demo::run(args).await, None))
+                }
             }
-            #[cfg(feature = "lab")]
-            Command::Engine(args) => {
-                init_logging(LogFormat::Text);
-                kvroute::engine::run(args).await
-            }
-            #[cfg(feature = "lab")]
-            Command::Bench(args) => kvroute::bench::run(args).await,
-            #[cfg(feature = "lab")]
-            Command::Simulate(args) => {
-                init_logging(LogFormat::Text);
-                tokio::task::spawn_blocking(move || kvroute::sim::run(args)).await?
-            }
-            #[cfg(feature = "lab")]
-            Command::Demo(args) => {
-                init_logging(LogFormat::Text);
-                kvroute::demo::run(args).await
-            }
+        });
+    let result = result.and_then(|(ran, telemetry)| {
+        if let Some(t) = telemetry {
+            t.shutdown();
         }
+        ran
     });
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -46,6 +46,7 @@ pub(super) struct FileConfig {
     #[serde(default)]
     pub(super) recording: super::recording::FileRecording,
     pub(super) endpoints: super::endpoints::FileEndpoints,
+    pub(super) tracing: super::traces::FileTracing,
 }
 
 #[derive(Deserialize, Debug, Default)]
@@ -61,6 +62,7 @@ pub(super) struct FileServer {
     pub(super) http2_keepalive_interval_s: Option<f64>,
     pub(super) http2_keepalive_timeout_s: Option<f64>,
     pub(super) metrics_listen: Option<String>,
+    pub(super) config_reload_interval_s: Option<f64>,
     pub(super) tls: Option<FileServerTls>,
 }
 

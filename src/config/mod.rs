@@ -26,6 +26,7 @@ mod recording;
 mod server;
 mod tenants;
 mod tls;
+mod traces;
 mod values;
 mod workers;
 
@@ -35,6 +36,7 @@ use std::time::Duration;
 
 use clap::Args;
 use serde::Deserialize;
+use sha2::Digest;
 use thiserror::Error;
 
 use file::FileConfig;
@@ -63,6 +65,7 @@ pub use server::{
     DEFAULT_MAX_BODY_BYTES, DEFAULT_SHUTDOWN_GRACE, Deprecation, MOVED_TO_SERVER,
 };
 pub use tenants::{ANY_MODEL, TenantConfig};
+pub use traces::TracingConfig;
 pub use workers::{
     MAX_WORKER_ID_BYTES, WORKER_FLAG_SYNTAX, WorkerFlagError, WorkerSpecError, check_worker,
     names_own_address, parse_worker_flag,
@@ -117,7 +120,8 @@ pub enum LogFormat {
     Json,
 }
 
-/// `kvroute serve` flags; each overrides the config file's key of the same meaning.
+/// `kvroute serve` flags; each overrides the config file's key of the same meaning. Each is
+/// also read from its `KVROUTE_*` variable (see [`crate::cli`]).
 #[derive(Args, Debug, Clone, Default)]
 pub struct ServeArgs {
     /// TOML config file (see config/kvroute.example.toml). Without one, the router starts with
@@ -134,8 +138,9 @@ pub struct ServeArgs {
     /// http://h:8000=llama@tcp://h:5557@tcp://h:5558. Models are discovered when omitted;
     /// EVENTS is its KV-event PUB endpoint and REPLAY its replay ROUTER endpoint (tcp:// or
     /// ipc://; with REPLAY the router learns what an idle engine holds when it connects, and
-    /// replays lost batches). Repeat for more workers.
-    #[arg(long = "worker")]
+    /// replays lost batches). Repeat for more workers; in `KVROUTE_WORKER`, separate them with
+    /// spaces.
+    #[arg(long = "worker", value_delimiter = ' ')]
     pub workers: Vec<String>,
     /// Log format.
     #[arg(long, value_enum)]
@@ -153,6 +158,9 @@ pub struct Config {
     pub listen: SocketAddr,
     /// Where `/metrics` is served instead of on `listen`, when set (`[server] metrics_listen`).
     pub metrics_listen: Option<SocketAddr>,
+    /// How often the config file is checked for a change, which reloads it as SIGHUP does
+    /// (`[server] config_reload_interval_s`); `None`: only on SIGHUP.
+    pub config_reload_interval: Option<Duration>,
     /// The routing policy.
     pub policy: PolicyKind,
     /// Seed for policies' random choices.
@@ -205,6 +213,8 @@ pub struct Config {
     pub recording: Option<crate::recording::RecordSettings>,
     /// Endpoints beyond completions and chat (`[endpoints]`).
     pub endpoints: EndpointsConfig,
+    /// OpenTelemetry traces (`[tracing]`).
+    pub tracing: TracingConfig,
 }
 
 impl Config {
@@ -238,11 +248,32 @@ impl Config {
 
     /// Loads the file named by `args.config` (if any), applies the flags, validates.
     pub fn load(args: &ServeArgs) -> Result<Config, ConfigError> {
+        Config::load_hashed(args).map(|l| l.config)
+    }
+
+    /// As [`Config::load`], with the SHA-256 of the file's bytes as read (of nothing without
+    /// a file): what the config metrics show, so an operator can tell which file a replica
+    /// runs (`sha256sum kvroute.toml`).
+    pub fn load_hashed(args: &ServeArgs) -> Result<Loaded, ConfigError> {
+        let text = match &args.config {
+            Some(path) => std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                path: path.to_owned(),
+                source,
+            })?,
+            None => String::new(),
+        };
         let file = match &args.config {
-            Some(path) => read_file(path)?,
+            Some(path) => parse_file(&text, path)?,
             None => FileConfig::default(),
         };
-        Config::build(file, args)
+        let sha256 = sha2::Sha256::digest(text.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        Ok(Loaded {
+            config: Config::build(file, args)?,
+            sha256,
+        })
     }
 
     /// Parses a config from TOML text (no flags); `origin` names it in errors.
@@ -277,6 +308,7 @@ impl Config {
         Ok(Config {
             listen: front.listen,
             metrics_listen: front.metrics_listen,
+            config_reload_interval: front.config_reload_interval,
             policy,
             seed: file.seed.unwrap_or(DEFAULT_SEED),
             log_format: args.log_format.or(file.log_format).unwrap_or_default(),
@@ -303,16 +335,18 @@ impl Config {
             discovery,
             recording,
             endpoints,
+            tracing: traces::tracing(file.tracing)?,
         })
     }
 }
 
-fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-        path: path.to_owned(),
-        source,
-    })?;
-    parse_file(&text, path)
+/// A validated configuration and the digest of the file it came from.
+#[derive(Clone, Debug)]
+pub struct Loaded {
+    /// The configuration.
+    pub config: Config,
+    /// SHA-256 of the file's bytes, in hex.
+    pub sha256: String,
 }
 
 fn parse_file(text: &str, path: &Path) -> Result<FileConfig, ConfigError> {

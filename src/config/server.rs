@@ -164,6 +164,7 @@ pub(super) struct FrontDoor {
     pub(super) body_read_timeout: Duration,
     pub(super) connections: Connections,
     pub(super) metrics_listen: Option<SocketAddr>,
+    pub(super) config_reload_interval: Option<Duration>,
 }
 
 impl FrontDoor {
@@ -213,6 +214,16 @@ impl FrontDoor {
             body_read_timeout,
             connections: Connections::from_file(s)?,
             metrics_listen,
+            // 0 (or absent): reloads on SIGHUP only.
+            config_reload_interval: match s.config_reload_interval_s {
+                None | Some(0.0) => None,
+                Some(x) => Some(seconds(
+                    "server.config_reload_interval_s",
+                    Some(x),
+                    Duration::ZERO,
+                    0.01,
+                )?),
+            },
         })
     }
 }

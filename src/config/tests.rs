@@ -119,6 +119,44 @@ fn the_example_discovery_block_loads_when_uncommented() {
 }
 
 #[test]
+fn the_config_file_watch_is_off_unless_given_an_interval() {
+    assert_eq!(load("").unwrap().config_reload_interval, None);
+    let at = |v: &str| load(&format!("[server]\nconfig_reload_interval_s = {v}"));
+    assert_eq!(at("0").unwrap().config_reload_interval, None);
+    assert_eq!(
+        at("2.5").unwrap().config_reload_interval,
+        Some(std::time::Duration::from_millis(2500))
+    );
+    let e = at("-1").unwrap_err().to_string();
+    assert!(e.contains("server.config_reload_interval_s"), "{e}");
+}
+
+#[test]
+fn tracing_settings_are_checked() {
+    let c = load(
+        "[tracing]\nenabled = true\nendpoint = \"http://c:4318\"\nservice_name = \"r\"\n\
+         sampling_ratio = 0.25",
+    );
+    if cfg!(feature = "otel") {
+        let t = c.unwrap().tracing;
+        assert_eq!(t.enabled, Some(true));
+        assert_eq!(t.endpoint.as_deref(), Some("http://c:4318"));
+        assert_eq!(t.sampling_ratio, Some(0.25));
+    } else {
+        assert!(c.unwrap_err().to_string().contains("otel"));
+    }
+    assert_eq!(load("").unwrap().tracing, TracingConfig::default());
+    for (bad, key) in [
+        ("[tracing]\nsampling_ratio = 1.5", "tracing.sampling_ratio"),
+        ("[tracing]\nendpoint = \"c:4318\"", "tracing.endpoint"),
+        ("[tracing]\nservice_name = \"\"", "tracing.service_name"),
+    ] {
+        let e = load(bad).unwrap_err().to_string();
+        assert!(e.contains(key), "{bad}: {e}");
+    }
+}
+
+#[test]
 fn the_example_config_uses_no_deprecated_key() {
     let c = load(include_str!("../../config/kvroute.example.toml")).unwrap();
     assert!(c.deprecations.is_empty(), "{:?}", c.deprecations);

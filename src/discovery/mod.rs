@@ -52,6 +52,8 @@ pub fn spawn(
         drain_timeout: config.drain_timeout,
         probe_timeout,
         own_addrs: own_addrs.clone(),
+        probe_models: true,
+        adopted: Vec::new(),
     };
     if let Some(dns) = &config.dns {
         let (tx, rx) = watch::channel(Desired::default());

@@ -39,6 +39,13 @@ pub struct RunnerContext {
     pub probe_timeout: Duration,
     /// The router's own addresses: an endpoint there would be a routing loop.
     pub own_addrs: Vec<SocketAddr>,
+    /// Whether a new endpoint joins only once its `/v1/models` answers, with the models it
+    /// lists (discovered endpoints); without, it joins at once with the models its spec names
+    /// and the health checker learns the rest, as the config's static workers do at start.
+    pub probe_models: bool,
+    /// Workers already in the fleet that this source owns from the start (the config's static
+    /// workers, which join with the fleet).
+    pub adopted: Vec<WorkerSpec>,
 }
 
 struct InFlight<'a>(&'a Fleet);
@@ -53,13 +60,16 @@ impl FleetView for InFlight<'_> {
 pub async fn run(
     source: Source,
     mut desired: watch::Receiver<Desired>,
-    ctx: RunnerContext,
+    mut ctx: RunnerContext,
     stop: CancellationToken,
 ) {
     let mut connector = HttpConnector::new();
     connector.set_connect_timeout(Some(ctx.probe_timeout));
     let client: ProbeClient = Client::builder(TokioExecutor::new()).build(connector);
     let mut rec = Reconciler::new(ctx.drain_timeout);
+    for spec in std::mem::take(&mut ctx.adopted) {
+        rec.joined(spec);
+    }
     let count = |kind: &str| {
         ctx.metrics
             .discovery_events
@@ -106,8 +116,13 @@ pub async fn run(
         let probes = joins.into_iter().map(|spec| {
             let client = &client;
             let timeout = ctx.probe_timeout;
+            let probe = ctx.probe_models;
             async move {
-                let models = probe_models(client, &spec, timeout).await;
+                let models = if probe {
+                    probe_models(client, &spec, timeout).await.map(Some)
+                } else {
+                    Ok(None)
+                };
                 (spec, models)
             }
         });
@@ -131,12 +146,12 @@ pub async fn run(
     }
 }
 
-/// Adds `spec` with the `models` it serves, or says why not.
+/// Adds `spec` with the `models` it serves (as probed; `None`: not probed), or says why not.
 fn join(
     ctx: &RunnerContext,
     source: Source,
     spec: WorkerSpec,
-    models: Result<Vec<ServedModel>, String>,
+    models: Result<Option<Vec<ServedModel>>, String>,
 ) -> Result<(), String> {
     check_worker(&spec).map_err(|e| format!("{}: {}", e.field, e.message))?;
     if names_own_address(&spec.url, &ctx.own_addrs) {
@@ -145,7 +160,9 @@ fn join(
     let models = models?;
     match ctx.lifecycle.join_as(spec, source) {
         Ok(w) => {
-            w.set_discovered_models(models);
+            if let Some(models) = models {
+                w.set_discovered_models(models);
+            }
             Ok(())
         }
         Err(JoinError::Exists(e)) => Err(e.to_string()),

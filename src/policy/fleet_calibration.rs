@@ -112,6 +112,14 @@ impl<K: Copy + Eq + Hash> FleetCalibration<K> {
         self.pooled.observe(tokens, decoding, ttft_s);
     }
 
+    /// Replaces the prior (a configuration reload): it takes effect while the pooled fit has
+    /// too few observations to be used; a fit already in use is kept.
+    pub fn set_prior(&mut self, prior: Rates) {
+        if self.pooled.observations() < MIN_OBSERVATIONS {
+            self.pooled = Calibrator::new(prior, self.forgetting);
+        }
+    }
+
     /// The pooled rates (the prior until enough observations).
     pub fn pooled(&self) -> Rates {
         self.pooled.rates()

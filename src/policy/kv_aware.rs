@@ -98,7 +98,9 @@ impl KvAwareConfig {
 /// The cost-model policy.
 #[derive(Debug)]
 pub struct KvAware {
-    config: KvAwareConfig,
+    /// The settings, replaced by a config reload ([`Policy::reconfigure`]); read once per
+    /// decision.
+    config: Mutex<KvAwareConfig>,
     calibration: Mutex<FleetCalibration<WorkerId>>,
     rng: Mutex<StdRng>,
 }
@@ -107,10 +109,15 @@ impl KvAware {
     /// A policy with `config`; `seed` drives tie-breaks and sampling.
     pub fn new(config: KvAwareConfig, seed: u64) -> KvAware {
         KvAware {
-            config,
+            config: Mutex::new(config),
             calibration: Mutex::new(FleetCalibration::new(config.prior(), config.forgetting)),
             rng: Mutex::new(StdRng::seed_from_u64(seed)),
         }
+    }
+
+    /// The settings now.
+    pub fn config(&self) -> KvAwareConfig {
+        *super::lock(&self.config)
     }
 
     /// The rates currently used for `worker`.
@@ -119,14 +126,19 @@ impl KvAware {
     }
 
     /// Predicted TTFT of `request` on `c`, and the cost of sending it there.
-    fn predict(&self, request: &RouteRequest, c: &Candidate, rates: &Rates) -> (f64, f64) {
+    fn predict(
+        config: &KvAwareConfig,
+        request: &RouteRequest,
+        c: &Candidate,
+        rates: &Rates,
+    ) -> (f64, f64) {
         let cached = u64::from(c.overlap_blocks) * u64::from(request.block_size);
         let uncached = request.prompt_tokens.saturating_sub(cached) as f64;
         let tokens = c.load.queued_prefill_tokens as f64 + uncached;
         let decoding = c.load.decoding as f64;
         let ttft = rates.predict(tokens, decoding);
         let stall = uncached * rates.seconds_per_token + rates.overhead_s;
-        (ttft, ttft + self.config.decode_weight * decoding * stall)
+        (ttft, ttft + config.decode_weight * decoding * stall)
     }
 }
 
@@ -143,16 +155,17 @@ impl Policy for KvAware {
         if candidates.is_empty() {
             return None;
         }
+        let config = self.config();
         let (predicted, cost): (Vec<f64>, Vec<f64>) = {
             let calibration = super::lock(&self.calibration);
             candidates
                 .iter()
-                .map(|c| self.predict(request, c, &calibration.rates(c.worker)))
+                .map(|c| Self::predict(&config, request, c, &calibration.rates(c.worker)))
                 .unzip()
         };
         let best = cost.iter().copied().fold(f64::INFINITY, f64::min);
-        let chosen = if self.config.temperature > 0.0 {
-            let scale = self.config.temperature * best.max(1e-3);
+        let chosen = if config.temperature > 0.0 {
+            let scale = config.temperature * best.max(1e-3);
             let weights: Vec<f64> = cost.iter().map(|p| (-(p - best) / scale).exp()).collect();
             let total: f64 = weights.iter().sum();
             let mut x = super::lock(&self.rng).random_range(0.0..total);
@@ -189,8 +202,18 @@ impl Policy for KvAware {
         super::lock(&self.calibration).forget(worker);
     }
 
+    /// A reload's new cost model applies from the next decision: the weights, the temperature
+    /// and the prior (which scores the fleet until the pooled fit has enough observations).
+    /// Rates already fitted are kept (they are measurements of the workers, not settings). The
+    /// seed is not changed.
+    fn reconfigure(&self, settings: &super::PolicySettings) {
+        let config = settings.kv_aware;
+        *super::lock(&self.config) = config;
+        super::lock(&self.calibration).set_prior(config.prior());
+    }
+
     fn observe(&self, o: &Observation) {
-        if !self.config.calibrate {
+        if !self.config().calibrate {
             return;
         }
         super::lock(&self.calibration).observe(

@@ -43,6 +43,28 @@ fn bypasses_a_warm_worker_whose_queue_costs_more_than_the_prefix_saves() {
 }
 
 #[test]
+fn reconfigured_weights_apply_to_the_next_decision() {
+    let mut c = idle(2);
+    c[0].overlap_blocks = 100; // saves 1,600 tokens
+    c[0].load.queued_prefill_tokens = 1_000;
+    let p = policy();
+    assert_eq!(p.choose(&req(2000), &c).unwrap().chosen, 0);
+    let before = p.choose(&req(2000), &c).unwrap().predicted_ttft_s[1].unwrap();
+    // A prior ten times slower changes every prediction at once.
+    p.reconfigure(&crate::policy::PolicySettings {
+        kv_aware: KvAwareConfig {
+            prefill_rate_tokens_per_s: 2_000.0,
+            calibrate: false,
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    let after = p.choose(&req(2000), &c).unwrap().predicted_ttft_s[1].unwrap();
+    assert!(after > 5.0 * before, "{before} → {after}");
+    assert_eq!(p.config().prefill_rate_tokens_per_s, 2_000.0);
+}
+
+#[test]
 fn unique_prompts_spread_by_in_flight_then_randomly() {
     let p = policy();
     let mut c = idle(3);

@@ -110,6 +110,10 @@ pub trait Policy: Send + Sync {
     /// Forgets what was learned about `worker`: it left the fleet, and its id may later name
     /// another worker (default: nothing kept).
     fn forget(&self, _worker: WorkerId) {}
+
+    /// Takes new settings from a config reload, keeping what it learned (default: the policy
+    /// has no settings a reload may change).
+    fn reconfigure(&self, _settings: &PolicySettings) {}
 }
 
 /// Settings of the policies that have any.

@@ -23,17 +23,20 @@ use crate::tls::{self, TlsError, UpstreamTls};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+use tracing::{Instrument, field};
 
 use crate::fleet::Worker;
 use crate::metrics::Metrics;
 use crate::openai::ApiError;
 use crate::routing::{Attempt, Session};
+use crate::telemetry::{self, TARGET as TRACE};
 
 pub use body::{BodyTimeouts, End, ObservedBody, ResponseObserver};
 pub use hops::{HopId, VIA_HEADER};
@@ -79,7 +82,9 @@ impl Default for ProxyConfig {
 #[derive(Clone)]
 pub struct Upstream {
     client: Client<WorkerConnector, Full<Bytes>>,
-    config: ProxyConfig,
+    /// The settings; a config reload swaps in new timeouts and retries ([`Upstream::retune`]),
+    /// which every clone sees from its next request on.
+    config: Arc<ArcSwap<ProxyConfig>>,
     budget: Arc<RetryBudget>,
     /// This router's id in the hop header of what it forwards.
     hop: HopId,
@@ -119,7 +124,7 @@ impl Upstream {
         let budget = Arc::new(RetryBudget::new(config.retry_budget));
         Ok(Upstream {
             client,
-            config,
+            config: Arc::new(ArcSwap::from_pointee(config)),
             budget,
             hop: HopId::random(),
         })
@@ -130,9 +135,24 @@ impl Upstream {
         &self.hop
     }
 
-    /// The settings.
-    pub fn config(&self) -> &ProxyConfig {
-        &self.config
+    /// The settings now.
+    pub fn config(&self) -> Arc<ProxyConfig> {
+        self.config.load_full()
+    }
+
+    /// Applies reloaded settings: the timeouts, the retries and the retry budget, from the
+    /// next request on (a request in flight keeps the ones it started with). The connection
+    /// settings (`connect_timeout`, the pool, TLS) are the client's own and need a restart;
+    /// they are kept as they were.
+    pub fn retune(&self, new: &ProxyConfig) {
+        let old = self.config.load_full();
+        self.budget.set_config(new.retry_budget);
+        self.config.store(Arc::new(ProxyConfig {
+            connect_timeout: old.connect_timeout,
+            pool_max_idle_per_host: old.pool_max_idle_per_host,
+            tls: old.tls.clone(),
+            ..new.clone()
+        }));
     }
 
     /// Sends `body` with `method` to `path` (and query) on workers the routing `session`
@@ -149,13 +169,14 @@ impl Upstream {
         metrics: &Metrics,
         session: &mut Session<'_>,
     ) -> Result<(Attempt, Response<Incoming>), ApiError> {
+        let config = self.config.load_full();
         let mut headers = headers::upstream_request_headers(client_headers);
         self.hop.stamp(&mut headers);
         let mut last_error: Option<ApiError> = None;
         self.budget.record_request(Instant::now());
         let mut retry_reason: Option<&'static str> = None;
         let mut last_answer: Option<(Attempt, Response<Incoming>)> = None;
-        for attempt_no in 0..=self.config.retries {
+        for attempt_no in 0..=config.retries {
             if attempt_no > 0 {
                 if !self.budget.try_retry(Instant::now()) {
                     metrics.retries_denied.inc();
@@ -166,13 +187,29 @@ impl Upstream {
                     metrics.retries.with_label_values(&[reason]).inc();
                 }
             }
-            let Some(attempt) = session.next_attempt() else {
+            let decided = {
+                let decide = tracing::info_span!(target: TRACE, "decide", attempt = attempt_no, worker = field::Empty);
+                let _in = decide.enter();
+                let decided = session.next_attempt();
+                if let Some(a) = &decided {
+                    decide.record("worker", a.worker.id());
+                }
+                decided
+            };
+            let Some(attempt) = decided else {
                 break;
             };
             let worker_id = attempt.worker.id().to_string();
-            let last_chance = attempt_no == self.config.retries;
+            let last_chance = attempt_no == config.retries;
             match self
-                .send(&attempt.worker, method, path, &headers, body.clone())
+                .send(
+                    &attempt.worker,
+                    method,
+                    path,
+                    &headers,
+                    body.clone(),
+                    config.first_byte_timeout,
+                )
                 .await
             {
                 Ok(resp) => {
@@ -242,6 +279,7 @@ impl Upstream {
         path: &str,
         headers: &HeaderMap,
         body: Bytes,
+        first_byte_timeout: Duration,
     ) -> Result<Response<Incoming>, Failure> {
         let mut req = Request::builder()
             .method(method.clone())
@@ -252,11 +290,24 @@ impl Upstream {
         if let Ok(host) = HeaderValue::from_str(worker.spec.url.authority().as_str()) {
             req.headers_mut().insert(http::header::HOST, host);
         }
-        let sent = tokio::time::timeout(self.config.first_byte_timeout, self.client.request(req));
-        match sent.await {
+        // From sending to the response head: connect (or a pooled connection), send, wait.
+        // The worker's own spans are its children.
+        let span = tracing::info_span!(
+            target: TRACE,
+            "upstream_connect",
+            otel.kind = "client",
+            worker = worker.id(),
+            status = field::Empty,
+        );
+        telemetry::propagate(&span, req.headers_mut());
+        let sent = tokio::time::timeout(first_byte_timeout, self.client.request(req));
+        let sent = sent.instrument(span.clone()).await;
+        if let Ok(Ok(resp)) = &sent {
+            span.record("status", resp.status().as_u16());
+        }
+        match sent {
             Err(_) => Err(Failure::NoResponse(format!(
-                "no response within {:?}",
-                self.config.first_byte_timeout
+                "no response within {first_byte_timeout:?}"
             ))),
             Ok(Err(e)) if e.is_connect() => Err(Failure::Connect(error_chain(&e))),
             Ok(Err(e)) => Err(Failure::NoResponse(error_chain(&e))),

@@ -32,6 +32,8 @@ impl Default for RetryBudgetConfig {
 
 #[derive(Debug, Default)]
 struct Window {
+    /// The settings, under the window's lock: a reload changes them between two requests.
+    config: RetryBudgetConfig,
     requests: VecDeque<Instant>,
     retries: VecDeque<Instant>,
 }
@@ -39,7 +41,6 @@ struct Window {
 /// The shared retry budget of one router.
 #[derive(Debug)]
 pub struct RetryBudget {
-    config: RetryBudgetConfig,
     window: Mutex<Window>,
 }
 
@@ -47,8 +48,10 @@ impl RetryBudget {
     /// A budget with `config`.
     pub fn new(config: RetryBudgetConfig) -> RetryBudget {
         RetryBudget {
-            config,
-            window: Mutex::new(Window::default()),
+            window: Mutex::new(Window {
+                config,
+                ..Window::default()
+            }),
         }
     }
 
@@ -71,19 +74,25 @@ impl RetryBudget {
         }
     }
 
+    /// New settings (a config reload); the traffic and retries seen so far still count.
+    pub fn set_config(&self, config: RetryBudgetConfig) {
+        self.lock().config = config;
+    }
+
     /// Counts a client request.
     pub fn record_request(&self, now: Instant) {
         let mut w = self.lock();
-        Self::expire(&mut w, now, self.config.window);
+        let window = w.config.window;
+        Self::expire(&mut w, now, window);
         w.requests.push_back(now);
     }
 
     /// Takes one retry from the budget if any is left.
     pub fn try_retry(&self, now: Instant) -> bool {
         let mut w = self.lock();
-        Self::expire(&mut w, now, self.config.window);
-        let allowed = self.config.ratio * w.requests.len() as f64
-            + self.config.min_per_s * self.config.window.as_secs_f64();
+        let c = w.config;
+        Self::expire(&mut w, now, c.window);
+        let allowed = c.ratio * w.requests.len() as f64 + c.min_per_s * c.window.as_secs_f64();
         if (w.retries.len() as f64) < allowed {
             w.retries.push_back(now);
             true

@@ -12,9 +12,10 @@
 //! of large bodies cannot take more memory than the operator allowed.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
+use arc_swap::ArcSwap;
 use http::StatusCode;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -22,20 +23,107 @@ use crate::config::{Limits, TenantConfig};
 use crate::metrics::Metrics;
 use crate::openai::ApiError;
 
-/// A running request's claim on capacity; dropping it frees the slot.
+/// A running request's claim on capacity; dropping it frees the slot (or, after a reload
+/// lowered a limit, retires it: see [`Pool`]).
 #[derive(Debug)]
 pub struct Ticket {
-    _router: OwnedSemaphorePermit,
-    _tenant: Option<OwnedSemaphorePermit>,
+    _router: Slot,
+    _tenant: Option<Slot>,
+}
+
+/// One permit of a [`Pool`], given back (or retired) when dropped.
+#[derive(Debug)]
+struct Slot {
+    permit: Option<OwnedSemaphorePermit>,
+    pool: Arc<Pool>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some(permit) = self.permit.take()
+            && self.pool.take_debt(1) == 1
+        {
+            // The limit was lowered while this slot was held: the slot goes away with it.
+            permit.forget();
+        }
+    }
+}
+
+/// A limit of requests at once whose size a config reload may change without dropping the
+/// requests that hold its slots: raising it adds permits; lowering it removes the free ones at
+/// once and the rest as their requests end (the pool's debt), so at no time do more requests
+/// run than the higher of the old and the new limit, and soon no more than the new one.
+#[derive(Debug)]
+struct Pool {
+    sem: Arc<Semaphore>,
+    /// The limit, changed under this lock (the debt is read without it by returning slots).
+    size: Mutex<usize>,
+    /// Permits still to retire as held slots are returned.
+    debt: AtomicUsize,
+}
+
+impl Pool {
+    fn new(size: usize) -> Arc<Pool> {
+        Arc::new(Pool {
+            sem: Arc::new(Semaphore::new(size)),
+            size: Mutex::new(size),
+            debt: AtomicUsize::new(0),
+        })
+    }
+
+    /// Takes up to `n` from the debt; how much it took.
+    fn take_debt(&self, n: usize) -> usize {
+        match self
+            .debt
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| {
+                (d > 0).then(|| d - d.min(n))
+            }) {
+            Ok(before) => before.min(n),
+            Err(_) => 0,
+        }
+    }
+
+    fn resize(&self, new: usize) {
+        let mut size = self.size.lock().unwrap_or_else(|e| e.into_inner());
+        if new > *size {
+            let grow = new - *size;
+            let paid = self.take_debt(grow);
+            self.sem.add_permits(grow - paid);
+        } else if new < *size {
+            let shrink = *size - new;
+            let removed = self.sem.forget_permits(shrink);
+            self.debt.fetch_add(shrink - removed, Ordering::AcqRel);
+        }
+        *size = new;
+    }
+
+    fn try_slot(self: &Arc<Self>) -> Option<Slot> {
+        let permit = Arc::clone(&self.sem).try_acquire_owned().ok()?;
+        Some(Slot {
+            permit: Some(permit),
+            pool: Arc::clone(self),
+        })
+    }
+
+    async fn slot(self: &Arc<Self>) -> Option<Slot> {
+        let permit = Arc::clone(&self.sem).acquire_owned().await.ok()?;
+        Some(Slot {
+            permit: Some(permit),
+            pool: Arc::clone(self),
+        })
+    }
 }
 
 /// The router's and each tenant's slots.
 #[derive(Debug)]
 pub struct Admission {
-    limits: Limits,
-    router: Arc<Semaphore>,
+    /// The queue's bounds (`max_queue`, `queue_timeout`), read once per request.
+    limits: ArcSwap<Limits>,
+    router: Arc<Pool>,
     waiting: AtomicUsize,
-    tenants: HashMap<String, Arc<Semaphore>>,
+    tenants: ArcSwap<HashMap<String, Arc<Pool>>>,
+    /// Serialises reloads (the tenant pools are read, resized and swapped as one step).
+    reload: Mutex<()>,
     bodies: BodyBudget,
 }
 
@@ -56,18 +144,46 @@ impl Admission {
     /// Slots for `limits` and each tenant's own limit.
     pub fn new(limits: Limits, tenants: &[TenantConfig]) -> Admission {
         Admission {
-            limits,
-            router: Arc::new(Semaphore::new(limits.max_concurrency)),
+            limits: ArcSwap::from_pointee(limits),
+            router: Pool::new(limits.max_concurrency),
             waiting: AtomicUsize::new(0),
-            tenants: tenants
-                .iter()
-                .filter_map(|t| {
-                    t.max_concurrency
-                        .map(|n| (t.name.clone(), Arc::new(Semaphore::new(n))))
-                })
-                .collect(),
+            tenants: ArcSwap::from_pointee(
+                tenants
+                    .iter()
+                    .filter_map(|t| t.max_concurrency.map(|n| (t.name.clone(), Pool::new(n))))
+                    .collect(),
+            ),
+            reload: Mutex::new(()),
             bodies: BodyBudget::new(limits.max_body_bytes_in_flight),
         }
+    }
+
+    /// Applies reloaded limits: every pool is resized in place, so the requests running now
+    /// keep their slots and count against the new limits. A tenant that keeps its limit keeps
+    /// its pool; a tenant given a limit it did not have starts with an empty pool (its
+    /// requests already running are not counted in it); a tenant that lost its limit or
+    /// left has no pool any more.
+    pub fn update(&self, limits: Limits, tenants: &[TenantConfig]) {
+        let _serial = self.reload.lock().unwrap_or_else(|e| e.into_inner());
+        self.router.resize(limits.max_concurrency);
+        self.bodies.set_limit(limits.max_body_bytes_in_flight);
+        let old = self.tenants.load();
+        let pools: HashMap<String, Arc<Pool>> = tenants
+            .iter()
+            .filter_map(|t| {
+                let n = t.max_concurrency?;
+                let pool = match old.get(&t.name) {
+                    Some(p) => {
+                        p.resize(n);
+                        Arc::clone(p)
+                    }
+                    None => Pool::new(n),
+                };
+                Some((t.name.clone(), pool))
+            })
+            .collect();
+        self.tenants.store(Arc::new(pools));
+        self.limits.store(Arc::new(limits));
     }
 
     /// The budget of body bytes being read and parsed.
@@ -77,10 +193,12 @@ impl Admission {
 
     /// Waits for a slot for a request of `tenant` (if any), or refuses with 429.
     pub async fn admit(&self, tenant: Option<&str>, metrics: &Metrics) -> Result<Ticket, ApiError> {
-        let tenant_slot = match tenant.and_then(|t| self.tenants.get(t)) {
+        let limits = **self.limits.load();
+        let tenant_pool = tenant.and_then(|t| self.tenants.load().get(t).cloned());
+        let tenant_slot = match tenant_pool {
             // A tenant over its own limit is refused at once: waiting would hold a router
             // slot's place in the queue that other tenants could use.
-            Some(sem) => Some(Arc::clone(sem).try_acquire_owned().map_err(|_| {
+            Some(pool) => Some(pool.try_slot().ok_or_else(|| {
                 too_many(
                     "your organisation's concurrent request limit is reached; retry later".into(),
                     "tenant_concurrency",
@@ -89,13 +207,13 @@ impl Admission {
             })?),
             None => None,
         };
-        if let Ok(p) = Arc::clone(&self.router).try_acquire_owned() {
+        if let Some(slot) = self.router.try_slot() {
             return Ok(Ticket {
-                _router: p,
+                _router: slot,
                 _tenant: tenant_slot,
             });
         }
-        if self.waiting.fetch_add(1, Ordering::AcqRel) >= self.limits.max_queue {
+        if self.waiting.fetch_add(1, Ordering::AcqRel) >= limits.max_queue {
             self.waiting.fetch_sub(1, Ordering::AcqRel);
             return Err(too_many(
                 "the router is at capacity and its queue is full; retry later".into(),
@@ -103,21 +221,17 @@ impl Admission {
                 metrics,
             ));
         }
-        let waited = tokio::time::timeout(
-            self.limits.queue_timeout,
-            Arc::clone(&self.router).acquire_owned(),
-        )
-        .await;
+        let waited = tokio::time::timeout(limits.queue_timeout, self.router.slot()).await;
         self.waiting.fetch_sub(1, Ordering::AcqRel);
         match waited {
-            Ok(Ok(p)) => Ok(Ticket {
-                _router: p,
+            Ok(Some(slot)) => Ok(Ticket {
+                _router: slot,
                 _tenant: tenant_slot,
             }),
             _ => Err(too_many(
                 format!(
                     "no capacity became free within {:?}; retry later",
-                    self.limits.queue_timeout
+                    limits.queue_timeout
                 ),
                 "queue_timeout",
                 metrics,
@@ -134,14 +248,15 @@ impl Admission {
 /// The bytes of request bodies being read and parsed at once, router-wide.
 #[derive(Debug)]
 pub struct BodyBudget {
-    limit: usize,
+    /// Shared with the claims, so that a reload's new limit applies to bodies being read.
+    limit: Arc<AtomicUsize>,
     in_flight: Arc<AtomicUsize>,
 }
 
 /// One request's share of the [`BodyBudget`], returned when dropped.
 #[derive(Debug)]
 pub struct BodyClaim {
-    limit: usize,
+    limit: Arc<AtomicUsize>,
     in_flight: Arc<AtomicUsize>,
     bytes: usize,
 }
@@ -150,7 +265,7 @@ impl BodyBudget {
     /// A budget of `limit` bytes.
     pub fn new(limit: usize) -> BodyBudget {
         BodyBudget {
-            limit,
+            limit: Arc::new(AtomicUsize::new(limit)),
             in_flight: Arc::new(AtomicUsize::new(0)),
         }
     }
@@ -158,10 +273,15 @@ impl BodyBudget {
     /// An empty claim, grown as the body arrives.
     pub fn claim(&self) -> BodyClaim {
         BodyClaim {
-            limit: self.limit,
+            limit: Arc::clone(&self.limit),
             in_flight: Arc::clone(&self.in_flight),
             bytes: 0,
         }
+    }
+
+    /// A new limit (a config reload); bytes already claimed stay claimed.
+    fn set_limit(&self, limit: usize) {
+        self.limit.store(limit, Ordering::Release);
     }
 
     /// Bytes claimed now.
@@ -174,7 +294,7 @@ impl BodyClaim {
     /// Claims `n` more bytes, or refuses (429, counted as `body_bytes_in_flight`) when the
     /// budget cannot hold them; a refused claim keeps what it had.
     pub fn grow(&mut self, n: usize, metrics: &Metrics) -> Result<(), ApiError> {
-        let limit = self.limit;
+        let limit = self.limit.load(Ordering::Acquire);
         let grown = self
             .in_flight
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
@@ -267,6 +387,55 @@ mod tests {
         let _b = a.admit(Some("b"), &m).await.unwrap();
         drop(t1);
         assert!(a.admit(Some("a"), &m).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_reload_resizes_limits_without_dropping_held_slots() {
+        let m = Metrics::new();
+        let limits = |n| Limits {
+            max_concurrency: n,
+            max_queue: 0,
+            ..Limits::default()
+        };
+        let a = Admission::new(limits(3), &[tenant("t", Some(2))]);
+        let held: Vec<Ticket> = vec![
+            a.admit(Some("t"), &m).await.unwrap(),
+            a.admit(Some("t"), &m).await.unwrap(),
+            a.admit(None, &m).await.unwrap(),
+        ];
+        // Lowered below what is held: the held slots stay, nothing new is admitted until
+        // enough of them end.
+        a.update(limits(1), &[tenant("t", Some(1))]);
+        assert_eq!(
+            a.admit(None, &m).await.unwrap_err().code,
+            Some("queue_full")
+        );
+        let mut held = held.into_iter();
+        drop(held.next());
+        drop(held.next());
+        assert_eq!(
+            a.admit(None, &m).await.unwrap_err().code,
+            Some("queue_full"),
+            "one slot still held against a limit of one"
+        );
+        drop(held.next());
+        let t = a.admit(Some("t"), &m).await.unwrap();
+        assert_eq!(
+            a.admit(Some("t"), &m).await.unwrap_err().code,
+            Some("tenant_concurrency")
+        );
+        // Raised: new slots at once; the tenant that lost its limit has none of its own.
+        a.update(limits(3), &[tenant("t", None)]);
+        let more = [
+            a.admit(Some("t"), &m).await.unwrap(),
+            a.admit(Some("t"), &m).await.unwrap(),
+        ];
+        assert_eq!(
+            a.admit(None, &m).await.unwrap_err().code,
+            Some("queue_full")
+        );
+        drop((t, more));
+        assert!(a.admit(None, &m).await.is_ok());
     }
 
     #[test]

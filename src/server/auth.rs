@@ -13,6 +13,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use http::{HeaderMap, StatusCode};
 use sha2::{Digest, Sha256};
 
@@ -62,9 +63,16 @@ impl Caller {
     }
 }
 
-/// The configured keys.
+/// The configured keys. A config reload replaces them whole ([`Keys::replace`]): each check
+/// reads one set, never a mix of the old tenants and the new admin key.
 #[derive(Debug, Default)]
 pub struct Keys {
+    set: ArcSwap<KeySet>,
+}
+
+/// One generation of the keys.
+#[derive(Debug, Default)]
+struct KeySet {
     tenants: HashMap<[u8; 32], Arc<TenantConfig>>,
     by_name: HashMap<String, Arc<TenantConfig>>,
     admin: Option<[u8; 32]>,
@@ -102,11 +110,10 @@ fn presented(headers: &HeaderMap) -> Option<[u8; 32]> {
     Some(Sha256::digest(token.as_bytes()).into())
 }
 
-impl Keys {
-    /// Keys from the configuration.
-    pub fn new(tenants: &[TenantConfig], admin: Option<[u8; 32]>) -> Keys {
+impl KeySet {
+    fn new(tenants: &[TenantConfig], admin: Option<[u8; 32]>) -> KeySet {
         let all: Vec<Arc<TenantConfig>> = tenants.iter().cloned().map(Arc::new).collect();
-        Keys {
+        KeySet {
             tenants: all
                 .iter()
                 .map(|t| (t.api_key_sha256, Arc::clone(t)))
@@ -119,29 +126,34 @@ impl Keys {
         }
     }
 
+    fn enabled(&self) -> bool {
+        !self.tenants.is_empty() || self.admin.is_some()
+    }
+}
+
+impl Keys {
+    /// Keys from the configuration.
+    pub fn new(tenants: &[TenantConfig], admin: Option<[u8; 32]>) -> Keys {
+        Keys {
+            set: ArcSwap::from_pointee(KeySet::new(tenants, admin)),
+        }
+    }
+
+    /// Replaces every key at once (a config reload): requests checked from now on see the
+    /// new set; a request already admitted keeps its tenant.
+    pub fn replace(&self, tenants: &[TenantConfig], admin: Option<[u8; 32]>) {
+        self.set.store(Arc::new(KeySet::new(tenants, admin)));
+    }
+
     /// Whether any key is configured.
     pub fn enabled(&self) -> bool {
-        !self.tenants.is_empty() || self.admin.is_some()
+        self.set.load().enabled()
     }
 
     /// The caller of an OpenAI endpoint for `model`: 401 without a valid tenant key, 403 for
     /// a model the tenant may not use.
     pub fn caller(&self, headers: &HeaderMap) -> Result<Caller, ApiError> {
-        if self.tenants.is_empty() {
-            return Ok(Caller::Anonymous);
-        }
-        let Some(digest) = presented(headers) else {
-            return Err(unauthorized(
-                "an API key is required: send `Authorization: Bearer <key>`",
-            ));
-        };
-        match self.tenants.get(&digest) {
-            Some(t) => Ok(Caller::Tenant(Arc::clone(t))),
-            None if Some(digest) == self.admin => Err(forbidden(
-                "the admin key cannot be used for inference; use a tenant key".into(),
-            )),
-            None => Err(unauthorized("the API key is not valid")),
-        }
+        self.set.load().caller(headers)
     }
 
     /// Who is asking for the model list (`GET /v1/models`), which says what the fleet serves:
@@ -149,13 +161,14 @@ impl Keys {
     /// tenants configured, or the admin key: operators check the fleet with it); a tenant sees
     /// the models it may use. 401 without a valid key.
     pub fn model_reader(&self, headers: &HeaderMap) -> Result<Option<Arc<TenantConfig>>, ApiError> {
-        if self.tenants.is_empty() {
+        let set = self.set.load();
+        if set.tenants.is_empty() {
             return Ok(None);
         }
-        if self.admin.is_some() && presented(headers) == self.admin {
+        if set.admin.is_some() && presented(headers) == set.admin {
             return Ok(None);
         }
-        match self.caller(headers)? {
+        match set.caller(headers)? {
             Caller::Tenant(t) => Ok(Some(t)),
             Caller::Anonymous => Ok(None),
         }
@@ -175,6 +188,39 @@ impl Keys {
     /// Admits an admin request: open when no key at all is configured, else the admin key
     /// only (a tenant key is refused, and without an admin key the admin API is off).
     pub fn admin(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        self.set.load().admin(headers)
+    }
+
+    /// The tenant named `name`, for the admin's `/debug/route` on a tenant's behalf.
+    pub fn tenant_named(&self, name: &str) -> Option<Caller> {
+        self.set
+            .load()
+            .by_name
+            .get(name)
+            .map(|t| Caller::Tenant(Arc::clone(t)))
+    }
+}
+
+impl KeySet {
+    fn caller(&self, headers: &HeaderMap) -> Result<Caller, ApiError> {
+        if self.tenants.is_empty() {
+            return Ok(Caller::Anonymous);
+        }
+        let Some(digest) = presented(headers) else {
+            return Err(unauthorized(
+                "an API key is required: send `Authorization: Bearer <key>`",
+            ));
+        };
+        match self.tenants.get(&digest) {
+            Some(t) => Ok(Caller::Tenant(Arc::clone(t))),
+            None if Some(digest) == self.admin => Err(forbidden(
+                "the admin key cannot be used for inference; use a tenant key".into(),
+            )),
+            None => Err(unauthorized("the API key is not valid")),
+        }
+    }
+
+    fn admin(&self, headers: &HeaderMap) -> Result<(), ApiError> {
         if !self.enabled() {
             return Ok(());
         }
@@ -192,13 +238,6 @@ impl Keys {
             )),
             Some(_) => Err(unauthorized("the admin key is not valid")),
         }
-    }
-
-    /// The tenant named `name`, for the admin's `/debug/route` on a tenant's behalf.
-    pub fn tenant_named(&self, name: &str) -> Option<Caller> {
-        self.by_name
-            .get(name)
-            .map(|t| Caller::Tenant(Arc::clone(t)))
     }
 }
 
@@ -269,8 +308,34 @@ mod tests {
             Keys::default().admin(&HeaderMap::new()).is_ok(),
             "open without keys"
         );
-        let no_admin = Keys::new(&[keys().by_name["acme"].as_ref().clone()], None);
+        let acme = keys().set.load().by_name["acme"].as_ref().clone();
+        let no_admin = Keys::new(&[acme], None);
         assert_eq!(no_admin.admin(&bearer("k-acme")).unwrap_err().status, 403);
+    }
+
+    #[test]
+    fn a_replaced_set_applies_whole_to_the_next_check() {
+        let k = keys();
+        let bob = k.caller(&bearer("k-bob")).unwrap();
+        let carol = TenantConfig {
+            name: "carol".into(),
+            api_key_sha256: digest("k-carol"),
+            models: vec!["*".into()],
+            max_concurrency: None,
+        };
+        k.replace(std::slice::from_ref(&carol), Some(digest("k-admin2")));
+        assert_eq!(k.caller(&bearer("k-bob")).unwrap_err().status, 401);
+        assert_eq!(
+            k.caller(&bearer("k-carol")).unwrap().tenant(),
+            Some("carol")
+        );
+        assert!(k.admin(&bearer("k-admin")).is_err());
+        assert!(k.admin(&bearer("k-admin2")).is_ok());
+        assert!(k.tenant_named("bob").is_none());
+        // A caller checked before the reload keeps its tenant.
+        assert_eq!(bob.tenant(), Some("bob"));
+        k.replace(&[], None);
+        assert!(!k.enabled(), "no key left: open again");
     }
 
     #[test]

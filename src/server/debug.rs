@@ -56,7 +56,8 @@ async fn explain(
             ));
         }
     };
-    let bytes = read_limited(headers, body, state.max_body_bytes, state.body_read_timeout).await?;
+    let limits = state.body_limits();
+    let bytes = read_limited(headers, body, limits.max_bytes, limits.read_timeout).await?;
     let json: serde_json::Value = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}"), None))?;
     let view = if json.get("input").is_some() && json.get("prompt").is_none() {

@@ -14,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method};
 use http_body::Body as _;
+use tracing::{Instrument, field};
 
 use super::access_log::AccessLine;
 use super::admission::{BodyClaim, Ticket};
@@ -26,6 +27,7 @@ use crate::fleet::Worker;
 use crate::openai::{ApiError, Endpoint, RequestView};
 use crate::proxy::{self, BodyTimeouts, ObservedBody};
 use crate::routing::{Analysis, Session};
+use crate::telemetry::{self, TARGET as TRACE};
 
 /// Header naming the worker that served a response.
 pub const WORKER_HEADER: &str = "x-kvroute-worker";
@@ -155,7 +157,27 @@ struct Received {
 
 /// Receives, reads, routes and forwards one request; every error is answered in OpenAI's shape
 /// and counted.
+///
+/// The request runs inside its `request` span (a child of the client's `traceparent`, when
+/// tracing is on); the span ends with the response's last byte.
 pub(super) async fn handle(state: Arc<AppState>, call: Call, body: Body, read: Read) -> Response {
+    let span = tracing::info_span!(
+        target: TRACE,
+        "request",
+        otel.kind = "server",
+        request_id = request_id::of(&call.headers),
+        endpoint = call.api.label(),
+        path = call.target.as_str(),
+        tenant = field::Empty,
+        model = field::Empty,
+        worker = field::Empty,
+        status = field::Empty,
+    );
+    telemetry::continue_trace(&span, &call.headers);
+    respond(state, call, body, read).instrument(span).await
+}
+
+async fn respond(state: Arc<AppState>, call: Call, body: Body, read: Read) -> Response {
     let started = Instant::now();
     let id = request_id::of(&call.headers).to_owned();
     let api = call.api;
@@ -259,6 +281,7 @@ fn reject(state: &AppState, e: ApiError, who: Rejected<'_>) -> Response {
 
 /// Counts and logs a request the router answered itself (worker `-`).
 fn answered(state: &AppState, resp: Response, who: Rejected<'_>) -> Response {
+    tracing::Span::current().record("status", resp.status().as_u16());
     // A model name becomes a metric label only once a worker is known to serve it: client
     // strings must not grow the metrics without bound.
     let label = match who.model {
@@ -299,14 +322,16 @@ async fn receive(
         .admit(caller.tenant(), &state.metrics)
         .await?;
     let mut claim = state.admission.bodies().claim();
+    let limits = state.body_limits();
     let bytes = body::read_claimed(
         headers,
         body,
-        state.max_body_bytes,
-        state.body_read_timeout,
+        limits.max_bytes,
+        limits.read_timeout,
         &mut claim,
         &state.metrics,
     )
+    .instrument(tracing::info_span!(target: TRACE, "body_read"))
     .await?;
     let received = Received {
         bytes,
@@ -336,6 +361,13 @@ async fn forward(
         salt,
         affinity,
     } = prepared;
+    let span = tracing::Span::current();
+    if let Some(m) = &model {
+        span.record("model", m.as_str());
+    }
+    if let Some(tenant) = caller.tenant() {
+        span.record("tenant", tenant);
+    }
     if let Some(m) = &model {
         Keys::authorize_model(&caller, m)?;
     }
@@ -401,6 +433,7 @@ async fn forward(
             &mut session,
         )
         .await?;
+    span.record("worker", attempt.worker.id());
     let (parts, incoming) = upstream.into_parts();
     let mut out_headers = proxy::headers::client_response_headers(&parts.headers);
     if let Ok(v) = HeaderValue::from_str(attempt.worker.id()) {

@@ -18,6 +18,7 @@ mod hops;
 mod listen;
 mod observer;
 mod ops;
+pub mod reload;
 mod request_id;
 mod responses;
 mod route;
@@ -60,10 +61,8 @@ pub struct AppState {
     pub upstream: Upstream,
     /// The metrics.
     pub metrics: Metrics,
-    /// Largest accepted request body.
-    pub max_body_bytes: usize,
-    /// Longest a client may take to send its body.
-    pub body_read_timeout: Duration,
+    /// Largest accepted request body and longest a client may take to send it (reloadable).
+    body_limits: arc_swap::ArcSwap<BodyLimits>,
     /// Tokenizers, chat templates and block sizes per model.
     pub tokens: ModelRegistry,
     /// Who holds which block: event-fed and predicted.
@@ -128,8 +127,7 @@ impl AppState {
             upstream: Upstream::new(config.proxy.clone())
                 .map_err(|e| anyhow::anyhow!("proxy.tls: {e}"))?,
             metrics: metrics.clone(),
-            max_body_bytes: config.max_body_bytes,
-            body_read_timeout: config.body_read_timeout,
+            body_limits: arc_swap::ArcSwap::from_pointee(BodyLimits::of(config)),
             tokens: ModelRegistry::load(
                 config.models.iter().map(|m| m.token_source()),
                 config.token_cache_bytes,
@@ -154,6 +152,11 @@ impl AppState {
                 config.endpoints.responses_ttl,
             )),
         })
+    }
+
+    /// The request body limits now (a config reload may change them).
+    pub fn body_limits(&self) -> BodyLimits {
+        **self.body_limits.load()
     }
 
     /// The addresses this router listens on (configured, and bound once started).
@@ -222,6 +225,24 @@ fn recorder(config: &Config, metrics: &Metrics) -> anyhow::Result<Option<Arc<Rec
         Recorder::start(settings, metrics).map_err(|e| anyhow::anyhow!("[recording]: {e}"))?;
     tracing::info!(path = %settings.path.display(), "recording routed requests as a Mooncake trace");
     Ok(Some(Arc::new(recorder)))
+}
+
+/// How large a request body may be and how long its client may take to send it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BodyLimits {
+    /// Largest accepted request body (413 beyond).
+    pub max_bytes: usize,
+    /// Longest a client may take to send its body (408 beyond).
+    pub read_timeout: Duration,
+}
+
+impl BodyLimits {
+    fn of(config: &Config) -> BodyLimits {
+        BodyLimits {
+            max_bytes: config.max_body_bytes,
+            read_timeout: config.body_read_timeout,
+        }
+    }
 }
 
 /// The axum application; `/metrics` is on it unless `metrics_apart` (served by
@@ -430,22 +451,39 @@ fn bind_now(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::from_std(listener)
 }
 
-/// `kvroute serve`: runs until SIGTERM or ctrl-c, then drains.
-pub async fn run(config: Config) -> anyhow::Result<()> {
+/// `kvroute serve`: runs until SIGTERM or ctrl-c, then drains; SIGHUP reloads the
+/// configuration (see [`reload`]). `args` are the flags and variables it was loaded with.
+pub async fn run(
+    loaded: crate::config::Loaded,
+    args: crate::config::ServeArgs,
+) -> anyhow::Result<()> {
+    // Before anything else: SIGHUP's default action ends the process.
+    let hangups = reload::hangups();
+    let config = &loaded.config;
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
-    let handle = start(&config, listener)?;
+    let handle = start(config, listener)?;
     tracing::info!(
         addr = %handle.addr,
         policy = %config.policy,
         workers = config.workers.len(),
+        config_sha256 = %loaded.sha256,
         "kvroute is serving"
     );
     if let Some(at) = handle.metrics_addr {
         tracing::info!(addr = %at, "metrics are served on their own address");
     }
     let stop = handle.stop_token();
+    let reloader = reload::Reloader::start(Arc::clone(&handle.state), &loaded, args, &stop);
+    if let Some(every) = config.config_reload_interval {
+        tokio::spawn(reload::on_change(
+            every,
+            Arc::clone(&reloader),
+            stop.clone(),
+        ));
+    }
+    tokio::spawn(reload::on_hangup(hangups, reloader, stop.clone()));
     tokio::spawn(async move {
         shutdown_signal().await;
         tracing::info!("shutdown requested; draining in-flight requests");

@@ -14,6 +14,7 @@ use crate::metrics::Metrics;
 use crate::proxy::output_tokens::OutputTokens;
 use crate::proxy::{End, ResponseObserver};
 use crate::routing::Attempt;
+use crate::telemetry::TARGET as TRACE;
 
 /// Who asked, for the access log.
 pub(super) struct Requester {
@@ -63,6 +64,12 @@ pub(super) struct Observer {
     /// The output tokens counted, when a trace is recorded.
     output: Option<OutputTokens>,
     affinity: Option<Affinity>,
+    /// From the response head to the first token (closed when it arrives).
+    first_token_span: Option<tracing::Span>,
+    /// From the response head to the end of the body.
+    stream_span: tracing::Span,
+    /// The request's own span, which ends with the body.
+    request_span: tracing::Span,
 }
 
 impl Observer {
@@ -87,6 +94,14 @@ impl Observer {
             trail: Trail::Off,
             output: None,
             affinity: None,
+            first_token_span: Some(tracing::info_span!(target: TRACE, "first_token")),
+            stream_span: tracing::info_span!(
+                target: TRACE,
+                "stream",
+                end = tracing::field::Empty,
+                bytes = tracing::field::Empty
+            ),
+            request_span: tracing::Span::current(),
         }
     }
 
@@ -107,6 +122,7 @@ impl Observer {
 
 impl ResponseObserver for Observer {
     fn first_token(&mut self) {
+        self.first_token_span = None;
         self.attempt.admitted.first_token();
         if self.status.is_success() && self.requester.api.generates() {
             let ttft = self.started.elapsed();
@@ -145,6 +161,10 @@ impl ResponseObserver for Observer {
             .requests
             .with_label_values(&[endpoint, &self.model, self.attempt.worker.id(), status])
             .inc();
+        self.first_token_span = None;
+        self.stream_span.record("end", status);
+        self.stream_span.record("bytes", bytes);
+        self.request_span.record("status", status);
         let duration = self.started.elapsed();
         self.metrics
             .request_duration

@@ -9,11 +9,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use http::StatusCode;
+use tracing::Instrument;
 
 use super::AppState;
 use crate::index::Overlaps;
 use crate::openai::{ApiError, Input, Prompt, RequestView};
 use crate::routing::Analysis;
+use crate::telemetry::TARGET as TRACE;
 use crate::tokens::model::{adapter_name, hash_seed};
 use crate::tokens::{HashSeed, ModelTokens, TokenError};
 
@@ -42,13 +44,21 @@ pub(super) async fn analyse(
     let (tokens, seed) = tokens_and_seed(state, &view.model, cache_salt);
     let block_size = tokens.block_size();
     let started = Instant::now();
-    let (ids, view) = match take_token_ids(&mut view) {
-        Some(ids) => (Ok(ids), view),
-        None if body_bytes < INLINE_TOKENIZE_BYTES => (tokens.prompt_ids(&view), view),
-        None => tokio::task::spawn_blocking(move || (tokens.prompt_ids(&view), view))
-            .await
-            .map_err(|e| internal(format!("tokenizer task failed: {e}")))?,
-    };
+    let span = tracing::info_span!(target: TRACE, "tokenize", tokens = tracing::field::Empty);
+    let (ids, view) = async move {
+        match take_token_ids(&mut view) {
+            Some(ids) => Ok((Ok(ids), view)),
+            None if body_bytes < INLINE_TOKENIZE_BYTES => Ok((tokens.prompt_ids(&view), view)),
+            None => tokio::task::spawn_blocking(move || (tokens.prompt_ids(&view), view))
+                .await
+                .map_err(|e| internal(format!("tokenizer task failed: {e}"))),
+        }
+    }
+    .instrument(span.clone())
+    .await?;
+    if let Ok(ids) = &ids {
+        span.record("tokens", ids.len());
+    }
     let ids = match ids {
         Ok(ids) => ids,
         Err(e) if e.is_client_error() => {
