@@ -45,7 +45,9 @@ pub(super) struct FileConfig {
     pub(super) discovery: super::discovery::FileDiscovery,
     #[serde(default)]
     pub(super) recording: super::recording::FileRecording,
+    #[serde(default)]
     pub(super) endpoints: super::endpoints::FileEndpoints,
+    #[serde(default)]
     pub(super) tracing: super::traces::FileTracing,
 }
 
