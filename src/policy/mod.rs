@@ -8,7 +8,6 @@
 pub mod cache_aware;
 pub mod calibration;
 pub mod dynamo_cost;
-pub mod fleet_calibration;
 mod kind;
 pub mod kv_aware;
 pub mod least_request;
