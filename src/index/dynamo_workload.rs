@@ -267,7 +267,7 @@ impl Workload {
             let worker = if u < p.random_route {
                 random_worker
             } else {
-                mix64(root as u64 ^ 0x5EED_0F_0000) % p.workers
+                mix64(root as u64 ^ 0x005E_ED0F_0000) % p.workers
             };
             let hashes = chain_from(roots[root].hashes.last().copied(), &tokens, p.block_size);
             reqs.push(Request {

@@ -186,7 +186,7 @@ impl KvIndex {
         batch: &EventBatch,
         hashes: &[Vec<BlockHash>],
     ) -> Applied {
-        let given: Hashes<'_, fn(Option<&str>, Option<&str>) -> HashSeed> = Hashes::Given(hashes);
+        let given: Hashes<'_, NoSeeds> = Hashes::Given(hashes);
         self.apply_with(worker, batch, given, &mut Vec::new())
     }
 
@@ -381,6 +381,9 @@ impl KvIndex {
         self.read().map.kvroute_of(worker, id)
     }
 }
+
+/// The seeds type of [`Hashes::Given`], which needs none.
+type NoSeeds = fn(Option<&str>, Option<&str>) -> HashSeed;
 
 /// Where the kvroute hashes of a batch's BlockStored events come from.
 enum Hashes<'a, S> {

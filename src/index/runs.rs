@@ -60,7 +60,7 @@ impl Loc {
     /// aside. The all-ones word is never a packed location.
     pub(crate) fn pack(self) -> Option<u32> {
         (self.run < (1 << RUN_BITS) - 1 && (self.offset as usize) < MAX_RUN)
-            .then(|| self.run << OFFSET_BITS | self.offset)
+            .then_some(self.run << OFFSET_BITS | self.offset)
     }
 
     /// The inverse of [`Loc::pack`].
