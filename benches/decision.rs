@@ -2,6 +2,8 @@
 //! render the chat template, tokenize (the system prompt's piece from the segment cache, the
 //! new question from the tokenizer), hash the blocks, look up 16 workers in the index, score
 //! with `kv_aware` and admit, through the live decision core. Two shapes: a short new question (~500 tokens) and a long one (~2,000).
+//! The short one is also decided among 256 and 1,024 workers of the model, an eighth of which
+//! hold the system prompt in the exact index (applied as KV events).
 //!
 //! `cargo bench --bench decision`
 
@@ -15,6 +17,7 @@ use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use kvroute::fleet::WorkerId;
 use kvroute::fleet::{BaseUrl, LoadGuard, Worker, WorkerSpec};
 use kvroute::index::Holdings;
+use kvroute::kv_events::{BlockStored, EngineHash, EventBatch, KvEvent};
 use kvroute::openai::{Endpoint, RequestView};
 use kvroute::policy::{KvAware, KvAwareConfig};
 use kvroute::routing::Decider;
@@ -46,11 +49,12 @@ fn decide(model: &ModelTokens, decider: &Decider, workers: &[Arc<Worker>], v: &R
     admitted.worker().0
 }
 
-/// 16 workers with events (nothing is predicted on admission) and uneven load: worker `w`
-/// holds `w % 7` decoding requests and one request with `w × 700` tokens still to prefill.
-fn fleet() -> (Vec<Arc<Worker>>, Vec<LoadGuard>) {
+/// `n` workers with events (nothing is predicted on admission) and uneven load: worker `w`
+/// holds `w % 7` decoding requests and one request with `(w % 16) × 700` tokens still to
+/// prefill.
+fn fleet(n: u32) -> (Vec<Arc<Worker>>, Vec<LoadGuard>) {
     let mut guards = Vec::new();
-    let workers: Vec<Arc<Worker>> = (0..16u32)
+    let workers: Vec<Arc<Worker>> = (0..n)
         .map(|w| {
             let spec = WorkerSpec {
                 id: format!("w{w}"),
@@ -67,7 +71,8 @@ fn fleet() -> (Vec<Arc<Worker>>, Vec<LoadGuard>) {
                 g.first_token();
                 guards.push(g);
             }
-            guards.push(worker.load.admit(u64::from(w) * 3000, u64::from(w) * 700));
+            let w16 = u64::from(w % 16);
+            guards.push(worker.load.admit(w16 * 3000, w16 * 700));
             worker
         })
         .collect();
@@ -77,7 +82,7 @@ fn fleet() -> (Vec<Arc<Worker>>, Vec<LoadGuard>) {
 fn benches(c: &mut Criterion) {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizers/qwen3");
     let model = ModelTokens::from_hf_dir(&dir, 16, DEFAULT_CACHE_UNITS).expect("qwen3 loads");
-    let (workers, _guards) = fleet();
+    let (workers, _guards) = fleet(16);
     let mut g = c.benchmark_group("decision_8k_chat");
     g.sample_size(20)
         .warm_up_time(Duration::from_secs(1))
@@ -113,6 +118,52 @@ fn benches(c: &mut Criterion) {
                 BatchSize::SmallInput,
             )
         });
+    }
+    for n in [256u32, 1024] {
+        let (workers, _guards) = fleet(n);
+        let (system_words, question_words) = (5_600, 380);
+        let system = prose::words(system_words, 1);
+        let first = view(&system, "warm-up question");
+        let ids = model.prompt_ids(&first).expect("tokenizes");
+        let holdings = Arc::new(Holdings::default());
+        let decider = Decider::new(
+            Arc::new(KvAware::new(KvAwareConfig::default(), 1)),
+            Arc::clone(&holdings),
+        );
+        // An eighth of the fleet holds the system prompt's blocks, as its engines announced.
+        let full = ids.len() / 16 * 16;
+        let seeds = kvroute::index::seeds_for("qwen3");
+        for w in (3..n).step_by(8) {
+            let batch = EventBatch {
+                ts: 0.0,
+                events: vec![KvEvent::Stored(BlockStored {
+                    block_hashes: (0..(full / 16) as u64)
+                        .map(|i| EngineHash(u64::from(w) << 32 | i))
+                        .collect(),
+                    token_ids: ids[..full].to_vec(),
+                    block_size: 16,
+                    ..BlockStored::default()
+                })],
+                dp_rank: None,
+            };
+            holdings.exact.apply(WorkerId(w), &batch, &seeds);
+        }
+        let n_q = AtomicU64::new(10);
+        g.bench_function(
+            format!("seen_system_prompt_new_500_token_question_{n}_workers"),
+            |b| {
+                b.iter_batched(
+                    || {
+                        view(
+                            &system,
+                            &prose::words(question_words, n_q.fetch_add(1, Ordering::Relaxed)),
+                        )
+                    },
+                    |v| black_box(decide(&model, &decider, &workers, &v)),
+                    BatchSize::SmallInput,
+                )
+            },
+        );
     }
     g.finish();
 }

@@ -1,22 +1,28 @@
-//! Index benchmark on the workload of issue 4 (see `kvroute::index::workload`), reporting the
-//! figures compared with NVIDIA Dynamo's indexers: blocks applied per second on one thread,
-//! lookup latency percentiles over 100,000 lookups, and bytes per (block, worker) pair; then
-//! criterion micro-benchmarks of single operations.
+//! Index benchmark on NVIDIA Dynamo's indexer workload (`kvroute::index::dynamo_workload`, the
+//! generator of the comparison tool that runs Dynamo's indexers side by side): events applied
+//! through `KvIndex::apply` as the event feed calls it (token ids rehashed), lookups through
+//! `Holdings::lookup` as the request path calls it, live heap per (block, worker) pair, and the
+//! score digest every correct index prints. Then the fleet-size and threading curves.
 //!
-//! Run: `cargo bench --bench index` (add `-- --report-only` to skip criterion).
+//! ```text
+//! cargo bench --bench index                      # apply, memory, lookups (Dynamo's workload)
+//! cargo bench --bench index -- --apply-only      # apply only, more rounds (for profiling)
+//! cargo bench --bench index -- --fleet           # lookup/decision/memory/churn vs fleet size
+//! cargo bench --bench index -- --threads         # sharded apply with 1, 2, 4 writer threads
+//! ```
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::sync::atomic::{AtomicIsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use criterion::Criterion;
-use hdrhistogram::Histogram;
 use kvroute::fleet::WorkerId;
-use kvroute::index::workload::{Workload, WorkloadConfig, engine_id, seed};
-use kvroute::index::{IndexConfig, KvIndex};
-use kvroute::kv_events::{BlockRemoved, EventBatch, KvEvent};
-use kvroute::tokens::HashSeed;
+use kvroute::index::dynamo_workload::{DIGEST, Params, Workload, fold_digest, seeds};
+use kvroute::index::{ApproxConfig, ApproxIndex, Holdings, IndexConfig, KvIndex};
+use kvroute::kv_events::EventBatch;
+
+#[path = "common/index_fleet.rs"]
+mod index_fleet;
 
 /// Counts live heap bytes, so the index's footprint is measured, not estimated.
 struct Counting;
@@ -31,6 +37,11 @@ unsafe impl GlobalAlloc for Counting {
         LIVE.fetch_add(l.size() as isize, Relaxed);
         // SAFETY: forwarded unchanged to the system allocator.
         unsafe { System.alloc(l) }
+    }
+    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+        LIVE.fetch_add(l.size() as isize, Relaxed);
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { System.alloc_zeroed(l) }
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
         LIVE.fetch_sub(l.size() as isize, Relaxed);
@@ -47,13 +58,50 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOC: Counting = Counting;
 
-fn seeds(_: Option<&str>, _: Option<&str>) -> HashSeed {
-    seed()
+/// Live heap bytes now.
+pub fn live_heap() -> isize {
+    LIVE.load(Relaxed)
+}
+
+/// Events materialised per timed chunk, as in the comparison tool (the batches of one chunk
+/// are decoded just before they are applied, as a feed receives them).
+const CHUNK: usize = 2_000;
+
+/// What the index is told about the workers' KV capacities before the events arrive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Capacity {
+    /// Nothing (a cold router): the engine-id maps grow as the caches fill.
+    Unknown,
+    /// Each worker's peak holdings reserved first (untimed), as after reading `num_gpu_blocks`.
+    Reserved,
+}
+
+impl Capacity {
+    fn name(self) -> &'static str {
+        match self {
+            Capacity::Unknown => "capacities unknown",
+            Capacity::Reserved => "capacities reserved",
+        }
+    }
+}
+
+/// The index as the router builds it (default `[index]` settings).
+pub fn holdings() -> Holdings {
+    let d = kvroute::config::IndexSettings::default();
+    Holdings::new(
+        KvIndex::new(IndexConfig {
+            max_entries: d.max_entries,
+        }),
+        ApproxIndex::new(ApproxConfig {
+            ttl: d.approx_ttl,
+            capacity_per_worker: d.approx_capacity_blocks,
+        }),
+    )
 }
 
 /// CPU time of this thread: on a machine shared with other jobs, wall time also counts the
 /// time the scheduler gave to someone else.
-fn thread_cpu_time() -> Duration {
+pub fn thread_cpu() -> Duration {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -66,227 +114,156 @@ fn thread_cpu_time() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
-/// What the index is told about the workers' KV capacities before the events arrive.
-#[derive(Clone, Copy, Debug)]
-enum Capacity {
-    /// Nothing: the engine-id maps grow as the caches fill.
-    Unknown,
-    /// Each worker's own peak holdings, the smallest `num_gpu_blocks` its engine could have.
-    PerWorker,
-    /// The largest peak for every worker, as a fleet of identical replicas would report:
-    /// most of these caches never fill in the workload, so this costs memory per live pair.
-    Uniform,
-    /// Unknown, but the maps are warm: the workload was applied and removed once before (a
-    /// router that has run past its caches' warm-up), so they grow no more.
-    Warm,
+/// Applies the whole stream to a fresh index; returns it and the wall and thread-CPU time
+/// spent in `apply`.
+fn build(w: &Workload, capacity: Capacity) -> (Holdings, Duration, Duration) {
+    let h = holdings();
+    if capacity == Capacity::Reserved {
+        for (i, peak) in w.peak.iter().enumerate() {
+            h.exact.reserve(WorkerId(i as u32), *peak as usize);
+        }
+    }
+    let (mut wall, mut cpu) = (Duration::ZERO, Duration::ZERO);
+    let mut start = 0;
+    while start < w.events() {
+        let end = (start + CHUNK).min(w.events());
+        let batches: Vec<(WorkerId, EventBatch)> = (start..end).map(|i| w.batch(i)).collect();
+        let (t, c) = (Instant::now(), thread_cpu());
+        for (worker, batch) in batches {
+            h.exact.apply(worker, &batch, &seeds);
+        }
+        wall += t.elapsed();
+        cpu += thread_cpu() - c;
+        start = end;
+    }
+    (h, wall, cpu)
 }
 
-impl Capacity {
-    const ALL: [Capacity; 4] = [
-        Capacity::Unknown,
-        Capacity::PerWorker,
-        Capacity::Uniform,
-        Capacity::Warm,
-    ];
-
-    fn name(self) -> &'static str {
-        match self {
-            Capacity::Unknown => "unknown",
-            Capacity::PerWorker => "known, per-worker peak",
-            Capacity::Uniform => "known, uniform (largest peak)",
-            Capacity::Warm => "unknown, maps warm (second pass)",
-        }
-    }
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
-/// Applies every batch to a fresh index; returns it with the wall and CPU time taken. Known
-/// capacities are reserved first, untimed: a router learns them once, when a worker joins
-/// (vLLM's `num_gpu_blocks`), not per event.
-fn build(w: &Workload, capacity: Capacity) -> (KvIndex, Duration, Duration) {
-    let idx = KvIndex::new(IndexConfig::default());
-    let largest = w.peak_held.iter().copied().max().unwrap_or(0);
-    for (i, peak) in w.peak_held.iter().enumerate() {
-        let blocks = match capacity {
-            Capacity::Unknown | Capacity::Warm => 0,
-            Capacity::PerWorker => *peak,
-            Capacity::Uniform => largest,
-        };
-        if blocks > 0 {
-            idx.reserve(WorkerId(i as u32), blocks);
-        }
-    }
-    if matches!(capacity, Capacity::Warm) {
-        for (worker, b) in &w.batches {
-            idx.apply(*worker, b, &seeds);
-        }
-        // Every worker removes what it holds: the index is empty again, its maps as grown.
-        for (i, held) in w.held.iter().enumerate() {
-            let worker = WorkerId(i as u32);
-            let removed = BlockRemoved {
-                block_hashes: held.iter().map(|b| engine_id(worker, *b)).collect(),
-                ..BlockRemoved::default()
-            };
-            let batch = EventBatch {
-                ts: 0.0,
-                events: vec![KvEvent::Removed(removed)],
-                dp_rank: None,
-            };
-            idx.apply(worker, &batch, &seeds);
-        }
-        assert_eq!(idx.entries(), 0, "the removals emptied the index");
-    }
-    let (t, cpu) = (Instant::now(), thread_cpu_time());
-    for (worker, b) in &w.batches {
-        idx.apply(*worker, b, &seeds);
-    }
-    (idx, t.elapsed(), thread_cpu_time() - cpu)
-}
-
-/// Builds the index `rounds` times per capacity mode, the modes interleaved so all see the
-/// same machine, and prints the best of each.
+/// Builds `rounds` times per mode, the modes alternating; prints the median and range.
 fn apply_rounds(w: &Workload, rounds: usize) {
-    let blocks = w.blocks_stored + w.blocks_removed;
-    let mut best = [(Duration::MAX, Duration::MAX); Capacity::ALL.len()];
+    let blocks = (w.stored_blocks + w.removed_blocks) as f64;
+    let mut rates = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
     for _ in 0..rounds {
-        for (i, capacity) in Capacity::ALL.into_iter().enumerate() {
-            let (idx, wall, cpu) = build(w, capacity);
-            drop(idx);
-            best[i] = (best[i].0.min(wall), best[i].1.min(cpu));
+        for (i, capacity) in [Capacity::Unknown, Capacity::Reserved]
+            .into_iter()
+            .enumerate()
+        {
+            let (h, wall, cpu) = build(w, capacity);
+            drop(h);
+            rates[2 * i].push(blocks / wall.as_secs_f64() / 1e6);
+            rates[2 * i + 1].push(blocks / cpu.as_secs_f64() / 1e6);
         }
     }
-    for (capacity, (wall, cpu)) in Capacity::ALL.into_iter().zip(best) {
+    for (i, capacity) in [Capacity::Unknown, Capacity::Reserved]
+        .into_iter()
+        .enumerate()
+    {
+        let range = |r: &[f64]| {
+            (
+                r.iter().copied().fold(f64::MAX, f64::min),
+                r.iter().copied().fold(0.0, f64::max),
+            )
+        };
+        let (wlo, whi) = range(&rates[2 * i]);
+        let (clo, chi) = range(&rates[2 * i + 1]);
         println!(
-            "apply, capacity {} (1 thread, best of {rounds}, stored + removed blocks, tokens \
-             rehashed): {blocks} blocks in {wall:.1?} wall = {:.1} M blocks/s; {cpu:.1?} \
-             thread CPU = {:.1} M blocks/s",
+            "apply, {} (1 thread, tokens rehashed, {rounds} builds): median {:.1} M blocks/s \
+             wall ({wlo:.1}–{whi:.1}), {:.1} M blocks/s thread CPU ({clo:.1}–{chi:.1})",
             capacity.name(),
-            blocks as f64 / wall.as_secs_f64() / 1e6,
-            blocks as f64 / cpu.as_secs_f64() / 1e6,
+            median(&mut rates[2 * i]),
+            median(&mut rates[2 * i + 1]),
         );
     }
 }
 
-/// Builds the index once more and prints its live heap per (block, worker) pair.
-fn memory(w: &Workload, capacity: Capacity) -> KvIndex {
-    let before = LIVE.load(Relaxed);
-    let (idx, _, _) = build(w, capacity);
-    let live = (LIVE.load(Relaxed) - before) as f64;
-    let entries = idx.entries();
-    assert_eq!(entries, w.live_pairs(), "index disagrees with the engines");
+/// Builds once more and prints the live heap per (block, worker) pair.
+fn memory(w: &Workload, capacity: Capacity) -> Holdings {
+    let before = live_heap();
+    let (h, _, _) = build(w, capacity);
+    let live = (live_heap() - before) as f64;
+    let entries = h.exact.entries();
+    assert_eq!(
+        entries as u64, w.live_pairs,
+        "index disagrees with the engines"
+    );
     println!(
-        "memory, capacity {}: {entries} (block, worker) pairs, {:.1} MB live heap = {:.1} \
-         bytes/pair (table capacity {:.1} bytes/pair)",
+        "memory, {}: {entries} (block, worker) pairs, {:.1} MB live heap = {:.1} bytes/pair",
         capacity.name(),
         live / 1e6,
         live / entries as f64,
-        idx.heap_bytes() as f64 / entries as f64
     );
-    idx
+    h
 }
 
-/// Times every lookup of the workload once and prints the percentiles.
-fn lookup_pass(w: &Workload, idx: &KvIndex, pass: u32) {
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 10_000_000, 3).expect("bounds");
-    let mut matched = Histogram::<u64>::new(3).expect("bounds");
-    let mut buf = Vec::new();
-    let (mut probed, mut hits) = (0usize, 0usize);
-    for i in 0..w.lookups() {
-        w.lookup_into(i, &mut buf);
+/// Times every lookup once through `Holdings::lookup`; prints percentiles and the digest.
+fn lookup_pass(w: &Workload, h: &Holdings, pass: u32) {
+    let mut ns = Vec::with_capacity(w.params.lookups);
+    let mut digest = 0u64;
+    let now = Duration::from_secs(1);
+    for (_, q) in w.queries() {
         let t = Instant::now();
-        let o = idx.lookup(black_box(&buf));
-        let ns = t.elapsed().as_nanos() as u64;
-        hist.saturating_record(ns.max(1));
-        probed += buf.len();
-        hits += usize::from(!o.is_empty());
-        matched.saturating_record(u64::from(o.max()));
-        black_box(o);
+        let o = h.lookup(black_box(&q), now);
+        drop(q);
+        ns.push(t.elapsed().as_nanos() as u64);
+        digest = fold_digest(digest, &o);
     }
+    ns.sort_unstable();
+    let p = |q: f64| ns[((ns.len() - 1) as f64 * q).round() as usize];
     println!(
-        "lookup pass {pass} ({} lookups, {:.0} blocks avg, {:.0} % hit some worker): \
-         median {:.2} µs, p90 {:.2} µs, p99 {:.2} µs, p99.9 {:.2} µs, max {:.2} µs",
-        w.lookups(),
-        probed as f64 / w.lookups() as f64,
-        100.0 * hits as f64 / w.lookups() as f64,
-        hist.value_at_quantile(0.5) as f64 / 1e3,
-        hist.value_at_quantile(0.9) as f64 / 1e3,
-        hist.value_at_quantile(0.99) as f64 / 1e3,
-        hist.value_at_quantile(0.999) as f64 / 1e3,
-        hist.max() as f64 / 1e3,
+        "lookup pass {pass} ({} lookups through Holdings::lookup): p50 {} ns, p90 {} ns, p99 {} \
+         ns, p99.9 {} ns, max {} ns; digest {digest:016x} ({})",
+        ns.len(),
+        p(0.5),
+        p(0.9),
+        p(0.99),
+        p(0.999),
+        ns[ns.len() - 1],
+        if digest == DIGEST {
+            "as every correct index"
+        } else {
+            "WRONG"
+        },
     );
-    if pass == 1 {
-        println!(
-            "  longest match per lookup (blocks probed = this + 1): median {}, p90 {}, p99 {}, \
-             max {}",
-            matched.value_at_quantile(0.5),
-            matched.value_at_quantile(0.9),
-            matched.value_at_quantile(0.99),
-            matched.max()
-        );
-    }
+    assert_eq!(digest, DIGEST, "lookups disagree with Dynamo's indexers");
 }
 
 fn main() {
-    let report_only = std::env::args().any(|a| a == "--report-only");
+    let args: Vec<String> = std::env::args().collect();
+    let has = |f: &str| args.iter().any(|a| a == f);
+    if has("--fleet") {
+        index_fleet::run();
+        return;
+    }
+    if has("--threads") {
+        index_fleet::threads();
+        return;
+    }
     let t = Instant::now();
-    let w = Workload::generate(WorkloadConfig::issue4());
+    let w = Workload::generate(Params::default());
     println!(
-        "workload: {} batches, {} blocks stored, {} removed, {} live pairs, peak per worker \
-         {}–{} blocks (generated in {:.1?})",
-        w.batches.len(),
-        w.blocks_stored,
-        w.blocks_removed,
-        w.live_pairs(),
-        w.peak_held.iter().min().unwrap_or(&0),
-        w.peak_held.iter().max().unwrap_or(&0),
+        "Dynamo's workload: {} events, {} blocks stored, {} removed, {} live pairs, peak per \
+         worker {}–{} blocks (generated in {:.1?})",
+        w.events(),
+        w.stored_blocks,
+        w.removed_blocks,
+        w.live_pairs,
+        w.peak.iter().min().unwrap_or(&0),
+        w.peak.iter().max().unwrap_or(&0),
         t.elapsed()
     );
-
-    // `--apply-only` (for profiling the event path) builds more often and stops here.
-    let apply_only = std::env::args().any(|a| a == "--apply-only");
-    apply_rounds(&w, if apply_only { 8 } else { 3 });
-    if apply_only {
+    if has("--apply-only") {
+        apply_rounds(&w, 8);
         return;
     }
-    drop(memory(&w, Capacity::Uniform));
-    drop(memory(&w, Capacity::PerWorker));
-    let idx = memory(&w, Capacity::Unknown);
-
-    // Three passes over the same lookups: on a shared machine one pass can be disturbed by
-    // other jobs; each pass is printed.
+    apply_rounds(&w, 3);
+    drop(memory(&w, Capacity::Reserved));
+    let h = memory(&w, Capacity::Unknown);
     for pass in 1..=3 {
-        lookup_pass(&w, &idx, pass);
+        lookup_pass(&w, &h, pass);
     }
-
-    if report_only {
-        return;
-    }
-    let mut c = Criterion::default()
-        .configure_from_args()
-        .sample_size(20)
-        .measurement_time(Duration::from_secs(3))
-        .warm_up_time(Duration::from_secs(1));
-    let mut g = c.benchmark_group("index");
-    let mut i = 0;
-    g.bench_function("lookup_workload_mix", |b| {
-        b.iter_batched_ref(
-            || {
-                i = (i + 1) % w.lookups();
-                let mut v = Vec::new();
-                w.lookup_into(i, &mut v);
-                v
-            },
-            |v| idx.lookup(v),
-            criterion::BatchSize::SmallInput,
-        )
-    });
-    // A full request batch of the workload applied to the loaded index, then removed again so
-    // the index stays the same size across iterations.
-    let (worker, stored) = w.batches[w.batches.len() / 2].clone();
-    g.bench_function("apply_one_request", |b| {
-        b.iter(|| {
-            idx.apply(worker, &stored, &seeds);
-        })
-    });
-    g.finish();
-    c.final_summary();
 }

@@ -99,7 +99,57 @@ fn nanos(t: Duration) -> u64 {
 #[derive(Default)]
 pub struct ApproxIndex {
     config: ApproxConfig,
-    workers: RwLock<Vec<Predicted>>,
+    workers: RwLock<Workers>,
+}
+
+/// Every worker's predictions, and which workers have any: a lookup visits only those, so a
+/// fleet of 1,024 event-fed workers (which have none) costs it a scan of 16 words.
+#[derive(Default)]
+struct Workers {
+    all: Vec<Predicted>,
+    /// Bit `i` is set while worker `i` has predictions.
+    nonempty: Vec<u64>,
+}
+
+impl Workers {
+    /// Worker `i`'s predictions, made room for.
+    fn get_mut(&mut self, i: usize) -> &mut Predicted {
+        if self.all.len() <= i {
+            self.all.resize_with(i + 1, Predicted::default);
+            self.nonempty.resize(self.all.len().div_ceil(64), 0);
+        }
+        &mut self.all[i]
+    }
+
+    /// Brings worker `i`'s bit in line with its predictions after a change.
+    fn mark(&mut self, i: usize) {
+        if let Some(p) = self.all.get(i) {
+            let bit = 1u64 << (i % 64);
+            if p.expiry.is_empty() {
+                self.nonempty[i / 64] &= !bit;
+            } else {
+                self.nonempty[i / 64] |= bit;
+            }
+        }
+    }
+
+    /// The workers with predictions, lowest first.
+    fn nonempty(&self) -> impl Iterator<Item = (usize, &Predicted)> + '_ {
+        self.nonempty
+            .iter()
+            .enumerate()
+            .flat_map(move |(w, &word)| {
+                let mut bits = word;
+                std::iter::from_fn(move || {
+                    if bits == 0 {
+                        return None;
+                    }
+                    let i = w * 64 + bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    Some((i, &self.all[i]))
+                })
+            })
+    }
 }
 
 impl ApproxIndex {
@@ -111,11 +161,11 @@ impl ApproxIndex {
         }
     }
 
-    fn read(&self) -> RwLockReadGuard<'_, Vec<Predicted>> {
+    fn read(&self) -> RwLockReadGuard<'_, Workers> {
         self.workers.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn write(&self) -> RwLockWriteGuard<'_, Vec<Predicted>> {
+    fn write(&self) -> RwLockWriteGuard<'_, Workers> {
         self.workers.write().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -126,15 +176,13 @@ impl ApproxIndex {
         let expires = now.saturating_add(nanos(self.config.ttl));
         let mut workers = self.write();
         let i = worker.0 as usize;
-        if workers.len() <= i {
-            workers.resize_with(i + 1, Predicted::default);
-        }
-        let p = &mut workers[i];
+        let p = workers.get_mut(i);
         let capacity = p.cache_blocks.map_or(self.config.capacity_per_worker, |c| {
             c.min(self.config.capacity_per_worker)
         });
         p.expire(now);
         p.record(blocks, expires, capacity);
+        workers.mark(i);
     }
 
     /// Caps `worker`'s predictions at its KV cache size in blocks (read from its metrics), when
@@ -143,47 +191,50 @@ impl ApproxIndex {
     pub fn set_cache_blocks(&self, worker: WorkerId, blocks: usize) {
         let mut workers = self.write();
         let i = worker.0 as usize;
-        if workers.len() <= i {
-            workers.resize_with(i + 1, Predicted::default);
-        }
-        let p = &mut workers[i];
+        let p = workers.get_mut(i);
         p.cache_blocks = Some(blocks);
         while p.expiry.len() > blocks.min(self.config.capacity_per_worker) {
             if !p.pop_oldest() {
                 break;
             }
         }
+        workers.mark(i);
     }
 
     /// Drops every prediction of `worker`.
     pub fn clear_worker(&self, worker: WorkerId) {
-        if let Some(p) = self.write().get_mut(worker.0 as usize) {
+        let mut workers = self.write();
+        if let Some(p) = workers.all.get_mut(worker.0 as usize) {
             *p = Predicted {
                 cache_blocks: p.cache_blocks,
                 ..Predicted::default()
             };
         }
+        workers.mark(worker.0 as usize);
     }
 
     /// Forgets `worker` entirely, its cache size too: it left the fleet, and its number may
     /// later name another worker.
     pub fn remove_worker(&self, worker: WorkerId) {
-        if let Some(p) = self.write().get_mut(worker.0 as usize) {
+        let mut workers = self.write();
+        if let Some(p) = workers.all.get_mut(worker.0 as usize) {
             *p = Predicted::default();
         }
+        workers.mark(worker.0 as usize);
     }
 
     /// Predicted blocks currently kept for `worker`, including expired ones: those are dropped
     /// when the worker is next routed to (memory stays bounded by the capacity meanwhile).
     pub fn len(&self, worker: WorkerId) -> usize {
         self.read()
+            .all
             .get(worker.0 as usize)
             .map_or(0, |p| p.expiry.len())
     }
 
     /// Per worker, the number of leading `blocks` predicted to be held at `now`.
     pub fn lookup(&self, blocks: &[BlockHash], now: Duration) -> Overlaps {
-        self.lookup_with(blocks, now, &Overlaps::new(), |_, _| false)
+        self.lookup_with(blocks, now, Overlaps::new(), |_, _| false)
     }
 
     /// Per worker, the leading blocks held by the union of `exact` holdings (counts from an
@@ -193,17 +244,15 @@ impl ApproxIndex {
         &self,
         blocks: &[BlockHash],
         now: Duration,
-        exact: &Overlaps,
+        exact: Overlaps,
         exact_holds: impl Fn(WorkerId, usize) -> bool,
     ) -> Overlaps {
         let now = nanos(now);
-        let mut out = exact.clone();
-        for (i, p) in self.read().iter().enumerate() {
-            if p.expiry.is_empty() {
-                continue;
-            }
+        let mut out = exact;
+        for (i, p) in self.read().nonempty() {
             let w = WorkerId(i as u32);
-            let mut n = exact.get(w) as usize;
+            // `out` holds the exact count until this worker is raised, below.
+            let mut n = out.get(w) as usize;
             while let Some(b) = blocks.get(n) {
                 if !(p.holds(*b, now) || exact_holds(w, n)) {
                     break;

@@ -4,8 +4,10 @@
 //! Layout (per (block, worker) pair, see `benches/index.rs` for measured bytes):
 //! - [`Runs`]: every block once, along its chain, 12 bytes with the set of workers 0–31 holding
 //!   it (shared by every worker holding it), plus one small table entry per run start.
-//! - `workers[w].engine`: mixed engine id → the block's [`Loc`], 16 bytes per pair; needed
-//!   because BlockRemoved and the parent of BlockStored name blocks by the engine's opaque id.
+//! - `workers[w].engine`: mixed engine id → the block's [`Loc`] packed in 32 bits, 12 bytes per
+//!   pair; needed because BlockRemoved and the parent of BlockStored name blocks by the engine's
+//!   opaque id. A location that does not pack (a run id beyond four million live runs) is kept
+//!   aside in a map of its own.
 //!   A location stays valid while the worker holds the block, so a removal goes straight to
 //!   the block.
 //!
@@ -38,10 +40,13 @@ use crate::tokens::BlockHash;
 /// slower than 8 on this machine).
 const PREFETCH_AHEAD: usize = 8;
 
+/// The engine-map value of a pair whose location does not pack: it is in [`BlockMap::aside`].
+const ASIDE: u32 = u32::MAX;
+
 #[derive(Default)]
 struct WorkerBlocks {
-    /// Mixed engine id → packed [`Loc`].
-    engine: Table<u64>,
+    /// Mixed engine id → packed [`Loc`], or [`ASIDE`].
+    engine: Table<u32>,
     /// Where the next eviction sweep of this worker starts.
     evict_hand: usize,
     /// Blocks the worker's KV cache holds, when known: its engine map is kept this large
@@ -56,6 +61,8 @@ pub(crate) struct BlockMap {
     workers: Vec<WorkerBlocks>,
     /// (worker, block) pairs named by more than one engine id: how many extra names.
     aliases: HashMap<(WorkerId, Loc), u32>,
+    /// Locations that do not pack into an engine-map value, by (worker, mixed engine id).
+    aside: HashMap<(WorkerId, u64), Loc>,
     /// Total (block, worker) pairs: the sum of the engine maps' sizes.
     entries: usize,
 }
@@ -80,6 +87,7 @@ impl BlockMap {
             + engines
             + self.workers.capacity() * size_of::<WorkerBlocks>()
             + self.aliases.capacity() * size_of::<((WorkerId, Loc), u32)>()
+            + self.aside.capacity() * size_of::<((WorkerId, u64), Loc)>()
     }
 
     fn worker_mut(&mut self, w: WorkerId) -> &mut WorkerBlocks {
@@ -117,11 +125,24 @@ impl BlockMap {
 
     /// Where the block `worker` stored under engine id `id` is.
     fn loc_of(&self, worker: WorkerId, id: EngineHash) -> Option<Loc> {
-        self.workers
-            .get(worker.0 as usize)?
-            .engine
-            .get(mix(id.0))
-            .map(Loc::unpack)
+        let key = mix(id.0);
+        match self.workers.get(worker.0 as usize)?.engine.get(key)? {
+            ASIDE => self.aside.get(&(worker, key)).copied(),
+            packed => Some(Loc::unpack(packed)),
+        }
+    }
+
+    /// The location of an engine-map value just taken out of `worker`'s map under `key`.
+    fn take_loc(
+        aside: &mut HashMap<(WorkerId, u64), Loc>,
+        worker: WorkerId,
+        key: u64,
+        value: u32,
+    ) -> Option<Loc> {
+        match value {
+            ASIDE => aside.remove(&(worker, key)),
+            packed => Some(Loc::unpack(packed)),
+        }
     }
 
     /// The kvroute hash `worker` recorded for engine block `id`.
@@ -162,10 +183,16 @@ impl BlockMap {
     /// Records that `worker` holds the block at `loc` under engine id `id`; whether the pair
     /// is new.
     fn record(&mut self, worker: WorkerId, id: EngineHash, loc: Loc) -> bool {
+        let key = mix(id.0);
+        let packed = loc.pack();
         let old = self.workers[worker.0 as usize]
             .engine
-            .insert(mix(id.0), loc.pack());
-        match old.map(Loc::unpack) {
+            .insert(key, packed.unwrap_or(ASIDE))
+            .and_then(|v| Self::take_loc(&mut self.aside, worker, key, v));
+        if packed.is_none() {
+            self.aside.insert((worker, key), loc);
+        }
+        match old {
             Some(old) if old == loc => false,
             old => {
                 // Mark the new block before releasing anything: releasing may free runs, and
@@ -217,8 +244,13 @@ impl BlockMap {
             if let Some(a) = ids.get(i + PREFETCH_AHEAD) {
                 wb.engine.prefetch(mix(a.0));
             }
-            match wb.engine.remove(mix(id.0)) {
-                Some(loc) => gone.push(Loc::unpack(loc)),
+            let key = mix(id.0);
+            match wb
+                .engine
+                .remove(key)
+                .and_then(|v| Self::take_loc(&mut self.aside, worker, key, v))
+            {
+                Some(loc) => gone.push(loc),
                 None => effect.unknown += 1,
             }
         }
@@ -245,8 +277,10 @@ impl BlockMap {
         wb.evict_hand = 0;
         self.aliases.retain(|(w, _), _| *w != worker);
         let n = engine.len();
-        for (_, loc) in engine.iter() {
-            self.runs.unset(Loc::unpack(loc), worker);
+        for (key, value) in engine.iter() {
+            if let Some(loc) = Self::take_loc(&mut self.aside, worker, key, value) {
+                self.runs.unset(loc, worker);
+            }
         }
         self.entries -= n;
         n
@@ -267,13 +301,15 @@ impl BlockMap {
             let batch = (self.entries - target).min(64);
             for _ in 0..batch {
                 let wb = &mut self.workers[victim];
-                let Some((_, loc, hand)) = wb.engine.remove_next(wb.evict_hand) else {
+                let Some((key, value, hand)) = wb.engine.remove_next(wb.evict_hand) else {
                     break;
                 };
                 wb.evict_hand = hand;
                 self.entries -= 1;
                 evicted += 1;
-                self.release(worker, Loc::unpack(loc));
+                if let Some(loc) = Self::take_loc(&mut self.aside, worker, key, value) {
+                    self.release(worker, loc);
+                }
             }
             if self.workers[victim].engine.is_empty() && self.entries > target {
                 // Defensive: a worker with no entries cannot be the largest unless all are empty.
@@ -290,17 +326,13 @@ impl BlockMap {
 
     /// Per worker, the number of leading `blocks` it holds.
     ///
-    /// One walk over the blocks per 32-worker page, carrying the set of workers that held
-    /// every block so far and stopping when it is empty: exact for any holding pattern, and a
-    /// request nobody holds costs a single probe.
+    /// One walk over the blocks, carrying per 32-worker page the set of workers that held
+    /// every block so far and stopping when all are empty: exact for any holding pattern, and
+    /// a request nobody holds costs a single probe.
     pub(crate) fn lookup(&self, blocks: &[BlockHash]) -> Overlaps {
         let mut out = Overlaps::new();
-        for page in 0..self.pages() {
-            self.runs.lookup_page(blocks, page, &mut out);
-        }
-        if self.pages() > 1 {
-            out.sort();
-        }
+        self.runs.lookup(blocks, &mut out);
+        out.sort();
         out
     }
 
@@ -404,6 +436,60 @@ mod tests {
         assert_eq!(m.entries(), 2);
         assert_eq!(m.kvroute_of(WorkerId(0), EngineHash(1)), Some(c[2]));
         assert_eq!(m.lookup(&c).get(WorkerId(0)), 1);
+    }
+
+    #[test]
+    fn locations_that_do_not_pack_are_kept_aside() {
+        // Unit tests pack run ids in 5 bits: chains beyond the 30th run are kept aside.
+        let mut m = BlockMap::default();
+        let chains: Vec<Vec<BlockHash>> = (0..40u64)
+            .map(|c| (0..3).map(|i| h(c << 20 | i)).collect())
+            .collect();
+        for (c, blocks) in chains.iter().enumerate() {
+            m.store_run(WorkerId(1), None, &ids(c as u64 * 10, 3), blocks);
+        }
+        assert!(!m.aside.is_empty());
+        assert_eq!(m.entries(), 120);
+        for (c, blocks) in chains.iter().enumerate() {
+            assert_eq!(m.lookup(blocks).get(WorkerId(1)), 3);
+            let id = EngineHash(c as u64 * 10 + 2);
+            assert_eq!(m.kvroute_of(WorkerId(1), id), Some(blocks[2]));
+        }
+        // A parent kept aside is found; an id reused for other content moves.
+        m.store_run(
+            WorkerId(1),
+            Some(EngineHash(392)),
+            &[EngineHash(500)],
+            &[h(7777)],
+        );
+        let mut longer = chains[39].clone();
+        longer.push(h(7777));
+        assert_eq!(m.lookup(&longer).get(WorkerId(1)), 4);
+        for c in (0..40u64).step_by(2) {
+            m.remove_run(WorkerId(1), &ids(c * 10, 3));
+        }
+        assert_eq!(m.evict_to(30), 31);
+        assert_eq!(m.entries(), 30);
+        assert_eq!(m.clear_worker(WorkerId(1)), 30);
+        assert!(m.aside.is_empty());
+        assert_eq!(m.runs.blocks(), 0);
+    }
+
+    #[test]
+    fn a_chain_longer_than_a_run_continues_in_the_next() {
+        let mut m = BlockMap::default();
+        let n = 3 * super::super::runs::MAX_RUN + 5;
+        let c = chain(n as u64);
+        m.store_run(WorkerId(0), None, &ids(0, n), &c);
+        m.store_run(WorkerId(2), None, &ids(0, n - 1), &c[..n - 1]);
+        let o = m.lookup(&c);
+        assert_eq!(
+            (o.get(WorkerId(0)), o.get(WorkerId(2))),
+            (n as u32, n as u32 - 1)
+        );
+        m.remove_run(WorkerId(0), &ids(0, n));
+        m.remove_run(WorkerId(2), &ids(0, n - 1));
+        assert_eq!((m.entries(), m.runs.blocks(), m.runs.len()), (0, 0, 0));
     }
 
     #[test]

@@ -6,8 +6,9 @@
 //! more than one short chunk (a few µs) however large an event batch is. Sharding the map by
 //! block hash would put a lock operation on every block of the apply path and several on every
 //! lookup, to shorten a wait that the chunking already bounds. One writer at a time is plenty:
-//! a single thread applies about fourteen million blocks per second, hashing included (see
-//! `benches/index.rs` and `docs/index-performance.md`).
+//! a single thread applies millions of blocks per second, hashing included, where a fleet of
+//! 1,000 engines prefilling at full speed publishes about three million (see
+//! `docs/index-performance.md`, which also has the curve with several feed threads).
 //!
 //! Workers restarted, removed or with an unrecoverable sequence gap are dropped with
 //! [`KvIndex::clear_worker`]. A per-worker generation makes an event batch that was being
@@ -26,6 +27,15 @@ use crate::tokens::{BlockHash, HashSeed, chain_hash};
 
 /// Most blocks applied per write-lock hold.
 pub const WRITE_CHUNK: usize = 128;
+
+/// Largest hash buffer a feed thread keeps between batches (64 KiB).
+const SCRATCH_KEPT: usize = 8192;
+
+thread_local! {
+    /// The kvroute hashes of the BlockStored being applied: one buffer per feed thread, so a
+    /// batch allocates nothing for them.
+    static SCRATCH: std::cell::Cell<Vec<BlockHash>> = const { std::cell::Cell::new(Vec::new()) };
+}
 
 /// Configuration of a [`KvIndex`].
 #[derive(Clone, Debug)]
@@ -156,15 +166,46 @@ impl KvIndex {
     /// separate workers (external load balancing). Batches of one worker must be applied in
     /// sequence order.
     pub fn apply(&self, worker: WorkerId, batch: &EventBatch, seeds: &impl SeedFor) -> Applied {
+        let mut scratch = SCRATCH.take();
+        let applied = self.apply_with(worker, batch, Hashes::Tokens(seeds), &mut scratch);
+        if scratch.capacity() <= SCRATCH_KEPT {
+            SCRATCH.set(scratch);
+        }
+        applied
+    }
+
+    /// [`KvIndex::apply`] for a batch whose BlockStored hashes the caller computed: `hashes[i]`
+    /// holds the kvroute hashes of event `i`'s blocks when it is a BlockStored (anything for
+    /// other events), exactly as `apply` would compute them from the tokens (seeded as
+    /// [`SeedFor`] says for a chain start, chained from the parent's kvroute hash otherwise).
+    /// For a caller that hashes elsewhere (another thread, or a benchmark isolating the index
+    /// work); a BlockStored whose hashes are missing or of another length is skipped.
+    pub fn apply_prehashed(
+        &self,
+        worker: WorkerId,
+        batch: &EventBatch,
+        hashes: &[Vec<BlockHash>],
+    ) -> Applied {
+        let given: Hashes<'_, NoSeeds> = Hashes::Given(hashes);
+        self.apply_with(worker, batch, given, &mut Vec::new())
+    }
+
+    /// The body of [`KvIndex::apply`] and [`KvIndex::apply_prehashed`].
+    fn apply_with<S: SeedFor>(
+        &self,
+        worker: WorkerId,
+        batch: &EventBatch,
+        hashes: Hashes<'_, S>,
+        scratch: &mut Vec<BlockHash>,
+    ) -> Applied {
         let mut applied = Applied::default();
-        let mut scratch = Vec::with_capacity(512);
-        for event in &batch.events {
+        for (i, event) in batch.events.iter().enumerate() {
             if !event.is_device_prefix() {
                 applied.skipped += 1;
                 continue;
             }
             let ok = match event {
-                KvEvent::Stored(s) => self.store(worker, s, seeds, &mut scratch, &mut applied),
+                KvEvent::Stored(s) => self.store(worker, s, (&hashes, i), scratch, &mut applied),
                 KvEvent::Removed(r) => {
                     self.remove(worker, r, &mut applied);
                     true
@@ -191,13 +232,14 @@ impl KvIndex {
     }
 
     /// Applies a BlockStored; `false` if it was skipped (malformed, unseedable, or continuing a
-    /// chain whose parent this index does not know).
-    fn store(
+    /// chain whose parent this index does not know). Event `i` of the batch; its kvroute
+    /// hashes are computed (into `scratch`) or taken from `hashes`, outside the lock.
+    fn store<S: SeedFor>(
         &self,
         worker: WorkerId,
         s: &BlockStored,
-        seeds: &impl SeedFor,
-        hashes: &mut Vec<BlockHash>,
+        (hashes, i): (&Hashes<'_, S>, usize),
+        scratch: &mut Vec<BlockHash>,
         applied: &mut Applied,
     ) -> bool {
         let bs = s.block_size as usize;
@@ -224,18 +266,16 @@ impl KvIndex {
             };
             (parent, st.generation(worker))
         };
-        let seed = match parent {
-            // Only the first block of a chain is seeded; later ones chain from the parent hash.
-            Some(_) => HashSeed(0),
-            None => seeds.seed_for(s.cache_salt.as_deref(), s.lora_name.as_deref()),
+        let hashes: &[BlockHash] = match hashes {
+            Hashes::Tokens(seeds) => {
+                hash_chain(s, parent, *seeds, scratch);
+                scratch
+            }
+            Hashes::Given(given) => match given.get(i).filter(|h| h.len() == n) {
+                Some(h) => h,
+                None => return false,
+            },
         };
-        hashes.clear();
-        let mut prev = parent;
-        for tokens in s.token_ids.chunks_exact(bs).take(n) {
-            let h = chain_hash(seed, prev, tokens);
-            hashes.push(h);
-            prev = Some(h);
-        }
         // Each chunk continues the block the previous chunk ended with.
         let mut parent_id = s.parent_block_hash;
         for (ids, blocks) in s
@@ -339,5 +379,42 @@ impl KvIndex {
     /// The kvroute hash `worker` recorded for its engine block `id`, if any.
     pub fn kvroute_of(&self, worker: WorkerId, id: EngineHash) -> Option<BlockHash> {
         self.read().map.kvroute_of(worker, id)
+    }
+}
+
+/// The seeds type of [`Hashes::Given`], which needs none.
+type NoSeeds = fn(Option<&str>, Option<&str>) -> HashSeed;
+
+/// Where the kvroute hashes of a batch's BlockStored events come from.
+enum Hashes<'a, S> {
+    /// Computed from the tokens, seeded by `S`.
+    Tokens(&'a S),
+    /// Given by the caller, per event.
+    Given(&'a [Vec<BlockHash>]),
+}
+
+/// The kvroute hashes of `s`'s blocks into `out`: seeded as `seeds` says for a chain start,
+/// chained from `parent` otherwise.
+fn hash_chain(
+    s: &BlockStored,
+    parent: Option<BlockHash>,
+    seeds: &impl SeedFor,
+    out: &mut Vec<BlockHash>,
+) {
+    let seed = match parent {
+        // Only the first block of a chain is seeded; later ones chain from the parent hash.
+        Some(_) => HashSeed(0),
+        None => seeds.seed_for(s.cache_salt.as_deref(), s.lora_name.as_deref()),
+    };
+    out.clear();
+    let mut prev = parent;
+    for tokens in s
+        .token_ids
+        .chunks_exact(s.block_size as usize)
+        .take(s.block_hashes.len())
+    {
+        let h = chain_hash(seed, prev, tokens);
+        out.push(h);
+        prev = Some(h);
     }
 }

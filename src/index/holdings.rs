@@ -47,7 +47,7 @@ impl Holdings {
         // Who holds the blocks past each worker's exact count is asked only when a worker
         // has predictions to merge, and then once for all of them.
         let holders = OnceCell::new();
-        self.approx.lookup_with(blocks, now, &exact, |w, i| {
+        self.approx.lookup_with(blocks, now, exact, |w, i| {
             holders
                 .get_or_init(|| self.exact.holders(blocks))
                 .holds(w, i)

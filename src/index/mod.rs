@@ -11,8 +11,9 @@
 //!
 //! Workers are dense [`WorkerId`] numbers assigned by `fleet`, so "who holds this block" is a
 //! 32-bit set per 32 workers. Memory is bounded by [`IndexConfig::max_entries`] (block, worker)
-//! pairs. `workload` (feature `testing`: only tests and benches use it) generates the
-//! reproducible benchmark workload of issue 4; the figures are in `benches/index.rs`.
+//! pairs. `dynamo_workload` (feature `testing`: only tests and benches use it) is NVIDIA Dynamo's
+//! indexer benchmark workload, which `benches/index.rs` runs (figures in
+//! `docs/index-performance.md`); `workload` is the older issue-4 workload the tests use.
 //!
 //! ```
 //! use kvroute::fleet::WorkerId;
@@ -39,6 +40,9 @@
 
 mod approx;
 mod blocks;
+mod buckets;
+#[cfg(any(test, feature = "testing"))]
+pub mod dynamo_workload;
 mod exact;
 mod feed;
 mod holdings;

@@ -56,10 +56,8 @@ impl Overlaps {
         self.counts.iter().map(|(_, n)| *n).max().unwrap_or(0)
     }
 
-    /// Appends a count for a worker larger than every worker already present (the lookup
-    /// produces workers in order; `raise` keeps the order otherwise).
-    pub(crate) fn push_sorted(&mut self, worker: WorkerId, blocks: u32) {
-        debug_assert!(self.counts.last().is_none_or(|(w, _)| *w < worker));
+    /// Appends a count in any worker order; [`Overlaps::sort`] must follow.
+    pub(crate) fn push(&mut self, worker: WorkerId, blocks: u32) {
         if blocks > 0 {
             self.counts.push((worker, blocks));
         }

@@ -27,7 +27,7 @@ use std::mem::size_of;
 
 use super::overlaps::Overlaps;
 use super::table::Table;
-use super::worker::{Bits, PAGE_WORKERS, workers_in};
+use super::worker::{Bits, workers_in};
 use crate::fleet::WorkerId;
 use crate::tokens::BlockHash;
 
@@ -38,23 +38,42 @@ pub(crate) struct Loc {
     pub(crate) offset: u32,
 }
 
+/// Bits of a packed location ([`Loc::pack`]) that hold the offset: runs are at most
+/// [`MAX_RUN`] blocks long (a longer chain continues in a run branching from the last block).
+#[cfg(not(test))]
+const OFFSET_BITS: u32 = 10;
+/// Small in unit tests, so that continuation runs and unpackable locations are exercised.
+#[cfg(test)]
+const OFFSET_BITS: u32 = 6;
+/// Bits of a packed location that hold the run id.
+#[cfg(not(test))]
+const RUN_BITS: u32 = 32 - OFFSET_BITS;
+#[cfg(test)]
+const RUN_BITS: u32 = 5;
+
+/// Most blocks in one run.
+pub(crate) const MAX_RUN: usize = 1 << OFFSET_BITS;
+
 impl Loc {
-    /// The location as one word, for the engine-id maps.
-    pub(crate) fn pack(self) -> u64 {
-        u64::from(self.run) << 32 | u64::from(self.offset)
+    /// The location as a 32-bit word, for the engine-id maps: `None` for a run id of
+    /// [`RUN_BITS`] bits or more (more than four million live runs), which the maps keep
+    /// aside. The all-ones word is never a packed location.
+    pub(crate) fn pack(self) -> Option<u32> {
+        (self.run < (1 << RUN_BITS) - 1 && (self.offset as usize) < MAX_RUN)
+            .then_some(self.run << OFFSET_BITS | self.offset)
     }
 
     /// The inverse of [`Loc::pack`].
-    pub(crate) fn unpack(word: u64) -> Self {
+    pub(crate) fn unpack(word: u32) -> Self {
         Loc {
-            run: (word >> 32) as u32,
-            offset: word as u32,
+            run: word >> OFFSET_BITS,
+            offset: word & (MAX_RUN as u32 - 1),
         }
     }
 }
 
-/// One block of a run: its hash (two halves, so a slot is 12 bytes, not 16) and the workers
-/// 0–31 holding it.
+/// One block of a run: its hash (two halves, so a slot is 12 bytes, not 16) and the holders
+/// among the 32 workers of the run's home page.
 type Slot = [u32; 3];
 
 fn slot_hash(s: &Slot) -> u64 {
@@ -65,9 +84,13 @@ fn slot_hash(s: &Slot) -> u64 {
 #[derive(Debug, Default)]
 struct Run {
     slots: Vec<Slot>,
-    /// Holders from workers 32 on: `more[p - 1][offset]` for page `p` (empty in fleets of up to
-    /// 32 workers, the common case, so those pay nothing for it).
-    more: Vec<Vec<Bits>>,
+    /// Holders from pages other than `page`: `(page, holders per offset)`, only for pages some
+    /// worker of which has held a block of the run. A run is usually held from one page (in
+    /// fleets of up to 32 workers always), so those pay nothing for it, and in a fleet of
+    /// 1,024 workers a block held by one worker costs 4 bytes of holders, not 128.
+    more: Vec<(u32, Vec<Bits>)>,
+    /// The page whose holders live in the slots: that of the first worker to hold a block.
+    page: u32,
     /// The block this run branches from, if it was known when the run started.
     parent: Option<Loc>,
     /// Runs branching from this one: while any exists, no block of this run may be cut.
@@ -84,11 +107,11 @@ impl Run {
     /// Heap bytes of this run's arrays.
     fn bytes(&self) -> usize {
         self.slots.capacity() * size_of::<Slot>()
-            + self.more.capacity() * size_of::<Vec<Bits>>()
+            + self.more.capacity() * size_of::<(u32, Vec<Bits>)>()
             + self
                 .more
                 .iter()
-                .map(|v| v.capacity() * size_of::<Bits>())
+                .map(|(_, v)| v.capacity() * size_of::<Bits>())
                 .sum::<usize>()
     }
 
@@ -97,47 +120,69 @@ impl Run {
         slot_hash(&self.slots[offset])
     }
 
+    /// The holders of `page` per offset, if the run has any from that page (`None` for the
+    /// home page, whose holders are in the slots).
+    #[inline]
+    fn other_page(&self, page: u32) -> Option<&[Bits]> {
+        self.more
+            .iter()
+            .find(|(p, _)| *p == page)
+            .map(|(_, v)| v.as_slice())
+    }
+
     #[inline]
     fn bits(&self, page: usize, offset: usize) -> Bits {
-        match page {
-            0 => self.slots[offset][2],
-            p => self.more.get(p - 1).map_or(0, |v| v[offset]),
+        if page as u32 == self.page {
+            self.slots[offset][2]
+        } else {
+            self.other_page(page as u32).map_or(0, |v| v[offset])
         }
     }
 
-    /// The holders of `offset` in `page`, which [`Run::add_pages`] must have made room for.
+    /// The holders of `offset` in `page`, which [`Run::add_page`] must have made room for.
     fn bits_mut(&mut self, page: usize, offset: usize) -> &mut Bits {
-        match page {
-            0 => &mut self.slots[offset][2],
-            p => &mut self.more[p - 1][offset],
+        if page as u32 == self.page {
+            &mut self.slots[offset][2]
+        } else {
+            let (_, v) = self
+                .more
+                .iter_mut()
+                .find(|(p, _)| *p == page as u32)
+                .expect("page added");
+            &mut v[offset]
         }
     }
 
-    /// Holder arrays for every page up to `page`.
-    fn add_pages(&mut self, page: usize) {
+    /// Whether holders of `page` have a place in this run.
+    fn has_page(&self, page: usize) -> bool {
+        page as u32 == self.page || self.more.iter().any(|(p, _)| *p == page as u32)
+    }
+
+    /// A holder array for `page`.
+    fn add_page(&mut self, page: usize) {
         let len = self.slots.len();
-        self.more
-            .resize_with(page.max(self.more.len()), || vec![0; len]);
+        self.more.push((page as u32, vec![0; len]));
     }
 
     /// Whether storing one more block reallocates an array.
     fn is_full(&self) -> bool {
         self.slots.len() == self.slots.capacity()
-            || self.more.iter().any(|v| v.len() == v.capacity())
+            || self.more.iter().any(|(_, v)| v.len() == v.capacity())
     }
 
     fn held(&self, offset: usize) -> bool {
-        self.slots[offset][2] != 0 || self.more.iter().any(|v| v[offset] != 0)
+        self.slots[offset][2] != 0 || self.more.iter().any(|(_, v)| v[offset] != 0)
     }
 
     fn push(&mut self, hash: u64, room: usize) {
         if self.slots.len() == self.slots.capacity() {
             // Sized by what the event still carries, so a run built by one event is allocated
             // once and exactly.
-            self.slots.reserve_exact(room.max(1));
+            self.slots
+                .reserve_exact(room.min(MAX_RUN.saturating_sub(self.slots.len())).max(1));
         }
         self.slots.push([hash as u32, (hash >> 32) as u32, 0]);
-        for v in &mut self.more {
+        for (_, v) in &mut self.more {
             v.push(0);
         }
     }
@@ -146,13 +191,13 @@ impl Run {
     fn cut_dead_tail(&mut self) {
         while self.len() > 0 && !self.held(self.len() - 1) {
             self.slots.pop();
-            for v in &mut self.more {
+            for (_, v) in &mut self.more {
                 v.pop();
             }
         }
         if self.slots.capacity() > 2 * self.slots.len() + 8 {
             self.slots.shrink_to_fit();
-            for v in &mut self.more {
+            for (_, v) in &mut self.more {
                 v.shrink_to_fit();
             }
         }
@@ -251,6 +296,10 @@ impl Runs {
         {
             return Loc { run: id, offset: 0 };
         }
+        if run.len() >= MAX_RUN {
+            // A full run continues in a run branching from its last block.
+            return self.start_or_new(Some(p), hash, room);
+        }
         // Byte accounting only when an array grows: most appends fill room reserved earlier.
         if run.is_full() {
             self.with_run(p.run, |r| r.push(hash, room));
@@ -295,8 +344,14 @@ impl Runs {
     /// Marks `worker` as holding the block at `loc`; `false` if it already did.
     pub(crate) fn set(&mut self, loc: Loc, worker: WorkerId) -> bool {
         let (offset, page) = (loc.offset as usize, worker.page());
-        if self.runs[loc.run as usize].more.len() < page {
-            self.with_run(loc.run, |run| run.add_pages(page));
+        let run = &mut self.runs[loc.run as usize];
+        if !run.has_page(page) {
+            if run.live == 0 && run.more.is_empty() {
+                // Nobody holds anything here: the slots' holders can be this page's.
+                run.page = page as u32;
+            } else {
+                self.with_run(loc.run, |run| run.add_page(page));
+            }
         }
         let run = &mut self.runs[loc.run as usize];
         let was_held = run.held(offset);
@@ -394,30 +449,72 @@ impl Runs {
         }
     }
 
-    /// Per worker of `page`, the number of leading `blocks` it holds, appended to `out`.
-    pub(crate) fn lookup_page(&self, blocks: &[BlockHash], page: usize, out: &mut Overlaps) {
-        let mut held = 0;
-        let mut active = 0;
-        let mut lost = [0u32; PAGE_WORKERS as usize];
-        let mut end = 0;
-        self.walk(blocks, page, |i, bits| {
-            if i == 0 {
-                (held, active) = (bits, bits);
-            }
-            let gone = active & !bits;
-            for w in workers_in(0, gone) {
-                lost[w.0 as usize] = i as u32;
-            }
-            active &= bits;
-            end = i + 1;
-            active != 0
-        });
-        // Workers still holding when the chain left the runs hold up to there.
-        for w in workers_in(0, active) {
-            lost[w.0 as usize] = end as u32;
+    /// Per worker, the number of leading `blocks` it holds, added to `out` in no particular
+    /// order (the caller sorts).
+    ///
+    /// One walk for every page: the request's hashes are compared with a run once, then the
+    /// holders of each page still in play are followed over the blocks that matched, carrying
+    /// the set of that page's workers that held every block so far. A page drops out when the
+    /// set is empty; the walk ends when no page is left or the chain leaves the runs.
+    pub(crate) fn lookup(&self, blocks: &[BlockHash], out: &mut Overlaps) {
+        let Some(first) = blocks.first() else {
+            return;
+        };
+        let Some(mut run) = self.start(first.0) else {
+            return;
+        };
+        // Per page holding the first block: the workers that held every block so far.
+        let mut active: Vec<(u32, Bits)> = Vec::with_capacity(1 + run.more.len());
+        if run.slots[0][2] != 0 {
+            active.push((run.page, run.slots[0][2]));
         }
-        for w in workers_in(0, held) {
-            out.push_sorted(WorkerId::from_page_bit(page, w.0), lost[w.0 as usize]);
+        for (p, v) in &run.more {
+            if v[0] != 0 {
+                active.push((*p, v[0]));
+            }
+        }
+        // Chain position of the run block at `offset`.
+        let (mut i, mut offset) = (0, 0);
+        while !active.is_empty() {
+            // The run's blocks the chain follows from `offset` (at least the one found).
+            let n = 1 + run.slots[offset + 1..]
+                .iter()
+                .zip(&blocks[i + 1..])
+                .take_while(|(s, b)| slot_hash(s) == b.0)
+                .count();
+            active.retain_mut(|(page, set)| {
+                *set = if *page == run.page {
+                    follow(
+                        &run.slots[offset..offset + n],
+                        |s| s[2],
+                        *page,
+                        *set,
+                        i,
+                        out,
+                    )
+                } else {
+                    match run.other_page(*page) {
+                        Some(v) => follow(&v[offset..offset + n], |b| *b, *page, *set, i, out),
+                        None => follow(&[], |b: &Bits| *b, *page, *set, i, out),
+                    }
+                };
+                *set != 0
+            });
+            i += n;
+            if active.is_empty() {
+                return;
+            }
+            // Leaving the run: the next block, if stored, starts a branch.
+            let Some(next) = blocks.get(i).and_then(|b| self.start(b.0)) else {
+                break;
+            };
+            (run, offset) = (next, 0);
+        }
+        // Workers still holding when the chain left the runs hold up to there.
+        for (page, set) in active {
+            for w in workers_in(page as usize, set) {
+                out.push(w, i as u32);
+            }
         }
     }
 
@@ -430,6 +527,40 @@ impl Runs {
         });
         out
     }
+}
+
+/// Follows the holders of `page` over consecutive blocks (`holders` reads each block's set;
+/// the first is at chain position `start`): the workers of `active` that lose a block get
+/// that position as their count in `out`; returns the workers that held them all (every
+/// worker of `active` is lost at `start` when `blocks` is empty: the run has no holder there).
+#[inline]
+fn follow<T>(
+    blocks: &[T],
+    holders: impl Fn(&T) -> Bits,
+    page: u32,
+    mut active: Bits,
+    start: usize,
+    out: &mut Overlaps,
+) -> Bits {
+    if blocks.is_empty() {
+        for w in workers_in(page as usize, active) {
+            out.push(w, start as u32);
+        }
+        return 0;
+    }
+    for (k, b) in blocks.iter().enumerate() {
+        let gone = active & !holders(b);
+        if gone != 0 {
+            for w in workers_in(page as usize, gone) {
+                out.push(w, (start + k) as u32);
+            }
+            active &= !gone;
+            if active == 0 {
+                return 0;
+            }
+        }
+    }
+    active
 }
 
 #[cfg(test)]
@@ -465,8 +596,12 @@ mod tests {
 
     fn lookup(runs: &Runs, blocks: &[BlockHash]) -> Vec<(u32, u32)> {
         let mut o = Overlaps::new();
-        runs.lookup_page(blocks, 0, &mut o);
-        o.iter().map(|(w, n)| (w.0, n)).collect()
+        runs.lookup(blocks, &mut o);
+        o.sort();
+        o.iter()
+            .filter(|(w, _)| w.page() == 0)
+            .map(|(w, n)| (w.0, n))
+            .collect()
     }
 
     #[test]
@@ -550,7 +685,8 @@ mod tests {
         let locs = store(&mut runs, WorkerId(40), None, &c);
         store(&mut runs, W0, None, &c[..2]);
         let mut o = Overlaps::new();
-        runs.lookup_page(&c, 1, &mut o);
+        runs.lookup(&c, &mut o);
+        o.sort();
         assert_eq!(o.get(WorkerId(40)), 5);
         assert_eq!(lookup(&runs, &c), vec![(0, 2)]);
         assert_eq!(runs.holders(&c, 1), vec![1 << 8; 5]);

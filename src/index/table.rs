@@ -33,6 +33,8 @@
 
 use std::mem::size_of;
 
+use super::buckets::Buckets;
+
 /// Maximum load before growing, as a fraction `LOAD_NUM / LOAD_DEN`.
 const LOAD_NUM: usize = 17;
 const LOAD_DEN: usize = 20;
@@ -68,6 +70,8 @@ pub(crate) trait Slots<V>: Copy {
     fn find(&self, key: u64) -> (Option<usize>, bool);
     /// The first free slot.
     fn free(&self) -> Option<usize>;
+    /// `Ok` with the slot holding `key` (non-zero), else `Err` with the first free slot.
+    fn find_or_free(&self, key: u64) -> Result<usize, Option<usize>>;
 }
 
 impl<V: Copy + Default, const N: usize> Slots<V> for Bucket<V, N> {
@@ -116,6 +120,21 @@ impl<V: Copy + Default, const N: usize> Slots<V> for Bucket<V, N> {
     fn free(&self) -> Option<usize> {
         self.keys.iter().position(|k| *k == 0)
     }
+
+    #[inline]
+    fn find_or_free(&self, key: u64) -> Result<usize, Option<usize>> {
+        // One pass: a removal can free a slot before the key's, so every slot is compared.
+        let mut free = None;
+        for (i, k) in self.keys.iter().enumerate() {
+            if *k == key {
+                return Ok(i);
+            }
+            if *k == 0 && free.is_none() {
+                free = Some(i);
+            }
+        }
+        Err(free)
+    }
 }
 
 /// A map from non-uniformly-distributed-safe `u64` keys to small `Copy` values.
@@ -124,7 +143,7 @@ impl<V: Copy + Default, const N: usize> Slots<V> for Bucket<V, N> {
 /// [`mix`]); sequential keys would all share one home bucket.
 #[derive(Clone)]
 pub(crate) struct Table<V: Value> {
-    buckets: Vec<V::Bucket>,
+    buckets: Buckets<V::Bucket>,
     /// Number of home buckets (`buckets.len() - SLACK`, or more after a lengthened tail).
     capacity: usize,
     len: usize,
@@ -146,10 +165,6 @@ impl<V: Value> Default for Table<V> {
     }
 }
 
-/// Tables at least this large ask the kernel for transparent huge pages.
-const HUGE_PAGE_TABLE: usize = 4 << 20;
-const HUGE_PAGE: usize = 2 << 20;
-
 /// A value type the table stores; it names the bucket shape that fills one cache line.
 pub(crate) trait Value: Copy + Default {
     /// The 64-byte bucket of this value type.
@@ -169,51 +184,26 @@ impl Value for u64 {
     type Bucket = Bucket<u64, 4>;
 }
 
-/// An empty vector with room for `n` buckets, none of them written yet.
-///
-/// Large tables are probed at random, so with 4 KiB pages nearly every probe also misses the
-/// TLB; they ask for 2 MiB pages where the kernel allows them. The advice must come before the
-/// memory is first written: pages already faulted in stay 4 KiB ones (zeroing first, as
-/// `alloc_zeroed` does for 64-byte-aligned layouts, left these tables on small pages).
-fn reserve_buckets<B>(n: usize) -> Vec<B> {
-    let buckets = Vec::with_capacity(n);
-    let bytes = n * size_of::<B>();
-    if bytes >= HUGE_PAGE_TABLE {
-        advise_huge_pages(buckets.as_ptr() as usize, bytes);
-    }
-    buckets
+/// An empty array with room for `n` buckets, none of them written yet. Large tables are
+/// probed at random, so with 4 KiB pages nearly every probe also misses the TLB; they are
+/// aligned for 2 MiB pages and ask for them before the memory is first written (pages
+/// already faulted in stay 4 KiB ones), see [`Buckets`].
+fn reserve_buckets<B: Copy>(n: usize) -> Buckets<B> {
+    Buckets::with_capacity(n)
 }
 
 /// `n` empty buckets.
-fn empty_buckets<B: Copy>(n: usize, empty: B) -> Vec<B> {
+fn empty_buckets<B: Copy>(n: usize, empty: B) -> Buckets<B> {
     let mut buckets = reserve_buckets(n);
     buckets.resize(n, empty);
     buckets
 }
 
-#[cfg(target_os = "linux")]
-fn advise_huge_pages(addr: usize, bytes: usize) {
-    let start = addr.next_multiple_of(HUGE_PAGE);
-    let end = (addr + bytes) / HUGE_PAGE * HUGE_PAGE;
-    if end > start {
-        // SAFETY: the range lies inside an allocation we own and have not touched yet;
-        // MADV_HUGEPAGE only changes how the kernel backs it and cannot fail in a way that
-        // affects memory safety (an error just leaves 4 KiB pages).
-        #[allow(unsafe_code)]
-        unsafe {
-            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
-        }
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn advise_huge_pages(_addr: usize, _bytes: usize) {}
-
 /// Appends empty buckets up to `len`. Past the reserved room (only a final run that outgrew the
 /// slack region gets there) capacity grows in steps of 1/64 of the table, so a tail lengthened
 /// again and again neither doubles the memory, as `Vec`'s own growth would, nor copies it
 /// every time.
-fn extend_to<B: Slots<V>, V>(buckets: &mut Vec<B>, len: usize) {
+fn extend_to<B: Slots<V>, V>(buckets: &mut Buckets<B>, len: usize) {
     if len > buckets.capacity() {
         let step = (len - buckets.len()).max(SLACK).max(buckets.len() / 64);
         buckets.reserve_exact(step);
@@ -370,17 +360,15 @@ impl<V: Value> Table<V> {
         let mut b = self.home(key);
         loop {
             let bucket = self.buckets.get_mut(b)?;
-            let (found, free) = bucket.find(key);
-            if let Some(i) = found {
-                return Some((b, i, true));
+            match bucket.find_or_free(key) {
+                Ok(i) => return Some((b, i, true)),
+                Err(Some(i)) => {
+                    bucket.set(i, key, V::default());
+                    self.len += 1;
+                    return Some((b, i, false));
+                }
+                Err(None) => b += 1,
             }
-            if free {
-                let i = bucket.free()?;
-                bucket.set(i, key, V::default());
-                self.len += 1;
-                return Some((b, i, false));
-            }
-            b += 1;
         }
     }
 
@@ -478,10 +466,14 @@ impl<V: Value> Table<V> {
         // counts says where that slot is. Reading the count instead of the bucket's keys
         // matters: a bucket's keys were just written one by one, and reading them back as one
         // wide load waits for those stores to complete (measured: 9 → 5 ns per moved entry).
+        // The new buckets are written once, in order: each is appended empty just before the
+        // first entry lands in it (homes are monotone, so the entries arrive nearly in bucket
+        // order), instead of zeroing the whole table first and then filling it.
         let empty = V::Bucket::empty();
-        let mut buckets = empty_buckets(capacity + SLACK, empty);
-        let mut used = vec![0u8; buckets.len()];
-        for old in &self.buckets {
+        let len = capacity + SLACK;
+        let mut buckets = reserve_buckets(len);
+        let mut used: Vec<u8> = Vec::with_capacity(len);
+        for old in self.buckets.iter() {
             for i in 0..V::Bucket::N {
                 let key = old.key(i);
                 if key == 0 {
@@ -490,10 +482,13 @@ impl<V: Value> Table<V> {
                 let mut b = home_in(key, capacity);
                 loop {
                     if b >= buckets.len() {
-                        // A final run spilled past the slack region: lengthen the tail, as
-                        // `upsert` would have.
-                        extend_to(&mut buckets, b + SLACK);
-                        used.resize(buckets.len(), 0);
+                        if b >= buckets.capacity() {
+                            // A final run spilled past the slack region: lengthen the tail,
+                            // as `upsert` would have.
+                            buckets.reserve_exact(b + SLACK - buckets.len());
+                        }
+                        buckets.resize(b + 1, empty);
+                        used.resize(b + 1, 0);
                     }
                     let slot = usize::from(used[b]);
                     if slot < V::Bucket::N {
@@ -505,6 +500,8 @@ impl<V: Value> Table<V> {
                 }
             }
         }
+        let len = len.max(buckets.len());
+        buckets.resize(len, empty);
         self.buckets = buckets;
         self.capacity = capacity;
     }

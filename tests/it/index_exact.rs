@@ -279,8 +279,8 @@ fn reserved_capacity_survives_clears_and_stays_within_the_entry_bound() {
     // The second worker gets only what the bound leaves.
     assert_eq!(idx.reserve(WorkerId(1), 60_000), 40_000);
     let reserved = idx.heap_bytes();
-    // 100,000 engine-map entries of 16 bytes at most 85 % full.
-    assert!(reserved > empty + 100_000 * 16, "{reserved}");
+    // 100,000 engine-map entries of 12 bytes at most 85 % full.
+    assert!(reserved > empty + 100_000 * 12, "{reserved}");
     let toks = tokens(300, 0);
     idx.apply(W0, &batch(vec![stored(0..300, None, &toks)]), &seeds);
     idx.apply(W0, &batch(vec![KvEvent::AllCleared]), &seeds);
@@ -292,7 +292,7 @@ fn reserved_capacity_survives_clears_and_stays_within_the_entry_bound() {
     // A removed worker gives its room back, to the index and to the bound.
     idx.remove_worker(W0);
     assert!(
-        idx.heap_bytes() < reserved - 60_000 * 16,
+        idx.heap_bytes() < reserved - 60_000 * 12,
         "{}",
         idx.heap_bytes()
     );

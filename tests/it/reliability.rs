@@ -267,7 +267,7 @@ async fn a_workers_reserved_index_room_goes_with_the_worker() {
     let c = client();
     let admin = format!("http://{}/admin/workers", r.addr);
     let empty = r.state.holdings.exact.heap_bytes();
-    let room = 100_000 * 16;
+    let room = 100_000 * 12;
     // A replica of its own: the fleet refuses a URL listed twice.
     let other = Backend::start("kv", &["m"]).await;
     let added = c
