@@ -15,6 +15,9 @@
 
 #[cfg(feature = "otel")]
 mod otel;
+mod settings;
+
+pub use settings::{LogFormat, TracingConfig};
 
 use std::io::IsTerminal;
 
@@ -22,8 +25,6 @@ use tracing_subscriber::filter::{EnvFilter, FilterExt, filter_fn};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{Layer, Registry};
-
-use crate::config::{LogFormat, TracingConfig};
 
 /// The target of the spans exported as traces (and never logged).
 pub const TARGET: &str = "kvroute::trace";

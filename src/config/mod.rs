@@ -35,7 +35,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Args;
-use serde::Deserialize;
 use sha2::Digest;
 use thiserror::Error;
 
@@ -45,6 +44,7 @@ use crate::fleet::{BreakerConfig, HealthConfig, WorkerSpec};
 use crate::policy::{KvAwareConfig, PolicyKind, PolicySettings};
 use crate::proxy::ProxyConfig;
 
+pub use crate::telemetry::{LogFormat, TracingConfig};
 pub use discovery::{
     DEFAULT_ANNOTATION_PREFIX, DEFAULT_DNS_INTERVAL, DEFAULT_DRAIN_TIMEOUT, DiscoveryConfig,
     DnsDiscovery, KubernetesDiscovery, PortRef,
@@ -65,7 +65,6 @@ pub use server::{
     DEFAULT_MAX_BODY_BYTES, DEFAULT_SHUTDOWN_GRACE, Deprecation, MOVED_TO_SERVER,
 };
 pub use tenants::{ANY_MODEL, TenantConfig};
-pub use traces::TracingConfig;
 pub use workers::{
     MAX_WORKER_ID_BYTES, WORKER_FLAG_SYNTAX, WorkerFlagError, WorkerSpecError, check_worker,
     names_own_address, parse_worker_flag,
@@ -107,17 +106,6 @@ fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
         key: key.into(),
         message: message.into(),
     }
-}
-
-/// Log line format.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, clap::ValueEnum, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    /// Human-readable lines.
-    #[default]
-    Text,
-    /// One JSON object per line.
-    Json,
 }
 
 /// `kvroute serve` flags; each overrides the config file's key of the same meaning. Each is

@@ -6,6 +6,7 @@
 use serde::Deserialize;
 
 use super::{ConfigError, invalid};
+use crate::telemetry::TracingConfig;
 
 /// The file's `[tracing]` table.
 #[derive(Deserialize, Debug, Default)]
@@ -15,23 +16,6 @@ pub(super) struct FileTracing {
     pub(super) endpoint: Option<String>,
     pub(super) service_name: Option<String>,
     pub(super) sampling_ratio: Option<f64>,
-}
-
-/// Tracing as configured; what is not configured here comes from the `OTEL_*` variables.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct TracingConfig {
-    /// `Some(true)`: on; `Some(false)`: off whatever the variables say; `None`: on when
-    /// `OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is set.
-    pub enabled: Option<bool>,
-    /// The collector's OTLP/HTTP address (`http://collector:4318`; `/v1/traces` is appended
-    /// unless the path already ends with it). Default: the variables, else
-    /// `http://localhost:4318`.
-    pub endpoint: Option<String>,
-    /// The `service.name` of the spans. Default: `OTEL_SERVICE_NAME`, else `kvroute`.
-    pub service_name: Option<String>,
-    /// The fraction of traces started here that are sampled (a client's sampled flag is
-    /// followed). Default: `OTEL_TRACES_SAMPLER`/`OTEL_TRACES_SAMPLER_ARG`, else every trace.
-    pub sampling_ratio: Option<f64>,
 }
 
 /// The settings of `[tracing]`.

@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-use super::http::AppState;
+use super::app::AppState;
 use super::responses::token_text;
 use crate::openai::{ApiError, multipart};
 

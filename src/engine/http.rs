@@ -8,11 +8,9 @@
 //! body means, and tokenized with the same [`crate::tokens::Tokenizer`] so a prompt costs the
 //! same tokens on both sides.
 
-use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -24,39 +22,13 @@ use axum::routing::{get, post};
 use futures_util::stream::{self, Stream};
 use serde_json::{Value, json};
 
-use super::core::AddError;
-use super::driver::{EngineClient, RequestEvent, RequestStream, SubmitError};
-use super::metrics::EngineMetrics;
-use super::request::RequestStats;
-use super::responses::{ResponseShape, Usage, token_text};
+use super::app::{parse_body, prompt_tokens, submit, unavailable, unix_now, usage_of};
+use super::driver::{RequestEvent, RequestStream};
+use super::responses::{ResponseShape, token_text};
 use super::{audio, pooling, responses_api, tokenize};
-use crate::openai::{ApiError, Endpoint, Input, Prompt, RequestView};
-use crate::tokens::{ModelTokens, TokenError};
+use crate::openai::{ApiError, Endpoint, RequestView};
 
-/// Response header: the engine's time to first token for this request, seconds.
-pub const TTFT_HEADER: &str = "x-engine-ttft-seconds";
-/// Response header: the engine's queue time for this request, seconds.
-pub const QUEUE_HEADER: &str = "x-engine-queue-seconds";
-
-/// Everything the handlers share.
-pub struct AppState {
-    /// The engine task.
-    pub client: EngineClient,
-    /// Served model name.
-    pub model: String,
-    /// Tokenizer and chat template of the model (shared with the router's code).
-    pub tokens: Arc<ModelTokens>,
-    /// Output length when the request gives no `max_tokens`.
-    pub default_max_tokens: usize,
-    /// Longest prompt + output.
-    pub max_model_len: usize,
-    /// The engine's metrics.
-    pub metrics: Arc<EngineMetrics>,
-    /// Response id counter.
-    pub responses: AtomicU64,
-    /// Stored Responses API responses, by id (this engine's own: another engine has none).
-    pub stored: Mutex<HashMap<String, responses_api::Stored>>,
-}
+pub use super::app::{AppState, QUEUE_HEADER, TTFT_HEADER};
 
 /// The router for one engine.
 pub fn router(state: Arc<AppState>) -> Router {
@@ -84,67 +56,6 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/reset_prefix_cache", post(reset_prefix_cache))
         .fallback(not_found)
         .with_state(state)
-}
-
-/// A tokenization failure as the client sees it: the request's fault (a template that raised,
-/// text the tokenizer rejects) is a 400.
-pub(super) fn token_error(e: TokenError) -> ApiError {
-    ApiError::invalid(e.to_string(), Some("prompt"))
-}
-
-/// Prompt text → token ids, through the same [`ModelTokens`] the router uses.
-pub(super) fn encode(tokens: &ModelTokens, text: &str) -> Result<Vec<u32>, ApiError> {
-    tokens.encode(text).map_err(token_error)
-}
-
-fn prompt_tokens(state: &AppState, view: &RequestView) -> Result<Vec<u32>, ApiError> {
-    let batch_error = || {
-        ApiError::invalid(
-            "the simulated engine serves one prompt per request",
-            Some("prompt"),
-        )
-    };
-    let tokens = match &view.input {
-        Input::Prompt(Prompt::Text(t)) => encode(&state.tokens, t)?,
-        Input::Prompt(Prompt::Tokens(t)) => t.clone(),
-        Input::Prompt(Prompt::Texts(ts)) => match ts.as_slice() {
-            [t] => encode(&state.tokens, t)?,
-            _ => return Err(batch_error()),
-        },
-        Input::Prompt(Prompt::TokenBatches(bs)) => match bs.as_slice() {
-            [t] => t.clone(),
-            _ => return Err(batch_error()),
-        },
-        Input::Messages(_) => state.tokens.prompt_ids(view).map_err(token_error)?,
-    };
-    if tokens.is_empty() {
-        return Err(ApiError::invalid(
-            "the prompt must contain at least one token",
-            Some("prompt"),
-        ));
-    }
-    Ok(tokens)
-}
-
-pub(super) fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
-    serde_json::from_slice(body)
-        .map_err(|e| ApiError::invalid(format!("request body is not valid JSON: {e}"), None))
-}
-
-pub(super) fn unavailable() -> ApiError {
-    ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "server_error",
-        Some("engine_stopped"),
-        "the engine is shutting down",
-    )
-}
-
-pub(super) fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
 }
 
 async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
@@ -187,61 +98,6 @@ async fn generate(
         Ok(sse(shape, stream, max_tokens, view.include_usage).into_response())
     } else {
         collect(shape, stream).await
-    }
-}
-
-/// Submits `prompt` for `view` (its `max_tokens`, named `max_key` in errors, and salt); the
-/// token stream and the output length asked for.
-pub(super) async fn submit(
-    state: &AppState,
-    prompt: Vec<u32>,
-    view: &RequestView,
-    max_key: &str,
-) -> Result<(RequestStream, usize), ApiError> {
-    let max_tokens = match view.max_tokens {
-        Some(0) => {
-            return Err(ApiError::invalid(
-                format!("`{max_key}` must be at least 1"),
-                Some(max_key),
-            ));
-        }
-        Some(m) => usize::try_from(m).unwrap_or(usize::MAX),
-        None => state.default_max_tokens,
-    };
-    let salt = view.cache_salt.as_deref().map(Arc::from);
-    let stream = state
-        .client
-        .submit(prompt, max_tokens, salt)
-        .await
-        .map_err(|e| match e {
-            SubmitError::Rejected(e) => rejected(&e),
-            SubmitError::Stopped => unavailable(),
-        })?;
-    Ok((stream, max_tokens))
-}
-
-/// The 400 for a request the engine refused, naming the parameter at fault.
-pub(super) fn rejected(e: &AddError) -> ApiError {
-    let param = match e {
-        AddError::EmptyPrompt => "prompt",
-        AddError::NoOutput | AddError::TooLong { .. } => "max_tokens",
-        AddError::Duplicate(_) => {
-            return ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "server_error",
-                None,
-                e.to_string(),
-            );
-        }
-    };
-    ApiError::invalid(e.to_string(), Some(param))
-}
-
-pub(super) fn usage_of(stats: &RequestStats) -> Usage {
-    Usage {
-        prompt_tokens: stats.prompt_tokens,
-        completion_tokens: stats.output_tokens,
-        cached_tokens: stats.cached_tokens,
     }
 }
 
@@ -410,6 +266,8 @@ async fn not_found() -> ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::openai::Input;
+    use crate::tokens::ModelTokens;
 
     #[test]
     fn chat_prompts_render_with_the_shared_chat_format() {

@@ -10,6 +10,7 @@
 //!   behind the OpenAI API, exposes vLLM's metrics and publishes KV events in vLLM's wire
 //!   format through a [`events::KvEventSink`].
 
+pub mod app;
 pub mod args;
 pub mod audio;
 pub mod block_hash;

@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-use super::http::{AppState, encode, parse_body, unix_now};
+use super::app::{AppState, encode, parse_body, unix_now};
 use crate::openai::ApiError;
 
 /// Dimensions of an embedding unless the request asks for `dimensions`.

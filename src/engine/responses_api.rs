@@ -25,24 +25,15 @@ use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, Stream};
 use serde_json::{Value, json};
 
+use super::app::{
+    AppState, Stored, parse_body, submit, token_error, unavailable, unix_now, usage_of,
+};
 use super::driver::{RequestEvent, RequestStream};
-use super::http::{AppState, parse_body, submit, token_error, unavailable, unix_now, usage_of};
 use super::responses::{Usage, token_text};
 use crate::openai::{ApiError, ResponsesRequest};
 
 /// Stored responses kept per engine; the oldest are dropped beyond it.
 const STORE_LIMIT: usize = 10_000;
-
-/// A stored response: what a later request continuing it needs, and the object `GET` returns.
-#[derive(Clone, Debug)]
-pub struct Stored {
-    /// The conversation it answered (without system messages), then its output message.
-    pub messages: Vec<Value>,
-    /// The response object.
-    pub object: Value,
-    /// Insertion order, to drop the oldest.
-    seq: u64,
-}
 
 fn not_found(id: &str) -> ApiError {
     ApiError {

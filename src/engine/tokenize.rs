@@ -9,7 +9,7 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::http::{AppState, parse_body, token_error};
+use super::app::{AppState, parse_body, token_error};
 use crate::openai::ApiError;
 use crate::tokens::tokenize_api::{Detokenize, Parsed, Tokenize};
 

@@ -63,7 +63,7 @@ async fn explain(
     let view = if json.get("input").is_some() && json.get("prompt").is_none() {
         // A Responses API body: its prompt is its `instructions` and `input` as a chat.
         let req = ResponsesRequest::parse(&json)?;
-        let model = super::forward::default_model(state, req.model.clone())?.ok_or_else(|| {
+        let model = super::call::default_model(state, req.model.clone())?.ok_or_else(|| {
             ApiError::invalid("you must provide a model parameter", Some("model"))
         })?;
         req.chat_view(&model)

@@ -13,28 +13,27 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::response::Response;
 use axum::routing::{get, post};
-use bytes::Bytes;
 use http::{HeaderMap, Method, StatusCode, Uri};
 
 use super::AppState;
 use super::api::Api;
-use super::forward::{self, Call, Prepared, Read, Step};
-use super::{responses, tokenize};
-use crate::openai::{ApiError, ECHO_MAX, ModelField, multipart, shorten};
+use super::call::{Call, Read};
+use super::forward;
+use crate::openai::{ApiError, ECHO_MAX, shorten};
 
 /// Adds the routes of the endpoints beyond completions, chat and the model list.
 pub(super) fn routes(router: Router<Arc<AppState>>) -> Router<Arc<AppState>> {
     router
-        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses", post(responses_create))
         .route(
             "/v1/responses/{id}",
-            get(responses::stored).delete(responses::stored),
+            get(responses_stored).delete(responses_stored),
         )
-        .route("/v1/responses/{id}/cancel", post(responses::stored))
-        .route("/v1/responses/{id}/input_items", get(responses::stored))
+        .route("/v1/responses/{id}/cancel", post(responses_stored))
+        .route("/v1/responses/{id}/input_items", get(responses_stored))
         .route("/v1/embeddings", post(embeddings))
         .route("/v1/rerank", post(rerank))
         .route("/rerank", post(rerank))
@@ -42,8 +41,8 @@ pub(super) fn routes(router: Router<Arc<AppState>>) -> Router<Arc<AppState>> {
         .route("/v1/score", post(score))
         .route("/score", post(score))
         .route("/v1/audio/transcriptions", post(transcriptions))
-        .route("/tokenize", post(tokenize::tokenize))
-        .route("/detokenize", post(tokenize::detokenize))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
 }
 
 /// The path (and query) as received, to send to the worker.
@@ -111,40 +110,52 @@ async fn transcriptions(
     forward::handle(state, call, body, Read::Multipart).await
 }
 
-/// Reads the `model` field of a multipart form.
-pub(super) fn prepare_multipart(
-    state: &AppState,
-    headers: &HeaderMap,
-    bytes: &Bytes,
-) -> Result<Step, ApiError> {
-    let content_type = headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    let Some(boundary) = multipart::boundary(content_type) else {
-        return Err(ApiError::invalid(
-            "the body must be multipart/form-data (with a boundary)",
-            None,
-        ));
-    };
-    let named = multipart::text_field(bytes, &boundary, "model")?.filter(|m| !m.is_empty());
-    let model = forward::default_model(state, named)?;
-    Ok(Step::Forward(Prepared::on_load(model)))
+/// `POST /v1/responses`.
+async fn responses_create(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let call = Call::post(Api::Responses, "/v1/responses", headers);
+    forward::handle(state, call, body, Read::Responses).await
 }
 
-/// A body forwarded by the allow-list: its `model` when it is a JSON object naming one (then
-/// only that model's workers take it), else any worker.
-pub(super) fn prepare_opaque(headers: &HeaderMap, bytes: &Bytes) -> Prepared {
-    let json = headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().starts_with("application/json"));
-    let model = if json && !bytes.is_empty() {
-        ModelField::from_json(bytes).ok().and_then(|f| f.model)
-    } else {
-        None
+/// `GET`/`DELETE /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`,
+/// `GET /v1/responses/{id}/input_items`: sent as received (path and query) to the worker that
+/// stores the response.
+async fn responses_stored(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let call = Call {
+        api: Api::Responses,
+        method,
+        target: uri
+            .path_and_query()
+            .map_or_else(|| uri.path().to_owned(), |pq| pq.as_str().to_owned()),
+        headers,
     };
-    Prepared::on_load(model)
+    forward::handle(state, call, body, Read::StoredResponse(id)).await
+}
+
+/// `POST /tokenize`.
+async fn tokenize(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    let call = Call::post(Api::Tokenize, "/tokenize", headers);
+    forward::handle(state, call, body, Read::Tokenize).await
+}
+
+/// `POST /detokenize`.
+async fn detokenize(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let call = Call::post(Api::Detokenize, "/detokenize", headers);
+    forward::handle(state, call, body, Read::Detokenize).await
 }
 
 /// Any other path: forwarded when `[endpoints] forward_paths` allows it, else 404.

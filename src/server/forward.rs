@@ -3,7 +3,8 @@
 //! that stores a response — forward with retries, and stream the answer back observed.
 //!
 //! `POST /v1/completions` and `/v1/chat/completions` are here; the other endpoints' handlers
-//! (`endpoints`, `responses`, `tokenize`) call [`handle`] with their own [`Read`].
+//! (`endpoints`) call [`handle`] with their own [`Read`], which `read` dispatches to the
+//! endpoint's own reader (`responses`, `tokenize`, `read`).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -12,7 +13,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Method};
+use http::{HeaderMap, HeaderValue};
 use http_body::Body as _;
 use tracing::{Instrument, field};
 
@@ -20,11 +21,12 @@ use super::access_log::AccessLine;
 use super::admission::{BodyClaim, Ticket};
 use super::api::Api;
 use super::auth::{Caller, Keys};
-use super::observer::{Affinity, Observer, Requester};
+use super::call::{Call, Prepared, Read, Routing, Step};
+use super::observer::{Observer, Requester};
 use super::trail::Trail;
 use super::{AppState, body, cache_salt, request_id, route};
 use crate::fleet::Worker;
-use crate::openai::{ApiError, Endpoint, RequestView};
+use crate::openai::{ApiError, Endpoint};
 use crate::proxy::{self, BodyTimeouts, ObservedBody};
 use crate::routing::{Analysis, Session};
 use crate::telemetry::{self, TARGET as TRACE};
@@ -54,96 +56,6 @@ pub(super) async fn chat_completions(
         Read::Generation(Endpoint::ChatCompletions),
     )
     .await
-}
-
-/// A request as it arrived, before its body is read.
-pub(super) struct Call {
-    /// The kind of endpoint.
-    pub(super) api: Api,
-    /// The method, sent on as is.
-    pub(super) method: Method,
-    /// The path and query sent to the worker.
-    pub(super) target: String,
-    /// The client's headers.
-    pub(super) headers: HeaderMap,
-}
-
-impl Call {
-    /// A `POST` to `path`.
-    pub(super) fn post(api: Api, path: &str, headers: HeaderMap) -> Call {
-        Call {
-            api,
-            method: Method::POST,
-            target: path.to_owned(),
-            headers,
-        }
-    }
-}
-
-/// How an endpoint reads its body.
-pub(super) enum Read {
-    /// A completion or chat: validated, routed on its prompt.
-    Generation(Endpoint),
-    /// `POST /v1/responses` (see `responses`).
-    Responses,
-    /// A request about stored response `0` (`GET`/`DELETE /v1/responses/{id}`, …).
-    StoredResponse(String),
-    /// A JSON body of which only `model` is read (embeddings, rerank, score); `salted`: it
-    /// takes a `cache_salt`, so a tenant's is written in.
-    ModelJson {
-        /// Whether the tenant's cache salt is written into the body.
-        salted: bool,
-    },
-    /// A `multipart/form-data` body with a `model` field (transcriptions).
-    Multipart,
-    /// `POST /tokenize`, answered here when possible (see `tokenize`).
-    Tokenize,
-    /// `POST /detokenize`, answered here when possible.
-    Detokenize,
-    /// A body on the allow-list: its `model` read when it is a JSON object that names one.
-    Opaque,
-}
-
-/// How a request is routed.
-pub(super) enum Routing {
-    /// On the prompt's KV prefix (and load), as the policy weighs them.
-    Prompt(Box<RequestView>),
-    /// On load alone.
-    Load,
-    /// To this worker only: it stores the response the request is about.
-    Pinned(Arc<Worker>),
-}
-
-/// A request its endpoint has read, ready to be routed.
-pub(super) struct Prepared {
-    /// The model; `None`: any worker may take it.
-    pub(super) model: Option<String>,
-    /// How to choose the worker.
-    pub(super) routing: Routing,
-    /// `Some(client salt)` when the tenant's cache salt is written into the (JSON) body.
-    pub(super) salt: Option<Option<String>>,
-    /// What the answer teaches about stored responses.
-    pub(super) affinity: Option<Affinity>,
-}
-
-impl Prepared {
-    /// A request for `model` routed on load, its body sent as it came.
-    pub(super) fn on_load(model: Option<String>) -> Prepared {
-        Prepared {
-            model,
-            routing: Routing::Load,
-            salt: None,
-            affinity: None,
-        }
-    }
-}
-
-/// What reading the body decided.
-pub(super) enum Step {
-    /// Route and forward it.
-    Forward(Prepared),
-    /// The router answers itself (a `/tokenize` it can answer), with the model it was for.
-    Answer(Response, String),
 }
 
 /// An admitted request's body as received.
@@ -186,7 +98,7 @@ async fn respond(state: Arc<AppState>, call: Call, body: Body, read: Read) -> Re
         Err(e) => return reject(&state, e, Rejected::new(&id, api, None, None, started)),
     };
     let tenant = caller.tenant().map(str::to_owned);
-    let step = match prepare(&state, &caller, &call, &received.bytes, read).await {
+    let step = match super::read::prepare(&state, &caller, &call, &received.bytes, read).await {
         Ok(step) => step,
         Err(e) => {
             let who = Rejected::new(&id, api, tenant.as_deref(), None, started);
@@ -207,43 +119,6 @@ async fn respond(state: Arc<AppState>, call: Call, body: Body, read: Read) -> Re
             let who = Rejected::new(&id, api, tenant.as_deref(), model.as_deref(), started);
             reject(&state, e, who)
         }
-    }
-}
-
-/// Lets the endpoint read the body.
-async fn prepare(
-    state: &Arc<AppState>,
-    caller: &Caller,
-    call: &Call,
-    bytes: &Bytes,
-    read: Read,
-) -> Result<Step, ApiError> {
-    match read {
-        Read::Generation(endpoint) => {
-            let view = body::view(endpoint, bytes).await?;
-            Ok(Step::Forward(Prepared {
-                model: Some(view.model.clone()),
-                salt: Some(view.cache_salt.clone()),
-                routing: Routing::Prompt(Box::new(view)),
-                affinity: None,
-            }))
-        }
-        Read::Responses => super::responses::prepare(state, caller, bytes).await,
-        Read::StoredResponse(id) => super::responses::prepare_stored(state, caller, call, &id),
-        Read::ModelJson { salted } => {
-            let f = body::model_field(bytes).await?;
-            Ok(Step::Forward(Prepared {
-                salt: salted.then_some(f.cache_salt),
-                ..Prepared::on_load(default_model(state, f.model)?)
-            }))
-        }
-        Read::Multipart => super::endpoints::prepare_multipart(state, &call.headers, bytes),
-        Read::Tokenize => super::tokenize::prepare(state, caller, bytes, false).await,
-        Read::Detokenize => super::tokenize::prepare(state, caller, bytes, true).await,
-        Read::Opaque => Ok(Step::Forward(super::endpoints::prepare_opaque(
-            &call.headers,
-            bytes,
-        ))),
     }
 }
 
@@ -524,32 +399,6 @@ fn eligible(state: &AppState, model: Option<&str>) -> Result<Vec<Arc<Worker>>, A
     } else {
         ApiError::model_not_found(model)
     })
-}
-
-/// The model of a request that may leave it out (engines then use the one they serve): the one
-/// named, else the fleet's only base model; `None` when the fleet knows no model yet; 400 when
-/// it serves several and the request must say which.
-pub(super) fn default_model(
-    state: &AppState,
-    named: Option<String>,
-) -> Result<Option<String>, ApiError> {
-    if named.is_some() {
-        return Ok(named);
-    }
-    let mut base: Vec<String> = state
-        .fleet
-        .models()
-        .into_iter()
-        .filter(|m| state.adapter_base(m).is_none())
-        .collect();
-    match base.len() {
-        0 => Ok(None),
-        1 => Ok(base.pop()),
-        n => Err(ApiError::invalid(
-            format!("you must provide a model parameter: this router serves {n} models"),
-            Some("model"),
-        )),
-    }
 }
 
 /// The client's key is the router's credential, not the worker's: never pass it on.

@@ -14,53 +14,17 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::body::Body;
-use axum::extract::{Path, State};
-use axum::response::Response;
 use bytes::Bytes;
-use http::{HeaderMap, Method, StatusCode, Uri};
+use http::{Method, StatusCode};
 
 use super::AppState;
 use super::affinity::Lookup;
-use super::api::Api;
 use super::auth::Caller;
 use super::body;
-use super::forward::{self, Call, Prepared, Read, Routing, Step};
+use super::call::{Call, Prepared, Routing, Step, default_model};
 use super::observer::{Affinity, AffinityAction};
 use crate::fleet::Worker;
 use crate::openai::{ApiError, ECHO_MAX, ResponsesRequest, shorten};
-
-/// `POST /v1/responses`.
-pub(super) async fn create(
-    State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    let call = Call::post(Api::Responses, "/v1/responses", headers);
-    forward::handle(state, call, body, Read::Responses).await
-}
-
-/// `GET`/`DELETE /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`,
-/// `GET /v1/responses/{id}/input_items`: sent as received (path and query) to the worker that
-/// stores the response.
-pub(super) async fn stored(
-    State(state): State<Arc<AppState>>,
-    Path(id): Path<String>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    let call = Call {
-        api: Api::Responses,
-        method,
-        target: uri
-            .path_and_query()
-            .map_or_else(|| uri.path().to_owned(), |pq| pq.as_str().to_owned()),
-        headers,
-    };
-    forward::handle(state, call, body, Read::StoredResponse(id)).await
-}
 
 /// Reads a `POST /v1/responses` body: pinned to the worker of its `previous_response_id`, else
 /// routed on its prompt.
@@ -70,7 +34,7 @@ pub(super) async fn prepare(
     bytes: &Bytes,
 ) -> Result<Step, ApiError> {
     let req = body::parse(bytes, ResponsesRequest::from_json).await?;
-    let model = forward::default_model(state, req.model.clone())?;
+    let model = default_model(state, req.model.clone())?;
     let routing = match &req.previous_response_id {
         Some(prev) => Routing::Pinned(holder(state, caller, prev, "previous_response_id")?),
         None => match &model {

@@ -9,42 +9,18 @@
 
 use std::sync::Arc;
 
-use axum::body::Body;
-use axum::extract::State;
-use axum::response::{IntoResponse, Response};
+use axum::response::IntoResponse;
 use bytes::Bytes;
-use http::HeaderMap;
 use serde_json::Value;
 
 use super::AppState;
-use super::api::Api;
 use super::auth::{Caller, Keys};
 use super::body;
-use super::forward::{self, Call, Prepared, Read, Step};
+use super::call::{Prepared, Step, default_model};
 use super::route::INLINE_TOKENIZE_BYTES;
 use crate::openai::ApiError;
 use crate::tokens::tokenize_api::{Detokenize, Parsed, Tokenize};
 use crate::tokens::{ModelTokens, TokenizerSource};
-
-/// `POST /tokenize`.
-pub(super) async fn tokenize(
-    State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    let call = Call::post(Api::Tokenize, "/tokenize", headers);
-    forward::handle(state, call, body, Read::Tokenize).await
-}
-
-/// `POST /detokenize`.
-pub(super) async fn detokenize(
-    State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    let call = Call::post(Api::Detokenize, "/detokenize", headers);
-    forward::handle(state, call, body, Read::Detokenize).await
-}
 
 /// Answers a `/tokenize` (or, with `detokenize`, `/detokenize`) body here when possible, else
 /// prepares it for a worker.
@@ -63,7 +39,7 @@ pub(super) async fn prepare(
         Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),
         _ => None,
     };
-    let model = forward::default_model(state, named)?;
+    let model = default_model(state, named)?;
     let Some(model) = model else {
         return Ok(Step::Forward(Prepared::on_load(None)));
     };

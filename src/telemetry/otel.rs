@@ -21,7 +21,7 @@ use tracing_subscriber::filter::filter_fn;
 use tracing_subscriber::registry::LookupSpan;
 
 use super::TARGET;
-use crate::config::TracingConfig;
+use super::TracingConfig;
 use crate::tls::UpstreamTls;
 use crate::tls::upstream::{WorkerConnector, connector};
 
