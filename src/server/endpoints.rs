@@ -15,7 +15,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::response::Response;
-use axum::routing::{get, post};
+use axum::routing::{MethodRouter, get, post};
 use http::{HeaderMap, Method, StatusCode, Uri};
 
 use super::AppState;
@@ -34,12 +34,12 @@ pub(super) fn routes(router: Router<Arc<AppState>>) -> Router<Arc<AppState>> {
         )
         .route("/v1/responses/{id}/cancel", post(responses_stored))
         .route("/v1/responses/{id}/input_items", get(responses_stored))
-        .route("/v1/embeddings", post(embeddings))
-        .route("/v1/rerank", post(rerank))
-        .route("/rerank", post(rerank))
-        .route("/v2/rerank", post(rerank))
-        .route("/v1/score", post(score))
-        .route("/score", post(score))
+        .route("/v1/embeddings", pooling(Api::Embeddings))
+        .route("/v1/rerank", pooling(Api::Rerank))
+        .route("/rerank", pooling(Api::Rerank))
+        .route("/v2/rerank", pooling(Api::Rerank))
+        .route("/v1/score", pooling(Api::Score))
+        .route("/score", pooling(Api::Score))
         .route("/v1/audio/transcriptions", post(transcriptions))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
@@ -51,49 +51,20 @@ fn target(uri: &Uri) -> String {
         .map_or_else(|| uri.path().to_owned(), |pq| pq.as_str().to_owned())
 }
 
-async fn pooling(
-    state: Arc<AppState>,
-    api: Api,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    let call = Call {
-        target: target(&uri),
-        ..Call::post(api, "", headers)
-    };
-    forward::handle(state, call, body, Read::ModelJson { salted: true }).await
-}
-
-/// `POST /v1/embeddings`.
-async fn embeddings(
-    State(state): State<Arc<AppState>>,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    pooling(state, Api::Embeddings, uri, headers, body).await
-}
-
-/// `POST /v1/rerank`, `/rerank`, `/v2/rerank` (the path is kept: engines answer each in its
-/// own dialect).
-async fn rerank(
-    State(state): State<Arc<AppState>>,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    pooling(state, Api::Rerank, uri, headers, body).await
-}
-
-/// `POST /v1/score`, `/score`.
-async fn score(
-    State(state): State<Arc<AppState>>,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    pooling(state, Api::Score, uri, headers, body).await
+/// The route of a pooling endpoint (`api`): embeddings (`/v1/embeddings`), rerank
+/// (`/v1/rerank`, `/rerank`, `/v2/rerank`: the path is kept, engines answer each in its own
+/// dialect) and score (`/v1/score`, `/score`). Its JSON body's `model` is read and a tenant's
+/// cache salt written in.
+fn pooling(api: Api) -> MethodRouter<Arc<AppState>> {
+    post(
+        move |State(state): State<Arc<AppState>>, uri: Uri, headers: HeaderMap, body: Body| async move {
+            let call = Call {
+                target: target(&uri),
+                ..Call::post(api, "", headers)
+            };
+            forward::handle(state, call, body, Read::ModelJson { salted: true }).await
+        },
+    )
 }
 
 /// `POST /v1/audio/transcriptions`: a `multipart/form-data` upload, forwarded byte for byte.
@@ -134,9 +105,7 @@ async fn responses_stored(
     let call = Call {
         api: Api::Responses,
         method,
-        target: uri
-            .path_and_query()
-            .map_or_else(|| uri.path().to_owned(), |pq| pq.as_str().to_owned()),
+        target: target(&uri),
         headers,
     };
     forward::handle(state, call, body, Read::StoredResponse(id)).await
