@@ -11,7 +11,7 @@
 //! - [`real_router`], [`request_kinds`]: kvroute in front of real engines, the exactness
 //!   check and the request kinds it is made on; [`real_scenarios`]: eviction, tenants, the SDK,
 //!   routing and restarts on either engine (the `real_vllm*` and `real_sglang*` tests);
-//! - here: the fixtures directory, free ports, and polling until a condition holds.
+//! - here: the fixtures directory, free ports (and quiet ones, outside the ephemeral range), and polling until a condition holds.
 //!
 //! Everything is re-exported here, so a test writes `use crate::support::*;` or names the
 //! helpers it needs.
@@ -50,6 +50,51 @@ pub fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// A free port below the kernel's ephemeral range, for a child process that binds it only
+/// seconds later or binds it again after a restart (a real engine, a restarted router).
+///
+/// A port from [`free_port`] is handed back to the kernel's ephemeral pool, and any outgoing
+/// connection or `bind(0)` in the meantime may take it: CI saw vLLM's KV-event socket fail
+/// with "Address already in use" 38 s after the port was picked, while vLLM's own processes
+/// were connecting to each other. The kernel never assigns a port outside
+/// `ip_local_port_range` by itself, so only an explicit bind can take one of these; a
+/// process-wide counter (started from the process id, for parallel test processes) keeps two
+/// calls from returning the same port.
+pub fn quiet_port() -> u16 {
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOWEST: u32 = 15_000;
+    static NEXT: OnceLock<(AtomicU32, u32)> = OnceLock::new();
+    let (next, end) = NEXT.get_or_init(|| {
+        let end = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
+            .unwrap_or(32_768);
+        let span = end.saturating_sub(LOWEST).max(1);
+        (
+            AtomicU32::new(std::process::id().wrapping_mul(7_919) % span),
+            end,
+        )
+    });
+    let span = end.saturating_sub(LOWEST);
+    if span < 1_000 {
+        return free_port();
+    }
+    for _ in 0..span {
+        let port = LOWEST + next.fetch_add(1, Ordering::Relaxed) % span;
+        let Ok(port) = u16::try_from(port) else {
+            continue;
+        };
+        // Free on every address: engines bind `*` as well as loopback.
+        if TcpListener::bind(("0.0.0.0", port)).is_ok()
+            && TcpListener::bind(("127.0.0.1", port)).is_ok()
+        {
+            return port;
+        }
+    }
+    free_port()
 }
 
 /// Polls `cond` every 10 ms until it holds or `limit` passes; whether it held.

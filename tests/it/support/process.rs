@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use super::free_port;
+use super::quiet_port;
 
 /// Peak and current resident memory of a process, in MiB (`VmHWM`, `VmRSS`).
 pub fn rss_mib(pid: Option<u32>) -> (f64, f64) {
@@ -36,9 +36,9 @@ impl EngineAddrs {
     /// Fresh loopback ports for HTTP, events and replay.
     pub fn fresh() -> EngineAddrs {
         EngineAddrs {
-            http: SocketAddr::from(([127, 0, 0, 1], free_port())),
-            events: format!("tcp://127.0.0.1:{}", free_port()),
-            replay: format!("tcp://127.0.0.1:{}", free_port()),
+            http: SocketAddr::from(([127, 0, 0, 1], quiet_port())),
+            events: format!("tcp://127.0.0.1:{}", quiet_port()),
+            replay: format!("tcp://127.0.0.1:{}", quiet_port()),
         }
     }
 }
@@ -123,7 +123,7 @@ impl RouterProcess {
         stderr: Stdio,
         env: &[(&str, &std::path::Path)],
     ) -> (RouterProcess, tempfile::NamedTempFile) {
-        let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let addr = SocketAddr::from(([127, 0, 0, 1], quiet_port()));
         let text = format!("listen = \"{addr}\"\n{config_toml}");
         let file = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(file.path(), text).unwrap();

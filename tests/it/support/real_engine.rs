@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::free_port;
+use super::quiet_port;
 
 /// How long one engine may take to answer `/health` (20–50 s measured; more on a busy machine).
 const START_LIMIT: Duration = Duration::from_secs(600);
@@ -90,7 +90,7 @@ impl EngineProc {
     /// Picks the engine's ports; nothing runs until [`EngineProc::launch`].
     fn new(kind: &'static EngineKind, i: usize, launcher: Launcher) -> EngineProc {
         let name = format!("{}{i}", kind.id_prefix);
-        let http_port = free_port();
+        let http_port = quiet_port();
         let log = std::env::temp_dir().join(format!(
             "kvroute-{}-{name}-{http_port}.log",
             kind.name.to_lowercase()
@@ -99,8 +99,8 @@ impl EngineProc {
             name,
             kind,
             http_port,
-            events_port: free_port(),
-            replay_port: free_port(),
+            events_port: quiet_port(),
+            replay_port: quiet_port(),
             launcher,
             child: None,
             log,
@@ -178,11 +178,26 @@ impl EngineProc {
         );
     }
 
-    /// The last lines of the engine's output.
+    /// The last lines of the engine's output, after the first lines that name an error
+    /// (a Python engine's root cause is often far above its last traceback).
     pub fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
+        let tail_from = lines.len().saturating_sub(40);
+        let causes: Vec<&str> = lines[..tail_from]
+            .iter()
+            .filter(|l| l.contains("Error:") || l.contains("error:"))
+            .take(5)
+            .copied()
+            .collect();
+        let mut out = String::new();
+        if !causes.is_empty() {
+            out.push_str("first errors in the log:\n");
+            out.push_str(&causes.join("\n"));
+            out.push_str("\n…\n");
+        }
+        out.push_str(&lines[tail_from..].join("\n"));
+        out
     }
 
     pub fn url(&self) -> String {
