@@ -44,6 +44,10 @@ pub struct Reloader {
     /// SHA-256 of the file as last read by a reload, applied or refused: the change watch
     /// reloads a file once per change, not an invalid one at every check.
     last_read: Mutex<String>,
+    /// SHA-256 of new bytes the change watch has seen once: they are reloaded only if the
+    /// next check reads the same, so a file caught mid-write (`>` truncates first, then
+    /// writes) is never applied half-written — a truncated file can be valid and drop keys.
+    settling: Mutex<Option<String>>,
 }
 
 /// What a reload did.
@@ -89,19 +93,28 @@ impl Reloader {
             started: config.clone(),
             workers: Mutex::new(tx),
             last_read: Mutex::new(loaded.sha256.clone()),
+            settling: Mutex::new(None),
         })
     }
 
-    /// Reloads when the file's bytes differ from those the last reload read (the change
-    /// watch, `server.config_reload_interval_s`); `None` when they do not, or it cannot be
-    /// read now (a ConfigMap update swaps a symlink: the next check sees the new file).
+    /// Reloads when the file's bytes differ from those the last reload read and have read
+    /// the same at two checks in a row (the change watch, `server.config_reload_interval_s`);
+    /// `None` when they do not, or it cannot be read now (a ConfigMap update swaps a symlink:
+    /// the next check sees the new file).
     pub fn reload_if_changed(&self) -> Option<Outcome> {
         let path = self.args.config.as_ref()?;
         let text = std::fs::read(path).ok()?;
         let sha256 = hex_sha256(&text);
-        if *self.last_read.lock().unwrap_or_else(|e| e.into_inner()) == sha256 {
+        let last_read = self
+            .last_read
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let mut settling = self.settling.lock().unwrap_or_else(|e| e.into_inner());
+        if !settled(&last_read, &mut settling, sha256) {
             return None;
         }
+        drop(settling);
         tracing::info!(path = %path.display(), "the config file changed: reloading it");
         Some(self.reload())
     }
@@ -191,6 +204,21 @@ pub async fn on_hangup(
         // Reading and validating the file is blocking work.
         let _ = tokio::task::spawn_blocking(move || reloader.reload()).await;
     }
+}
+
+/// Whether the file whose bytes hash to `sha256` is to be reloaded now: it differs from
+/// `last_read` and read the same at the previous check (`settling`, updated here).
+fn settled(last_read: &str, settling: &mut Option<String>, sha256: String) -> bool {
+    if last_read == sha256 {
+        *settling = None;
+        return false;
+    }
+    if settling.as_deref() == Some(sha256.as_str()) {
+        *settling = None;
+        return true;
+    }
+    *settling = Some(sha256);
+    false
 }
 
 /// Checks the config file for a change every `interval` until `stop`.
@@ -304,6 +332,28 @@ mod tests {
 
     fn config(text: &str) -> Config {
         Config::from_toml(text, Path::new("test")).unwrap()
+    }
+
+    #[test]
+    fn a_change_is_reloaded_once_it_reads_the_same_twice() {
+        let mut settling = None;
+        let s = |x: &str| x.to_owned();
+        assert!(!settled("a", &mut settling, s("a")), "unchanged");
+        // Caught mid-write: a truncated file, then the whole one.
+        assert!(!settled("a", &mut settling, s("half")));
+        assert!(
+            !settled("a", &mut settling, s("b")),
+            "changed again: not settled"
+        );
+        assert!(settled("a", &mut settling, s("b")), "the same twice");
+        assert_eq!(settling, None);
+        // Back to what was last read before settling: nothing to do, and forgotten.
+        assert!(!settled("a", &mut settling, s("c")));
+        assert!(!settled("a", &mut settling, s("a")));
+        assert!(
+            !settled("a", &mut settling, s("c")),
+            "seen once again, after a reset"
+        );
     }
 
     #[test]
