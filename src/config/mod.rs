@@ -67,7 +67,7 @@ pub use server::{
 pub use tenants::{ANY_MODEL, TenantConfig};
 pub use workers::{
     MAX_WORKER_ID_BYTES, WORKER_FLAG_SYNTAX, WorkerFlagError, WorkerSpecError, check_worker,
-    names_own_address, parse_worker_flag,
+    data_parallel_size, names_own_address, parse_worker_flag,
 };
 
 /// A configuration problem, phrased for the operator.

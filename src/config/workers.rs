@@ -8,7 +8,8 @@ use thiserror::Error;
 
 use super::file::FileWorker;
 use super::{ConfigError, invalid};
-use crate::fleet::{BaseUrl, WorkerSpec};
+use crate::fleet::rank::rank_endpoint;
+use crate::fleet::{BaseUrl, MAX_DATA_PARALLEL_SIZE, WorkerSpec};
 
 /// The `--worker` syntax, for help texts and errors.
 pub const WORKER_FLAG_SYNTAX: &str = "URL[=MODEL,…][@EVENTS_ENDPOINT[@REPLAY_ENDPOINT]]";
@@ -33,7 +34,8 @@ pub const MAX_WORKER_ID_BYTES: usize = 128;
 #[derive(Debug, Error, PartialEq)]
 #[error("{message}")]
 pub struct WorkerSpecError {
-    /// The field at fault (`id`, `url`, `models`, `kv_events`, `kv_replay`, `kv_blocks`).
+    /// The field at fault (`id`, `url`, `models`, `kv_events`, `kv_replay`, `kv_blocks`,
+    /// `data_parallel_size`).
     pub field: &'static str,
     /// What is wrong and what to write instead.
     pub message: String,
@@ -95,7 +97,60 @@ pub fn check_worker(spec: &WorkerSpec) -> Result<(), WorkerSpecError> {
             "must be at least 1; omit it to read the engine's metrics",
         ));
     }
+    check_data_parallel(spec)
+}
+
+/// A data-parallel worker's ranks must be reachable: a size within bounds, and event endpoints
+/// every rank can be found at (each rank publishes on the configured port plus its rank, as
+/// vLLM and SGLang do; vLLM refuses an `ipc://` endpoint for ranks above 0).
+fn check_data_parallel(spec: &WorkerSpec) -> Result<(), WorkerSpecError> {
+    let size = spec.data_parallel_size;
+    if !(1..=MAX_DATA_PARALLEL_SIZE).contains(&size) {
+        return Err(spec_error(
+            "data_parallel_size",
+            format!(
+                "must be from 1 to {MAX_DATA_PARALLEL_SIZE} (the engine's --data-parallel-size)"
+            ),
+        ));
+    }
+    for (field, ep) in [
+        ("kv_events", &spec.kv_events),
+        ("kv_replay", &spec.kv_replay),
+    ] {
+        if let Some(ep) = ep
+            && rank_endpoint(ep, size - 1).is_none()
+        {
+            return Err(spec_error(
+                field,
+                format!(
+                    "`{ep}` cannot give each of {size} data-parallel ranks its own endpoint: \
+                     rank N publishes on the port plus N, so write a tcp:// endpoint with a \
+                     port of at most {}",
+                    u32::from(u16::MAX).saturating_sub(size - 1)
+                ),
+            ));
+        }
+    }
     Ok(())
+}
+
+/// The data-parallel size of a `[[workers]]` entry or an admin API body: absent means 1.
+pub fn data_parallel_size(value: Option<i64>) -> Result<u32, WorkerSpecError> {
+    match value {
+        None => Ok(1),
+        Some(n) => u32::try_from(n)
+            .ok()
+            .filter(|n| (1..=MAX_DATA_PARALLEL_SIZE).contains(n))
+            .ok_or_else(|| {
+                spec_error(
+                    "data_parallel_size",
+                    format!(
+                        "{n} is not a data-parallel size: give the engine's --data-parallel-size, \
+                         from 1 to {MAX_DATA_PARALLEL_SIZE}"
+                    ),
+                )
+            }),
+    }
 }
 
 /// Whether `url` names one of the router's own listen addresses: the same port on a loopback
@@ -127,6 +182,8 @@ pub(super) fn workers(
         let key = format!("workers[{i}]");
         let mut spec = worker_spec(&key, w.id, &w.url, w.models, w.kv_events, w.kv_replay)?;
         spec.kv_blocks = w.kv_blocks;
+        spec.data_parallel_size = data_parallel_size(w.data_parallel_size)
+            .map_err(|e| invalid(format!("{key}.{}", e.field), e.message))?;
         check_worker(&spec).map_err(|e| invalid(format!("{key}.{}", e.field), e.message))?;
         workers.push(spec);
     }
@@ -192,6 +249,7 @@ fn worker_spec(
         kv_events,
         kv_replay,
         kv_blocks: None,
+        data_parallel_size: 1,
     };
     check_worker(&spec).map_err(|e| invalid(format!("{key}.{}", e.field), e.message))?;
     Ok(spec)
@@ -271,5 +329,28 @@ mod tests {
         }
         let e = parse_worker_flag("ftp://x@tcp://h:1@tcp://h:2").unwrap_err();
         assert!(e.to_string().contains("http"), "{e}");
+    }
+
+    #[test]
+    fn data_parallel_workers_need_a_bounded_size_and_offsettable_endpoints() {
+        assert_eq!(data_parallel_size(None), Ok(1));
+        assert_eq!(data_parallel_size(Some(4)), Ok(4));
+        for bad in [0, -1, 257, i64::MAX] {
+            let e = data_parallel_size(Some(bad)).unwrap_err();
+            assert_eq!(e.field, "data_parallel_size", "{bad}");
+        }
+        let mut spec = parse_worker_flag("http://h:1@tcp://*:5557@tcp://h:5567").unwrap();
+        spec.data_parallel_size = 4;
+        assert_eq!(check_worker(&spec), Ok(()));
+        spec.kv_events = Some("ipc:///run/ev".into());
+        assert_eq!(check_worker(&spec).unwrap_err().field, "kv_events");
+        spec.kv_events = Some("tcp://h:5557".into());
+        spec.kv_replay = Some("tcp://h:65534".into());
+        let e = check_worker(&spec).unwrap_err();
+        assert_eq!(e.field, "kv_replay");
+        assert!(e.message.contains("65532"), "{e}");
+        spec.kv_replay = None;
+        spec.data_parallel_size = 0;
+        assert_eq!(check_worker(&spec).unwrap_err().field, "data_parallel_size");
     }
 }

@@ -61,6 +61,7 @@ pub fn endpoint(config: &DnsDiscovery, ip: IpAddr) -> Option<WorkerSpec> {
         kv_events: zmq(config.kv_events_port),
         kv_replay: zmq(config.kv_replay_port),
         kv_blocks: None,
+        data_parallel_size: 1,
     })
 }
 

@@ -145,6 +145,7 @@ pub fn workers_of(
             kv_events: events.map(|p| offset(p, rank)).transpose()?.map(zmq),
             kv_replay: replay.map(|p| offset(p, rank)).transpose()?.map(zmq),
             kv_blocks: None,
+            data_parallel_size: 1,
         });
     }
     Ok(workers)

@@ -32,7 +32,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tracing::{Instrument, field};
 
-use crate::fleet::Worker;
+use crate::fleet::{DP_RANK_HEADER, Worker};
 use crate::metrics::Metrics;
 use crate::openai::ApiError;
 use crate::routing::{Attempt, Session};
@@ -204,6 +204,7 @@ impl Upstream {
             match self
                 .send(
                     &attempt.worker,
+                    attempt.rank,
                     method,
                     path,
                     &headers,
@@ -275,6 +276,7 @@ impl Upstream {
     async fn send(
         &self,
         worker: &Worker,
+        rank: Option<u32>,
         method: &Method,
         path: &str,
         headers: &HeaderMap,
@@ -289,6 +291,13 @@ impl Upstream {
         *req.headers_mut() = headers.clone();
         if let Ok(host) = HeaderValue::from_str(worker.spec.url.authority().as_str()) {
             req.headers_mut().insert(http::header::HOST, host);
+        }
+        // The rank is the router's decision: a client's own pin never reaches the engine
+        // (on a worker without data parallelism it could only name a rank that is not there).
+        req.headers_mut().remove(DP_RANK_HEADER);
+        if let Some(rank) = rank {
+            req.headers_mut()
+                .insert(DP_RANK_HEADER, HeaderValue::from(rank));
         }
         // From sending to the response head: connect (or a pooled connection), send, wait.
         // The worker's own spans are its children.
