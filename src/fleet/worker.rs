@@ -471,7 +471,7 @@ mod tests {
         };
         let w = Worker::with(
             spec,
-            WorkerId(0),
+            &[WorkerId(0)],
             BreakerConfig::default(),
             Some(hook),
             Weak::new(),

@@ -326,6 +326,22 @@ mod tests {
     }
 
     #[test]
+    fn a_rank_stream_leaves_out_batches_of_other_ranks() {
+        let of = |rank: Option<i64>| EventBatch {
+            ts: 0.0,
+            events: vec![stored(16)],
+            dp_rank: rank,
+        };
+        // A worker without data parallelism takes every batch (an externally balanced
+        // server's rank N names N).
+        assert_eq!(foreign_rank(&of(Some(3)), None), None);
+        assert_eq!(foreign_rank(&of(Some(1)), Some(1)), None);
+        assert_eq!(foreign_rank(&of(Some(0)), Some(1)), Some(0));
+        // vLLM 0.9.0 names no rank: taken.
+        assert_eq!(foreign_rank(&of(None), Some(1)), None);
+    }
+
+    #[test]
     fn blocks_of_another_size_are_left_out_and_counted() {
         let batch = EventBatch {
             ts: 0.0,

@@ -33,6 +33,9 @@ use crate::telemetry::{self, TARGET as TRACE};
 
 /// Header naming the worker that served a response.
 pub const WORKER_HEADER: &str = "x-kvroute-worker";
+/// Response header: the data-parallel rank of the worker that served the request (absent for
+/// a worker without data parallelism).
+pub const RANK_HEADER: &str = "x-kvroute-data-parallel-rank";
 
 pub(super) async fn completions(
     State(state): State<Arc<AppState>>,
@@ -313,6 +316,9 @@ async fn forward(
     let mut out_headers = proxy::headers::client_response_headers(&parts.headers);
     if let Ok(v) = HeaderValue::from_str(attempt.worker.id()) {
         out_headers.insert(WORKER_HEADER, v);
+    }
+    if let Some(rank) = attempt.rank {
+        out_headers.insert(RANK_HEADER, HeaderValue::from(rank));
     }
     let sse = proxy::is_event_stream(&parts.headers);
     trail.routed(&attempt.worker);

@@ -19,6 +19,7 @@ mod body_memory;
 mod chaos;
 mod config_reload;
 mod connections;
+mod data_parallel;
 mod discovery_dns;
 mod discovery_kubernetes;
 mod endpoints;

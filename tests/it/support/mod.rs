@@ -97,6 +97,23 @@ pub fn quiet_port() -> u16 {
     free_port()
 }
 
+/// The first of `n` consecutive ports that were free a moment ago, below the ephemeral range
+/// (a data-parallel engine publishes rank N's events on its port plus N).
+pub fn quiet_ports(n: u16) -> u16 {
+    loop {
+        let first = quiet_port();
+        let rest_free = (1..n).all(|i| {
+            first.checked_add(i).is_some_and(|p| {
+                TcpListener::bind(("0.0.0.0", p)).is_ok()
+                    && TcpListener::bind(("127.0.0.1", p)).is_ok()
+            })
+        });
+        if rest_free {
+            return first;
+        }
+    }
+}
+
 /// Polls `cond` every 10 ms until it holds or `limit` passes; whether it held.
 pub async fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let end = Instant::now() + limit;
