@@ -131,7 +131,27 @@ fn check_data_parallel(spec: &WorkerSpec) -> Result<(), WorkerSpecError> {
             ));
         }
     }
+    if let (Some(events), Some(replay)) = (&spec.kv_events, &spec.kv_replay)
+        && size > 1
+        && let (Some((eh, ep)), Some((rh, rp))) = (tcp_port(events), tcp_port(replay))
+        && (eh == rh || eh == "*" || rh == "*")
+        && ep.abs_diff(rp) < size
+    {
+        return Err(spec_error(
+            "kv_replay",
+            format!(
+                "`{replay}` overlaps the events ports of {size} data-parallel ranks ({events} \
+                 plus 0..{size}): put the replay port at least {size} away from the events port"
+            ),
+        ));
+    }
     Ok(())
+}
+
+/// The host and port of a `tcp://host:port` endpoint.
+fn tcp_port(endpoint: &str) -> Option<(&str, u32)> {
+    let (host, port) = endpoint.strip_prefix("tcp://")?.rsplit_once(':')?;
+    Some((host, port.parse().ok()?))
 }
 
 /// The data-parallel size of a `[[workers]]` entry or an admin API body: absent means 1.
@@ -341,6 +361,11 @@ mod tests {
         }
         let mut spec = parse_worker_flag("http://h:1@tcp://*:5557@tcp://h:5567").unwrap();
         spec.data_parallel_size = 4;
+        assert_eq!(check_worker(&spec), Ok(()));
+        // Rank 1's events would be rank 0's replay port.
+        spec.kv_replay = Some("tcp://h:5558".into());
+        assert_eq!(check_worker(&spec).unwrap_err().field, "kv_replay");
+        spec.kv_replay = Some("tcp://other:5558".into());
         assert_eq!(check_worker(&spec), Ok(()));
         spec.kv_events = Some("ipc:///run/ev".into());
         assert_eq!(check_worker(&spec).unwrap_err().field, "kv_events");

@@ -175,17 +175,12 @@ async fn read_worker(client: &ProbeClient, worker: &Arc<Worker>, interval: Durat
         });
         match engine {
             Some(engine) => {
-                let sent_meanwhile = r
-                    .load
-                    .admissions()
-                    .requests
-                    .saturating_sub(admitted_before);
+                let sent_meanwhile = r.load.admissions().requests.saturating_sub(admitted_before);
                 let own = own_at_reading(own, sent_meanwhile + ended_lately);
                 r.load.set_reading(engine, own, Some(asked));
             }
             None => {
-                if r
-                    .load
+                if r.load
                     .reading_taken()
                     .is_some_and(|at| at.elapsed() > stale_after(interval))
                 {

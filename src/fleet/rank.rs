@@ -83,7 +83,9 @@ pub fn rank_endpoint(endpoint: &str, rank: u32) -> Option<String> {
     let rest = endpoint.strip_prefix("tcp://")?;
     let (host, port) = rest.rsplit_once(':')?;
     let port: u32 = port.parse().ok()?;
-    let shifted = port.checked_add(rank).filter(|p| *p <= u32::from(u16::MAX))?;
+    let shifted = port
+        .checked_add(rank)
+        .filter(|p| *p <= u32::from(u16::MAX))?;
     (port != 0).then(|| format!("tcp://{host}:{shifted}"))
 }
 

@@ -197,7 +197,9 @@ async fn an_unpinned_request_is_placed_by_the_engine_and_indexed_on_that_rank() 
         let p = prompt(tag);
         let (status, h, _) = s.complete(&engine, &p, None).await;
         assert_eq!(status, 200);
-        let rank = header(&h, "x-engine-data-parallel-rank").unwrap().to_owned();
+        let rank = header(&h, "x-engine-data-parallel-rank")
+            .unwrap()
+            .to_owned();
         let overlaps = s.wait_held(&p, &format!("d0/dp{rank}")).await;
         assert_eq!(
             overlaps.iter().filter(|(_, n)| *n > 0).count(),
@@ -253,12 +255,18 @@ async fn drain_and_removal_act_on_every_rank() {
     drop(worker);
 
     let admin = |path: &str| s.http.post(s.router_url(path)).send();
-    assert_eq!(admin("/admin/workers/d0/drain").await.unwrap().status(), 200);
+    assert_eq!(
+        admin("/admin/workers/d0/drain").await.unwrap().status(),
+        200
+    );
     // No rank of a draining worker is a candidate.
     assert_eq!(s.overlaps(&a).await, Vec::<(String, u64)>::new());
     let (status, _, _) = s.complete(&s.router_url(""), &a, None).await;
     assert_eq!(status, 503);
-    assert_eq!(admin("/admin/workers/d0/undrain").await.unwrap().status(), 200);
+    assert_eq!(
+        admin("/admin/workers/d0/undrain").await.unwrap().status(),
+        200
+    );
     assert_eq!(s.overlaps(&a).await.len(), 2);
 
     let resp = s
@@ -334,7 +342,10 @@ async fn batches_naming_another_rank_are_left_out() {
     let mut text = String::new();
     for _ in 0..250 {
         text = support::metrics_text(router.addr).await;
-        if text.lines().any(|l| l.starts_with(mismatch) && !l.ends_with(" 0")) {
+        if text
+            .lines()
+            .any(|l| l.starts_with(mismatch) && !l.ends_with(" 0"))
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -44,6 +44,7 @@ mod proptest_parsers;
 mod readiness;
 mod real_sglang;
 mod real_vllm;
+mod real_vllm_dp;
 mod real_vllm_endpoints;
 mod real_vllm_lifecycle;
 mod real_vllm_routing;
