@@ -32,7 +32,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tracing::{Instrument, field};
 
-use crate::fleet::{DP_RANK_HEADER, Worker};
+use crate::fleet::DP_RANK_HEADER;
 use crate::metrics::Metrics;
 use crate::openai::ApiError;
 use crate::routing::{Attempt, Session};
@@ -203,8 +203,7 @@ impl Upstream {
             let last_chance = attempt_no == config.retries;
             match self
                 .send(
-                    &attempt.worker,
-                    attempt.rank,
+                    &attempt,
                     method,
                     path,
                     &headers,
@@ -273,16 +272,17 @@ impl Upstream {
         }))
     }
 
+    /// Sends the request to `attempt`'s worker, pinned to its data-parallel rank if it has one.
     async fn send(
         &self,
-        worker: &Worker,
-        rank: Option<u32>,
+        attempt: &Attempt,
         method: &Method,
         path: &str,
         headers: &HeaderMap,
         body: Bytes,
         first_byte_timeout: Duration,
     ) -> Result<Response<Incoming>, Failure> {
+        let (worker, rank) = (&attempt.worker, attempt.rank);
         let mut req = Request::builder()
             .method(method.clone())
             .uri(worker.spec.url.join(path))
