@@ -87,6 +87,9 @@ pub struct DnsDiscovery {
     pub kv_events_port: Option<u16>,
     /// Their replay port, if any.
     pub kv_replay_port: Option<u16>,
+    /// Engine cores behind each address's one HTTP port (vLLM `--data-parallel-size`); each
+    /// rank publishes on the event ports plus its rank.
+    pub data_parallel_size: u32,
     /// Time between two resolutions.
     pub interval: Duration,
 }
@@ -118,6 +121,7 @@ struct FileDns {
     port: Option<u16>,
     kv_events_port: Option<u16>,
     kv_replay_port: Option<u16>,
+    data_parallel_size: Option<i64>,
     interval_s: Option<f64>,
 }
 
@@ -242,11 +246,34 @@ fn dns(d: FileDns) -> Result<DnsDiscovery, ConfigError> {
             "a replay port without kv_events_port: replays fill gaps of an event stream",
         ));
     }
+    let data_parallel_size = super::workers::data_parallel_size(d.data_parallel_size)
+        .map_err(|e| invalid("discovery.dns.data_parallel_size", e.message))?;
+    // Every address is such a worker: the one check of a worker's description, on a stand-in
+    // host, says whether each rank's ports exist.
+    let zmq = |p: Option<u16>| p.map(|p| format!("tcp://h:{p}"));
+    let stand_in = crate::fleet::WorkerSpec {
+        id: "dns".into(),
+        url: crate::fleet::BaseUrl::parse(&format!("http://h:{port}"))
+            .map_err(|e| invalid("discovery.dns.port", e.to_string()))?,
+        models: Vec::new(),
+        kv_events: zmq(d.kv_events_port),
+        kv_replay: zmq(d.kv_replay_port),
+        kv_blocks: None,
+        data_parallel_size,
+    };
+    super::workers::check_worker(&stand_in).map_err(|e| {
+        let key = match e.field {
+            "kv_events" | "kv_replay" => format!("discovery.dns.{}_port", e.field),
+            other => format!("discovery.dns.{other}"),
+        };
+        invalid(key, e.message)
+    })?;
     Ok(DnsDiscovery {
         name,
         port,
         kv_events_port: d.kv_events_port,
         kv_replay_port: d.kv_replay_port,
+        data_parallel_size,
         interval: seconds(
             "discovery.dns.interval_s",
             d.interval_s,

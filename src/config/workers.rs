@@ -365,6 +365,7 @@ mod tests {
         // Rank 1's events would be rank 0's replay port.
         spec.kv_replay = Some("tcp://h:5558".into());
         assert_eq!(check_worker(&spec).unwrap_err().field, "kv_replay");
+        spec.kv_events = Some("tcp://h:5557".into());
         spec.kv_replay = Some("tcp://other:5558".into());
         assert_eq!(check_worker(&spec), Ok(()));
         spec.kv_events = Some("ipc:///run/ev".into());

@@ -25,7 +25,7 @@ use super::call::{Call, Prepared, Read, Routing, Step};
 use super::observer::{Observer, Requester};
 use super::trail::Trail;
 use super::{AppState, body, cache_salt, request_id, route};
-use crate::fleet::Worker;
+use crate::fleet::{Worker, WorkerRank};
 use crate::openai::{ApiError, Endpoint};
 use crate::proxy::{self, BodyTimeouts, ObservedBody};
 use crate::routing::{Analysis, Session};
@@ -321,7 +321,10 @@ async fn forward(
         out_headers.insert(RANK_HEADER, HeaderValue::from(rank));
     }
     let sse = proxy::is_event_stream(&parts.headers);
-    trail.routed(&attempt.worker);
+    trail.routed(WorkerRank {
+        worker: Arc::clone(&attempt.worker),
+        rank: attempt.rank.unwrap_or(0),
+    });
     let model_label = match &model {
         Some(m) if state.fleet.knows_model(m) => m.clone(),
         _ => "-".to_owned(),
