@@ -360,3 +360,63 @@ async fn batches_naming_another_rank_are_left_out() {
     router.shutdown().await;
     drop(engine);
 }
+
+#[tokio::test]
+async fn a_retry_goes_to_another_worker_not_another_rank_of_the_one_that_failed() {
+    use crate::support::{Backend, PolicyKind, client, router_config, start_router};
+    let bad = Backend::start("bad", &["m"]).await;
+    bad.set(|b| b.fail_status = Some(503));
+    let good = Backend::start("good", &["m"]).await;
+    let mut config = router_config(
+        PolicyKind::RoundRobin,
+        &[(bad.url(), vec!["m"]), (good.url(), vec!["m"])],
+        "[proxy]\nretries = 2\n",
+    );
+    config.workers[0].data_parallel_size = 4;
+    let r = start_router(&config).await;
+    let c = client();
+    let n = 10;
+    for i in 0..n {
+        let resp = c
+            .post(format!("http://{}/v1/completions", r.addr))
+            .header("X-data-parallel-rank", "3")
+            .json(&json!({"model": "m", "prompt": format!("request {i}"), "max_tokens": 1}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_eq!(header(resp.headers(), "x-kvroute-worker"), Some("w1"));
+        // A worker without data parallelism is never pinned.
+        assert_eq!(header(resp.headers(), "x-kvroute-data-parallel-rank"), None);
+    }
+    // At most one attempt per request reached the failing worker: a retry skipped its other
+    // ranks. Each attempt there named the rank the router chose, never the client's.
+    let attempts = bad.received();
+    let requests: std::collections::BTreeSet<_> = attempts.iter().map(|a| a.body.clone()).collect();
+    assert!(!attempts.is_empty());
+    assert_eq!(
+        requests.len(),
+        attempts.len(),
+        "a request was retried on the same worker"
+    );
+    let ranks: std::collections::BTreeSet<_> = attempts
+        .iter()
+        .map(|a| {
+            a.headers["x-data-parallel-rank"]
+                .to_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert!(
+        ranks
+            .iter()
+            .all(|r| ["0", "1", "2", "3"].contains(&r.as_str()))
+    );
+    assert!(
+        good.received()
+            .iter()
+            .all(|a| !a.headers.contains_key("x-data-parallel-rank"))
+    );
+    r.shutdown().await;
+}
