@@ -266,7 +266,8 @@ impl Lifecycle {
                 .iter()
                 .find(|x| std::ptr::eq(x.as_ref(), w))
             {
-                me.reserve(w, blocks);
+                // The engine's metrics list every rank's cache; each rank's share is reserved.
+                me.reserve(w, w.kv_blocks().unwrap_or(blocks));
             }
         })
     }
@@ -359,7 +360,7 @@ impl Lifecycle {
         })
     }
 
-    /// Tells the index a worker's KV cache size: its approximate predictions are capped at it
+    /// Tells the index a worker's KV cache size (`blocks` per rank): its approximate predictions are capped at it
     /// and, for a worker that publishes events, the exact index's part is sized for it (see
     /// [`crate::index::KvIndex::reserve`]) on a blocking thread: that room (megabytes for a
     /// large cache) is allocated and written under the index's write lock, which must not hold

@@ -327,5 +327,9 @@ mod tests {
         let d = f.add(dp("d", 3)).unwrap();
         assert_eq!(keys(&d), [0, 1, 6]);
         assert_eq!(WorkerRank::all(&f.workers()).len(), 1 + 3 + 3);
+        // The engine's metrics list every rank's cache; each rank has its share.
+        d.set_discovered_kv_blocks(3000);
+        assert_eq!(d.kv_blocks(), Some(1000));
+        assert_eq!(f.get("b").unwrap().kv_blocks(), None);
     }
 }

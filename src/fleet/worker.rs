@@ -336,14 +336,16 @@ impl Worker {
         }
     }
 
-    /// Blocks the worker's KV cache holds: configured, or else read from its metrics.
+    /// Blocks the worker's KV cache holds — each rank's, with data parallelism: configured, or
+    /// else read from its metrics (which list every rank's: their sum is shared out evenly).
     pub fn kv_blocks(&self) -> Option<usize> {
-        self.spec
-            .kv_blocks
-            .or_else(|| Some(self.discovered_kv_blocks.load(Ordering::Relaxed)).filter(|n| *n > 0))
+        self.spec.kv_blocks.or_else(|| {
+            let total = self.discovered_kv_blocks.load(Ordering::Relaxed);
+            Some(total.div_ceil(self.ranks.len())).filter(|n| *n > 0)
+        })
     }
 
-    /// Records the capacity the engine reported; returns whether it changed.
+    /// Records the capacity the engine reported (all its ranks'); returns whether it changed.
     pub fn set_discovered_kv_blocks(&self, blocks: usize) -> bool {
         self.discovered_kv_blocks.swap(blocks, Ordering::Relaxed) != blocks
     }
