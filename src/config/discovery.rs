@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::data_parallel::{check_ranks, data_parallel_size};
 use super::values::seconds;
 use super::{ConfigError, invalid};
 
@@ -246,22 +247,16 @@ fn dns(d: FileDns) -> Result<DnsDiscovery, ConfigError> {
             "a replay port without kv_events_port: replays fill gaps of an event stream",
         ));
     }
-    let data_parallel_size = super::workers::data_parallel_size(d.data_parallel_size)
+    let data_parallel_size = data_parallel_size(d.data_parallel_size)
         .map_err(|e| invalid("discovery.dns.data_parallel_size", e.message))?;
-    // Every address is such a worker: the one check of a worker's description, on a stand-in
-    // host, says whether each rank's ports exist.
+    // Every address is such a server: each rank's ports must exist.
     let zmq = |p: Option<u16>| p.map(|p| format!("tcp://h:{p}"));
-    let stand_in = crate::fleet::WorkerSpec {
-        id: "dns".into(),
-        url: crate::fleet::BaseUrl::parse(&format!("http://h:{port}"))
-            .map_err(|e| invalid("discovery.dns.port", e.to_string()))?,
-        models: Vec::new(),
-        kv_events: zmq(d.kv_events_port),
-        kv_replay: zmq(d.kv_replay_port),
-        kv_blocks: None,
+    check_ranks(
         data_parallel_size,
-    };
-    super::workers::check_worker(&stand_in).map_err(|e| {
+        zmq(d.kv_events_port).as_deref(),
+        zmq(d.kv_replay_port).as_deref(),
+    )
+    .map_err(|e| {
         let key = match e.field {
             "kv_events" | "kv_replay" => format!("discovery.dns.{}_port", e.field),
             other => format!("discovery.dns.{other}"),

@@ -6,10 +6,10 @@ use std::net::{IpAddr, SocketAddr};
 
 use thiserror::Error;
 
+use super::data_parallel::{check_ranks, data_parallel_size};
 use super::file::FileWorker;
 use super::{ConfigError, invalid};
-use crate::fleet::rank::rank_endpoint;
-use crate::fleet::{BaseUrl, MAX_DATA_PARALLEL_SIZE, WorkerSpec};
+use crate::fleet::{BaseUrl, WorkerSpec};
 
 /// The `--worker` syntax, for help texts and errors.
 pub const WORKER_FLAG_SYNTAX: &str = "URL[=MODEL,…][@EVENTS_ENDPOINT[@REPLAY_ENDPOINT]]";
@@ -100,77 +100,14 @@ pub fn check_worker(spec: &WorkerSpec) -> Result<(), WorkerSpecError> {
     check_data_parallel(spec)
 }
 
-/// A data-parallel worker's ranks must be reachable: a size within bounds, and event endpoints
-/// every rank can be found at (each rank publishes on the configured port plus its rank, as
-/// vLLM and SGLang do; vLLM refuses an `ipc://` endpoint for ranks above 0).
+/// A data-parallel worker's ranks must be reachable (see [`check_ranks`]).
 fn check_data_parallel(spec: &WorkerSpec) -> Result<(), WorkerSpecError> {
-    let size = spec.data_parallel_size;
-    if !(1..=MAX_DATA_PARALLEL_SIZE).contains(&size) {
-        return Err(spec_error(
-            "data_parallel_size",
-            format!(
-                "must be from 1 to {MAX_DATA_PARALLEL_SIZE} (the engine's --data-parallel-size)"
-            ),
-        ));
-    }
-    for (field, ep) in [
-        ("kv_events", &spec.kv_events),
-        ("kv_replay", &spec.kv_replay),
-    ] {
-        if let Some(ep) = ep
-            && rank_endpoint(ep, size - 1).is_none()
-        {
-            return Err(spec_error(
-                field,
-                format!(
-                    "`{ep}` cannot give each of {size} data-parallel ranks its own endpoint: \
-                     rank N publishes on the port plus N, so write a tcp:// endpoint with a \
-                     port of at most {}",
-                    u32::from(u16::MAX).saturating_sub(size - 1)
-                ),
-            ));
-        }
-    }
-    if let (Some(events), Some(replay)) = (&spec.kv_events, &spec.kv_replay)
-        && size > 1
-        && let (Some((eh, ep)), Some((rh, rp))) = (tcp_port(events), tcp_port(replay))
-        && (eh == rh || eh == "*" || rh == "*")
-        && ep.abs_diff(rp) < size
-    {
-        return Err(spec_error(
-            "kv_replay",
-            format!(
-                "`{replay}` overlaps the events ports of {size} data-parallel ranks ({events} \
-                 plus 0..{size}): put the replay port at least {size} away from the events port"
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// The host and port of a `tcp://host:port` endpoint.
-fn tcp_port(endpoint: &str) -> Option<(&str, u32)> {
-    let (host, port) = endpoint.strip_prefix("tcp://")?.rsplit_once(':')?;
-    Some((host, port.parse().ok()?))
-}
-
-/// The data-parallel size of a `[[workers]]` entry or an admin API body: absent means 1.
-pub fn data_parallel_size(value: Option<i64>) -> Result<u32, WorkerSpecError> {
-    match value {
-        None => Ok(1),
-        Some(n) => u32::try_from(n)
-            .ok()
-            .filter(|n| (1..=MAX_DATA_PARALLEL_SIZE).contains(n))
-            .ok_or_else(|| {
-                spec_error(
-                    "data_parallel_size",
-                    format!(
-                        "{n} is not a data-parallel size: give the engine's --data-parallel-size, \
-                         from 1 to {MAX_DATA_PARALLEL_SIZE}"
-                    ),
-                )
-            }),
-    }
+    check_ranks(
+        spec.data_parallel_size,
+        spec.kv_events.as_deref(),
+        spec.kv_replay.as_deref(),
+    )
+    .map_err(|e| spec_error(e.field, e.message))
 }
 
 /// Whether `url` names one of the router's own listen addresses: the same port on a loopback

@@ -15,6 +15,7 @@ pub mod rank;
 pub mod roster;
 pub mod worker;
 pub mod worker_id;
+pub mod worker_rank;
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, Weak};
@@ -24,10 +25,11 @@ pub use health::HealthConfig;
 pub use load::{Load, LoadGuard};
 pub use load_view::LoadSnapshot;
 pub use load_view::{EngineLoad, Reading};
-pub use rank::{DP_RANK_HEADER, MAX_DATA_PARALLEL_SIZE, Rank, WorkerRank};
+pub use rank::{DP_RANK_HEADER, MAX_DATA_PARALLEL_SIZE, Rank};
 pub use roster::Roster;
 pub use worker::{BaseUrl, DownHook, ServedModel, Worker, WorkerSpec, WorkerUrlError};
 pub use worker_id::WorkerId;
+pub use worker_rank::WorkerRank;
 
 /// Why a worker could not be added.
 #[derive(Debug, thiserror::Error, PartialEq)]

@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::load::Load;
-use super::worker::Worker;
 use super::worker_id::WorkerId;
 
 /// The request header naming the rank that serves a request (both engines read it without
@@ -87,42 +86,6 @@ pub fn rank_endpoint(endpoint: &str, rank: u32) -> Option<String> {
         .checked_add(rank)
         .filter(|p| *p <= u32::from(u16::MAX))?;
     (port != 0).then(|| format!("tcp://{host}:{shifted}"))
-}
-
-/// A rank of a worker, as a routing decision sees it: the worker's health, drain and circuit
-/// with the rank's own identity and load.
-#[derive(Clone, Debug)]
-pub struct WorkerRank {
-    /// The worker.
-    pub worker: Arc<Worker>,
-    /// Which of its ranks.
-    pub rank: u32,
-}
-
-impl WorkerRank {
-    /// Every rank of every worker in `workers`, in order.
-    pub fn all(workers: &[Arc<Worker>]) -> Vec<WorkerRank> {
-        workers
-            .iter()
-            .flat_map(|w| {
-                (0..w.data_parallel_size()).map(move |rank| WorkerRank {
-                    worker: Arc::clone(w),
-                    rank,
-                })
-            })
-            .collect()
-    }
-
-    /// The rank's state.
-    pub fn state(&self) -> &Rank {
-        self.worker.rank(self.rank)
-    }
-
-    /// The rank to name in the forwarded request's [`DP_RANK_HEADER`]: none for a worker
-    /// without data parallelism (its single engine needs no pin).
-    pub fn pinned(&self) -> Option<u32> {
-        (self.worker.data_parallel_size() > 1).then_some(self.rank)
-    }
 }
 
 #[cfg(test)]
