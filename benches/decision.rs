@@ -63,6 +63,7 @@ fn fleet(n: u32) -> (Vec<Arc<Worker>>, Vec<LoadGuard>) {
                 kv_events: None,
                 kv_replay: None,
                 kv_blocks: None,
+                data_parallel_size: 1,
             };
             let worker = Arc::new(Worker::new(spec, WorkerId(w)));
             worker.set_event_feed(true);

@@ -124,6 +124,7 @@ pub async fn start(args: &DemoArgs) -> anyhow::Result<Demo> {
             kv_events: Some(events),
             kv_replay: replay,
             kv_blocks: None,
+            data_parallel_size: 1,
         });
         engines.push(engine);
     }

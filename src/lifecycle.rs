@@ -87,7 +87,7 @@ pub struct Lifecycle {
     /// events with blocks of another size are not indexed (`index::feed`).
     block_sizes: HashMap<String, u32>,
     default_block_size: u32,
-    /// KV-event feeds, by worker.
+    /// KV-event feeds, by rank (a worker without data parallelism has one).
     feeds: Mutex<HashMap<WorkerId, WorkerFeed>>,
     /// Bounds of the feeds' replays.
     replay_limits: ReplayLimits,
@@ -109,7 +109,11 @@ impl Lifecycle {
         models: &[ModelConfig],
     ) -> Lifecycle {
         let forget = Arc::clone(&holdings);
-        let on_down: DownHook = Arc::new(move |w: &Worker| forget.clear_worker(w.key));
+        let on_down: DownHook = Arc::new(move |w: &Worker| {
+            for key in w.keys() {
+                forget.clear_worker(key);
+            }
+        });
         Lifecycle {
             fleet: Arc::new(Fleet::with(specs, breaker, Some(on_down))),
             holdings,
@@ -212,7 +216,7 @@ impl Lifecycle {
             .fleet
             .get(id)
             .ok_or_else(|| LeaveError::NotFound(id.to_owned()))?;
-        let in_flight = w.load.snapshot().in_flight;
+        let in_flight = w.in_flight();
         if in_flight > 0 && !force {
             return Err(LeaveError::Busy {
                 id: id.to_owned(),
@@ -231,13 +235,21 @@ impl Lifecycle {
             // Removed meanwhile by another call, which does the rest.
             return Err(LeaveError::NotFound(id.to_owned()));
         };
-        let feed = self.feeds().remove(&w.key);
-        if let Some(feed) = feed {
+        let feeds: Vec<WorkerFeed> = {
+            let mut all = self.feeds();
+            w.keys().filter_map(|key| all.remove(&key)).collect()
+        };
+        for feed in feeds {
             feed.stop().await;
         }
         w.set_event_feed(false);
-        self.holdings.remove_worker(w.key);
-        self.policy.forget(w.key);
+        for rank in w.ranks() {
+            self.holdings.remove_worker(rank.key);
+            self.policy.forget(rank.key);
+            if w.data_parallel_size() > 1 {
+                self.metrics.forget_worker(&rank.label);
+            }
+        }
         self.metrics.forget_worker(w.id());
         self.fleet.release(&w);
         tracing::info!(worker = %id, key = %w.key, in_flight, "worker left");
@@ -254,7 +266,8 @@ impl Lifecycle {
                 .iter()
                 .find(|x| std::ptr::eq(x.as_ref(), w))
             {
-                me.reserve(w, blocks);
+                // The engine's metrics list every rank's cache; each rank's share is reserved.
+                me.reserve(w, w.kv_blocks().unwrap_or(blocks));
             }
         })
     }
@@ -275,27 +288,66 @@ impl Lifecycle {
         }
     }
 
+    /// Subscribes to the KV events of each of `w`'s ranks: rank N publishes on the
+    /// configured endpoints' ports plus N (`fleet::rank::rank_endpoint`, as vLLM and SGLang
+    /// offset them), and its blocks land in rank N's part of the index.
     fn subscribe(&self, w: &Arc<Worker>) {
         let Some(endpoint) = &w.spec.kv_events else {
             return;
         };
         let mut feeds = self.feeds();
-        if feeds.contains_key(&w.key) {
-            return;
+        let mut subscribed = 0;
+        for rank in w.ranks() {
+            if feeds.contains_key(&rank.key) {
+                subscribed += 1;
+                continue;
+            }
+            // `config::check_worker` refused endpoints that cannot be offset.
+            let Some(events) = crate::fleet::rank::rank_endpoint(endpoint, rank.index) else {
+                tracing::error!(worker = w.id(), rank = rank.index, %endpoint, "no KV-event endpoint for this rank");
+                continue;
+            };
+            let mut sub = SubscriberConfig::new(&*rank.label, events);
+            sub.replay_limits = self.replay_limits;
+            sub.dp_rank = (w.data_parallel_size() > 1).then_some(rank.index);
+            if let Some(replay) = w
+                .spec
+                .kv_replay
+                .as_deref()
+                .and_then(|r| crate::fleet::rank::rank_endpoint(r, rank.index))
+            {
+                sub = sub.with_replay(replay);
+            }
+            let warming = {
+                let worker = Arc::clone(w);
+                let index = rank.index;
+                Box::new(move |on: bool| worker.rank(index).set_kv_warming(on))
+            };
+            let holdings = Arc::clone(&self.holdings);
+            match WorkerFeed::start(holdings, rank.key, self.feed_model(w), warming, sub) {
+                Ok(feed) => {
+                    subscribed += 1;
+                    feeds.insert(rank.key, feed);
+                }
+                Err(e) => {
+                    tracing::error!(worker = &*rank.label, error = %e, "cannot subscribe to KV events")
+                }
+            }
         }
-        let mut sub = SubscriberConfig::new(w.id(), endpoint.clone());
-        sub.replay_limits = self.replay_limits;
-        if let Some(replay) = &w.spec.kv_replay {
-            sub = sub.with_replay(replay.clone());
-        }
-        // Engine events do not name the model: a worker's blocks are hashed for its first base
-        // model (adapters' blocks carry their `lora_name`), which is every worker's case in a
-        // single-model fleet. It is read when events arrive, since a worker configured without
-        // models learns them at its first health check.
+        // Routing treats the worker's ranks alike: predicted blocks only when none publishes.
+        w.set_event_feed(subscribed > 0);
+    }
+
+    /// The model a worker's events are hashed for. Engine events do not name the model: a
+    /// worker's blocks are hashed for its first base model (adapters' blocks carry their
+    /// `lora_name`), which is every worker's case in a single-model fleet. It is read when
+    /// events arrive, since a worker configured without models learns them at its first
+    /// health check.
+    fn feed_model(&self, w: &Arc<Worker>) -> Box<dyn Fn() -> Option<FeedModel> + Send + Sync> {
         let worker = Arc::clone(w);
         let adapters = self.adapters.clone();
         let (block_sizes, default_block_size) = (self.block_sizes.clone(), self.default_block_size);
-        let model = move || {
+        Box::new(move || {
             let name = worker
                 .models()
                 .into_iter()
@@ -305,28 +357,18 @@ impl Lifecycle {
                 .copied()
                 .unwrap_or(default_block_size);
             Some(FeedModel { name, block_size })
-        };
-        let warming = {
-            let worker = Arc::clone(w);
-            Box::new(move |on: bool| worker.set_kv_warming(on))
-        };
-        let holdings = Arc::clone(&self.holdings);
-        match WorkerFeed::start(holdings, w.key, Box::new(model), warming, sub) {
-            Ok(feed) => {
-                w.set_event_feed(true);
-                feeds.insert(w.key, feed);
-            }
-            Err(e) => tracing::error!(worker = w.id(), error = %e, "cannot subscribe to KV events"),
-        }
+        })
     }
 
-    /// Tells the index a worker's KV cache size: its approximate predictions are capped at it
+    /// Tells the index a worker's KV cache size (`blocks` per rank): its approximate predictions are capped at it
     /// and, for a worker that publishes events, the exact index's part is sized for it (see
     /// [`crate::index::KvIndex::reserve`]) on a blocking thread: that room (megabytes for a
     /// large cache) is allocated and written under the index's write lock, which must not hold
     /// up an async worker thread. Must be called on a Tokio runtime.
     fn reserve(&self, w: &Arc<Worker>, blocks: usize) {
-        self.holdings.approx.set_cache_blocks(w.key, blocks);
+        for key in w.keys() {
+            self.holdings.approx.set_cache_blocks(key, blocks);
+        }
         if w.spec.kv_events.is_none() {
             return;
         }
@@ -336,11 +378,17 @@ impl Lifecycle {
             Arc::clone(w),
         );
         tokio::task::spawn_blocking(move || {
-            let granted = holdings.exact.reserve(w.key, blocks);
+            let granted = w
+                .keys()
+                .map(|key| holdings.exact.reserve(key, blocks))
+                .min()
+                .unwrap_or(0);
             // A worker that left meanwhile must not keep the room. Holding `w` keeps its
-            // number from being reused until this is done.
+            // numbers from being reused until this is done.
             if !fleet.contains(&w) {
-                holdings.exact.remove_worker(w.key);
+                for key in w.keys() {
+                    holdings.exact.remove_worker(key);
+                }
                 return;
             }
             if granted < blocks {

@@ -284,7 +284,7 @@ impl Metrics {
         .expect("static metric definition");
         let kv_stream = counter(
             "kvroute_kv_events_total",
-            "Per-worker KV-event stream counters: batches, undecodable, gaps, restarts, replays, drops, block_size_mismatch.",
+            "Per-worker KV-event stream counters (a data-parallel worker's per rank, `worker` = `id/dpN`): batches, undecodable, gaps, restarts, replays, drops, block_size_mismatch, dp_rank_mismatch.",
             &["worker", "kind"],
         );
         let retries_denied = IntCounter::new(

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::data_parallel::{check_ranks, data_parallel_size};
 use super::values::seconds;
 use super::{ConfigError, invalid};
 
@@ -87,6 +88,9 @@ pub struct DnsDiscovery {
     pub kv_events_port: Option<u16>,
     /// Their replay port, if any.
     pub kv_replay_port: Option<u16>,
+    /// Engine cores behind each address's one HTTP port (vLLM `--data-parallel-size`); each
+    /// rank publishes on the event ports plus its rank.
+    pub data_parallel_size: u32,
     /// Time between two resolutions.
     pub interval: Duration,
 }
@@ -118,6 +122,7 @@ struct FileDns {
     port: Option<u16>,
     kv_events_port: Option<u16>,
     kv_replay_port: Option<u16>,
+    data_parallel_size: Option<i64>,
     interval_s: Option<f64>,
 }
 
@@ -242,11 +247,28 @@ fn dns(d: FileDns) -> Result<DnsDiscovery, ConfigError> {
             "a replay port without kv_events_port: replays fill gaps of an event stream",
         ));
     }
+    let data_parallel_size = data_parallel_size(d.data_parallel_size)
+        .map_err(|e| invalid("discovery.dns.data_parallel_size", e.message))?;
+    // Every address is such a server: each rank's ports must exist.
+    let zmq = |p: Option<u16>| p.map(|p| format!("tcp://h:{p}"));
+    check_ranks(
+        data_parallel_size,
+        zmq(d.kv_events_port).as_deref(),
+        zmq(d.kv_replay_port).as_deref(),
+    )
+    .map_err(|e| {
+        let key = match e.field {
+            "kv_events" | "kv_replay" => format!("discovery.dns.{}_port", e.field),
+            other => format!("discovery.dns.{other}"),
+        };
+        invalid(key, e.message)
+    })?;
     Ok(DnsDiscovery {
         name,
         port,
         kv_events_port: d.kv_events_port,
         kv_replay_port: d.kv_replay_port,
+        data_parallel_size,
         interval: seconds(
             "discovery.dns.interval_s",
             d.interval_s,

@@ -130,6 +130,7 @@ pub(super) struct FileWorker {
     pub(super) kv_events: Option<String>,
     pub(super) kv_replay: Option<String>,
     pub(super) kv_blocks: Option<usize>,
+    pub(super) data_parallel_size: Option<i64>,
 }
 
 #[derive(Deserialize, Debug)]

@@ -12,6 +12,7 @@
 //! checks they share). `Config::build` only sequences them. A default lives once: as a named constant in the
 //! section's file, or as the `Default` impl of the type the section builds.
 
+mod data_parallel;
 mod discovery;
 mod endpoints;
 mod file;
@@ -45,6 +46,7 @@ use crate::policy::{KvAwareConfig, PolicyKind, PolicySettings};
 use crate::proxy::ProxyConfig;
 
 pub use crate::telemetry::{LogFormat, TracingConfig};
+pub use data_parallel::{DataParallelError, data_parallel_size};
 pub use discovery::{
     DEFAULT_ANNOTATION_PREFIX, DEFAULT_DNS_INTERVAL, DEFAULT_DRAIN_TIMEOUT, DiscoveryConfig,
     DnsDiscovery, KubernetesDiscovery, PortRef,

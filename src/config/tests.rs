@@ -115,7 +115,33 @@ fn the_example_discovery_block_loads_when_uncommented() {
     assert_eq!(k.namespace.as_deref(), Some("llm"));
     let dns = d.dns.unwrap();
     assert_eq!((dns.port, dns.kv_events_port), (8000, Some(5557)));
+    assert_eq!(dns.data_parallel_size, 1);
     assert_eq!(d.drain_timeout, DEFAULT_DRAIN_TIMEOUT);
+}
+
+#[test]
+fn dns_discovered_workers_may_be_data_parallel() {
+    let dns = |extra: &str| {
+        load(&format!(
+            "[discovery.dns]\nname = \"vllm\"\nport = 8000\nkv_events_port = 5557\n{extra}"
+        ))
+    };
+    let d = dns("kv_replay_port = 5567\ndata_parallel_size = 4")
+        .unwrap()
+        .discovery
+        .dns
+        .unwrap();
+    assert_eq!(d.data_parallel_size, 4);
+    for (extra, key) in [
+        ("data_parallel_size = 0", "discovery.dns.data_parallel_size"),
+        (
+            "kv_replay_port = 5558\ndata_parallel_size = 2",
+            "discovery.dns.kv_replay_port",
+        ),
+    ] {
+        let e = dns(extra).unwrap_err().to_string();
+        assert!(e.contains(key), "{extra}: {e}");
+    }
 }
 
 #[test]

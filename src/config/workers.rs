@@ -6,6 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use thiserror::Error;
 
+use super::data_parallel::{check_ranks, data_parallel_size};
 use super::file::FileWorker;
 use super::{ConfigError, invalid};
 use crate::fleet::{BaseUrl, WorkerSpec};
@@ -33,7 +34,8 @@ pub const MAX_WORKER_ID_BYTES: usize = 128;
 #[derive(Debug, Error, PartialEq)]
 #[error("{message}")]
 pub struct WorkerSpecError {
-    /// The field at fault (`id`, `url`, `models`, `kv_events`, `kv_replay`, `kv_blocks`).
+    /// The field at fault (`id`, `url`, `models`, `kv_events`, `kv_replay`, `kv_blocks`,
+    /// `data_parallel_size`).
     pub field: &'static str,
     /// What is wrong and what to write instead.
     pub message: String,
@@ -95,7 +97,17 @@ pub fn check_worker(spec: &WorkerSpec) -> Result<(), WorkerSpecError> {
             "must be at least 1; omit it to read the engine's metrics",
         ));
     }
-    Ok(())
+    check_data_parallel(spec)
+}
+
+/// A data-parallel worker's ranks must be reachable (see [`check_ranks`]).
+fn check_data_parallel(spec: &WorkerSpec) -> Result<(), WorkerSpecError> {
+    check_ranks(
+        spec.data_parallel_size,
+        spec.kv_events.as_deref(),
+        spec.kv_replay.as_deref(),
+    )
+    .map_err(|e| spec_error(e.field, e.message))
 }
 
 /// Whether `url` names one of the router's own listen addresses: the same port on a loopback
@@ -127,6 +139,8 @@ pub(super) fn workers(
         let key = format!("workers[{i}]");
         let mut spec = worker_spec(&key, w.id, &w.url, w.models, w.kv_events, w.kv_replay)?;
         spec.kv_blocks = w.kv_blocks;
+        spec.data_parallel_size = data_parallel_size(w.data_parallel_size)
+            .map_err(|e| invalid(format!("{key}.{}", e.field), e.message))?;
         check_worker(&spec).map_err(|e| invalid(format!("{key}.{}", e.field), e.message))?;
         workers.push(spec);
     }
@@ -192,6 +206,7 @@ fn worker_spec(
         kv_events,
         kv_replay,
         kv_blocks: None,
+        data_parallel_size: 1,
     };
     check_worker(&spec).map_err(|e| invalid(format!("{key}.{}", e.field), e.message))?;
     Ok(spec)
@@ -271,5 +286,34 @@ mod tests {
         }
         let e = parse_worker_flag("ftp://x@tcp://h:1@tcp://h:2").unwrap_err();
         assert!(e.to_string().contains("http"), "{e}");
+    }
+
+    #[test]
+    fn data_parallel_workers_need_a_bounded_size_and_offsettable_endpoints() {
+        assert_eq!(data_parallel_size(None), Ok(1));
+        assert_eq!(data_parallel_size(Some(4)), Ok(4));
+        for bad in [0, -1, 257, i64::MAX] {
+            let e = data_parallel_size(Some(bad)).unwrap_err();
+            assert_eq!(e.field, "data_parallel_size", "{bad}");
+        }
+        let mut spec = parse_worker_flag("http://h:1@tcp://*:5557@tcp://h:5567").unwrap();
+        spec.data_parallel_size = 4;
+        assert_eq!(check_worker(&spec), Ok(()));
+        // Rank 1's events would be rank 0's replay port.
+        spec.kv_replay = Some("tcp://h:5558".into());
+        assert_eq!(check_worker(&spec).unwrap_err().field, "kv_replay");
+        spec.kv_events = Some("tcp://h:5557".into());
+        spec.kv_replay = Some("tcp://other:5558".into());
+        assert_eq!(check_worker(&spec), Ok(()));
+        spec.kv_events = Some("ipc:///run/ev".into());
+        assert_eq!(check_worker(&spec).unwrap_err().field, "kv_events");
+        spec.kv_events = Some("tcp://h:5557".into());
+        spec.kv_replay = Some("tcp://h:65534".into());
+        let e = check_worker(&spec).unwrap_err();
+        assert_eq!(e.field, "kv_replay");
+        assert!(e.message.contains("65532"), "{e}");
+        spec.kv_replay = None;
+        spec.data_parallel_size = 0;
+        assert_eq!(check_worker(&spec).unwrap_err().field, "data_parallel_size");
     }
 }

@@ -61,6 +61,7 @@ pub fn endpoint(config: &DnsDiscovery, ip: IpAddr) -> Option<WorkerSpec> {
         kv_events: zmq(config.kv_events_port),
         kv_replay: zmq(config.kv_replay_port),
         kv_blocks: None,
+        data_parallel_size: config.data_parallel_size,
     })
 }
 
@@ -163,6 +164,7 @@ mod tests {
             port: 8000,
             kv_events_port: Some(5557),
             kv_replay_port: Some(5558),
+            data_parallel_size: 1,
             interval: Duration::from_secs(5),
         };
         let v4 = endpoint(&c, "10.1.2.3".parse().unwrap()).unwrap();

@@ -208,6 +208,7 @@ mod tests {
             kv_events: None,
             kv_replay: None,
             kv_blocks: None,
+            data_parallel_size: 1,
         }]
     }
 

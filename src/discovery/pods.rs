@@ -5,8 +5,12 @@
 //! the container ports named in `[discovery.kubernetes]` (`http`, `kv-events`, `kv-replay` by
 //! default), or numbers given there, and an annotation `<prefix>http-port`,
 //! `<prefix>kv-events-port` or `<prefix>kv-replay-port` (a number or a port name) overrides
-//! either. `<prefix>data-parallel-size: N` makes it N workers, one per rank, each rank's ports
-//! offset by the rank as vLLM's data-parallel ranks offset theirs.
+//! either. `<prefix>data-parallel-size: N` says the pod serves N data-parallel ranks; how they
+//! are reached is `<prefix>data-parallel-lb`: `external` (the default) makes it N workers, one
+//! per rank, each rank's HTTP and event ports offset by the rank (vLLM's external load
+//! balancing: a front door per rank); `internal` makes it one worker with N ranks behind its one
+//! HTTP port, each pinned by `X-data-parallel-rank` (`vllm serve --data-parallel-size N`,
+//! SGLang `--dp-size N`), whose events the router reads at the event ports plus the rank.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -132,6 +136,35 @@ pub fn workers_of(
         })
     };
     let zmq = |p: u16| format!("tcp://{}", SocketAddr::new(ip, p));
+    let internal = match annotation("data-parallel-lb") {
+        None => false,
+        Some((_, v)) if v == "external" => false,
+        Some((_, v)) if v == "internal" => true,
+        Some((key, value)) => {
+            return Err(NotAWorker::BadAnnotation {
+                key,
+                value,
+                why: "is neither `internal` nor `external`",
+            });
+        }
+    };
+    if internal {
+        // The last rank's event ports must exist; rank N's are the router's to offset.
+        for p in [events, replay].into_iter().flatten() {
+            offset(p, ranks - 1)?;
+        }
+        let url = BaseUrl::parse(&format!("http://{}", SocketAddr::new(ip, http)))
+            .map_err(|_| NotAWorker::BadIp(ip_text.to_owned()))?;
+        return Ok(vec![WorkerSpec {
+            id: worker_id(namespace, name, ""),
+            url,
+            models: Vec::new(),
+            kv_events: events.map(zmq),
+            kv_replay: replay.map(zmq),
+            kv_blocks: None,
+            data_parallel_size: u32::from(ranks),
+        }]);
+    }
     let mut workers = Vec::with_capacity(ranks as usize);
     for rank in 0..ranks {
         let addr = SocketAddr::new(ip, offset(http, rank)?);
@@ -145,6 +178,7 @@ pub fn workers_of(
             kv_events: events.map(|p| offset(p, rank)).transpose()?.map(zmq),
             kv_replay: replay.map(|p| offset(p, rank)).transpose()?.map(zmq),
             kv_blocks: None,
+            data_parallel_size: 1,
         });
     }
     Ok(workers)
@@ -309,10 +343,26 @@ mod tests {
         assert_eq!(w[1].url.to_string(), "http://10.0.0.5:9001");
         assert_eq!(w[1].kv_events.as_deref(), Some("tcp://10.0.0.5:5559"));
         assert_eq!(w[1].kv_replay.as_deref(), Some("tcp://10.0.0.5:5559"));
+        // Internal load balancing: one worker, its ranks pinned behind its one port.
+        let p = annotate(
+            pod("p", "10.0.0.5", true, PORTS),
+            &[
+                ("data-parallel-size", "4"),
+                ("data-parallel-lb", "internal"),
+                ("kv-replay-port", "5567"),
+            ],
+        );
+        let w = workers_of(&p, "n", &config()).unwrap();
+        assert_eq!(w.len(), 1);
+        assert_eq!(w[0].id, "k8s:n:p");
+        assert_eq!(w[0].data_parallel_size, 4);
+        assert_eq!(w[0].url.to_string(), "http://10.0.0.5:8000");
+        assert_eq!(crate::config::check_worker(&w[0]), Ok(()));
         for (k, v) in [
             ("data-parallel-size", "0"),
             ("data-parallel-size", "x"),
             ("http-port", "0"),
+            ("data-parallel-lb", "both"),
         ] {
             let bad = annotate(pod("p", "10.0.0.5", true, PORTS), &[(k, v)]);
             assert!(

@@ -52,7 +52,7 @@ struct InFlight<'a>(&'a Fleet);
 
 impl FleetView for InFlight<'_> {
     fn in_flight(&self, id: &str) -> Option<u64> {
-        self.0.get(id).map(|w| w.load.snapshot().in_flight)
+        self.0.get(id).map(|w| w.in_flight())
     }
 }
 

@@ -4,12 +4,12 @@
 //! each other.
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use serde_json::Value;
 
 use super::core::AddError;
@@ -17,6 +17,7 @@ use super::driver::{EngineClient, RequestStream, SubmitError};
 use super::metrics::EngineMetrics;
 use super::request::RequestStats;
 use super::responses::Usage;
+use crate::fleet::DP_RANK_HEADER;
 use crate::openai::{ApiError, Input, Prompt, RequestView};
 use crate::tokens::{ModelTokens, TokenError};
 
@@ -25,10 +26,16 @@ pub const TTFT_HEADER: &str = "x-engine-ttft-seconds";
 /// Response header: the engine's queue time for this request, seconds.
 pub const QUEUE_HEADER: &str = "x-engine-queue-seconds";
 
+/// Response header: the data-parallel rank that served the request (the simulated engine's
+/// own, for tests and the curious; vLLM sends none).
+pub const SERVED_RANK_HEADER: &str = "x-engine-data-parallel-rank";
+
 /// Everything the handlers share.
 pub struct AppState {
-    /// The engine task.
-    pub client: EngineClient,
+    /// The engine task of each data-parallel rank (one without data parallelism).
+    pub clients: Vec<EngineClient>,
+    /// Where the search for the least busy rank starts next (ties rotate, as vLLM's do).
+    pub next_rank: AtomicU32,
     /// Served model name.
     pub model: String,
     /// Tokenizer and chat template of the model (shared with the router's code).
@@ -117,14 +124,52 @@ pub(super) fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
-/// Submits `prompt` for `view` (its `max_tokens`, named `max_key` in errors, and salt); the
-/// token stream and the output length asked for.
+/// The rank a request asks for in its `X-data-parallel-rank` header, as vLLM 0.32 reads it
+/// (`_get_data_parallel_rank`): a value that is not an integer is ignored.
+pub(super) fn requested_rank(headers: &HeaderMap) -> Option<i64> {
+    headers
+        .get(DP_RANK_HEADER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// The rank that serves a request: the one its header names (a 400 outside `0..size`, as
+/// vLLM's input processor refuses it), else the one with the fewest open requests, the search
+/// starting one further each time so that ties rotate.
+pub(super) fn choose_rank(state: &AppState, headers: &HeaderMap) -> Result<usize, ApiError> {
+    let size = state.clients.len();
+    if let Some(rank) = requested_rank(headers) {
+        return usize::try_from(rank)
+            .ok()
+            .filter(|r| *r < size)
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    format!("data_parallel_rank {rank} is out of range [0, {size})."),
+                    None,
+                )
+            });
+    }
+    let start = state.next_rank.fetch_add(1, Ordering::Relaxed) as usize;
+    Ok((0..size)
+        .map(|i| (start + i) % size)
+        .min_by_key(|&r| state.clients[r].active())
+        .unwrap_or(0))
+}
+
+/// Submits `prompt` for `view` (its `max_tokens`, named `max_key` in errors, and salt) to the
+/// rank `headers` pin or the engine chooses; the token stream, the output length asked for and
+/// the rank.
 pub(super) async fn submit(
     state: &AppState,
+    headers: &HeaderMap,
     prompt: Vec<u32>,
     view: &RequestView,
     max_key: &str,
-) -> Result<(RequestStream, usize), ApiError> {
+) -> Result<(RequestStream, usize, usize), ApiError> {
+    let rank = choose_rank(state, headers)?;
     let max_tokens = match view.max_tokens {
         Some(0) => {
             return Err(ApiError::invalid(
@@ -136,15 +181,14 @@ pub(super) async fn submit(
         None => state.default_max_tokens,
     };
     let salt = view.cache_salt.as_deref().map(Arc::from);
-    let stream = state
-        .client
+    let stream = state.clients[rank]
         .submit(prompt, max_tokens, salt)
         .await
         .map_err(|e| match e {
             SubmitError::Rejected(e) => rejected(&e),
             SubmitError::Stopped => unavailable(),
         })?;
-    Ok((stream, max_tokens))
+    Ok((stream, max_tokens, rank))
 }
 
 /// The 400 for a request the engine refused, naming the parameter at fault.

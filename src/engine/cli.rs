@@ -11,6 +11,7 @@ use super::args::EngineCoreArgs;
 use super::core::EngineConfig;
 use super::events::{KvEventSink, NoEvents};
 use super::server::{ServeConfig, start};
+use crate::fleet::rank::rank_endpoint;
 use crate::kv_events::{Layout, Publisher, PublisherConfig};
 use crate::tokens::model::DEFAULT_CACHE_UNITS;
 use crate::tokens::{ModelTokens, Tokenizer};
@@ -29,8 +30,8 @@ pub struct EngineArgs {
     pub kv_events_endpoint: String,
     /// ZeroMQ ROUTER endpoint the engine binds for replay requests; "auto" (the default)
     /// derives it from --kv-events-endpoint (tcp port + 1, so 5557 → 5558, and two engines with
-    /// different event ports never collide; ipc://PATH → ipc://PATH.replay); "none" disables
-    /// replay.
+    /// different event ports never collide; with N data-parallel ranks, port + N, past every
+    /// rank's events port; ipc://PATH → ipc://PATH.replay); "none" disables replay.
     #[arg(long, default_value = "auto")]
     pub kv_replay_endpoint: String,
     /// Wire layout of KV events, by release: vllm-0.33 (newest), vllm-0.30, vllm-0.24,
@@ -56,6 +57,12 @@ pub struct EngineArgs {
     /// Output tokens when a request sets no max_tokens.
     #[arg(long, default_value_t = 16)]
     pub default_max_tokens: usize,
+    /// Engine cores behind the one port, each with its own scheduler and KV cache (vLLM's
+    /// --data-parallel-size): a request goes to the rank its X-data-parallel-rank header names,
+    /// else to the one with the fewest open requests; rank N publishes its KV events on the
+    /// events port plus N (and replays on the replay port plus N).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=i64::from(crate::fleet::MAX_DATA_PARALLEL_SIZE)))]
+    pub data_parallel_size: u32,
 }
 
 impl Default for EngineArgs {
@@ -74,6 +81,7 @@ impl Default for EngineArgs {
             seed: c.seed,
             tokenizer: "builtin".into(),
             default_max_tokens: 16,
+            data_parallel_size: 1,
         }
     }
 }
@@ -117,9 +125,24 @@ impl EngineArgs {
     /// `--kv-events-endpoint` and a replay ROUTER at `--kv-replay-endpoint` (`none` disables
     /// either).
     pub fn event_sink(&self) -> anyhow::Result<Box<dyn KvEventSink>> {
+        self.rank_event_sink(0)
+    }
+
+    /// The KV-event publisher of data-parallel rank `rank`: the endpoints' ports plus the rank,
+    /// as vLLM offsets them (`ZmqEventPublisher.offset_endpoint_port`).
+    pub fn rank_event_sink(&self, rank: u32) -> anyhow::Result<Box<dyn KvEventSink>> {
         if self.kv_events_endpoint == "none" {
             return Ok(Box::new(NoEvents));
         }
+        let ranks = self.data_parallel_size.max(1);
+        let offset = |endpoint: &str, by: u32| {
+            rank_endpoint(endpoint, by).with_context(|| {
+                format!(
+                    "--data-parallel-size {ranks} needs tcp:// KV-event endpoints with room for \
+                     a port per rank, not {endpoint}"
+                )
+            })
+        };
         let layout = Layout::from_name(&self.kv_events_layout).with_context(|| {
             let names: Vec<&str> = Layout::ALL.iter().map(|l| l.name()).collect();
             format!(
@@ -128,9 +151,11 @@ impl EngineArgs {
                 names.join(", ")
             )
         })?;
-        let mut config = PublisherConfig::new(&self.kv_events_endpoint).with_layout(layout);
+        let events = offset(&self.kv_events_endpoint, rank)?;
+        let mut config = PublisherConfig::new(&events).with_layout(layout);
         let replay = match self.kv_replay_endpoint.as_str() {
             "none" => None,
+            "auto" if ranks > 1 => Some(offset(&self.kv_events_endpoint, ranks)?),
             "auto" => Some(
                 replay_endpoint_for(&self.kv_events_endpoint)
                     .map_err(|e| anyhow::anyhow!("--kv-replay-endpoint auto: {e}"))?,
@@ -138,12 +163,12 @@ impl EngineArgs {
             given => Some(given.to_owned()),
         };
         if let Some(replay) = replay {
-            config = config.with_replay(replay);
+            config = config.with_replay(offset(&replay, rank)?);
         }
         config.topic = self.kv_events_topic.clone();
         config.buffer_len = self.kv_replay_buffer.max(1);
         let publisher = Publisher::bind(config)
-            .with_context(|| format!("cannot publish KV events on {}", self.kv_events_endpoint))?;
+            .with_context(|| format!("cannot publish KV events on {events}"))?;
         Ok(Box::new(publisher))
     }
 
@@ -155,6 +180,10 @@ impl EngineArgs {
             tokens: Arc::new(self.load_tokens()?),
             default_max_tokens: self.default_max_tokens,
             events: self.event_sink()?,
+            data_parallel_size: self.data_parallel_size,
+            rank_events: (1..self.data_parallel_size)
+                .map(|rank| self.rank_event_sink(rank))
+                .collect::<anyhow::Result<_>>()?,
         })
     }
 }

@@ -71,6 +71,9 @@ pub enum SubmitError {
 pub struct EngineClient {
     tx: mpsc::UnboundedSender<Command>,
     next_id: Arc<AtomicU64>,
+    /// Requests submitted whose streams are still open (the front end's own count, which a
+    /// data-parallel engine balances its ranks by: it is current, unlike the step gauges).
+    active: Arc<AtomicU64>,
 }
 
 /// The event stream of one submitted request. Dropping it before the request finished aborts
@@ -81,6 +84,7 @@ pub struct RequestStream {
     rx: mpsc::UnboundedReceiver<RequestEvent>,
     tx: mpsc::UnboundedSender<Command>,
     finished: bool,
+    active: Arc<AtomicU64>,
 }
 
 impl RequestStream {
@@ -102,6 +106,7 @@ impl RequestStream {
 
 impl Drop for RequestStream {
     fn drop(&mut self) {
+        self.active.fetch_sub(1, Ordering::Relaxed);
         if !self.finished {
             let _ = self.tx.send(Command::Abort(self.id));
         }
@@ -130,12 +135,19 @@ impl EngineClient {
             })
             .map_err(|_| SubmitError::Stopped)?;
         ok.await.map_err(|_| SubmitError::Stopped)??;
+        self.active.fetch_add(1, Ordering::Relaxed);
         Ok(RequestStream {
             id,
             rx,
             tx: self.tx.clone(),
             finished: false,
+            active: Arc::clone(&self.active),
         })
+    }
+
+    /// Requests submitted through this engine's clients whose streams are still open.
+    pub fn active(&self) -> u64 {
+        self.active.load(Ordering::Relaxed)
     }
 
     /// Empties the prefix cache if no request holds blocks; whether it did.
@@ -152,6 +164,8 @@ impl EngineClient {
 struct Driver {
     core: EngineCore,
     sink: Box<dyn KvEventSink>,
+    /// Its data-parallel rank (0 without data parallelism), named in every batch.
+    rank: u32,
     metrics: Arc<EngineMetrics>,
     streams: HashMap<RequestId, mpsc::UnboundedSender<RequestEvent>>,
     start: Instant,
@@ -165,10 +179,22 @@ pub fn spawn(
     metrics: Arc<EngineMetrics>,
     shutdown: CancellationToken,
 ) -> (EngineClient, tokio::task::JoinHandle<()>) {
+    spawn_rank(core, sink, metrics, 0, shutdown)
+}
+
+/// Spawns the engine task of data-parallel rank `rank`, whose KV-event batches name it.
+pub fn spawn_rank(
+    core: EngineCore,
+    sink: Box<dyn KvEventSink>,
+    metrics: Arc<EngineMetrics>,
+    rank: u32,
+    shutdown: CancellationToken,
+) -> (EngineClient, tokio::task::JoinHandle<()>) {
     let (tx, rx) = mpsc::unbounded_channel();
     let driver = Driver {
         core,
         sink,
+        rank,
         metrics,
         streams: HashMap::new(),
         start: Instant::now(),
@@ -178,6 +204,7 @@ pub fn spawn(
     let client = EngineClient {
         tx,
         next_id: Arc::new(AtomicU64::new(1)),
+        active: Arc::new(AtomicU64::new(0)),
     };
     (client, handle)
 }
@@ -318,6 +345,6 @@ impl Driver {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs_f64())
             .unwrap_or(0.0);
-        self.sink.publish(batch(ts, events));
+        self.sink.publish(batch(ts, events, self.rank));
     }
 }

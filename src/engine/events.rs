@@ -41,11 +41,12 @@ impl KvEventSink for Publisher {
     }
 }
 
-/// The batch vLLM would publish for `events` at wall time `ts` (seconds since the epoch).
-pub fn batch(ts: f64, events: Vec<KvEvent>) -> EventBatch {
+/// The batch vLLM's data-parallel rank `rank` (0 without data parallelism) would publish for
+/// `events` at wall time `ts` (seconds since the epoch).
+pub fn batch(ts: f64, events: Vec<KvEvent>, rank: u32) -> EventBatch {
     EventBatch {
         ts,
         events,
-        dp_rank: Some(0),
+        dp_rank: Some(i64::from(rank)),
     }
 }

@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -28,7 +28,7 @@ use super::responses::{ResponseShape, token_text};
 use super::{audio, pooling, responses_api, tokenize};
 use crate::openai::{ApiError, Endpoint, RequestView};
 
-pub use super::app::{AppState, QUEUE_HEADER, TTFT_HEADER};
+pub use super::app::{AppState, QUEUE_HEADER, SERVED_RANK_HEADER, TTFT_HEADER};
 
 /// The router for one engine.
 pub fn router(state: Arc<AppState>) -> Router {
@@ -58,14 +58,22 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
-    generate(state, Endpoint::Completions, body)
+async fn completions(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    generate(state, Endpoint::Completions, &headers, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn chat_completions(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
-    generate(state, Endpoint::ChatCompletions, body)
+async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    generate(state, Endpoint::ChatCompletions, &headers, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
@@ -73,6 +81,7 @@ async fn chat_completions(State(state): State<Arc<AppState>>, body: Bytes) -> Re
 async fn generate(
     state: Arc<AppState>,
     endpoint: Endpoint,
+    headers: &HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let value = parse_body(&body)?;
@@ -87,18 +96,22 @@ async fn generate(
         ));
     }
     let prompt = prompt_tokens(&state, &view)?;
-    let (stream, max_tokens) = submit(&state, prompt, &view, "max_tokens").await?;
+    let (stream, max_tokens, rank) = submit(&state, headers, prompt, &view, "max_tokens").await?;
     let shape = ResponseShape::new(
         endpoint,
         state.responses.fetch_add(1, Ordering::Relaxed),
         unix_now(),
         &state.model,
     );
-    if view.stream {
-        Ok(sse(shape, stream, max_tokens, view.include_usage).into_response())
+    let mut response = if view.stream {
+        sse(shape, stream, max_tokens, view.include_usage).into_response()
     } else {
-        collect(shape, stream).await
-    }
+        collect(shape, stream).await?
+    };
+    response
+        .headers_mut()
+        .insert(SERVED_RANK_HEADER, HeaderValue::from(rank));
+    Ok(response)
 }
 
 /// Waits for the whole output; dropping this future (client gone) aborts the request.
@@ -241,7 +254,15 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
 }
 
 async fn reset_prefix_cache(State(state): State<Arc<AppState>>) -> Response {
-    match state.client.reset_prefix_cache().await {
+    // Every rank's cache, as vLLM resets each engine core's.
+    let mut all = Ok(true);
+    for client in &state.clients {
+        match client.reset_prefix_cache().await {
+            Ok(ok) => all = all.map(|a| a && ok),
+            Err(e) => all = Err(e),
+        }
+    }
+    match all {
         Ok(true) => StatusCode::OK.into_response(),
         Ok(false) => ApiError::new(
             StatusCode::CONFLICT,

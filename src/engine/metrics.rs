@@ -46,7 +46,20 @@ impl EngineMetrics {
     /// `vllm:cache_config_info`, as vLLM describes its cache (routers size their state by its
     /// `num_gpu_blocks`).
     pub fn new(model_name: &str, core: &EngineConfig) -> Result<Self, prometheus::Error> {
-        let registry = Registry::new();
+        EngineMetrics::for_rank(&Registry::new(), model_name, core, 0)
+    }
+
+    /// The metrics of data-parallel rank `rank` in `registry`, which the other ranks of the
+    /// engine share: every series carries `engine="<rank>"`, as vLLM labels its engine cores',
+    /// so one `/metrics` shows each rank's load and cache.
+    pub fn for_rank(
+        registry: &Registry,
+        model_name: &str,
+        core: &EngineConfig,
+        rank: u32,
+    ) -> Result<Self, prometheus::Error> {
+        let registry = registry.clone();
+        let engine = rank.to_string();
         let cache_info = Gauge::with_opts(
             Opts::new(
                 "vllm:cache_config_info",
@@ -54,7 +67,7 @@ impl EngineMetrics {
             )
             .const_label("block_size", core.block_size.to_string())
             .const_label("enable_prefix_caching", "True")
-            .const_label("engine", "0")
+            .const_label("engine", engine.clone())
             .const_label("num_gpu_blocks", core.num_blocks.to_string()),
         )?;
         cache_info.set(1.0);
@@ -62,12 +75,12 @@ impl EngineMetrics {
         let opts = |name: &str, help: &str| {
             Opts::new(name, help)
                 .const_label("model_name", model_name)
-                .const_label("engine", "0")
+                .const_label("engine", engine.clone())
         };
         let hopts = |name: &str, help: &str, buckets: &[f64]| {
             HistogramOpts::new(name, help)
                 .const_label("model_name", model_name)
-                .const_label("engine", "0")
+                .const_label("engine", engine.clone())
                 .buckets(buckets.to_vec())
         };
         let m = EngineMetrics {

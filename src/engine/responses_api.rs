@@ -110,13 +110,21 @@ struct ToStore {
 }
 
 /// `POST /v1/responses`.
-pub(super) async fn create(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
-    create_inner(state, &body)
+pub(super) async fn create(
+    State(state): State<Arc<AppState>>,
+    headers: axum::http::HeaderMap,
+    body: Bytes,
+) -> Response {
+    create_inner(state, &headers, &body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn create_inner(state: Arc<AppState>, body: &Bytes) -> Result<Response, ApiError> {
+async fn create_inner(
+    state: Arc<AppState>,
+    headers: &axum::http::HeaderMap,
+    body: &Bytes,
+) -> Result<Response, ApiError> {
     let value = parse_body(body)?;
     let req = ResponsesRequest::parse(&value)?;
     if let Some(m) = &req.model
@@ -153,7 +161,8 @@ async fn create_inner(state: Arc<AppState>, body: &Bytes) -> Result<Response, Ap
     }
     .chat_view(&state.model);
     let prompt = state.tokens.prompt_ids(&view).map_err(token_error)?;
-    let (stream, max_tokens) = submit(&state, prompt, &view, "max_output_tokens").await?;
+    let (stream, max_tokens, _rank) =
+        submit(&state, headers, prompt, &view, "max_output_tokens").await?;
     let shape = Shape {
         id: random_id("resp"),
         message_id: random_id("msg"),

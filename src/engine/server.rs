@@ -19,6 +19,7 @@ use super::driver::{self, EngineClient};
 use super::events::{KvEventSink, NoEvents};
 use super::http::{AppState, router};
 use super::metrics::EngineMetrics;
+use crate::fleet::MAX_DATA_PARALLEL_SIZE;
 use crate::tokens::ModelTokens;
 
 /// Everything one engine instance needs.
@@ -31,8 +32,15 @@ pub struct ServeConfig {
     pub tokens: Arc<ModelTokens>,
     /// Output length when a request gives no `max_tokens`.
     pub default_max_tokens: usize,
-    /// Where KV events go.
+    /// Where KV events go (rank 0's, with data parallelism).
     pub events: Box<dyn KvEventSink>,
+    /// Engine cores behind the one port (vLLM `--data-parallel-size`): each its own scheduler
+    /// and KV cache, chosen per request by `X-data-parallel-rank` or else by the fewest open
+    /// requests.
+    pub data_parallel_size: u32,
+    /// Where the KV events of ranks 1, 2, … go (vLLM publishes rank N's on the configured
+    /// port plus N); a rank without one publishes nothing.
+    pub rank_events: Vec<Box<dyn KvEventSink>>,
 }
 
 impl ServeConfig {
@@ -44,6 +52,8 @@ impl ServeConfig {
             tokens: Arc::new(ModelTokens::builtin(EngineConfig::default().block_size)),
             default_max_tokens: 16,
             events: Box::new(NoEvents),
+            data_parallel_size: 1,
+            rank_events: Vec::new(),
         }
     }
 }
@@ -63,6 +73,9 @@ pub enum StartError {
     /// `default_max_tokens` is zero.
     #[error("default_max_tokens must be at least 1")]
     DefaultMaxTokens,
+    /// `data_parallel_size` is zero or beyond the bound.
+    #[error("--data-parallel-size must be from 1 to {MAX_DATA_PARALLEL_SIZE}")]
+    DataParallelSize,
 }
 
 /// A running engine.
@@ -70,7 +83,7 @@ pub struct EngineHandle {
     addr: SocketAddr,
     shutdown: CancellationToken,
     server: JoinHandle<std::io::Result<()>>,
-    engine: JoinHandle<()>,
+    engines: Vec<JoinHandle<()>>,
     client: EngineClient,
     metrics: Arc<EngineMetrics>,
 }
@@ -81,7 +94,7 @@ impl EngineHandle {
         self.addr
     }
 
-    /// A client of its engine task (submit requests without HTTP).
+    /// A client of its (first rank's) engine task (submit requests without HTTP).
     pub fn client(&self) -> &EngineClient {
         &self.client
     }
@@ -104,7 +117,9 @@ impl EngineHandle {
 
     /// Waits until the engine stops (after its shutdown token is cancelled).
     pub async fn wait(self) -> anyhow::Result<()> {
-        self.engine.await?;
+        for engine in self.engines {
+            engine.await?;
+        }
         self.server.await??;
         Ok(())
     }
@@ -115,14 +130,35 @@ pub async fn start(config: ServeConfig, listener: TcpListener) -> Result<EngineH
     if config.default_max_tokens == 0 {
         return Err(StartError::DefaultMaxTokens);
     }
+    let ranks = config.data_parallel_size;
+    if !(1..=MAX_DATA_PARALLEL_SIZE).contains(&ranks) {
+        return Err(StartError::DataParallelSize);
+    }
     let max_model_len = config.core.max_model_len();
-    let metrics = Arc::new(EngineMetrics::new(&config.model, &config.core)?);
-    let core = EngineCore::new(config.core)?;
+    let registry = prometheus::Registry::new();
     let addr = listener.local_addr()?;
     let shutdown = CancellationToken::new();
-    let (client, engine) = driver::spawn(core, config.events, metrics.clone(), shutdown.clone());
+    let mut sinks = std::iter::once(config.events).chain(config.rank_events);
+    let (mut clients, mut engines, mut all_metrics) = (Vec::new(), Vec::new(), Vec::new());
+    for rank in 0..ranks {
+        let metrics = Arc::new(EngineMetrics::for_rank(
+            &registry,
+            &config.model,
+            &config.core,
+            rank,
+        )?);
+        let core = EngineCore::new(config.core.clone())?;
+        let sink = sinks.next().unwrap_or_else(|| Box::new(NoEvents));
+        let (client, engine) =
+            driver::spawn_rank(core, sink, metrics.clone(), rank, shutdown.clone());
+        clients.push(client);
+        engines.push(engine);
+        all_metrics.push(metrics);
+    }
+    let (client, metrics) = (clients[0].clone(), Arc::clone(&all_metrics[0]));
     let state = Arc::new(AppState {
-        client: client.clone(),
+        clients,
+        next_rank: std::sync::atomic::AtomicU32::new(0),
         model: config.model,
         tokens: config.tokens,
         default_max_tokens: config.default_max_tokens,
@@ -150,7 +186,7 @@ pub async fn start(config: ServeConfig, listener: TcpListener) -> Result<EngineH
         addr,
         shutdown,
         server,
-        engine,
+        engines,
         client,
         metrics,
     })

@@ -36,10 +36,23 @@ pub fn stale_after(interval: Duration) -> Duration {
     (interval * 10).max(Duration::from_secs(1))
 }
 
-/// The engine's load in a Prometheus text exposition, if it has any of the series read here.
+/// The engine's load in a Prometheus text exposition, if it has any of the series read here:
+/// the sum over its data-parallel ranks (vLLM's `engine`, SGLang's `dp_rank` label).
 pub fn parse_engine_load(text: &str) -> Option<EngineLoad> {
-    // Per series name, the value of each rank (max over repeats of a rank).
-    let mut by_name: BTreeMap<&str, BTreeMap<String, f64>> = BTreeMap::new();
+    load_of(&samples(text), None)
+}
+
+/// The load of data-parallel rank `rank` in a Prometheus text exposition (series labelled
+/// `engine="N"` by vLLM, `dp_rank="N"` by SGLang), if it has any of the series read here.
+pub fn parse_rank_load(text: &str, rank: u32) -> Option<EngineLoad> {
+    load_of(&samples(text), Some(&rank.to_string()))
+}
+
+/// Per series read here, the value of each rank (max over repeats of a rank).
+type ByRank = BTreeMap<&'static str, BTreeMap<String, f64>>;
+
+fn samples(text: &str) -> ByRank {
+    let mut by_name: ByRank = BTreeMap::new();
     for line in text.lines() {
         let Some(sample) = Sample::parse(line) else {
             continue;
@@ -63,15 +76,24 @@ pub fn parse_engine_load(text: &str) -> Option<EngineLoad> {
         let slot = by_name.entry(key).or_default().entry(rank).or_default();
         *slot = slot.max(v);
     }
-    let sum = |k: &str| by_name.get(k).map(|ranks| ranks.values().sum::<f64>());
-    let count = |k: &str| sum(k).map(|v| v.round() as u64);
+    by_name
+}
+
+/// The load of one rank (`Some`), or the sum over all (`None`).
+fn load_of(by_name: &ByRank, rank: Option<&str>) -> Option<EngineLoad> {
+    let values = |k: &str| -> Option<Vec<f64>> {
+        let ranks = by_name.get(k)?;
+        let v: Vec<f64> = match rank {
+            Some(r) => ranks.get(r).copied().into_iter().collect(),
+            None => ranks.values().copied().collect(),
+        };
+        (!v.is_empty()).then_some(v)
+    };
+    let count = |k: &str| values(k).map(|v| v.iter().sum::<f64>().round() as u64);
     if count("running").is_none() && count("waiting").is_none() {
         return None;
     }
-    let usage = by_name
-        .get("usage")
-        .filter(|ranks| !ranks.is_empty())
-        .map(|ranks| ranks.values().sum::<f64>() / ranks.len() as f64);
+    let usage = values("usage").map(|v| v.iter().sum::<f64>() / v.len() as f64);
     Some(EngineLoad {
         running: count("running").unwrap_or(0),
         waiting: count("waiting").unwrap_or(0),
@@ -118,38 +140,53 @@ pub fn own_at_reading(asked: LoadSnapshot, uncertain: u64) -> LoadSnapshot {
     }
 }
 
-/// Reads one worker's load now and stores it; drops a reading that got too old.
+/// Reads one worker's load now and stores it on each of its ranks (a data-parallel worker's
+/// exposition has each rank's series); drops a reading that got too old.
 async fn read_worker(client: &ProbeClient, worker: &Arc<Worker>, interval: Duration) {
+    let ranks = worker.ranks();
     if !worker.is_healthy() {
-        worker.load.clear_reading();
+        for r in ranks {
+            r.load.clear_reading();
+        }
         return;
     }
-    let own = worker.load.snapshot();
-    let ended_lately = worker.load.finished_since_last_ask();
-    let admitted_before = worker.load.admissions().requests;
+    let before: Vec<_> = ranks
+        .iter()
+        .map(|r| {
+            (
+                r.load.snapshot(),
+                r.load.finished_since_last_ask(),
+                r.load.admissions().requests,
+            )
+        })
+        .collect();
     let asked = Instant::now();
     let answer = get(client, worker, "/metrics", timeout(interval)).await;
-    let engine = answer
+    let text = answer
         .filter(|(status, _)| status.is_success())
-        .and_then(|(_, body)| std::str::from_utf8(&body).ok().and_then(parse_engine_load));
-    match engine {
-        Some(engine) => {
-            let sent_meanwhile = worker
-                .load
-                .admissions()
-                .requests
-                .saturating_sub(admitted_before);
-            let own = own_at_reading(own, sent_meanwhile + ended_lately);
-            worker.load.set_reading(engine, own, Some(asked));
-        }
-        None => {
-            if worker
-                .load
-                .reading_taken()
-                .is_some_and(|at| at.elapsed() > stale_after(interval))
-            {
-                tracing::debug!(worker = worker.id(), "engine load reading dropped: too old");
-                worker.load.clear_reading();
+        .and_then(|(_, body)| String::from_utf8(body.to_vec()).ok());
+    for (r, (own, ended_lately, admitted_before)) in ranks.iter().zip(before) {
+        let engine = text.as_deref().and_then(|t| {
+            if ranks.len() > 1 {
+                parse_rank_load(t, r.index)
+            } else {
+                parse_engine_load(t)
+            }
+        });
+        match engine {
+            Some(engine) => {
+                let sent_meanwhile = r.load.admissions().requests.saturating_sub(admitted_before);
+                let own = own_at_reading(own, sent_meanwhile + ended_lately);
+                r.load.set_reading(engine, own, Some(asked));
+            }
+            None => {
+                if r.load
+                    .reading_taken()
+                    .is_some_and(|at| at.elapsed() > stale_after(interval))
+                {
+                    tracing::debug!(worker = &*r.label, "engine load reading dropped: too old");
+                    r.load.clear_reading();
+                }
             }
         }
     }

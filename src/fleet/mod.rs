@@ -11,9 +11,11 @@ pub mod health;
 pub mod load;
 pub mod load_poller;
 pub mod load_view;
+pub mod rank;
 pub mod roster;
 pub mod worker;
 pub mod worker_id;
+pub mod worker_rank;
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, Weak};
@@ -23,9 +25,11 @@ pub use health::HealthConfig;
 pub use load::{Load, LoadGuard};
 pub use load_view::LoadSnapshot;
 pub use load_view::{EngineLoad, Reading};
+pub use rank::{DP_RANK_HEADER, MAX_DATA_PARALLEL_SIZE, Rank};
 pub use roster::Roster;
 pub use worker::{BaseUrl, DownHook, ServedModel, Worker, WorkerSpec, WorkerUrlError};
 pub use worker_id::WorkerId;
+pub use worker_rank::WorkerRank;
 
 /// Why a worker could not be added.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -53,7 +57,8 @@ pub enum AddError {
 pub struct Fleet {
     roster: Arc<Roster>,
     next_key: std::sync::atomic::AtomicU32,
-    /// Numbers of workers that left, with the worker that had each; reusable once it is gone.
+    /// Numbers of workers' ranks that left, with the worker that had each; reusable once it is
+    /// gone.
     released: Mutex<Vec<(WorkerId, Weak<Worker>)>>,
     breaker: BreakerConfig,
     on_down: Option<DownHook>,
@@ -77,15 +82,17 @@ impl Fleet {
         breaker: BreakerConfig,
         on_down: Option<DownHook>,
     ) -> Fleet {
-        let n = specs.len() as u32;
+        let mut next = 0u32;
         let roster = Roster::new_cyclic(|roster| {
             specs
                 .into_iter()
-                .enumerate()
-                .map(|(i, s)| {
+                .map(|s| {
+                    let ranks = s.data_parallel_size.max(1);
+                    let keys: Vec<WorkerId> = (next..next + ranks).map(WorkerId).collect();
+                    next += ranks;
                     Arc::new(Worker::with(
                         s,
-                        WorkerId(i as u32),
+                        &keys,
                         breaker,
                         on_down.clone(),
                         Weak::clone(roster),
@@ -95,7 +102,7 @@ impl Fleet {
         });
         Fleet {
             roster,
-            next_key: std::sync::atomic::AtomicU32::new(n),
+            next_key: std::sync::atomic::AtomicU32::new(next),
             released: Mutex::new(Vec::new()),
             breaker,
             on_down,
@@ -167,15 +174,19 @@ impl Fleet {
                 by: w.id().to_owned(),
             });
         }
-        let key = self.reusable_key().unwrap_or_else(|| {
-            WorkerId(
-                self.next_key
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            )
-        });
+        let keys: Vec<WorkerId> = (0..spec.data_parallel_size.max(1))
+            .map(|_| {
+                self.reusable_key().unwrap_or_else(|| {
+                    WorkerId(
+                        self.next_key
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                    )
+                })
+            })
+            .collect();
         let w = Arc::new(Worker::with(
             spec,
-            key,
+            &keys,
             self.breaker,
             self.on_down.clone(),
             Arc::downgrade(&self.roster),
@@ -197,12 +208,14 @@ impl Fleet {
         Some(released.swap_remove(i).0)
     }
 
-    /// Hands a removed worker's number back for reuse once `worker` is dropped everywhere.
-    /// Call it only when nothing of the worker is left in the index (its feed stopped, its
-    /// entries removed).
+    /// Hands a removed worker's numbers (one per rank) back for reuse once `worker` is dropped
+    /// everywhere. Call it only when nothing of the worker is left in the index (its feeds
+    /// stopped, its entries removed).
     pub fn release(&self, worker: &Arc<Worker>) {
         let mut released = self.released.lock().unwrap_or_else(|e| e.into_inner());
-        released.push((worker.key, Arc::downgrade(worker)));
+        for key in worker.keys() {
+            released.push((key, Arc::downgrade(worker)));
+        }
     }
 
     /// Whether `worker` (this very worker, not only its id) is in the fleet.
@@ -233,6 +246,7 @@ mod tests {
             kv_events: None,
             kv_replay: None,
             kv_blocks: None,
+            data_parallel_size: 1,
         }
     }
 
@@ -294,5 +308,30 @@ mod tests {
         let b = f.remove("b").unwrap();
         drop(b);
         assert_eq!(f.add(spec("e", &["m"])).unwrap().key, WorkerId(3));
+    }
+
+    #[test]
+    fn each_rank_has_its_own_number_and_all_are_released_together() {
+        let dp = |id: &str, n: u32| WorkerSpec {
+            data_parallel_size: n,
+            ..spec(id, &["m"])
+        };
+        let f = Fleet::new(vec![dp("a", 2), spec("b", &["m"])]);
+        let keys = |w: &Arc<Worker>| w.keys().map(|k| k.0).collect::<Vec<_>>();
+        assert_eq!(keys(&f.get("a").unwrap()), [0, 1]);
+        assert_eq!(keys(&f.get("b").unwrap()), [2]);
+        let c = f.add(dp("c", 3)).unwrap();
+        assert_eq!(keys(&c), [3, 4, 5]);
+        assert_eq!(c.rank(2).label.as_ref(), "c/dp2");
+        let a = f.remove("a").unwrap();
+        f.release(&a);
+        drop(a);
+        let d = f.add(dp("d", 3)).unwrap();
+        assert_eq!(keys(&d), [0, 1, 6]);
+        assert_eq!(WorkerRank::all(&f.workers()).len(), 1 + 3 + 3);
+        // The engine's metrics list every rank's cache; each rank has its share.
+        d.set_discovered_kv_blocks(3000);
+        assert_eq!(d.kv_blocks(), Some(1000));
+        assert_eq!(f.get("b").unwrap().kv_blocks(), None);
     }
 }

@@ -85,6 +85,7 @@ mod tests {
             kv_events: None,
             kv_replay: None,
             kv_blocks: None,
+            data_parallel_size: 1,
         }
     }
 

@@ -9,6 +9,7 @@ use thiserror::Error;
 
 use super::breaker::{Breaker, BreakerConfig};
 use super::load::Load;
+use super::rank::Rank;
 use super::roster::Roster;
 use super::worker_id::WorkerId;
 
@@ -129,8 +130,11 @@ pub struct WorkerSpec {
     /// ZMQ endpoint of its KV-event replay socket, if any.
     pub kv_replay: Option<String>,
     /// Blocks its KV cache holds, when set by the operator; otherwise read from the engine's
-    /// metrics (see [`super::capacity`]).
+    /// metrics (see [`super::capacity`]). With data parallelism, each rank's.
     pub kv_blocks: Option<usize>,
+    /// Engine cores behind the one URL (vLLM `--data-parallel-size`, SGLang `--dp-size`),
+    /// each a routing target of its own (see [`super::rank`]); 1 for a plain replica.
+    pub data_parallel_size: u32,
 }
 
 /// A model a worker reported in its `GET /v1/models`.
@@ -163,13 +167,16 @@ pub type DownHook = Arc<dyn Fn(&Worker) + Send + Sync>;
 pub struct Worker {
     /// What was configured.
     pub spec: WorkerSpec,
-    /// The worker's identity inside the router (index, load, calibration), stable for its
-    /// lifetime in the fleet.
+    /// The identity inside the router (index, load, calibration) of its first rank — the
+    /// whole worker's when it has one rank —, stable for its lifetime in the fleet.
     pub key: WorkerId,
     /// The id, shared cheaply with every routing decision's candidates.
     pub label: Arc<str>,
-    /// Router-side load.
+    /// Router-side load of its first rank (the whole worker's when it has one rank; see
+    /// [`Worker::in_flight`] for all ranks).
     pub load: Arc<Load>,
+    /// Its data-parallel ranks (one for a plain replica), each a routing target.
+    ranks: Box<[Rank]>,
     /// Passive failure detection from live traffic.
     pub breaker: Breaker,
     discovered_models: RwLock<Vec<ServedModel>>,
@@ -179,8 +186,6 @@ pub struct Worker {
     verified: AtomicBool,
     draining: AtomicBool,
     event_feed: AtomicBool,
-    /// Its KV-event feed's warm-up replay runs: its index entries are a lower bound.
-    kv_warming: AtomicBool,
     /// Consecutive health checks that disagreed with the current state.
     streak: AtomicU32,
     /// KV cache capacity read from the engine's metrics (0: not read yet).
@@ -204,32 +209,44 @@ impl std::fmt::Debug for Worker {
 
 impl Worker {
     /// A worker that starts healthy: the first health check corrects that within one interval,
-    /// and a failing first request is retried on another worker.
+    /// and a failing first request is retried on another worker. Its ranks are numbered from
+    /// `key` on.
     pub fn new(spec: WorkerSpec, key: WorkerId) -> Worker {
-        Worker::with(spec, key, BreakerConfig::default(), None, Weak::new())
+        let keys: Vec<WorkerId> = (0..spec.data_parallel_size.max(1))
+            .map(|r| WorkerId(key.0 + r))
+            .collect();
+        Worker::with(spec, &keys, BreakerConfig::default(), None, Weak::new())
     }
 
-    /// A worker with its breaker settings, the hook to call when it goes down, and the
-    /// fleet's roster its circuit consults before opening.
+    /// A worker known by `keys`, one per rank (the first when fewer are given than the spec
+    /// has ranks: the fleet always gives them all), with its breaker settings, the hook to
+    /// call when it goes down, and the fleet's roster its circuit consults before opening.
     pub fn with(
         spec: WorkerSpec,
-        key: WorkerId,
+        keys: &[WorkerId],
         breaker: BreakerConfig,
         on_down: Option<DownHook>,
         roster: Weak<Roster>,
     ) -> Worker {
+        let size = u32::try_from(keys.len()).unwrap_or(u32::MAX).max(1);
+        let ranks: Box<[Rank]> = (0..size)
+            .map(|r| {
+                let key = keys.get(r as usize).copied().unwrap_or_default();
+                Rank::new(&spec.id, size, r, key, Arc::new(Load::default()))
+            })
+            .collect();
         Worker {
             label: spec.id.as_str().into(),
+            key: ranks[0].key,
+            load: Arc::clone(&ranks[0].load),
+            ranks,
             spec,
-            key,
-            load: Arc::new(Load::default()),
             breaker: Breaker::new(breaker),
             discovered_models: RwLock::new(Vec::new()),
             healthy: AtomicBool::new(true),
             verified: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             event_feed: AtomicBool::new(false),
-            kv_warming: AtomicBool::new(false),
             streak: AtomicU32::new(0),
             discovered_kv_blocks: AtomicUsize::new(0),
             on_down,
@@ -240,6 +257,33 @@ impl Worker {
     /// The worker's id.
     pub fn id(&self) -> &str {
         &self.spec.id
+    }
+
+    /// How many data-parallel ranks it has (1 for a plain replica).
+    pub fn data_parallel_size(&self) -> u32 {
+        self.ranks.len() as u32
+    }
+
+    /// Its ranks, in order.
+    pub fn ranks(&self) -> &[Rank] {
+        &self.ranks
+    }
+
+    /// Rank `index` (the last one for an index beyond them: callers take indexes from
+    /// [`Worker::ranks`] or [`super::WorkerRank::all`]).
+    pub fn rank(&self, index: u32) -> &Rank {
+        let last = self.ranks.len() - 1;
+        &self.ranks[(index as usize).min(last)]
+    }
+
+    /// The identities of all its ranks (index, load, calibration, feeds).
+    pub fn keys(&self) -> impl Iterator<Item = WorkerId> + '_ {
+        self.ranks.iter().map(|r| r.key)
+    }
+
+    /// Requests this router has in flight on it, over all its ranks.
+    pub fn in_flight(&self) -> u64 {
+        self.ranks.iter().map(|r| r.load.snapshot().in_flight).sum()
     }
 
     /// Models this worker serves: configured ones, or else the last discovered list.
@@ -292,14 +336,16 @@ impl Worker {
         }
     }
 
-    /// Blocks the worker's KV cache holds: configured, or else read from its metrics.
+    /// Blocks the worker's KV cache holds — each rank's, with data parallelism: configured, or
+    /// else read from its metrics (which list every rank's: their sum is shared out evenly).
     pub fn kv_blocks(&self) -> Option<usize> {
-        self.spec
-            .kv_blocks
-            .or_else(|| Some(self.discovered_kv_blocks.load(Ordering::Relaxed)).filter(|n| *n > 0))
+        self.spec.kv_blocks.or_else(|| {
+            let total = self.discovered_kv_blocks.load(Ordering::Relaxed);
+            Some(total.div_ceil(self.ranks.len())).filter(|n| *n > 0)
+        })
     }
 
-    /// Records the capacity the engine reported; returns whether it changed.
+    /// Records the capacity the engine reported (all its ranks'); returns whether it changed.
     pub fn set_discovered_kv_blocks(&self, blocks: usize) -> bool {
         self.discovered_kv_blocks.swap(blocks, Ordering::Relaxed) != blocks
     }
@@ -377,12 +423,7 @@ impl Worker {
     /// until it ends, the index may know fewer of its blocks than it holds. Routing uses the
     /// entries as they are, a lower bound.
     pub fn is_kv_warming(&self) -> bool {
-        self.kv_warming.load(Ordering::Relaxed)
-    }
-
-    /// Records whether its warm-up replay runs.
-    pub fn set_kv_warming(&self, warming: bool) {
-        self.kv_warming.store(warming, Ordering::Relaxed);
+        self.ranks.iter().any(Rank::is_kv_warming)
     }
 
     /// A request to this worker failed in a way that says something about the worker (see
@@ -428,10 +469,11 @@ mod tests {
             kv_events: None,
             kv_replay: None,
             kv_blocks: None,
+            data_parallel_size: 1,
         };
         let w = Worker::with(
             spec,
-            WorkerId(0),
+            &[WorkerId(0)],
             BreakerConfig::default(),
             Some(hook),
             Weak::new(),
@@ -508,6 +550,7 @@ mod tests {
             kv_events: None,
             kv_replay: None,
             kv_blocks: None,
+            data_parallel_size: 1,
         };
         let w = Worker::new(spec.clone(), WorkerId(0));
         w.set_discovered_models(vec!["b".into()]);

@@ -88,6 +88,7 @@ impl WorkerFeed {
         config: SubscriberConfig,
     ) -> Result<WorkerFeed, SubscriberError> {
         let (tx, mut rx) = mpsc::channel(QUEUE);
+        let rank = config.dp_rank;
         let subscriber = Subscriber::spawn(config, tx)?;
         let stats = Arc::clone(subscriber.stats());
         let index = Arc::clone(&holdings);
@@ -95,11 +96,26 @@ impl WorkerFeed {
             let mut model_wait = ModelWait::default();
             let mut undecodable = Throttle::new(UNDECODABLE_LOG_EVERY);
             let mut other_size = Throttle::new(BLOCK_SIZE_LOG_EVERY);
+            let mut other_rank = Throttle::new(BLOCK_SIZE_LOG_EVERY);
             // Whatever ends the task (a stop, a closed channel), the worker is not warming.
             let warming = WarmingGuard(warming);
             while let Some(msg) = rx.recv().await {
                 match msg.event {
                     SubscriberEvent::Batch { batch, .. } => {
+                        if let Some(named) = foreign_rank(&batch, rank) {
+                            index.exact.count_skipped(batch.events.len() as u64);
+                            stats.dp_rank_mismatch.fetch_add(1, Ordering::Relaxed);
+                            if let Some(suppressed) = other_rank.allow(Instant::now()) {
+                                tracing::error!(
+                                    worker = %msg.worker,
+                                    expected = rank.unwrap_or_default(),
+                                    named,
+                                    suppressed,
+                                    "a KV-event batch names another data-parallel rank than the one this endpoint was subscribed for: its blocks are not indexed; check the worker's data_parallel_size and kv_events port (rank N publishes on the port plus N)"
+                                );
+                            }
+                            continue;
+                        }
                         let Some(model) = model_wait.model(&model).await else {
                             if model_wait.first_skip() {
                                 tracing::warn!(worker = %msg.worker, "KV events arrive but the worker's model is not known yet; skipping them until it is");
@@ -177,6 +193,13 @@ impl WorkerFeed {
     pub fn stats(&self) -> Option<&Arc<SubscriberStats>> {
         self.subscriber.as_ref().map(SubscriberHandle::stats)
     }
+}
+
+/// The rank `batch` names when it is not `expected` (a stream subscribed for one rank of a
+/// data-parallel worker). A batch naming no rank (vLLM 0.9.0 sends none) is taken.
+fn foreign_rank(batch: &EventBatch, expected: Option<u32>) -> Option<i64> {
+    let expected = i64::from(expected?);
+    batch.dp_rank.filter(|named| *named != expected)
 }
 
 /// Stored blocks of another size than the model's, left out of a batch.
@@ -300,6 +323,22 @@ mod tests {
             block_size,
             ..Default::default()
         })
+    }
+
+    #[test]
+    fn a_rank_stream_leaves_out_batches_of_other_ranks() {
+        let of = |rank: Option<i64>| EventBatch {
+            ts: 0.0,
+            events: vec![stored(16)],
+            dp_rank: rank,
+        };
+        // A worker without data parallelism takes every batch (an externally balanced
+        // server's rank N names N).
+        assert_eq!(foreign_rank(&of(Some(3)), None), None);
+        assert_eq!(foreign_rank(&of(Some(1)), Some(1)), None);
+        assert_eq!(foreign_rank(&of(Some(0)), Some(1)), Some(0));
+        // vLLM 0.9.0 names no rank: taken.
+        assert_eq!(foreign_rank(&of(None), Some(1)), None);
     }
 
     #[test]

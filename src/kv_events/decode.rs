@@ -56,6 +56,22 @@ mod tests {
     use crate::kv_events::{BlockStored, EngineHash, KvEvent};
 
     #[test]
+    fn the_data_parallel_rank_is_read_in_every_layout_that_sends_it() {
+        let batch = crate::kv_events::EventBatch {
+            ts: 1.0,
+            events: vec![KvEvent::AllCleared],
+            dp_rank: Some(3),
+        };
+        for layout in crate::kv_events::Layout::ALL {
+            let decoded = decode_batch(&crate::kv_events::encode_batch(&batch, layout)).unwrap();
+            // vLLM 0.9.0's batch has no third field; every later layout carries the rank
+            // (SGLang names it `attn_dp_rank`, in the same place).
+            let expected = (layout.name() != "vllm-0.9.0").then_some(3);
+            assert_eq!(decoded.dp_rank, expected, "{}", layout.name());
+        }
+    }
+
+    #[test]
     fn two_element_batch_has_no_rank() {
         // [1.5, [["AllBlocksCleared"]]]
         let mut p = vec![0x92, 0xcb];

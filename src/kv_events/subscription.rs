@@ -36,6 +36,12 @@ pub struct SubscriberConfig {
     pub replay_timeout: Duration,
     /// Bounds of one replay (replies, bytes, total time).
     pub replay_limits: ReplayLimits,
+    /// The data-parallel rank this stream belongs to, when the worker has several: a batch
+    /// naming another rank (`data_parallel_rank`, SGLang's `attn_dp_rank`) was published by
+    /// another cache, and its consumer leaves it out. `None` takes every batch (a worker
+    /// without data parallelism, or one rank of an externally balanced server configured as a
+    /// worker of its own, whose batches name its rank in the whole server).
+    pub dp_rank: Option<u32>,
 }
 
 impl SubscriberConfig {
@@ -50,6 +56,7 @@ impl SubscriberConfig {
             poll_interval: Duration::from_millis(50),
             replay_timeout: Duration::from_secs(1),
             replay_limits: ReplayLimits::default(),
+            dp_rank: None,
         }
     }
 
@@ -159,6 +166,9 @@ pub struct SubscriberStats {
     /// `BlockStored` events left out because their block size is not the model's (counted
     /// by the worker's index feed, `index::feed`).
     pub block_size_mismatch: AtomicU64,
+    /// Batches left out because they name another data-parallel rank than the stream's
+    /// (counted by the index feed).
+    pub dp_rank_mismatch: AtomicU64,
 }
 
 pub(super) fn bump(counter: &AtomicU64, n: u64) {

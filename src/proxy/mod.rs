@@ -32,7 +32,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tracing::{Instrument, field};
 
-use crate::fleet::Worker;
+use crate::fleet::DP_RANK_HEADER;
 use crate::metrics::Metrics;
 use crate::openai::ApiError;
 use crate::routing::{Attempt, Session};
@@ -203,7 +203,7 @@ impl Upstream {
             let last_chance = attempt_no == config.retries;
             match self
                 .send(
-                    &attempt.worker,
+                    &attempt,
                     method,
                     path,
                     &headers,
@@ -272,15 +272,17 @@ impl Upstream {
         }))
     }
 
+    /// Sends the request to `attempt`'s worker, pinned to its data-parallel rank if it has one.
     async fn send(
         &self,
-        worker: &Worker,
+        attempt: &Attempt,
         method: &Method,
         path: &str,
         headers: &HeaderMap,
         body: Bytes,
         first_byte_timeout: Duration,
     ) -> Result<Response<Incoming>, Failure> {
+        let (worker, rank) = (&attempt.worker, attempt.rank);
         let mut req = Request::builder()
             .method(method.clone())
             .uri(worker.spec.url.join(path))
@@ -289,6 +291,13 @@ impl Upstream {
         *req.headers_mut() = headers.clone();
         if let Ok(host) = HeaderValue::from_str(worker.spec.url.authority().as_str()) {
             req.headers_mut().insert(http::header::HOST, host);
+        }
+        // The rank is the router's decision: a client's own pin never reaches the engine
+        // (on a worker without data parallelism it could only name a rank that is not there).
+        req.headers_mut().remove(DP_RANK_HEADER);
+        if let Some(rank) = rank {
+            req.headers_mut()
+                .insert(DP_RANK_HEADER, HeaderValue::from(rank));
         }
         // From sending to the response head: connect (or a pooled connection), send, wait.
         // The worker's own spans are its children.

@@ -6,9 +6,8 @@ use std::time::{Duration, Instant};
 use super::admitted::Admitted;
 use super::analysis::Analysis;
 use super::decider::Decider;
-use super::target::Target;
-use crate::fleet::Worker;
 use crate::fleet::WorkerId;
+use crate::fleet::{Worker, WorkerRank};
 use crate::metrics::Metrics;
 
 /// A worker chosen for one attempt, with the load the request holds on it.
@@ -16,6 +15,9 @@ use crate::metrics::Metrics;
 pub struct Attempt {
     /// The worker.
     pub worker: Arc<Worker>,
+    /// The data-parallel rank to pin the request to (`fleet::DP_RANK_HEADER`); `None` for a
+    /// worker without data parallelism.
+    pub rank: Option<u32>,
     /// The admission (load, prediction) on it; released when dropped.
     pub admitted: Admitted,
     /// When the attempt was routed (its TTFT for calibration counts from here).
@@ -27,7 +29,8 @@ pub struct Attempt {
 pub struct Session<'d> {
     decider: &'d Decider,
     metrics: &'d Metrics,
-    eligible: Vec<Arc<Worker>>,
+    /// Every rank of every eligible worker: each is a target of its own.
+    eligible: Vec<WorkerRank>,
     analysis: Analysis,
     tried: Vec<WorkerId>,
     clock: &'d (dyn Fn() -> Duration + Sync),
@@ -49,7 +52,7 @@ impl<'d> Session<'d> {
         Session {
             decider,
             metrics,
-            eligible,
+            eligible: WorkerRank::all(&eligible),
             analysis,
             tried: Vec::new(),
             clock,
@@ -80,22 +83,26 @@ impl<'d> Session<'d> {
                 .with_label_values(&[policy, "total"])
                 .observe(self.started.elapsed().as_secs_f64());
         }
-        let worker = Arc::clone(choice.target);
+        let target = choice.target.clone();
         let blocks = self.analysis.request.blocks;
         if blocks > 0 {
+            let label = &*target.state().label;
             self.metrics
                 .prefix_queried_blocks
-                .with_label_values(&[worker.id()])
+                .with_label_values(&[label])
                 .inc_by(u64::from(blocks));
             self.metrics
                 .prefix_hit_blocks
-                .with_label_values(&[worker.id()])
+                .with_label_values(&[label])
                 .inc_by(u64::from(choice.candidate.overlap_blocks.min(blocks)));
         }
         let admitted = self.decider.admit(&self.analysis, &choice, (self.clock)());
-        self.tried.push(worker.worker());
+        // A retry goes to another worker, not another rank of the one that failed: its ranks
+        // share the process and the front door that failed.
+        self.tried.extend(target.worker.keys());
         Some(Attempt {
-            worker,
+            rank: target.pinned(),
+            worker: target.worker,
             admitted,
             at: Instant::now(),
         })

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::fleet::WorkerId;
-use crate::fleet::{Load, Worker};
+use crate::fleet::{Load, Worker, WorkerRank};
 
 /// A worker as the decision sees it. The live fleet's [`Worker`] is one; the simulator has its
 /// own (no circuit breaker, eligibility by engine state), so both feed the same decision.
@@ -49,5 +49,33 @@ impl Target for Arc<Worker> {
 
     fn publishes_events(&self) -> bool {
         self.has_event_feed()
+    }
+}
+
+/// One data-parallel rank of a live worker: the rank's identity and load, the worker's health,
+/// drain and circuit (the ranks share one process and one front door).
+impl Target for WorkerRank {
+    fn worker(&self) -> WorkerId {
+        self.state().key
+    }
+
+    fn label(&self) -> &Arc<str> {
+        &self.state().label
+    }
+
+    fn load(&self) -> &Arc<Load> {
+        &self.state().load
+    }
+
+    fn routable(&self) -> bool {
+        self.worker.is_routable(Instant::now())
+    }
+
+    fn acquire(&self) -> bool {
+        self.worker.breaker.acquire(Instant::now())
+    }
+
+    fn publishes_events(&self) -> bool {
+        self.worker.has_event_feed()
     }
 }

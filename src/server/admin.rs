@@ -1,7 +1,9 @@
 //! The admin API: the fleet at run time, without a restart.
 //!
 //! - `GET /admin/workers`: every worker with its state and load.
-//! - `POST /admin/workers`: add one (`{"url", "id"?, "models"?, "kv_events"?, "kv_replay"?}`).
+//! - `POST /admin/workers`: add one (`{"url", "id"?, "models"?, "kv_events"?, "kv_replay"?,
+//!   "kv_blocks"?, "data_parallel_size"?}`); a data-parallel worker is listed with its
+//!   `ranks`, each a routing target with its own load and index entries.
 //! - `POST /admin/workers/{id}/drain`: no new requests; in-flight ones finish.
 //! - `POST /admin/workers/{id}/undrain`: new requests again (the end of a drain).
 //! - `DELETE /admin/workers/{id}`: remove a drained (idle) worker; `?force=true` removes it
@@ -25,13 +27,30 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::AppState;
-use crate::config::{check_worker, names_own_address};
+use crate::config::{check_worker, data_parallel_size, names_own_address};
 use crate::fleet::{AddError, BaseUrl, Worker, WorkerSpec};
 use crate::lifecycle::{JoinError, LeaveError};
 use crate::openai::ApiError;
 
 fn describe(state: &AppState, w: &Worker) -> Value {
-    let load = w.load.snapshot();
+    let loads: Vec<_> = w.ranks().iter().map(|r| r.load.snapshot()).collect();
+    let total = |f: fn(&crate::fleet::LoadSnapshot) -> u64| loads.iter().map(f).sum::<u64>();
+    let ranks: Vec<Value> = w
+        .ranks()
+        .iter()
+        .zip(&loads)
+        .map(|(r, load)| {
+            json!({
+                "rank": r.index,
+                "target": r.label.as_ref(),
+                "in_flight": load.in_flight,
+                "queued_tokens": load.queued_prefill_tokens,
+                "decoding": load.decoding,
+                "kv_warming": r.is_kv_warming(),
+                "predicted_blocks": state.holdings.approx.len(r.key),
+            })
+        })
+        .collect();
     json!({
         "id": w.id(),
         "source": state.lifecycle.source(w.id()).name(),
@@ -40,14 +59,16 @@ fn describe(state: &AppState, w: &Worker) -> Value {
         "healthy": w.is_healthy(),
         "draining": w.is_draining(),
         "circuit": w.breaker.state(std::time::Instant::now()).name(),
-        "in_flight": load.in_flight,
-        "queued_tokens": load.queued_prefill_tokens,
-        "decoding": load.decoding,
+        "in_flight": total(|l| l.in_flight),
+        "queued_tokens": total(|l| l.queued_prefill_tokens),
+        "decoding": total(|l| l.decoding),
         "kv_events": w.spec.kv_events,
         "kv_events_connected": w.has_event_feed(),
         "kv_warming": w.is_kv_warming(),
         "kv_blocks": w.kv_blocks(),
-        "predicted_blocks": state.holdings.approx.len(w.key),
+        "predicted_blocks": w.keys().map(|k| state.holdings.approx.len(k)).sum::<usize>(),
+        "data_parallel_size": w.data_parallel_size(),
+        "ranks": ranks,
     })
 }
 
@@ -84,6 +105,7 @@ pub(super) struct NewWorker {
     kv_events: Option<String>,
     kv_replay: Option<String>,
     kv_blocks: Option<usize>,
+    data_parallel_size: Option<i64>,
 }
 
 /// `POST /admin/workers`
@@ -111,6 +133,8 @@ fn add_worker(state: &Arc<AppState>, headers: &HeaderMap, body: &[u8]) -> Result
         kv_events: new.kv_events,
         kv_replay: new.kv_replay,
         kv_blocks: new.kv_blocks,
+        data_parallel_size: data_parallel_size(new.data_parallel_size)
+            .map_err(|e| ApiError::invalid(e.message, Some(e.field)))?,
     };
     check_worker(&spec).map_err(|e| ApiError::invalid(e.message, Some(e.field)))?;
     if names_own_address(&spec.url, &state.own_addrs()) {

@@ -16,6 +16,7 @@ use serde_json::json;
 use super::auth::{Caller, TENANT_HEADER};
 use super::body::read_limited;
 use super::{AppState, route};
+use crate::fleet::WorkerRank;
 use crate::openai::{ApiError, Endpoint, RequestView, ResponsesRequest};
 
 /// `POST /debug/route` with a completion, chat or Responses body (`messages` selects chat,
@@ -81,13 +82,17 @@ async fn explain(
     }
     let salt = caller.cache_salt(view.cache_salt.as_deref());
     let (analysis, view) = route::analyse(state, view, salt.as_deref(), bytes.len()).await?;
-    let (workers, candidates, decision) = state.decider.explain(&analysis, &eligible);
+    // Each data-parallel rank is a candidate of its own, as in a live decision.
+    let targets = WorkerRank::all(&eligible);
+    let (ranks, candidates, decision) = state.decider.explain(&analysis, &targets);
     let listed: Vec<_> = candidates
         .iter()
         .enumerate()
         .map(|(i, c)| {
             json!({
-                "worker": c.id.as_ref(),
+                "worker": ranks[i].worker.id(),
+                "rank": ranks[i].pinned(),
+                "target": c.id.as_ref(),
                 "overlap_blocks": c.overlap_blocks,
                 "cached_tokens": u64::from(c.overlap_blocks) * u64::from(analysis.request.block_size),
                 "queued_tokens": c.load.queued_prefill_tokens,
@@ -95,15 +100,17 @@ async fn explain(
                 "unseen_in_flight": c.load.unseen_in_flight,
                 "decoding": c.load.decoding,
                 "active_prompt_tokens": c.load.active_prompt_tokens,
-                "kv_events": workers[i].has_event_feed(),
-                "kv_warming": workers[i].is_kv_warming(),
+                "kv_events": ranks[i].worker.has_event_feed(),
+                "kv_warming": ranks[i].state().is_kv_warming(),
                 "predicted_ttft_s": decision.as_ref().and_then(|d| d.predicted_ttft_s.get(i).copied().flatten()),
                 "cost_s": decision.as_ref().and_then(|d| d.cost.get(i).copied().flatten()),
             })
         })
         .collect();
     Ok(Json(json!({
-        "worker": decision.as_ref().map(|d| candidates[d.chosen].id.as_ref()),
+        "worker": decision.as_ref().map(|d| ranks[d.chosen].worker.id()),
+        "rank": decision.as_ref().and_then(|d| ranks[d.chosen].pinned()),
+        "target": decision.as_ref().map(|d| candidates[d.chosen].id.as_ref()),
         "policy": state.policy.name(),
         "tenant": caller.tenant(),
         "model": view.model,

@@ -25,7 +25,7 @@ use super::call::{Call, Prepared, Read, Routing, Step};
 use super::observer::{Observer, Requester};
 use super::trail::Trail;
 use super::{AppState, body, cache_salt, request_id, route};
-use crate::fleet::Worker;
+use crate::fleet::{Worker, WorkerRank};
 use crate::openai::{ApiError, Endpoint};
 use crate::proxy::{self, BodyTimeouts, ObservedBody};
 use crate::routing::{Analysis, Session};
@@ -33,6 +33,9 @@ use crate::telemetry::{self, TARGET as TRACE};
 
 /// Header naming the worker that served a response.
 pub const WORKER_HEADER: &str = "x-kvroute-worker";
+/// Response header: the data-parallel rank of the worker that served the request (absent for
+/// a worker without data parallelism).
+pub const RANK_HEADER: &str = "x-kvroute-data-parallel-rank";
 
 pub(super) async fn completions(
     State(state): State<Arc<AppState>>,
@@ -314,8 +317,14 @@ async fn forward(
     if let Ok(v) = HeaderValue::from_str(attempt.worker.id()) {
         out_headers.insert(WORKER_HEADER, v);
     }
+    if let Some(rank) = attempt.rank {
+        out_headers.insert(RANK_HEADER, HeaderValue::from(rank));
+    }
     let sse = proxy::is_event_stream(&parts.headers);
-    trail.routed(&attempt.worker);
+    trail.routed(WorkerRank {
+        worker: Arc::clone(&attempt.worker),
+        rank: attempt.rank.unwrap_or(0),
+    });
     let model_label = match &model {
         Some(m) if state.fleet.knows_model(m) => m.clone(),
         _ => "-".to_owned(),

@@ -68,7 +68,12 @@ pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     );
     sync_counter(&m.index_evictions, index.evictions);
     for (slot, stats) in state.lifecycle.feed_stats() {
-        let Some(w) = workers.iter().find(|w| w.key == slot) else {
+        let Some(label) = workers
+            .iter()
+            .flat_map(|w| w.ranks())
+            .find(|r| r.key == slot)
+            .map(|r| &*r.label)
+        else {
             continue;
         };
         let r = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
@@ -87,35 +92,40 @@ pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
             ("dropped", r(&stats.dropped)),
             ("disconnects", r(&stats.disconnects)),
             ("block_size_mismatch", r(&stats.block_size_mismatch)),
+            ("dp_rank_mismatch", r(&stats.dp_rank_mismatch)),
         ] {
-            sync_counter(&m.kv_stream.with_label_values(&[w.id(), kind]), value);
+            sync_counter(&m.kv_stream.with_label_values(&[label, kind]), value);
         }
     }
     for w in workers.iter() {
-        let load = w.load.snapshot();
-        m.in_flight
-            .with_label_values(&[w.id()])
-            .set(i64::try_from(load.in_flight).unwrap_or(i64::MAX));
         m.worker_healthy
             .with_label_values(&[w.id()])
             .set(i64::from(w.is_healthy()));
-        if w.has_event_feed() {
-            m.worker_warming
-                .with_label_values(&[w.id()])
-                .set(i64::from(w.is_kv_warming()));
-        }
         if let Some(blocks) = w.kv_blocks() {
             m.worker_kv_blocks
                 .with_label_values(&[w.id()])
                 .set(i64::try_from(blocks).unwrap_or(i64::MAX));
         }
-        if let Some(at) = w.load.reading_taken() {
-            m.worker_load_age
-                .with_label_values(&[w.id()])
-                .set(now.saturating_duration_since(at).as_secs_f64());
-            m.worker_unseen_in_flight
-                .with_label_values(&[w.id()])
-                .set(i64::try_from(w.load.view().unseen_in_flight).unwrap_or(i64::MAX));
+        // Load and warm-up are a routing target's: a data-parallel worker's per rank.
+        for rank in w.ranks() {
+            let label = &*rank.label;
+            let load = rank.load.snapshot();
+            m.in_flight
+                .with_label_values(&[label])
+                .set(i64::try_from(load.in_flight).unwrap_or(i64::MAX));
+            if w.has_event_feed() {
+                m.worker_warming
+                    .with_label_values(&[label])
+                    .set(i64::from(rank.is_kv_warming()));
+            }
+            if let Some(at) = rank.load.reading_taken() {
+                m.worker_load_age
+                    .with_label_values(&[label])
+                    .set(now.saturating_duration_since(at).as_secs_f64());
+                m.worker_unseen_in_flight
+                    .with_label_values(&[label])
+                    .set(i64::try_from(rank.load.view().unseen_in_flight).unwrap_or(i64::MAX));
+            }
         }
         m.circuit_state
             .with_label_values(&[w.id()])

@@ -25,7 +25,7 @@ use std::time::Instant;
 use tokio::sync::oneshot;
 
 use super::{AppState, route};
-use crate::fleet::Worker;
+use crate::fleet::WorkerRank;
 use crate::openai::RequestView;
 use crate::recording::{Record, Recorder};
 use crate::routing::{Analysis, Target};
@@ -38,7 +38,7 @@ pub(super) enum Trail {
     Hashed(Box<Hashed>),
     /// The prompt is analysed off the path, by a task that waits for these.
     Shadow {
-        routed: Option<oneshot::Sender<Arc<Worker>>>,
+        routed: Option<oneshot::Sender<WorkerRank>>,
         ended: Option<oneshot::Sender<Ended>>,
     },
 }
@@ -123,12 +123,12 @@ impl Trail {
         }
     }
 
-    /// The request was routed to `worker` and its response head came back.
-    pub(super) fn routed(&mut self, worker: &Arc<Worker>) {
+    /// The request was routed to `target` (a worker's rank) and its response head came back.
+    pub(super) fn routed(&mut self, target: WorkerRank) {
         if let Trail::Shadow { routed, .. } = self
             && let Some(tx) = routed.take()
         {
-            let _ = tx.send(Arc::clone(worker));
+            let _ = tx.send(target);
         }
     }
 
@@ -159,7 +159,7 @@ impl Trail {
 
 /// Counts the prefix hits of a request a load-only policy sent to `worker`, as a prefix-aware
 /// policy's session does, and predicts its blocks there when the worker publishes no events.
-fn count(state: &AppState, analysis: &Analysis, worker: &Arc<Worker>) {
+fn count(state: &AppState, analysis: &Analysis, worker: &WorkerRank) {
     let blocks = analysis.request.blocks;
     if blocks == 0 {
         return;
@@ -167,11 +167,11 @@ fn count(state: &AppState, analysis: &Analysis, worker: &Arc<Worker>) {
     let metrics = &state.metrics;
     metrics
         .prefix_queried_blocks
-        .with_label_values(&[worker.id()])
+        .with_label_values(&[&**worker.label()])
         .inc_by(u64::from(blocks));
     metrics
         .prefix_hit_blocks
-        .with_label_values(&[worker.id()])
+        .with_label_values(&[&**worker.label()])
         .inc_by(u64::from(
             analysis.overlaps.get(worker.worker()).min(blocks),
         ));

@@ -240,7 +240,7 @@ impl SimRouter {
     pub fn apply_events(&self, slot: u32, ts: f64, events: Vec<KvEvent>) {
         self.decider.holdings().exact.apply(
             WorkerId(slot),
-            &batch(ts, events),
+            &batch(ts, events, 0),
             &seeds_for(&self.model),
         );
     }

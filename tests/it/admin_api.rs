@@ -62,6 +62,32 @@ fn bad_workers() -> Vec<(Value, &'static str, &'static str)> {
             "kv_blocks = 0",
             "kv_blocks",
         ),
+        (
+            json!({"id": "d", "data_parallel_size": 0}),
+            "data_parallel_size = 0",
+            "data_parallel_size",
+        ),
+        (
+            json!({"id": "d", "data_parallel_size": -2}),
+            "data_parallel_size = -2",
+            "data_parallel_size",
+        ),
+        (
+            json!({"id": "d", "data_parallel_size": 257}),
+            "data_parallel_size = 257",
+            "data_parallel_size",
+        ),
+        // Rank N publishes on the port plus N: an ipc path has no port to offset.
+        (
+            json!({"id": "d", "data_parallel_size": 2, "kv_events": "ipc:///tmp/kv"}),
+            "data_parallel_size = 2\nkv_events = \"ipc:///tmp/kv\"",
+            "kv_events",
+        ),
+        (
+            json!({"id": "d", "data_parallel_size": 4, "kv_events": "tcp://h:1", "kv_replay": "tcp://h:65534"}),
+            "data_parallel_size = 4\nkv_events = \"tcp://h:1\"\nkv_replay = \"tcp://h:65534\"",
+            "kv_replay",
+        ),
     ]
 }
 

@@ -229,6 +229,7 @@ async fn router(events: &str, replay: Option<&str>, extra: &str) -> (RouterHandl
         kv_events: Some(events.into()),
         kv_replay: replay.map(str::to_owned),
         kv_blocks: None,
+        data_parallel_size: 1,
     }];
     (support::start_router(&config).await, backend)
 }
@@ -291,6 +292,7 @@ async fn a_router_started_next_to_a_warm_idle_engine_sees_its_cache() {
         kv_events: Some(engine.events.clone()),
         kv_replay: Some(engine.replay.clone()),
         kv_blocks: None,
+        data_parallel_size: 1,
     }];
     let router = support::start_router(&config).await;
     let (overlap, warming) = until(&router, "sim", &text, |o, w| o >= 16 && *w == false).await;

@@ -45,6 +45,7 @@ impl Stack {
                     kv_events: Some(e.events.clone()),
                     kv_replay: Some(e.replay.clone()),
                     kv_blocks: None,
+                    data_parallel_size: 1,
                 }
             })
             .collect();

@@ -26,6 +26,7 @@ fn worker(id: &str, e: &SimEngine) -> WorkerSpec {
         kv_events: Some(e.events.clone()),
         kv_replay: Some(e.replay.clone()),
         kv_blocks: None,
+        data_parallel_size: 1,
     }
 }
 

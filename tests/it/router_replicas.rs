@@ -54,6 +54,7 @@ impl Replicas {
                 kv_events: Some(e.events.clone()),
                 kv_replay: Some(e.replay.clone()),
                 kv_blocks: None,
+                data_parallel_size: 1,
             })
             .collect();
         let mut handles = Vec::new();

@@ -110,6 +110,7 @@ impl Live {
                 kv_events: events.then(|| format!("tcp://127.0.0.1:{}", 9100 + i)),
                 kv_replay: None,
                 kv_blocks: Some(KV_BLOCKS),
+                data_parallel_size: 1,
             })
             .collect();
         let fleet = Fleet::new(specs);

@@ -26,6 +26,7 @@ fn spec(id: &str, events: bool) -> WorkerSpec {
         kv_events: events.then(|| "tcp://127.0.0.1:9".to_owned()),
         kv_replay: None,
         kv_blocks: Some(64),
+        data_parallel_size: 1,
     }
 }
 

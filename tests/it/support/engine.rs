@@ -83,6 +83,31 @@ impl SimEngine {
         }
     }
 
+    /// Starts a simulated engine with `ranks` data-parallel ranks behind one ephemeral HTTP
+    /// port: rank N publishes on `events` port + N and replays on `replay` port + N (the
+    /// engine's `auto` replay port: the events port + `ranks`).
+    pub async fn start_data_parallel(model: &str, ranks: u32) -> SimEngine {
+        let base = crate::support::quiet_ports(2 * ranks as u16);
+        let args = EngineArgs {
+            model: model.into(),
+            kv_events_endpoint: format!("tcp://127.0.0.1:{base}"),
+            kv_replay_endpoint: "auto".into(),
+            data_parallel_size: ranks,
+            ..EngineArgs::default()
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let handle = kvroute::engine::start(args.serve_config().unwrap(), listener)
+            .await
+            .unwrap();
+        SimEngine {
+            handle,
+            addr,
+            events: format!("tcp://127.0.0.1:{base}"),
+            replay: format!("tcp://127.0.0.1:{}", base + ranks as u16),
+        }
+    }
+
     /// `http://ADDR`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)

@@ -97,6 +97,18 @@ pub fn quiet_port() -> u16 {
     free_port()
 }
 
+/// The first of `n` consecutive ports that were free a moment ago, below the ephemeral range
+/// (a data-parallel engine publishes rank N's events on its port plus N). All `n` are taken
+/// from [`quiet_port`]'s counter, so no later call in this process returns one of them.
+pub fn quiet_ports(n: u16) -> u16 {
+    loop {
+        let first = quiet_port();
+        if (1..n).all(|i| first.checked_add(i) == Some(quiet_port())) {
+            return first;
+        }
+    }
+}
+
 /// Polls `cond` every 10 ms until it holds or `limit` passes; whether it held.
 pub async fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let end = Instant::now() + limit;

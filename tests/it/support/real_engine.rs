@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::quiet_port;
+use super::{quiet_port, quiet_ports};
 
 /// How long one engine may take to answer `/health` (20–50 s measured; more on a busy machine).
 const START_LIMIT: Duration = Duration::from_secs(600);
@@ -95,12 +95,15 @@ impl EngineProc {
             "kvroute-{}-{name}-{http_port}.log",
             kind.name.to_lowercase()
         ));
+        // Room for two data-parallel ranks: an engine offsets rank N's event and replay ports
+        // by N.
+        let events_port = quiet_ports(4);
         EngineProc {
             name,
             kind,
             http_port,
-            events_port: quiet_port(),
-            replay_port: quiet_port(),
+            events_port,
+            replay_port: events_port + 2,
             launcher,
             child: None,
             log,
