@@ -210,7 +210,10 @@ mod tests {
 
     #[test]
     fn equal_lists_are_equal() {
-        assert_eq!(TokenIds::from(vec![1, 300]), [1u32, 300].into_iter().collect());
+        assert_eq!(
+            TokenIds::from(vec![1, 300]),
+            [1u32, 300].into_iter().collect()
+        );
         assert_ne!(TokenIds::from(vec![1, 300]), TokenIds::from(vec![300, 1]));
         assert!(TokenIds::new().is_empty());
     }

@@ -310,10 +310,7 @@ impl Upstream {
             status = field::Empty,
         );
         telemetry::propagate(&span, req.headers_mut());
-        let sent = tokio::time::timeout(
-            first_byte_timeout,
-            self.pools.request(&self.client, req),
-        );
+        let sent = tokio::time::timeout(first_byte_timeout, self.pools.request(&self.client, req));
         let sent = sent.instrument(span.clone()).await;
         if let Ok(Ok(resp)) = &sent {
             span.record("status", resp.status().as_u16());

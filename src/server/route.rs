@@ -17,9 +17,7 @@ use crate::openai::{ApiError, Input, Prompt, RequestView, TokenIds};
 use crate::routing::Analysis;
 use crate::telemetry::TARGET as TRACE;
 use crate::tokens::model::{adapter_name, hash_seed};
-use crate::tokens::{
-    BlockHash, HashSeed, ModelTokens, TokenError, block_hashes, block_hashes_of,
-};
+use crate::tokens::{BlockHash, HashSeed, ModelTokens, TokenError, block_hashes, block_hashes_of};
 
 /// Bodies smaller than this are tokenized on the request's own task: their prompt tokenizes
 /// in microseconds, less than the hop to a blocking thread and back costs (measured by
@@ -114,7 +112,9 @@ pub(super) async fn hash_off_path(
     let reads_cache = view.reads_prefix_cache;
     let ids = match take_token_ids(&mut view) {
         Some(ids) => PromptIds::Sent(ids),
-        None if body_bytes < INLINE_TOKENIZE_BYTES => PromptIds::Encoded(tokens.prompt_ids(&view).ok()?),
+        None if body_bytes < INLINE_TOKENIZE_BYTES => {
+            PromptIds::Encoded(tokens.prompt_ids(&view).ok()?)
+        }
         None => PromptIds::Encoded(
             tokio::task::spawn_blocking(move || tokens.prompt_ids(&view))
                 .await
