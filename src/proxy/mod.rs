@@ -15,10 +15,10 @@ pub mod first_token;
 pub mod headers;
 pub mod hops;
 pub mod output_tokens;
-mod pools;
 pub mod response_id;
 pub mod retry_budget;
 
+use crate::tls::upstream::WorkerConnector;
 use crate::tls::{self, TlsError, UpstreamTls};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,6 +28,8 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tracing::{Instrument, field};
 
 use crate::fleet::Worker;
@@ -39,8 +41,6 @@ use crate::telemetry::{self, TARGET as TRACE};
 pub use body::{BodyTimeouts, End, ObservedBody, ResponseObserver};
 pub use hops::{HopId, VIA_HEADER};
 pub use retry_budget::{RetryBudget, RetryBudgetConfig};
-
-use pools::UpstreamClient;
 
 /// Proxy settings.
 #[derive(Clone, Debug)]
@@ -78,13 +78,10 @@ impl Default for ProxyConfig {
     }
 }
 
-/// The client to the workers: one connection pool shared by every thread, plus one of its own
-/// for each thread that asked for it ([`Upstream::pool_on_this_thread`]).
+/// The pooled HTTP/1.1 client to the workers.
 #[derive(Clone)]
 pub struct Upstream {
-    client: UpstreamClient,
-    /// How this upstream's clients connect, and which thread-owned pools are its own.
-    pools: pools::Pools,
+    client: Client<WorkerConnector, Full<Bytes>>,
     /// The settings; a config reload swaps in new timeouts and retries ([`Upstream::retune`]),
     /// which every clone sees from its next request on.
     config: Arc<ArcSwap<ProxyConfig>>,
@@ -119,25 +116,18 @@ impl Upstream {
     /// A client with `config`; fails when its TLS files cannot be used.
     pub fn new(config: ProxyConfig) -> Result<Upstream, TlsError> {
         let connector = tls::upstream::connector(&config.tls, config.connect_timeout)?;
-        let pools = pools::Pools::new(connector, config.pool_max_idle_per_host);
-        let client = pools.client();
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_max_idle_per_host(config.pool_max_idle_per_host)
+            .build(connector);
         let budget = Arc::new(RetryBudget::new(config.retry_budget));
         Ok(Upstream {
             client,
-            pools,
             config: Arc::new(ArcSwap::from_pointee(config)),
             budget,
             hop: HopId::random(),
         })
-    }
-
-    /// Gives the calling thread a connection pool of its own for this upstream, used for every
-    /// request sent from this thread from now on. For a thread that runs a single-threaded
-    /// runtime (`kvroute serve`'s front-door threads): a pooled connection's I/O is driven by
-    /// the runtime that opened it, so a shared pool would hand a request to a connection whose
-    /// reads and writes wake another thread.
-    pub fn pool_on_this_thread(&self) {
-        self.pools.own_on_this_thread();
     }
 
     /// This router's id in the hop header (see [`hops`]).
@@ -310,7 +300,7 @@ impl Upstream {
             status = field::Empty,
         );
         telemetry::propagate(&span, req.headers_mut());
-        let sent = tokio::time::timeout(first_byte_timeout, self.pools.request(&self.client, req));
+        let sent = tokio::time::timeout(first_byte_timeout, self.client.request(req));
         let sent = sent.instrument(span.clone()).await;
         if let Ok(Ok(resp)) = &sent {
             span.record("status", resp.status().as_u16());

@@ -48,15 +48,12 @@ pub(super) struct FrontDoor {
 }
 
 /// Serves `app` on `listener` until `stop` is cancelled, then drains (see the module doc).
-/// `open` counts the connections under the cap; several accept loops on one socket (one per
-/// front-door thread, see [`super::front_threads`]) share it, so the cap is the process's.
 pub(super) async fn serve_until(
     listener: TcpListener,
     app: Router,
     stop: CancellationToken,
     front: FrontDoor,
     metrics: Metrics,
-    open: Arc<OpenConnections>,
 ) {
     let mut builder = Builder::new(TokioExecutor::new());
     builder
@@ -76,6 +73,7 @@ pub(super) async fn serve_until(
         first_request: front.header_read_timeout,
         idle: front.connections.idle_timeout,
     };
+    let open = Arc::new(OpenConnections::new(metrics.clone()));
     loop {
         let (stream, peer) = tokio::select! {
             _ = stop.cancelled() => break,
@@ -176,14 +174,14 @@ fn file_limit() -> Option<usize> {
 }
 
 /// Client connections open now: the cap's count, the gauge, and shutdown's wait for zero.
-pub(super) struct OpenConnections {
+struct OpenConnections {
     count: AtomicUsize,
     closed: Notify,
     metrics: Metrics,
 }
 
 impl OpenConnections {
-    pub(super) fn new(metrics: Metrics) -> OpenConnections {
+    fn new(metrics: Metrics) -> OpenConnections {
         OpenConnections {
             count: AtomicUsize::new(0),
             closed: Notify::new(),

@@ -15,7 +15,6 @@ mod connection;
 mod debug;
 mod endpoints;
 mod forward;
-mod front_threads;
 mod hops;
 mod listen;
 mod observer;
@@ -340,30 +339,17 @@ impl RouterHandle {
     }
 }
 
-/// Starts a router for `config` on `listener`, with health checks; returns at once. Requests
-/// are served on the calling runtime (an embedding process's, a test's).
+/// Starts a router for `config` on `listener`, with health checks; returns at once.
 pub fn start(config: &Config, listener: TcpListener) -> anyhow::Result<RouterHandle> {
     let state = Arc::new(AppState::from_config(config)?);
     start_with_state(state, config, listener)
 }
 
-/// Starts a router with prepared `state` (tests, `demo`) on `listener`, serving requests on
-/// the calling runtime.
+/// Starts a router with prepared `state` (tests, `demo`) on `listener`.
 pub fn start_with_state(
     state: Arc<AppState>,
     config: &Config,
     listener: TcpListener,
-) -> anyhow::Result<RouterHandle> {
-    start_serving(state, config, listener, 0)
-}
-
-/// [`start`], with requests served on `front_threads` threads of their own (one
-/// single-threaded runtime each, see [`front_threads`]), or on the calling runtime for 0.
-fn start_serving(
-    state: Arc<AppState>,
-    config: &Config,
-    listener: TcpListener,
-    front_threads: usize,
 ) -> anyhow::Result<RouterHandle> {
     let addr = listener.local_addr()?;
     state.add_own_addr(addr);
@@ -428,7 +414,6 @@ fn start_serving(
                 stop.clone(),
                 front.clone(),
                 metrics.clone(),
-                Arc::new(listen::OpenConnections::new(metrics.clone())),
             );
             (Some(bound), Some(tokio::spawn(serve)))
         }
@@ -439,15 +424,8 @@ fn start_serving(
     // (scrapers on the pod network), as Prometheus exporters usually are.
     let front = listen::FrontDoor { tls, ..front };
     let stop_serving = stop.clone();
-    let upstream = state.upstream.clone();
     let task = tokio::spawn(async move {
-        if front_threads == 0 {
-            let open = Arc::new(listen::OpenConnections::new(metrics.clone()));
-            listen::serve_until(listener, app, stop_serving, front, metrics, open).await;
-        } else {
-            let (stop, threads) = (stop_serving, front_threads);
-            front_threads::serve(listener, app, stop, front, metrics, upstream, threads).await;
-        }
+        listen::serve_until(listener, app, stop_serving, front, metrics).await;
         if let Some(t) = metrics_task {
             let _ = t.await;
         }
@@ -487,12 +465,9 @@ pub async fn run(
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
-    let state = Arc::new(AppState::from_config(config)?);
-    let threads = front_threads::per_core();
-    let handle = start_serving(state, config, listener, threads)?;
+    let handle = start(config, listener)?;
     tracing::info!(
         addr = %handle.addr,
-        front_threads = threads,
         policy = %config.policy,
         workers = config.workers.len(),
         config_sha256 = %loaded.sha256,

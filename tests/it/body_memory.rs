@@ -105,8 +105,10 @@ async fn a_tenants_large_token_body_costs_about_twice_its_size() {
     );
 }
 
-/// The worst case: one-digit ids are the most a body can hold, and as `u32`s they took twice
-/// the body (3.25× in all with the body itself). Kept compact, they take half of it at most.
+/// The worst case: one-digit ids are the most a body can hold (a million blocks). It measured
+/// 3.25×: as `u32`s the ids took twice the body, and so did the approximate index, which
+/// inserted every predicted block before trimming to its capacity. Kept compact, the ids take
+/// half the body at most, and only the blocks the index keeps are inserted.
 #[cfg(target_os = "linux")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenants_large_body_of_one_digit_ids_costs_at_most_three_times_its_size() {
