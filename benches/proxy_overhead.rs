@@ -7,6 +7,8 @@
 //! `KVROUTE_BENCH_SGLANG_ROUTER` names a Python with the `sglang-router` package
 //! (`scripts/peer-routers-setup.sh` installs one) — the SGLang router (`cache_aware`) as a peer.
 //! The two processes are compared like for like: a separate process each, one worker behind.
+//! `KVROUTE_BENCH_BASELINE` may name another `kvroute` binary (say, one built from main), run as
+//! one more `kv_aware` process, so a change is measured against what it changes in one run.
 //!
 //! Run: `cargo bench --bench proxy_overhead` (N defaults to 2,000 per path; set
 //! `KVROUTE_BENCH_N`).
@@ -32,8 +34,12 @@ const ANSWER: &str = r#"{"id":"c","object":"text_completion","choices":[{"index"
 const MODELS: &str =
     r#"{"object":"list","data":[{"id":"m","object":"model","owned_by":"bench","root":"m"}]}"#;
 
+const KV_AWARE: &str = "kvroute serve (kv_aware)";
+const BASELINE: &str = "baseline serve (kv_aware)";
+const SGLANG: &str = "sglang-router (cache_aware)";
+
 /// Rounds per path; each round sends `n / ROUNDS` requests after 100 warm-up ones.
-const ROUNDS: usize = 4;
+const ROUNDS: usize = 10;
 
 type BenchClient = Client<HttpConnector, Full<Bytes>>;
 
@@ -93,14 +99,19 @@ async fn wait_serving(client: &BenchClient, url: &str) {
     panic!("{url} never answered");
 }
 
-fn kvroute_process(backend: SocketAddr, dir: &Path, policy: &str) -> (Process, String) {
+fn kvroute_process(
+    binary: &Path,
+    backend: SocketAddr,
+    dir: &Path,
+    policy: &str,
+) -> (Process, String) {
     let addr = free_addr();
-    let file = dir.join(format!("kvroute-{policy}.toml"));
+    let file = dir.join(format!("kvroute-{policy}-{}.toml", addr.port()));
     let text = format!(
         "listen = \"{addr}\"\npolicy = \"{policy}\"\n[[workers]]\nid = \"b\"\nurl = \"http://{backend}\"\nmodels = [\"m\"]\n"
     );
     std::fs::write(&file, text).expect("config");
-    let child = Command::new(env!("CARGO_BIN_EXE_kvroute"))
+    let child = Command::new(binary)
         .arg("serve")
         .arg("--config")
         .arg(&file)
@@ -171,16 +182,22 @@ fn main() {
             ),
         ];
         let mut processes = Vec::new();
-        let (p, url) = kvroute_process(backend_addr, &dir, "least_request");
+        let this = Path::new(env!("CARGO_BIN_EXE_kvroute"));
+        let (p, url) = kvroute_process(this, backend_addr, &dir, "least_request");
         processes.push(p);
         paths.push(("kvroute serve (least_request)", url));
-        let (p, url) = kvroute_process(backend_addr, &dir, "kv_aware");
+        let (p, url) = kvroute_process(this, backend_addr, &dir, "kv_aware");
         processes.push(p);
-        paths.push(("kvroute serve (kv_aware)", url));
+        paths.push((KV_AWARE, url));
+        if let Ok(baseline) = std::env::var("KVROUTE_BENCH_BASELINE") {
+            let (p, url) = kvroute_process(Path::new(&baseline), backend_addr, &dir, "kv_aware");
+            processes.push(p);
+            paths.push((BASELINE, url));
+        }
         if let Ok(python) = std::env::var("KVROUTE_BENCH_SGLANG_ROUTER") {
             let (p, url) = sglang_router(&python, backend_addr);
             processes.push(p);
-            paths.push(("sglang-router (cache_aware)", url));
+            paths.push((SGLANG, url));
         }
         for (_, url) in &paths {
             wait_serving(&client, url).await;
@@ -214,18 +231,22 @@ fn main() {
         for ((name, _), (m, p)) in paths.iter().zip(&added).skip(1) {
             println!("added by {name:<27}: median {m:>8.1} µs  p99 {p:>8.1} µs");
         }
-        if let [.., (_, (kv_m, kv_p)), (_, (sg_m, sg_p))] = paths
-            .iter()
-            .zip(added.iter().copied())
-            .collect::<Vec<_>>()
-            .as_slice()
-            && paths.len() == 5
-        {
-            println!(
-                "kvroute serve adds {:.2}× what sglang-router adds (median), {:.2}× (p99)",
-                kv_m / sg_m,
-                kv_p / sg_p
-            );
+        let added_by = |name: &str| {
+            paths
+                .iter()
+                .position(|(n, _)| *n == name)
+                .map(|i| added[i])
+        };
+        if let Some((sg_m, sg_p)) = added_by(SGLANG) {
+            for name in [KV_AWARE, BASELINE] {
+                if let Some((m, p)) = added_by(name) {
+                    println!(
+                        "{name} adds {:.2}× what sglang-router adds (median), {:.2}× (p99)",
+                        m / sg_m,
+                        p / sg_p
+                    );
+                }
+            }
         }
         drop(processes);
         router.shutdown().await;

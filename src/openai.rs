@@ -22,10 +22,12 @@ pub mod model_field;
 pub mod multipart;
 mod prompt;
 pub mod responses;
+pub mod token_ids;
 mod walk;
 
 pub use model_field::ModelField;
 pub use responses::ResponsesRequest;
+pub use token_ids::TokenIds;
 
 /// Which OpenAI endpoint a body was sent to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,10 +55,10 @@ pub enum Prompt {
     Text(String),
     /// `["text", …]`: a batch; routing uses the first element's prefix.
     Texts(Vec<String>),
-    /// `[1, 2, 3]`: pre-tokenized.
-    Tokens(Vec<u32>),
+    /// `[1, 2, 3]`: pre-tokenized (kept compact: see [`TokenIds`]).
+    Tokens(TokenIds),
     /// `[[1, 2], [3]]`: a batch of pre-tokenized prompts.
-    TokenBatches(Vec<Vec<u32>>),
+    TokenBatches(Vec<TokenIds>),
 }
 
 /// What a request asks for, as far as routing is concerned.

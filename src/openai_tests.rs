@@ -19,11 +19,17 @@ fn prompt_shapes() {
         p(json!(["a", "b"])),
         Prompt::Texts(vec!["a".into(), "b".into()])
     );
-    assert_eq!(p(json!([1, 2])), Prompt::Tokens(vec![1, 2]));
+    assert_eq!(p(json!([1, 2])), Prompt::Tokens(vec![1, 2].into()));
     assert_eq!(
         p(json!([[1], [2, 3]])),
-        Prompt::TokenBatches(vec![vec![1], vec![2, 3]])
+        Prompt::TokenBatches(vec![vec![1].into(), vec![2, 3].into()])
     );
+    let wide = [0, 127, 128, 151_935, u32::MAX];
+    assert_eq!(p(json!(wide)), Prompt::Tokens(wide[..].into()));
+    match p(json!(wide)) {
+        Prompt::Tokens(ids) => assert_eq!(ids.to_vec(), wide),
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]
@@ -213,7 +219,7 @@ fn unread_fields_are_not_kept() {
         br#"{"model":"m","prompt":[1,2],"messages":"not checked","tools":[{"a":1}]}"#,
     )
     .unwrap();
-    assert_eq!(v.input, Input::Prompt(Prompt::Tokens(vec![1, 2])));
+    assert_eq!(v.input, Input::Prompt(Prompt::Tokens(vec![1, 2].into())));
     assert_eq!(v.tools, None);
     let v = RequestView::from_json(
         Endpoint::ChatCompletions,

@@ -83,13 +83,13 @@ pub(super) fn prompt_tokens(state: &AppState, view: &RequestView) -> Result<Vec<
     };
     let tokens = match &view.input {
         Input::Prompt(Prompt::Text(t)) => encode(&state.tokens, t)?,
-        Input::Prompt(Prompt::Tokens(t)) => t.clone(),
+        Input::Prompt(Prompt::Tokens(t)) => t.to_vec(),
         Input::Prompt(Prompt::Texts(ts)) => match ts.as_slice() {
             [t] => encode(&state.tokens, t)?,
             _ => return Err(batch_error()),
         },
         Input::Prompt(Prompt::TokenBatches(bs)) => match bs.as_slice() {
-            [t] => t.clone(),
+            [t] => t.to_vec(),
             _ => return Err(batch_error()),
         },
         Input::Messages(_) => state.tokens.prompt_ids(view).map_err(token_error)?,

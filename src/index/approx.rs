@@ -47,6 +47,11 @@ struct Predicted {
 
 impl Predicted {
     fn record(&mut self, blocks: &[BlockHash], expires: u64, capacity: usize) {
+        // Recorded in order and dropped oldest first, only the last `capacity` blocks could
+        // stay; the earlier ones are never inserted, so a prompt far longer than the capacity
+        // (a 32 MiB body of one-digit ids is a million blocks) costs the table its capacity, not
+        // the prompt's length (the table keeps the room it once grew to).
+        let blocks = &blocks[blocks.len().saturating_sub(capacity)..];
         for b in blocks {
             self.expiry.insert(b.0, expires);
             self.order.push_back((b.0, expires));
@@ -306,6 +311,23 @@ mod tests {
         a.record_routed(WorkerId(0), &blocks(100, 1), secs(12));
         assert_eq!(a.lookup(&req, secs(15)).get(WorkerId(0)), 4);
         assert_eq!(a.lookup(&req, secs(18)).get(WorkerId(0)), 0);
+    }
+
+    #[test]
+    fn a_prompt_longer_than_the_capacity_keeps_its_last_blocks_only() {
+        let idx = index(Duration::from_secs(60), 4);
+        let w = WorkerId(0);
+        idx.record_routed(w, &[BlockHash(100)], Duration::ZERO);
+        let long: Vec<BlockHash> = (0..1000).map(BlockHash).collect();
+        idx.record_routed(w, &long, Duration::from_secs(1));
+        let p = &idx.read().all[0];
+        assert_eq!(p.expiry.len(), 4);
+        assert!(p.order.len() <= 4, "only the survivors were queued");
+        for b in 996..1000 {
+            assert!(p.holds(BlockHash(b), 0));
+        }
+        assert!(!p.holds(BlockHash(100), 0));
+        assert!(!p.holds(BlockHash(995), 0));
     }
 
     #[test]

@@ -1,12 +1,16 @@
 //! A completion's `prompt`, read in the same streaming pass as the other fields
 //! ([`super::fields`]): token ids go straight into `Vec<u32>`, and after the first item of the
 //! wrong shape the rest is only walked.
+//!
+//! Token ids are kept compact ([`TokenIds`]: at most half the text they came in), since they
+//! are held alongside the body that is forwarded.
 
 use std::fmt;
 
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use super::Prompt;
+use super::token_ids::TokenIds;
 use super::walk::{Scalar, ScalarSeed, Seen, drain_map, drain_seq};
 
 /// Why a `prompt` array is not one of the four allowed shapes.
@@ -21,8 +25,9 @@ pub(super) enum PromptFault {
 }
 
 /// `prompt`: a string, or an array whose first item decides the shape of the rest. Token ids
-/// are collected into a vector sized for the most the body's length can hold (two bytes per id),
-/// so a long list is never copied while it grows; untouched capacity costs no memory.
+/// are collected into a buffer sized for the most the body's length can hold (an id's encoding
+/// is at most half its text with its separator), so a long list is never copied while it
+/// grows; untouched capacity costs no memory.
 pub(super) struct PromptSeed(pub usize);
 
 impl<'de> DeserializeSeed<'de> for PromptSeed {
@@ -75,7 +80,7 @@ impl<'de> Visitor<'de> for PromptSeed {
                 rest(&mut seq, &mut texts, TextSeed)?.map(|()| Prompt::Texts(texts))
             }
             Some(Item::Token(first)) => {
-                let mut ids = Vec::with_capacity(self.0 / 2 + 1);
+                let mut ids = TokenIds::with_capacity_bytes(self.0 / 2 + 1);
                 match first {
                     Some(id) => {
                         ids.push(id);
@@ -109,7 +114,7 @@ impl<'de> Visitor<'de> for PromptSeed {
 /// has the wrong shape (then that item's fault; the caller drains the rest).
 fn rest<'de, A, S, T>(
     seq: &mut A,
-    out: &mut Vec<T>,
+    out: &mut impl Extend<T>,
     seed: S,
 ) -> Result<Result<(), PromptFault>, A::Error>
 where
@@ -118,7 +123,7 @@ where
 {
     while let Some(item) = seq.next_element_seed(seed)? {
         match item {
-            Ok(v) => out.push(v),
+            Ok(v) => out.extend(std::iter::once(v)),
             Err(fault) => return Ok(Err(fault)),
         }
     }
@@ -130,7 +135,7 @@ enum Item {
     Text(String),
     /// A number: a token id when it fits a `u32`.
     Token(Option<u32>),
-    Tokens(Result<Vec<u32>, PromptFault>),
+    Tokens(Result<TokenIds, PromptFault>),
     Other,
 }
 
@@ -211,24 +216,27 @@ impl<'de> DeserializeSeed<'de> for TokenSeed {
 struct TokenListSeed;
 
 impl<'de> DeserializeSeed<'de> for TokenListSeed {
-    type Value = Result<Vec<u32>, PromptFault>;
+    type Value = Result<TokenIds, PromptFault>;
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
         d.deserialize_any(self)
     }
 }
 
 impl<'de> Visitor<'de> for TokenListSeed {
-    type Value = Result<Vec<u32>, PromptFault>;
+    type Value = Result<TokenIds, PromptFault>;
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("an array of token ids")
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let mut ids = Vec::new();
+        let mut ids = TokenIds::new();
         let done = rest(&mut seq, &mut ids, TokenSeed)?;
         drain_seq(seq)?;
         Ok(match done {
             Ok(()) if ids.is_empty() => Err(PromptFault::EmptyTokenList),
-            Ok(()) => Ok(ids),
+            Ok(()) => {
+                ids.shrink_to_fit();
+                Ok(ids)
+            }
             Err(fault) => Err(fault),
         })
     }

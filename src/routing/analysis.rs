@@ -38,7 +38,20 @@ impl Analysis {
         now: Duration,
     ) -> Analysis {
         let hashes = block_hashes(seed, ids, block_size);
-        let reusable = reusable_blocks(ids.len(), block_size).min(hashes.len());
+        Analysis::of_hashes(hashes, ids.len(), block_size, holdings, now)
+    }
+
+    /// [`Self::of_prompt`] for a prompt already hashed: `hashes` of its `prompt_tokens` ids in
+    /// `block_size`-token blocks (for ids that are walked, not held as a slice:
+    /// [`crate::tokens::block_hashes_of`]).
+    pub fn of_hashes(
+        hashes: Vec<BlockHash>,
+        prompt_tokens: usize,
+        block_size: usize,
+        holdings: &Holdings,
+        now: Duration,
+    ) -> Analysis {
+        let reusable = reusable_blocks(prompt_tokens, block_size).min(hashes.len());
         let overlaps = if reusable == 0 {
             Overlaps::default()
         } else {
@@ -46,7 +59,7 @@ impl Analysis {
         };
         Analysis {
             request: RouteRequest {
-                prompt_tokens: ids.len() as u64,
+                prompt_tokens: prompt_tokens as u64,
                 blocks: u32::try_from(hashes.len()).unwrap_or(u32::MAX),
                 block_size: u32::try_from(block_size).unwrap_or(u32::MAX),
             },

@@ -13,11 +13,11 @@ use tracing::Instrument;
 
 use super::AppState;
 use crate::index::Overlaps;
-use crate::openai::{ApiError, Input, Prompt, RequestView};
+use crate::openai::{ApiError, Input, Prompt, RequestView, TokenIds};
 use crate::routing::Analysis;
 use crate::telemetry::TARGET as TRACE;
 use crate::tokens::model::{adapter_name, hash_seed};
-use crate::tokens::{HashSeed, ModelTokens, TokenError};
+use crate::tokens::{BlockHash, HashSeed, ModelTokens, TokenError, block_hashes, block_hashes_of};
 
 /// Bodies smaller than this are tokenized on the request's own task: their prompt tokenizes
 /// in microseconds, less than the hop to a blocking thread and back costs (measured by
@@ -31,7 +31,8 @@ pub const INLINE_TOKENIZE_BYTES: usize = 2 << 10;
 /// upper bound on the prompt's text, for choosing where to tokenize it). The view travels to
 /// the tokenizer thread and back rather than being copied (a long chat is tens of kilobytes of
 /// JSON). Token ids a client sent are moved out of the view, not copied, and need no tokenizer
-/// thread: the view that comes back is for its model name and flags, not its prompt.
+/// thread: the view that comes back is for its model name and flags, not its prompt. They are
+/// hashed as they are walked, never expanded to four bytes each (see [`TokenIds`]).
 pub(super) async fn analyse(
     state: &Arc<AppState>,
     mut view: RequestView,
@@ -47,11 +48,15 @@ pub(super) async fn analyse(
     let span = tracing::info_span!(target: TRACE, "tokenize", tokens = tracing::field::Empty);
     let (ids, view) = async move {
         match take_token_ids(&mut view) {
-            Some(ids) => Ok((Ok(ids), view)),
-            None if body_bytes < INLINE_TOKENIZE_BYTES => Ok((tokens.prompt_ids(&view), view)),
-            None => tokio::task::spawn_blocking(move || (tokens.prompt_ids(&view), view))
-                .await
-                .map_err(|e| internal(format!("tokenizer task failed: {e}"))),
+            Some(ids) => Ok((Ok(PromptIds::Sent(ids)), view)),
+            None if body_bytes < INLINE_TOKENIZE_BYTES => {
+                Ok((tokens.prompt_ids(&view).map(PromptIds::Encoded), view))
+            }
+            None => tokio::task::spawn_blocking(move || {
+                (tokens.prompt_ids(&view).map(PromptIds::Encoded), view)
+            })
+            .await
+            .map_err(|e| internal(format!("tokenizer task failed: {e}"))),
         }
     }
     .instrument(span.clone())
@@ -75,7 +80,15 @@ pub(super) async fn analyse(
         .decision
         .with_label_values(&[state.policy.name(), "tokenize"])
         .observe(started.elapsed().as_secs_f64());
-    let mut analysis = state.decider.analyse(&ids, seed, block_size, state.now());
+    let (hashes, prompt_tokens) = ids.hashes(seed, block_size);
+    drop(ids);
+    let mut analysis = Analysis::of_hashes(
+        hashes,
+        prompt_tokens,
+        block_size,
+        state.decider.holdings(),
+        state.now(),
+    );
     if !view.reads_prefix_cache {
         // The engine will compute the whole prompt (it scores every position) but still cache
         // its blocks: no reuse is predicted, the blocks are.
@@ -98,16 +111,22 @@ pub(super) async fn hash_off_path(
     let block_size = tokens.block_size();
     let reads_cache = view.reads_prefix_cache;
     let ids = match take_token_ids(&mut view) {
-        Some(ids) => ids,
-        None if body_bytes < INLINE_TOKENIZE_BYTES => tokens.prompt_ids(&view).ok()?,
-        None => tokio::task::spawn_blocking(move || tokens.prompt_ids(&view))
-            .await
-            .ok()?
-            .ok()?,
+        Some(ids) => PromptIds::Sent(ids),
+        None if body_bytes < INLINE_TOKENIZE_BYTES => {
+            PromptIds::Encoded(tokens.prompt_ids(&view).ok()?)
+        }
+        None => PromptIds::Encoded(
+            tokio::task::spawn_blocking(move || tokens.prompt_ids(&view))
+                .await
+                .ok()?
+                .ok()?,
+        ),
     };
-    let mut analysis = Analysis::of_prompt(
-        &ids,
-        seed,
+    let (hashes, prompt_tokens) = ids.hashes(seed, block_size);
+    drop(ids);
+    let mut analysis = Analysis::of_hashes(
+        hashes,
+        prompt_tokens,
         block_size,
         state.decider.holdings(),
         state.now(),
@@ -136,9 +155,32 @@ fn tokens_and_seed(
     (tokens, seed)
 }
 
+/// A prompt's token ids: as the client sent them, or as the tokenizer made them.
+enum PromptIds {
+    Sent(TokenIds),
+    Encoded(Vec<u32>),
+}
+
+impl PromptIds {
+    fn len(&self) -> usize {
+        match self {
+            PromptIds::Sent(ids) => ids.len(),
+            PromptIds::Encoded(ids) => ids.len(),
+        }
+    }
+
+    /// The chained hashes of the full blocks, and how many ids there are.
+    fn hashes(&self, seed: HashSeed, block_size: usize) -> (Vec<BlockHash>, usize) {
+        match self {
+            PromptIds::Sent(ids) => block_hashes_of(seed, ids, block_size),
+            PromptIds::Encoded(ids) => (block_hashes(seed, ids, block_size), ids.len()),
+        }
+    }
+}
+
 /// The ids routing hashes when the client sent token ids (the first of a batch, as
 /// [`crate::tokens::ModelTokens::prompt_ids`] takes), moved out of the view.
-fn take_token_ids(view: &mut RequestView) -> Option<Vec<u32>> {
+fn take_token_ids(view: &mut RequestView) -> Option<TokenIds> {
     match &mut view.input {
         Input::Prompt(Prompt::Tokens(ids)) => Some(std::mem::take(ids)),
         Input::Prompt(Prompt::TokenBatches(batches)) => {

@@ -108,12 +108,53 @@ pub fn block_hashes(seed: HashSeed, tokens: &[u32], block_size: usize) -> Vec<Bl
     out
 }
 
+/// [`block_hashes`] of ids that are walked rather than held as a slice (a client's token ids
+/// are kept compact, see [`crate::openai::TokenIds`]): each block is gathered into one reused
+/// buffer and hashed exactly as [`block_hashes`] hashes it. Also returns how many ids there were.
+pub fn block_hashes_of(
+    seed: HashSeed,
+    tokens: impl IntoIterator<Item = u32>,
+    block_size: usize,
+) -> (Vec<BlockHash>, usize) {
+    let tokens = tokens.into_iter();
+    let mut out = Vec::with_capacity(tokens.size_hint().0 / block_size.max(1));
+    let mut block = Vec::with_capacity(block_size);
+    let mut parent = None;
+    let mut count = 0;
+    for t in tokens {
+        count += 1;
+        if block_size == 0 {
+            continue;
+        }
+        block.push(t);
+        if block.len() == block_size {
+            let h = chain_hash(seed, parent, &block);
+            out.push(h);
+            parent = Some(h);
+            block.clear();
+        }
+    }
+    (out, count)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn seed() -> HashSeed {
         HashSeed::new("m", None, None)
+    }
+
+    #[test]
+    fn walked_ids_hash_as_a_slice_does() {
+        let toks: Vec<u32> = (0..1000).map(|i| i * 7919 % 151_000).collect();
+        for bs in [0, 1, 16, 32, 100, 2000] {
+            for n in [0, 15, 16, 17, 999, 1000] {
+                let (hashes, count) = block_hashes_of(seed(), toks[..n].iter().copied(), bs);
+                assert_eq!(hashes, block_hashes(seed(), &toks[..n], bs), "{bs} {n}");
+                assert_eq!(count, n);
+            }
+        }
     }
 
     #[test]

@@ -16,7 +16,7 @@ pub mod tokenizer;
 
 pub use chat_template::{ChatRequest, ChatTemplate};
 pub use engine_tools::EngineKind;
-pub use hash::{BlockHash, HashSeed, block_hashes, chain_hash};
+pub use hash::{BlockHash, HashSeed, block_hashes, block_hashes_of, chain_hash};
 pub use model::ModelTokens;
 pub use registry::{ModelRegistry, ModelSource, TokenizerSource};
 pub use segment::{SegmentCache, Segmenter};

@@ -18,7 +18,7 @@ use super::engine_tools::EngineKind;
 use super::hash::{BlockHash, HashSeed, block_hashes};
 use super::segment::{CacheStats, Piece, SegmentCache, Segmenter, Unsegmentable};
 use super::tokenizer::{TokenError, Tokenizer};
-use crate::openai::{Input, Prompt, RequestView};
+use crate::openai::{Input, Prompt, RequestView, TokenIds};
 
 /// Default bound of the piece cache, in 4-byte units (≈ 32 MB, ≈ 4 M tokens of text).
 pub const DEFAULT_CACHE_UNITS: usize = 8 << 20;
@@ -237,9 +237,9 @@ impl ModelTokens {
                 Some(text) => self.encode(text),
                 None => Ok(Vec::new()),
             },
-            Input::Prompt(Prompt::Tokens(ids)) => Ok(ids.clone()),
+            Input::Prompt(Prompt::Tokens(ids)) => Ok(ids.to_vec()),
             Input::Prompt(Prompt::TokenBatches(batches)) => {
-                Ok(batches.first().cloned().unwrap_or_default())
+                Ok(batches.first().map(TokenIds::to_vec).unwrap_or_default())
             }
             Input::Messages(messages) => {
                 let tools = self
