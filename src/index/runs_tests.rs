@@ -139,7 +139,9 @@ fn a_lost_block_ends_the_credit_at_every_position_of_a_group() {
         let locs = store(&mut runs, W0, None, &c);
         store(&mut runs, W1, None, &c);
         runs.unset(locs[lost], W0);
-        assert_eq!(lookup(&runs, &c), vec![(0, lost as u32), (1, c.len() as u32)]);
+        let mut expect = vec![(0, lost as u32), (1, c.len() as u32)];
+        expect.retain(|(_, n)| *n > 0);
+        assert_eq!(lookup(&runs, &c), expect);
         // A request that leaves the chain at `lost` is credited up to there.
         let mut other = c.clone();
         other[lost] = BlockHash(7);
