@@ -25,14 +25,13 @@
 
 use std::mem::size_of;
 
-pub(crate) use super::run::{Loc, MAX_RUN};
 use super::overlaps::Overlaps;
+pub(crate) use super::run::{Loc, MAX_RUN};
 use super::run::{Run, Slot, slot_hash};
 use super::table::Table;
 use super::worker::{Bits, workers_in};
 use crate::fleet::WorkerId;
 use crate::tokens::BlockHash;
-
 
 /// All runs, and the index of their first blocks.
 #[derive(Default)]

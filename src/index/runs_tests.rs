@@ -12,12 +12,7 @@ fn chain(tag: u64, n: usize) -> Vec<BlockHash> {
 }
 
 /// Stores `blocks` on `worker` after `parent`, as one event would.
-fn store(
-    runs: &mut Runs,
-    worker: WorkerId,
-    parent: Option<Loc>,
-    blocks: &[BlockHash],
-) -> Vec<Loc> {
+fn store(runs: &mut Runs, worker: WorkerId, parent: Option<Loc>, blocks: &[BlockHash]) -> Vec<Loc> {
     let mut at = parent;
     let mut locs = Vec::new();
     for (i, b) in blocks.iter().enumerate() {
@@ -154,7 +149,10 @@ fn a_lost_block_ends_the_credit_at_every_position_of_a_group() {
         store(&mut full, W0, None, &c);
         store(&mut full, W1, None, &c);
         assert_eq!(lookup(&full, &other), expect, "{lost}");
-        let slots: Vec<Slot> = c.iter().map(|b| [b.0 as u32, (b.0 >> 32) as u32, 0]).collect();
+        let slots: Vec<Slot> = c
+            .iter()
+            .map(|b| [b.0 as u32, (b.0 >> 32) as u32, 0])
+            .collect();
         assert_eq!(common_prefix(&slots, &other), lost);
         assert_eq!(common_prefix(&slots[..lost], &c), lost);
     }

@@ -212,7 +212,10 @@ mod tests {
         let (hab, hba) = (block_hashes(seed(), &ab, 16), block_hashes(seed(), &ba, 16));
         assert_ne!(hab[1], hba[1]);
         // The same tokens as a chain start and after a parent whose hash equals nothing special.
-        assert_ne!(chain_hash(seed(), None, &a), chain_hash(seed(), Some(hab[0]), &a));
+        assert_ne!(
+            chain_hash(seed(), None, &a),
+            chain_hash(seed(), Some(hab[0]), &a)
+        );
         // The link is a bijection of each input while the other is fixed.
         let parents: std::collections::HashSet<u64> = (0..4096u64).map(|p| link(p, 7)).collect();
         let tokens: std::collections::HashSet<u64> = (0..4096u64).map(|t| link(7, t)).collect();
