@@ -47,6 +47,7 @@ mod exact;
 mod feed;
 mod holdings;
 mod overlaps;
+mod run;
 mod runs;
 mod stats;
 mod table;

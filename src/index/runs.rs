@@ -26,183 +26,12 @@
 use std::mem::size_of;
 
 use super::overlaps::Overlaps;
+pub(crate) use super::run::{Loc, MAX_RUN};
+use super::run::{Run, Slot, slot_hash};
 use super::table::Table;
 use super::worker::{Bits, workers_in};
 use crate::fleet::WorkerId;
 use crate::tokens::BlockHash;
-
-/// Where a block lives: a run and the block's offset in it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct Loc {
-    pub(crate) run: u32,
-    pub(crate) offset: u32,
-}
-
-/// Bits of a packed location ([`Loc::pack`]) that hold the offset: runs are at most
-/// [`MAX_RUN`] blocks long (a longer chain continues in a run branching from the last block).
-#[cfg(not(test))]
-const OFFSET_BITS: u32 = 10;
-/// Small in unit tests, so that continuation runs and unpackable locations are exercised.
-#[cfg(test)]
-const OFFSET_BITS: u32 = 6;
-/// Bits of a packed location that hold the run id.
-#[cfg(not(test))]
-const RUN_BITS: u32 = 32 - OFFSET_BITS;
-#[cfg(test)]
-const RUN_BITS: u32 = 5;
-
-/// Most blocks in one run.
-pub(crate) const MAX_RUN: usize = 1 << OFFSET_BITS;
-
-impl Loc {
-    /// The location as a 32-bit word, for the engine-id maps: `None` for a run id of
-    /// [`RUN_BITS`] bits or more (more than four million live runs), which the maps keep
-    /// aside. The all-ones word is never a packed location.
-    pub(crate) fn pack(self) -> Option<u32> {
-        (self.run < (1 << RUN_BITS) - 1 && (self.offset as usize) < MAX_RUN)
-            .then_some(self.run << OFFSET_BITS | self.offset)
-    }
-
-    /// The inverse of [`Loc::pack`].
-    pub(crate) fn unpack(word: u32) -> Self {
-        Loc {
-            run: word >> OFFSET_BITS,
-            offset: word & (MAX_RUN as u32 - 1),
-        }
-    }
-}
-
-/// One block of a run: its hash (two halves, so a slot is 12 bytes, not 16) and the holders
-/// among the 32 workers of the run's home page.
-type Slot = [u32; 3];
-
-fn slot_hash(s: &Slot) -> u64 {
-    u64::from(s[0]) | u64::from(s[1]) << 32
-}
-
-/// A run of consecutive blocks of one chain.
-#[derive(Debug, Default)]
-struct Run {
-    slots: Vec<Slot>,
-    /// Holders from pages other than `page`: `(page, holders per offset)`, only for pages some
-    /// worker of which has held a block of the run. A run is usually held from one page (in
-    /// fleets of up to 32 workers always), so those pay nothing for it, and in a fleet of
-    /// 1,024 workers a block held by one worker costs 4 bytes of holders, not 128.
-    more: Vec<(u32, Vec<Bits>)>,
-    /// The page whose holders live in the slots: that of the first worker to hold a block.
-    page: u32,
-    /// The block this run branches from, if it was known when the run started.
-    parent: Option<Loc>,
-    /// Runs branching from this one: while any exists, no block of this run may be cut.
-    children: u32,
-    /// Blocks held by at least one worker.
-    live: u32,
-}
-
-impl Run {
-    fn len(&self) -> usize {
-        self.slots.len()
-    }
-
-    /// Heap bytes of this run's arrays.
-    fn bytes(&self) -> usize {
-        self.slots.capacity() * size_of::<Slot>()
-            + self.more.capacity() * size_of::<(u32, Vec<Bits>)>()
-            + self
-                .more
-                .iter()
-                .map(|(_, v)| v.capacity() * size_of::<Bits>())
-                .sum::<usize>()
-    }
-
-    #[inline]
-    fn hash(&self, offset: usize) -> u64 {
-        slot_hash(&self.slots[offset])
-    }
-
-    /// The holders of `page` per offset, if the run has any from that page (`None` for the
-    /// home page, whose holders are in the slots).
-    #[inline]
-    fn other_page(&self, page: u32) -> Option<&[Bits]> {
-        self.more
-            .iter()
-            .find(|(p, _)| *p == page)
-            .map(|(_, v)| v.as_slice())
-    }
-
-    #[inline]
-    fn bits(&self, page: usize, offset: usize) -> Bits {
-        if page as u32 == self.page {
-            self.slots[offset][2]
-        } else {
-            self.other_page(page as u32).map_or(0, |v| v[offset])
-        }
-    }
-
-    /// The holders of `offset` in `page`, which [`Run::add_page`] must have made room for.
-    fn bits_mut(&mut self, page: usize, offset: usize) -> &mut Bits {
-        if page as u32 == self.page {
-            &mut self.slots[offset][2]
-        } else {
-            let (_, v) = self
-                .more
-                .iter_mut()
-                .find(|(p, _)| *p == page as u32)
-                .expect("page added");
-            &mut v[offset]
-        }
-    }
-
-    /// Whether holders of `page` have a place in this run.
-    fn has_page(&self, page: usize) -> bool {
-        page as u32 == self.page || self.more.iter().any(|(p, _)| *p == page as u32)
-    }
-
-    /// A holder array for `page`.
-    fn add_page(&mut self, page: usize) {
-        let len = self.slots.len();
-        self.more.push((page as u32, vec![0; len]));
-    }
-
-    /// Whether storing one more block reallocates an array.
-    fn is_full(&self) -> bool {
-        self.slots.len() == self.slots.capacity()
-            || self.more.iter().any(|(_, v)| v.len() == v.capacity())
-    }
-
-    fn held(&self, offset: usize) -> bool {
-        self.slots[offset][2] != 0 || self.more.iter().any(|(_, v)| v[offset] != 0)
-    }
-
-    fn push(&mut self, hash: u64, room: usize) {
-        if self.slots.len() == self.slots.capacity() {
-            // Sized by what the event still carries, so a run built by one event is allocated
-            // once and exactly.
-            self.slots
-                .reserve_exact(room.min(MAX_RUN.saturating_sub(self.slots.len())).max(1));
-        }
-        self.slots.push([hash as u32, (hash >> 32) as u32, 0]);
-        for (_, v) in &mut self.more {
-            v.push(0);
-        }
-    }
-
-    /// Cuts blocks nobody holds off the end (only called without branches).
-    fn cut_dead_tail(&mut self) {
-        while self.len() > 0 && !self.held(self.len() - 1) {
-            self.slots.pop();
-            for (_, v) in &mut self.more {
-                v.pop();
-            }
-        }
-        if self.slots.capacity() > 2 * self.slots.len() + 8 {
-            self.slots.shrink_to_fit();
-            for (_, v) in &mut self.more {
-                v.shrink_to_fit();
-            }
-        }
-    }
-}
 
 /// All runs, and the index of their first blocks.
 #[derive(Default)]
@@ -477,11 +306,7 @@ impl Runs {
         let (mut i, mut offset) = (0, 0);
         while !active.is_empty() {
             // The run's blocks the chain follows from `offset` (at least the one found).
-            let n = 1 + run.slots[offset + 1..]
-                .iter()
-                .zip(&blocks[i + 1..])
-                .take_while(|(s, b)| slot_hash(s) == b.0)
-                .count();
+            let n = 1 + common_prefix(&run.slots[offset + 1..], &blocks[i + 1..]);
             active.retain_mut(|(page, set)| {
                 *set = if *page == run.page {
                     follow(
@@ -548,188 +373,58 @@ fn follow<T>(
         }
         return 0;
     }
-    for (k, b) in blocks.iter().enumerate() {
-        let gone = active & !holders(b);
-        if gone != 0 {
-            for w in workers_in(page as usize, gone) {
-                out.push(w, (start + k) as u32);
-            }
-            active &= !gone;
-            if active == 0 {
-                return 0;
+    // A worker drops out at a few places along a chain at most, so whole groups of blocks are
+    // checked at once (the holders all kept), and only a group where someone drops out is
+    // followed block by block.
+    for (g, group) in blocks.chunks(GROUP).enumerate() {
+        let kept = group.iter().fold(active, |set, b| set & holders(b));
+        if kept == active {
+            continue;
+        }
+        for (k, b) in group.iter().enumerate() {
+            let gone = active & !holders(b);
+            if gone != 0 {
+                for w in workers_in(page as usize, gone) {
+                    out.push(w, (start + g * GROUP + k) as u32);
+                }
+                active &= !gone;
+                if active == 0 {
+                    return 0;
+                }
             }
         }
     }
     active
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// Blocks compared or followed per step of a lookup's walk: a run's blocks are checked a group
+/// at a time without a branch per block, and only a group that ends the match (or loses a
+/// holder) is gone through block by block.
+const GROUP: usize = 8;
 
-    const W0: WorkerId = WorkerId(0);
-    const W1: WorkerId = WorkerId(1);
-
-    fn chain(tag: u64, n: usize) -> Vec<BlockHash> {
-        (0..n as u64)
-            .map(|i| BlockHash((tag << 40 ^ i).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1))
-            .collect()
-    }
-
-    /// Stores `blocks` on `worker` after `parent`, as one event would.
-    fn store(
-        runs: &mut Runs,
-        worker: WorkerId,
-        parent: Option<Loc>,
-        blocks: &[BlockHash],
-    ) -> Vec<Loc> {
-        let mut at = parent;
-        let mut locs = Vec::new();
-        for (i, b) in blocks.iter().enumerate() {
-            let loc = runs.place(at, b.0, blocks.len() - i);
-            runs.set(loc, worker);
-            locs.push(loc);
-            at = Some(loc);
+/// How many leading `slots` have the hashes of the leading `blocks`.
+#[inline]
+fn common_prefix(slots: &[Slot], blocks: &[BlockHash]) -> usize {
+    let len = slots.len().min(blocks.len());
+    let (slots, blocks) = (&slots[..len], &blocks[..len]);
+    let mut n = 0;
+    for (s, b) in slots.chunks_exact(GROUP).zip(blocks.chunks_exact(GROUP)) {
+        let differ = s
+            .iter()
+            .zip(b)
+            .fold(0, |d, (s, b)| d | (slot_hash(s) ^ b.0));
+        if differ != 0 {
+            break;
         }
-        locs
+        n += GROUP;
     }
-
-    fn lookup(runs: &Runs, blocks: &[BlockHash]) -> Vec<(u32, u32)> {
-        let mut o = Overlaps::new();
-        runs.lookup(blocks, &mut o);
-        o.sort();
-        o.iter()
-            .filter(|(w, _)| w.page() == 0)
-            .map(|(w, n)| (w.0, n))
-            .collect()
-    }
-
-    #[test]
-    fn a_chain_stored_by_one_event_is_one_run() {
-        let mut runs = Runs::default();
-        let c = chain(1, 50);
-        let locs = store(&mut runs, W0, None, &c);
-        assert_eq!(runs.len(), 1);
-        assert!(locs.iter().enumerate().all(|(i, l)| *l
-            == Loc {
-                run: 0,
-                offset: i as u32
-            }));
-        assert_eq!(lookup(&runs, &c), vec![(0, 50)]);
-        // A longer request is credited with the stored prefix only.
-        let mut longer = c.clone();
-        longer.extend(chain(2, 5));
-        assert_eq!(lookup(&runs, &longer), vec![(0, 50)]);
-    }
-
-    #[test]
-    fn branches_share_the_prefix_and_are_found_from_either_side() {
-        let mut runs = Runs::default();
-        let root = chain(1, 10);
-        let locs = store(&mut runs, W0, None, &root);
-        // W1 holds the first six blocks and its own continuation from block 5.
-        store(&mut runs, W1, None, &root[..6]);
-        let tail = chain(2, 4);
-        store(&mut runs, W1, Some(locs[5]), &tail);
-        assert_eq!(runs.len(), 2);
-        let mut req = root[..6].to_vec();
-        req.extend(&tail);
-        assert_eq!(lookup(&runs, &req), vec![(0, 6), (1, 10)]);
-        assert_eq!(lookup(&runs, &root), vec![(0, 10), (1, 6)]);
-        assert_eq!(runs.hash_at(locs[3]), root[3]);
-    }
-
-    #[test]
-    fn a_lost_middle_block_ends_the_credit_and_dead_runs_are_freed() {
-        let mut runs = Runs::default();
-        let c = chain(1, 8);
-        let locs = store(&mut runs, W0, None, &c);
-        assert!(runs.unset(locs[3], W0));
-        assert!(!runs.unset(locs[3], W0));
-        assert_eq!(lookup(&runs, &c), vec![(0, 3)]);
-        // The dead block stays while later blocks are held; cutting them frees everything.
-        assert_eq!(runs.blocks(), 8);
-        for l in locs.iter().rev() {
-            runs.unset(*l, W0);
-        }
-        assert_eq!((runs.len(), runs.blocks()), (0, 0));
-        assert_eq!(lookup(&runs, &c), vec![]);
-        // Freed ids are reused and the chain can be stored again.
-        store(&mut runs, W1, None, &c);
-        assert_eq!(lookup(&runs, &c), vec![(1, 8)]);
-        assert_eq!(runs.len(), 1);
-    }
-
-    #[test]
-    fn a_branch_keeps_its_dead_parent_until_it_goes() {
-        let mut runs = Runs::default();
-        let root = chain(1, 6);
-        let locs = store(&mut runs, W0, None, &root);
-        let branch = store(&mut runs, W1, Some(locs[2]), &chain(2, 3));
-        for l in &locs {
-            runs.unset(*l, W0);
-        }
-        // Nobody holds the root, but the walk to W1's blocks needs its first three hashes.
-        assert_eq!(runs.len(), 2);
-        assert_eq!(runs.blocks(), 6 + 3);
-        for l in &branch {
-            runs.unset(*l, W1);
-        }
-        assert_eq!((runs.len(), runs.blocks()), (0, 0));
-    }
-
-    #[test]
-    fn workers_beyond_the_first_page_have_their_own_holders() {
-        let mut runs = Runs::default();
-        let c = chain(1, 5);
-        let locs = store(&mut runs, WorkerId(40), None, &c);
-        store(&mut runs, W0, None, &c[..2]);
-        let mut o = Overlaps::new();
-        runs.lookup(&c, &mut o);
-        o.sort();
-        assert_eq!(o.get(WorkerId(40)), 5);
-        assert_eq!(lookup(&runs, &c), vec![(0, 2)]);
-        assert_eq!(runs.holders(&c, 1), vec![1 << 8; 5]);
-        for l in locs {
-            runs.unset(l, WorkerId(40));
-        }
-        assert_eq!(runs.blocks(), 2);
-    }
-
-    #[test]
-    fn random_churn_frees_everything_once_nothing_is_held() {
-        let mut runs = Runs::default();
-        let mut x = 0x9E37_79B9_7F4A_7C15u64;
-        let mut rand = move |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        };
-        // Chains that share prefixes and branch at random depths, on random workers.
-        let roots: Vec<Vec<BlockHash>> = (0..8).map(|t| chain(t, 40)).collect();
-        let mut held: Vec<(Loc, WorkerId)> = Vec::new();
-        for step in 0..2_000u64 {
-            if rand(3) > 0 || held.is_empty() {
-                let root = &roots[rand(8) as usize];
-                let depth = 1 + rand(39) as usize;
-                let mut blocks = root[..depth].to_vec();
-                blocks.extend(chain(100 + step, rand(5) as usize));
-                let w = WorkerId(rand(40) as u32);
-                for l in store(&mut runs, w, None, &blocks) {
-                    held.push((l, w));
-                }
-            } else {
-                let (l, w) = held.swap_remove(rand(held.len() as u64) as usize);
-                runs.unset(l, w);
-            }
-        }
-        let walked: usize = runs.runs.iter().map(Run::bytes).sum();
-        assert_eq!(runs.run_bytes, walked, "kept in step with the runs");
-        for (l, w) in held {
-            runs.unset(l, w);
-        }
-        assert_eq!((runs.len(), runs.blocks(), runs.run_bytes), (0, 0, 0));
-        assert!(runs.starts.is_empty());
-    }
+    n + slots[n..]
+        .iter()
+        .zip(&blocks[n..])
+        .take_while(|(s, b)| slot_hash(s) == b.0)
+        .count()
 }
+
+#[cfg(test)]
+#[path = "runs_tests.rs"]
+mod tests;
