@@ -26,7 +26,8 @@
 //! 0.25, is the one that scored best on SLO attainment across the scenario suite (0 loses
 //! completion latency, 1 gives up too much TTFT on unique prompts).
 //!
-//! Costs within [`TIE_TOLERANCE`] of the best (at most [`TIE_CAP_S`]) are ties: the model
+//! Costs within [`TIE_TOLERANCE`] of the best (at most [`TIE_CAP_S`]) are ties (exact ties only on
+//! a partial view, where per-worker fits decide and their differences are signal): the model
 //! cannot tell them apart (on an idle fleet every prediction is the overhead, and a millisecond
 //! of noise used to decide every request). Ties go to the worker with fewer requests in flight,
 //! then to the one that was admitted fewer requests so far, then to a seeded random one, so
@@ -159,10 +160,10 @@ impl Policy for KvAware {
             return None;
         }
         let config = self.config();
+        // Other router replicas' requests in the view: score every worker with its own fit,
+        // which has learned what the view misses ([`super::fleet_calibration`]).
+        let partial = candidates.iter().any(|c| c.load.unseen_in_flight > 0);
         let (predicted, cost): (Vec<f64>, Vec<f64>) = {
-            // Other router replicas' requests in the view: score every worker with its own fit,
-            // which has learned what the view misses ([`super::fleet_calibration`]).
-            let partial = candidates.iter().any(|c| c.load.unseen_in_flight > 0);
             let calibration = super::lock(&self.calibration);
             candidates
                 .iter()
@@ -188,7 +189,13 @@ impl Policy for KvAware {
             }
             pick
         } else {
-            let slack = (best * TIE_TOLERANCE).min(TIE_CAP_S).max(1e-6);
+            // On a partial view the per-worker fits decide, and a difference of a millisecond
+            // between them is what they learned about unseen load, not noise: exact ties only.
+            let slack = if partial {
+                1e-6
+            } else {
+                (best * TIE_TOLERANCE).min(TIE_CAP_S).max(1e-6)
+            };
             let tied: Vec<usize> = (0..candidates.len())
                 .filter(|&i| cost[i] - best <= slack)
                 .collect();

@@ -291,3 +291,32 @@ fn a_burst_after_noisy_calibration_splits_evenly() {
         );
     }
 }
+
+/// Worker 0's TTFTs ran 3× what its visible load predicted while other router replicas' requests
+/// were in the view (load it could not see); worker 1's matched. A decision on a partial view
+/// scores both with their own fits and avoids worker 0 despite its cached prefix; on a complete
+/// view those samples are no evidence of speed, and the prefix wins.
+#[test]
+fn a_partial_view_scores_every_worker_with_its_own_fit() {
+    let p = KvAware::new(KvAwareConfig::default(), 3);
+    for i in 0..64u64 {
+        for (slot, slow) in [(0u32, 3.0), (1, 1.0)] {
+            let tokens = 500 + i * 10;
+            p.observe(&Observation {
+                worker: WorkerId(slot),
+                uncached_tokens: tokens,
+                queued_tokens: 0,
+                decoding: 0,
+                unseen_in_flight: 2,
+                ttft_s: slow * (tokens as f64 / 20_000.0 + 0.02),
+            });
+        }
+    }
+    let mut c = idle(2);
+    c[0].overlap_blocks = 20; // 320 of 1,000 tokens cached
+    assert_eq!(p.choose(&req(1000), &c).unwrap().chosen, 0);
+    c[1].load.unseen_in_flight = 1;
+    c[1].load.in_flight = 1;
+    c[1].load.decoding = 1;
+    assert_eq!(p.choose(&req(1000), &c).unwrap().chosen, 1);
+}
