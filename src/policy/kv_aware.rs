@@ -194,7 +194,7 @@ impl Policy for KvAware {
             let slack = if partial {
                 1e-6
             } else {
-                (best * TIE_TOLERANCE).min(TIE_CAP_S).max(1e-6)
+                (best * TIE_TOLERANCE).clamp(1e-6, TIE_CAP_S)
             };
             let tied: Vec<usize> = (0..candidates.len())
                 .filter(|&i| cost[i] - best <= slack)
