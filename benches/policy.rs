@@ -18,6 +18,7 @@ fn candidates(n: usize) -> Vec<Candidate> {
                 queued_prefill_tokens: (i * 1000 % 7000) as u64,
                 decoding: (i % 5) as u64,
                 active_prompt_tokens: (i * 3000 % 20000) as u64,
+                admitted: (i * 11 % 17) as u64,
                 unseen_in_flight: 0,
             },
             overlap_blocks: (i * 37 % 400) as u32,

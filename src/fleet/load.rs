@@ -42,6 +42,7 @@ impl Load {
             queued_prefill_tokens: self.queued_prefill_tokens.load(Ordering::Relaxed),
             decoding: self.decoding.load(Ordering::Relaxed),
             active_prompt_tokens: self.active_prompt_tokens.load(Ordering::Relaxed),
+            admitted: self.admitted.load(Ordering::Relaxed),
             unseen_in_flight: 0,
         }
     }
@@ -191,6 +192,7 @@ mod tests {
                 queued_prefill_tokens: 100,
                 decoding: 0,
                 active_prompt_tokens: 160,
+                admitted: 1,
                 unseen_in_flight: 0,
             }
         );
@@ -203,11 +205,19 @@ mod tests {
                 queued_prefill_tokens: 0,
                 decoding: 1,
                 active_prompt_tokens: 160,
+                admitted: 1,
                 unseen_in_flight: 0,
             }
         );
         drop(g);
-        assert_eq!(load.snapshot(), LoadSnapshot::default());
+        // Everything is released but the count of requests ever admitted.
+        assert_eq!(
+            load.snapshot(),
+            LoadSnapshot {
+                admitted: 1,
+                ..LoadSnapshot::default()
+            }
+        );
     }
 
     #[test]
@@ -235,7 +245,13 @@ mod tests {
         assert_eq!(load.snapshot().queued_prefill_tokens, 10);
         drop(a);
         drop(b);
-        assert_eq!(load.snapshot(), LoadSnapshot::default());
+        assert_eq!(
+            load.snapshot(),
+            LoadSnapshot {
+                admitted: 2,
+                ..LoadSnapshot::default()
+            }
+        );
     }
 
     #[test]

@@ -34,6 +34,10 @@ pub struct LoadSnapshot {
     pub decoding: u64,
     /// Prompt tokens of all routed, unfinished requests (their KV footprint, roughly).
     pub active_prompt_tokens: u64,
+    /// Requests this router ever admitted here (never released): `kv_aware`'s "least used"
+    /// tie-break, which rotates requests the cost model cannot tell apart (an idle fleet, new
+    /// prefixes) instead of letting one worker win every tie.
+    pub admitted: u64,
     /// Of `in_flight`, requests this router did not send (other router replicas'), from the
     /// engine's last load reading; 0 without one. The other fields include their share.
     pub unseen_in_flight: u64,
@@ -136,6 +140,7 @@ pub fn combine(own: LoadSnapshot, reading: Option<&Reading>, history: Admissions
         active_prompt_tokens: own
             .active_prompt_tokens
             .saturating_add(others.saturating_mul(prompt)),
+        admitted: own.admitted,
         unseen_in_flight: others,
     }
 }
@@ -150,6 +155,7 @@ mod tests {
             queued_prefill_tokens: queued,
             decoding,
             active_prompt_tokens: in_flight * 100,
+            admitted: 0,
             unseen_in_flight: 0,
         }
     }

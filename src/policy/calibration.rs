@@ -98,6 +98,11 @@ impl Calibrator {
         self.observations += 1;
     }
 
+    /// The forgetting factor in use (after clamping).
+    pub fn forgetting(&self) -> f64 {
+        self.forgetting
+    }
+
     /// Observations seen.
     pub fn observations(&self) -> u64 {
         self.observations

@@ -8,6 +8,7 @@
 pub mod cache_aware;
 pub mod calibration;
 pub mod dynamo_cost;
+pub mod fleet_calibration;
 mod kind;
 pub mod kv_aware;
 pub mod least_request;
@@ -85,6 +86,9 @@ pub struct Observation {
     pub queued_tokens: u64,
     /// Sequences decoding on that worker when it was routed.
     pub decoding: u64,
+    /// Requests of other router replicas in the view of that worker when it was routed (known
+    /// only as counts from the engine's last load reading; 0 with one router).
+    pub unseen_in_flight: u64,
     /// Observed time to first token, seconds.
     pub ttft_s: f64,
 }

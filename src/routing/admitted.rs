@@ -13,6 +13,7 @@ struct Predicted {
     uncached_tokens: u64,
     queued_tokens: u64,
     decoding: u64,
+    unseen_in_flight: u64,
 }
 
 /// The load a routed request holds on its worker until it ends, and the prediction the
@@ -60,6 +61,7 @@ impl Admitted {
                 uncached_tokens,
                 queued_tokens: chosen.load.queued_prefill_tokens,
                 decoding: chosen.load.decoding,
+                unseen_in_flight: chosen.load.unseen_in_flight,
             }),
             overlap_blocks: chosen.overlap_blocks.min(analysis.request.blocks),
             blocks: analysis.request.blocks,
@@ -86,6 +88,7 @@ impl Admitted {
                 uncached_tokens: p.uncached_tokens,
                 queued_tokens: p.queued_tokens,
                 decoding: p.decoding,
+                unseen_in_flight: p.unseen_in_flight,
                 ttft_s,
             });
         }

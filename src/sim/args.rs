@@ -101,7 +101,7 @@ pub struct SimulateArgs {
     #[command(flatten)]
     pub core: EngineCoreArgs,
     /// kv_aware: initial prefill rate of a worker, tokens per second (the live router's
-    /// `kv_aware` config; calibration refines it per worker from observed TTFTs).
+    /// `kv_aware` config; calibration refines it from observed TTFTs).
     #[arg(long, value_name = "TOKENS_PER_S")]
     pub kv_aware_prefill_rate: Option<f64>,
     /// kv_aware: do not re-fit the cost model's rates from observed TTFTs.

@@ -16,6 +16,7 @@ mod bench_synthetic;
 mod bench_trace;
 mod body_admission;
 mod body_memory;
+mod burst_balance;
 mod chaos;
 mod config_reload;
 mod connections;
