@@ -80,20 +80,7 @@ pub(super) async fn analyse(
         .decision
         .with_label_values(&[state.policy.name(), "tokenize"])
         .observe(started.elapsed().as_secs_f64());
-    let (hashes, prompt_tokens) = ids.hashes(seed, block_size);
-    drop(ids);
-    let mut analysis = Analysis::of_hashes(
-        hashes,
-        prompt_tokens,
-        block_size,
-        state.decider.holdings(),
-        state.now(),
-    );
-    if !view.reads_prefix_cache {
-        // The engine will compute the whole prompt (it scores every position) but still cache
-        // its blocks: no reuse is predicted, the blocks are.
-        analysis.overlaps = Overlaps::default();
-    }
+    let analysis = ids.analysis(state, seed, block_size, view.reads_prefix_cache);
     Ok((analysis, view))
 }
 
@@ -122,19 +109,7 @@ pub(super) async fn hash_off_path(
                 .ok()?,
         ),
     };
-    let (hashes, prompt_tokens) = ids.hashes(seed, block_size);
-    drop(ids);
-    let mut analysis = Analysis::of_hashes(
-        hashes,
-        prompt_tokens,
-        block_size,
-        state.decider.holdings(),
-        state.now(),
-    );
-    if !reads_cache {
-        analysis.overlaps = Overlaps::default();
-    }
-    Some(analysis)
+    Some(ids.analysis(state, seed, block_size, reads_cache))
 }
 
 /// The tokenizer of `model` (its base model's, for a LoRA adapter) and the hash seed of its
@@ -175,6 +150,32 @@ impl PromptIds {
             PromptIds::Sent(ids) => block_hashes_of(seed, ids, block_size),
             PromptIds::Encoded(ids) => (block_hashes(seed, ids, block_size), ids.len()),
         }
+    }
+
+    /// The ids hashed and looked up in the index now; the ids are dropped before the lookup
+    /// (a large prompt's ids are not held alongside its hashes). When the engine does not read
+    /// its prefix cache for this request (`reads_cache` false) it computes the whole prompt
+    /// but still caches its blocks: no reuse is predicted, the blocks are.
+    fn analysis(
+        self,
+        state: &AppState,
+        seed: HashSeed,
+        block_size: usize,
+        reads_cache: bool,
+    ) -> Analysis {
+        let (hashes, prompt_tokens) = self.hashes(seed, block_size);
+        drop(self);
+        let mut analysis = Analysis::of_hashes(
+            hashes,
+            prompt_tokens,
+            block_size,
+            state.decider.holdings(),
+            state.now(),
+        );
+        if !reads_cache {
+            analysis.overlaps = Overlaps::default();
+        }
+        analysis
     }
 }
 

@@ -56,6 +56,7 @@ impl Fleet {
                 kv_events: Some(e.events.clone()),
                 kv_replay: Some(e.replay.clone()),
                 kv_blocks: None,
+                data_parallel_size: 1,
             })
             .collect();
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
