@@ -70,17 +70,7 @@ impl SimEngine {
             tokenizer: tokenizer.into(),
             ..EngineArgs::default()
         };
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let handle = kvroute::engine::start(args.serve_config().unwrap(), listener)
-            .await
-            .unwrap();
-        SimEngine {
-            handle,
-            addr,
-            events: "none".into(),
-            replay: "none".into(),
-        }
+        SimEngine::serve(args, "none".into(), "none".into()).await
     }
 
     /// Starts a simulated engine with `ranks` data-parallel ranks behind one ephemeral HTTP
@@ -95,6 +85,13 @@ impl SimEngine {
             data_parallel_size: ranks,
             ..EngineArgs::default()
         };
+        let replay = format!("tcp://127.0.0.1:{}", base + ranks as u16);
+        SimEngine::serve(args, format!("tcp://127.0.0.1:{base}"), replay).await
+    }
+
+    /// Serves `args` on an ephemeral loopback port; `events` and `replay` are the endpoints
+    /// the router is told.
+    async fn serve(args: EngineArgs, events: String, replay: String) -> SimEngine {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let handle = kvroute::engine::start(args.serve_config().unwrap(), listener)
@@ -103,8 +100,8 @@ impl SimEngine {
         SimEngine {
             handle,
             addr,
-            events: format!("tcp://127.0.0.1:{base}"),
-            replay: format!("tcp://127.0.0.1:{}", base + ranks as u16),
+            events,
+            replay,
         }
     }
 
