@@ -5,6 +5,10 @@
 //! The short one is also decided among 256 and 1,024 workers of the model, an eighth of which
 //! hold the system prompt in the exact index (applied as KV events).
 //!
+//! Each case is measured twice: `decision_8k_chat` in wall time and `decision_8k_chat_cpu` in
+//! the deciding thread's CPU time, which is the latency on an idle core (on a shared machine
+//! wall time also counts other jobs' time slices).
+//!
 //! `cargo bench --bench decision`
 
 use std::hint::black_box;
@@ -13,6 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use criterion::measurement::Measurement;
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use kvroute::fleet::WorkerId;
 use kvroute::fleet::{BaseUrl, LoadGuard, Worker, WorkerSpec};
@@ -27,6 +32,8 @@ use serde_json::json;
 
 #[path = "common/prose.rs"]
 mod prose;
+#[path = "common/thread_cpu.rs"]
+mod thread_cpu;
 
 fn view(system: &str, question: &str) -> RequestView {
     let body = json!({"model": "qwen3", "messages": [
@@ -80,11 +87,19 @@ fn fleet(n: u32) -> (Vec<Arc<Worker>>, Vec<LoadGuard>) {
     (workers, guards)
 }
 
-fn benches(c: &mut Criterion) {
+fn wall(c: &mut Criterion) {
+    benches(c, "decision_8k_chat");
+}
+
+fn cpu(c: &mut Criterion<thread_cpu::ThreadCpu>) {
+    benches(c, "decision_8k_chat_cpu");
+}
+
+fn benches<M: Measurement>(c: &mut Criterion<M>, group: &str) {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizers/qwen3");
     let model = ModelTokens::from_hf_dir(&dir, 16, DEFAULT_CACHE_UNITS).expect("qwen3 loads");
     let (workers, _guards) = fleet(16);
-    let mut g = c.benchmark_group("decision_8k_chat");
+    let mut g = c.benchmark_group(group);
     g.sample_size(20)
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(4));
@@ -169,5 +184,10 @@ fn benches(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(decision, benches);
-criterion_main!(decision);
+criterion_group!(decision, wall);
+criterion_group! {
+    name = decision_cpu;
+    config = Criterion::default().with_measurement(thread_cpu::ThreadCpu);
+    targets = cpu
+}
+criterion_main!(decision, decision_cpu);

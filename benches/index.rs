@@ -23,6 +23,9 @@ use kvroute::kv_events::EventBatch;
 
 #[path = "common/index_fleet.rs"]
 mod index_fleet;
+#[path = "common/thread_cpu.rs"]
+mod thread_cpu;
+pub use thread_cpu::thread_cpu;
 
 /// Counts live heap bytes, so the index's footprint is measured, not estimated.
 struct Counting;
@@ -97,21 +100,6 @@ pub fn holdings() -> Holdings {
             capacity_per_worker: d.approx_capacity_blocks,
         }),
     )
-}
-
-/// CPU time of this thread: on a machine shared with other jobs, wall time also counts the
-/// time the scheduler gave to someone else.
-pub fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid out-pointer for the duration of the call.
-    #[allow(unsafe_code)]
-    unsafe {
-        libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts)
-    };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 /// Applies the whole stream to a fresh index; returns it and the wall and thread-CPU time
