@@ -191,21 +191,16 @@ impl Policy for KvAware {
         } else {
             // On a partial view the per-worker fits decide, and a difference of a millisecond
             // between them is what they learned about unseen load, not noise: exact ties only.
-            let (tol, cap, admit_tie) = exp();
             let slack = if partial {
                 1e-6
             } else {
-                (best * tol).clamp(1e-6, cap)
+                (best * TIE_TOLERANCE).clamp(1e-6, TIE_CAP_S)
             };
             let tied: Vec<usize> = (0..candidates.len())
                 .filter(|&i| cost[i] - best <= slack)
                 .collect();
             let tied = fewest_by(tied, |i| candidates[i].load.in_flight);
-            let tied = if admit_tie {
-                fewest_by(tied, |i| candidates[i].load.admitted)
-            } else {
-                tied
-            };
+            let tied = fewest_by(tied, |i| candidates[i].load.admitted);
             if tied.len() == 1 {
                 tied[0]
             } else {
@@ -245,19 +240,6 @@ impl Policy for KvAware {
             o.unseen_in_flight > 0,
         );
     }
-}
-
-/// EXPERIMENT (scratch): tie window and least-admitted tie-break from the environment.
-fn exp() -> (f64, f64, bool) {
-    static EXP: std::sync::OnceLock<(f64, f64, bool)> = std::sync::OnceLock::new();
-    *EXP.get_or_init(|| {
-        let get = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<f64>().ok());
-        (
-            get("KVROUTE_TIE_PCT").map_or(TIE_TOLERANCE, |p| p / 100.0),
-            get("KVROUTE_TIE_CAP_MS").map_or(TIE_CAP_S, |m| m / 1000.0),
-            std::env::var("KVROUTE_NO_ADMIT_TIE").is_err(),
-        )
-    })
 }
 
 /// The members of `tied` with the smallest `key`.

@@ -21,13 +21,11 @@
 mod admitted;
 mod analysis;
 mod decider;
-mod late_dispatch;
 mod session;
 mod target;
 
 pub use admitted::Admitted;
 pub use analysis::{Analysis, reusable_blocks};
 pub use decider::{Choice, Decider};
-pub use late_dispatch::{HeldQueue, LateDispatchConfig};
 pub use session::{Attempt, Session};
 pub use target::Target;

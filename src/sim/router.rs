@@ -18,7 +18,7 @@ use crate::fleet::{EngineLoad, Load, LoadSnapshot};
 use crate::index::{ApproxConfig, ApproxIndex, Holdings, IndexConfig, KvIndex, seeds_for};
 use crate::kv_events::KvEvent;
 use crate::policy::Policy;
-use crate::routing::{Admitted, Decider, LateDispatchConfig, Target};
+use crate::routing::{Admitted, Decider, Target};
 use crate::tokens::model::hash_seed;
 use crate::tokens::{BlockHash, HashSeed, block_hashes};
 
@@ -33,8 +33,6 @@ pub struct Routed {
     pub overlap_blocks: u32,
     /// Full blocks of the prompt (0 for load-only policies).
     pub blocks: u32,
-    /// EXPERIMENT (scratch): the most leading blocks any worker held at the decision.
-    pub best_overlap: u32,
     admitted: Admitted,
     at: f64,
 }
@@ -199,18 +197,6 @@ impl SimRouter {
         self.targets.iter().map(|t| t.load.snapshot()).collect()
     }
 
-    /// Whether every routable worker is saturated by `late`'s measure (requests then wait in
-    /// the router: [`crate::routing::LateDispatchConfig`]).
-    pub fn saturated(&self, late: &LateDispatchConfig) -> bool {
-        let views: Vec<LoadSnapshot> = self
-            .targets
-            .iter()
-            .filter(|t| t.eligible)
-            .map(|t| t.load.view())
-            .collect();
-        late.saturated(&views)
-    }
-
     /// Whether the router hashes prompts at all (the live router skips it for load-only
     /// policies).
     pub fn uses_prefix(&self) -> bool {
@@ -232,7 +218,6 @@ impl SimRouter {
             .choose(&analysis, &self.targets, &mut Vec::new())?;
         let admitted = self.decider.admit(&analysis, &choice, duration(now));
         Some(Routed {
-            best_overlap: analysis.overlaps.max(),
             slot: admitted.worker().0,
             overlap_blocks: admitted.overlap_blocks,
             blocks: admitted.blocks,

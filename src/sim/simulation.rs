@@ -28,7 +28,6 @@ use crate::fleet::EngineLoad;
 use crate::index::Holdings;
 use crate::kv_events::KvEvent;
 use crate::policy::{self, PolicyKind};
-use crate::routing::{HeldQueue, LateDispatchConfig};
 use crate::workload::trace::Trace;
 
 use super::config::{FleetChange, IndexMode, SimConfig, SimConfigError};
@@ -76,8 +75,6 @@ enum Event {
     Change(usize),
     /// Every replica reads every engine's load.
     SampleLoad,
-    /// A request held by a replica may have waited its longest.
-    HoldExpire,
 }
 
 struct SimWorker {
@@ -109,12 +106,6 @@ pub struct Simulation<'t> {
     routed: Vec<Option<Routed>>,
     /// Arrivals dealt so far (the next one goes to replica `dealt % routers`).
     dealt: usize,
-    /// The router-side queue's settings.
-    late: LateDispatchConfig,
-    /// Requests each replica holds (late dispatch).
-    held: Vec<HeldQueue<usize>>,
-    /// EXPERIMENT (scratch): best overlap anywhere at each decision.
-    best: Vec<u32>,
 }
 
 fn engine_config(base: &EngineConfig, slot: u32, life: u32) -> EngineConfig {
@@ -209,9 +200,6 @@ impl<'t> Simulation<'t> {
             records: vec![SimRecord::default(); trace.len()],
             routed: (0..trace.len()).map(|_| None).collect(),
             dealt: 0,
-            late: late_from_env(),
-            held: (0..config.routers.max(1)).map(|_| HeldQueue::default()).collect(),
-            best: vec![0; trace.len()],
         })
     }
 
@@ -244,9 +232,6 @@ impl<'t> Simulation<'t> {
 
     /// The records and totals; requests that never completed count as errors.
     pub fn finish(mut self) -> PolicyRun {
-        if let Ok(path) = std::env::var("KVROUTE_DUMP") {
-            dump(&path, &self.records, &self.best, self.routers[0].policy_name());
-        }
         let mut counters = EngineCounters::default();
         for w in &self.workers {
             add(&mut counters, w.past);
@@ -288,57 +273,18 @@ impl<'t> Simulation<'t> {
             }
             Event::Change(k) => self.change(k, now),
             Event::SampleLoad => self.sample_load(now),
-            Event::HoldExpire => self.release(now),
         }
     }
 
     fn arrive(&mut self, i: usize, now: f64) {
         let req = &self.trace.requests[i];
+        let prompt = self.config.synth.prompt_tokens(req);
         let rec = &mut self.records[i];
         rec.arrival = now;
         rec.prompt_tokens = req.input_tokens;
         rec.output_tokens = req.output_tokens.max(1);
         let replica = self.dealt % self.routers.len();
         self.dealt += 1;
-        if self.late.enabled()
-            && (!self.held[replica].is_empty() || self.routers[replica].saturated(&self.late))
-        {
-            self.held[replica].push(0, i, now);
-            self.queue
-                .push(now + self.late.max_wait_s, Event::HoldExpire);
-            return;
-        }
-        self.dispatch(i, replica, now);
-    }
-
-    /// Dispatches every held request whose wait ran out, and then, in turn, those that a
-    /// worker no longer saturated can take.
-    fn release(&mut self, now: f64) {
-        if !self.late.enabled() {
-            return;
-        }
-        for replica in 0..self.held.len() {
-            loop {
-                let next = match self.held[replica].pop_expired(now, self.late.max_wait_s) {
-                    Some(x) => Some(x),
-                    None if !self.held[replica].is_empty()
-                        && !self.routers[replica].saturated(&self.late) =>
-                    {
-                        self.held[replica].pop()
-                    }
-                    None => None,
-                };
-                let Some((i, _)) = next else { break };
-                self.dispatch(i, replica, now);
-            }
-        }
-    }
-
-    /// Routes request `i` through `replica` at `now` and queues it on the chosen engine.
-    fn dispatch(&mut self, i: usize, replica: usize, now: f64) {
-        let req = &self.trace.requests[i];
-        let prompt = self.config.synth.prompt_tokens(req);
-        let rec = &mut self.records[i];
         let Some(mut routed) = self.routers[replica].route(&prompt, now) else {
             rec.error = Some("no worker available".to_string());
             rec.end = Some(now);
@@ -347,7 +293,6 @@ impl<'t> Simulation<'t> {
         rec.worker = Some(routed.slot);
         rec.predicted_blocks = routed.overlap_blocks;
         rec.blocks = routed.blocks;
-        self.best[i] = routed.best_overlap;
         let slot = routed.slot;
         let w = &mut self.workers[slot as usize];
         let output = req.output_tokens.max(1) as usize;
@@ -479,7 +424,6 @@ impl<'t> Simulation<'t> {
             }
             self.workers[slot as usize].requests.remove(&i);
         }
-        self.release(now);
         self.try_step(slot, now);
     }
 
@@ -494,7 +438,6 @@ impl<'t> Simulation<'t> {
             }
             FleetChange::Restart { worker, .. } => self.restart(worker, now),
         }
-        self.release(now);
     }
 
     fn restart(&mut self, slot: u32, now: f64) {
@@ -530,36 +473,4 @@ impl<'t> Simulation<'t> {
             r.worker_restarted(slot);
         }
     }
-}
-
-/// EXPERIMENT (scratch): late dispatch from the environment.
-fn late_from_env() -> LateDispatchConfig {
-    let get = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<f64>().ok());
-    LateDispatchConfig {
-        hold_queued_tokens: get("KVROUTE_HOLD_TOKENS").unwrap_or(0.0) as u64,
-        max_wait_s: get("KVROUTE_HOLD_MAX_MS").unwrap_or(500.0) / 1000.0,
-    }
-}
-
-/// EXPERIMENT (scratch): per-request records as CSV.
-fn dump(path: &str, records: &[SimRecord], best: &[u32], policy: &str) {
-    use std::fmt::Write;
-    let mut out = String::from("arrival,worker,ttft,e2e,prompt,cached,predicted_blocks,blocks,output,best\n");
-    for (r, b) in records.iter().zip(best) {
-        let _ = writeln!(
-            out,
-            "{},{},{},{},{},{},{},{},{},{}",
-            r.arrival,
-            r.worker.map_or(-1, i64::from),
-            r.ttft().unwrap_or(-1.0),
-            r.e2e().unwrap_or(-1.0),
-            r.prompt_tokens,
-            r.cached_tokens,
-            r.predicted_blocks,
-            r.blocks,
-            r.output_tokens,
-            b
-        );
-    }
-    let _ = std::fs::write(format!("{path}.{policy}.csv"), out);
 }
