@@ -140,12 +140,15 @@ impl Rooms {
             let notified = self.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if let Some(Room::Ready {
-                rank, id, tokens, ..
-            }) = self.lock().get(&room).copied()
             {
-                self.lock().remove(&room);
-                return Some((rank, id, tokens));
+                let mut rooms = self.lock();
+                if let Some(Room::Ready {
+                    rank, id, tokens, ..
+                }) = rooms.get(&room).copied()
+                {
+                    rooms.remove(&room);
+                    return Some((rank, id, tokens));
+                }
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
                 return None;

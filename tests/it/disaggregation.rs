@@ -578,3 +578,56 @@ async fn the_admin_api_takes_roles_and_a_model_without_a_prefill_worker_is_a_503
     let e = assert_openai_error(resp, 503).await;
     assert_eq!(e["code"], "no_prefill_worker", "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decode_engine_refuses_a_transfer_its_prefill_never_issued() {
+    let p0 = SimEngine::start_role(MODEL, Role::Prefill, false).await;
+    let d0 = SimEngine::start_role(MODEL, Role::Decode, false).await;
+    let c = client();
+    let text = prompt("w", 30);
+    let prefill: Value = c
+        .post(format!("{}/v1/completions", p0.url()))
+        .json(
+            &json!({"model": MODEL, "prompt": text, "max_tokens": 1, "stream": false,
+            "kv_transfer_params": {"do_remote_decode": true}}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let params = prefill["kv_transfer_params"].clone();
+    assert_eq!(params["do_remote_prefill"], true, "{prefill}");
+    assert_eq!(params["remote_port"], p0.addr.port(), "{prefill}");
+    let decode = |params: Value, stream: bool| {
+        c.post(format!("{}/v1/completions", d0.url()))
+            .json(
+                &json!({"model": MODEL, "prompt": text, "max_tokens": 2, "stream": stream,
+                "kv_transfer_params": params}),
+            )
+            .send()
+    };
+    // Another engine's id: refused by the prefill engine, failed like vLLM's failed load.
+    let mut wrong = params.clone();
+    wrong["remote_engine_id"] = json!("someone-else");
+    let resp = decode(wrong.clone(), false).await.unwrap();
+    assert_eq!(resp.status(), 500);
+    let streamed = decode(wrong, true).await.unwrap();
+    assert_eq!(streamed.status(), 200);
+    let (content, error) = sse_content(&streamed.text().await.unwrap());
+    assert!(error && content.is_empty());
+    // The right parameters once; a second pull of the same blocks finds nothing.
+    let resp = decode(params.clone(), false).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let again = decode(params, false).await.unwrap();
+    assert_eq!(again.status(), 500);
+    // A plain request is not a decode engine's to serve.
+    let plain = c
+        .post(format!("{}/v1/completions", d0.url()))
+        .json(&json!({"model": MODEL, "prompt": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(assert_openai_error(plain, 400).await["code"], "wrong_role");
+}
