@@ -192,6 +192,9 @@ pub fn workers_of(
     Ok(workers)
 }
 
+/// Reads a port annotation (or the configured port): see [`workers_of`].
+type PortOf<'a> = dyn Fn(&str, &PortRef) -> Result<Option<u16>, NotAWorker> + 'a;
+
 /// The pod's disaggregation role — the annotation `<prefix>role`, else the pod label of that
 /// name (`prefill`, `decode` or `both`, the default) — and its SGLang bootstrap port
 /// (`<prefix>bootstrap-port`: a number or a container port's name).
@@ -199,7 +202,7 @@ fn disaggregation(
     pod: &Pod,
     config: &KubernetesDiscovery,
     annotation: &dyn Fn(&str) -> Option<(String, String)>,
-    port: &dyn Fn(&str, &PortRef) -> Result<Option<u16>, NotAWorker>,
+    port: &PortOf<'_>,
 ) -> Result<(Role, Option<u16>), NotAWorker> {
     let key = format!("{}role", config.annotation_prefix);
     let given = annotation("role").or_else(|| {

@@ -96,7 +96,7 @@ pub(super) async fn forward(
             Protocol::Sglang => sglang_round(state, &req, prefill, &mut decode).await?,
         };
         match outcome {
-            Round::Answer(paired) => return Ok(paired),
+            Round::Answer(paired) => return Ok(*paired),
             Round::Failed { why, prefill } => {
                 tracing::warn!(protocol = label, reason = %why, "hand-off failed before the first token");
                 failed_prefills.extend(prefill);
@@ -116,7 +116,7 @@ pub(super) async fn forward(
 /// What one try of a pair came to.
 enum Round {
     /// An answer for the client.
-    Answer(Paired),
+    Answer(Box<Paired>),
     /// A side failed before the decode's first token (the pair may be tried again); the
     /// worker when it was the prefill (it is not chosen again for this request).
     Failed {
@@ -149,12 +149,12 @@ async fn vllm_round(
         .await?;
     if !answer.status().is_success() {
         // The request's own answer (a 4xx): the client gets it as it is.
-        return Ok(Round::Answer(Paired {
+        return Ok(Round::Answer(Box::new(Paired {
             attempt: p,
             response: answer,
             held: Vec::new(),
             prefill: None,
-        }));
+        })));
     }
     let wait = state.upstream.config().first_byte_timeout;
     let bytes = read_answer(answer.into_body(), wait).await;
@@ -249,12 +249,12 @@ async fn sglang_round(
         Ok(answer) => answer,
     };
     if !answer.status().is_success() {
-        return Ok(Round::Answer(Paired {
+        return Ok(Round::Answer(Box::new(Paired {
             attempt: p,
             response: answer,
             held: Vec::new(),
             prefill: None,
-        }));
+        })));
     }
     metrics
         .disaggregation
@@ -290,12 +290,12 @@ async fn held_answer(
 ) -> Round {
     let sse = crate::proxy::is_event_stream(answer.headers());
     match first_token(answer, sse, wait).await {
-        Ok(Held { response, frames }) => Round::Answer(Paired {
+        Ok(Held { response, frames }) => Round::Answer(Box::new(Paired {
             attempt: d,
             response,
             held: frames,
             prefill: Some(prefill),
-        }),
+        })),
         Err(why) => {
             if d.worker.record_failure(Instant::now()) {
                 tracing::warn!(worker = %d.worker.id(), "circuit opened: too many of its recent requests failed");
