@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use super::admitted::Admitted;
 use super::analysis::Analysis;
 use super::decider::Decider;
-use crate::fleet::WorkerId;
+use crate::fleet::{Side, WorkerId};
 use crate::fleet::{Worker, WorkerRank};
 use crate::metrics::Metrics;
 
@@ -24,6 +24,28 @@ pub struct Attempt {
     pub at: Instant,
 }
 
+/// Where the proxy gets each attempt's worker: a request's [`Session`], or the decode side of a
+/// disaggregated one ([`super::DecodeSession`]).
+pub trait Attempts {
+    /// The next worker to try, admitted; `None` when none is left. Every call after the first
+    /// means the previous attempt failed.
+    fn next_attempt(&mut self) -> Option<Attempt>;
+    /// The side of a disaggregated request these attempts serve (`None`: a whole request).
+    fn side(&self) -> Option<Side> {
+        None
+    }
+}
+
+impl Attempts for Session<'_> {
+    fn next_attempt(&mut self) -> Option<Attempt> {
+        Session::next_attempt(self)
+    }
+
+    fn side(&self) -> Option<Side> {
+        self.side
+    }
+}
+
 /// The decisions of one request: each [`Session::next_attempt`] routes to a worker not tried yet, so
 /// the proxy retries without knowing how workers are chosen.
 pub struct Session<'d> {
@@ -36,6 +58,8 @@ pub struct Session<'d> {
     clock: &'d (dyn Fn() -> Duration + Sync),
     started: Instant,
     first: bool,
+    /// The side of a disaggregated request this session picks for (`None`: a whole request).
+    side: Option<Side>,
 }
 
 impl<'d> Session<'d> {
@@ -58,7 +82,31 @@ impl<'d> Session<'d> {
             clock,
             started,
             first: true,
+            side: None,
         }
+    }
+
+    /// The same session choosing only among workers whose role serves `side`: the prefill
+    /// side of a disaggregated request, chosen by the policy like a whole request.
+    pub fn on_side(mut self, side: Side) -> Session<'d> {
+        self.side = Some(side);
+        self
+    }
+
+    /// The same session never choosing any rank of the workers whose first rank is in
+    /// `workers` (a disaggregated request's prefill workers that failed it already).
+    pub fn excluding(mut self, workers: &[WorkerId]) -> Session<'d> {
+        for t in &self.eligible {
+            if workers.contains(&t.worker.key) {
+                self.tried.push(t.state().key);
+            }
+        }
+        self
+    }
+
+    /// The request's analysis (the decode side of a pair is chosen over the same one).
+    pub fn analysis(&self) -> &Analysis {
+        &self.analysis
     }
 
     /// Routes the request to a worker not tried yet and admits it there; `None` when none is
@@ -71,7 +119,7 @@ impl<'d> Session<'d> {
         let mut skip = self.tried.clone();
         let choice = self
             .decider
-            .choose(&self.analysis, &self.eligible, &mut skip);
+            .choose_on(&self.analysis, &self.eligible, &mut skip, self.side);
         self.metrics
             .decision
             .with_label_values(&[policy, "score"])
