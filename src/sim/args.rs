@@ -12,13 +12,13 @@ use std::path::PathBuf;
 use anyhow::bail;
 use clap::{Arg, Args};
 
-use crate::engine::{EngineConfig, EngineCoreArgs};
+use crate::engine::{EngineConfig, EngineCoreArgs, TransferArgs};
 use crate::policy::{KvAwareConfig, PolicyKind, PolicySettings};
 use crate::report::SloArgs;
 use crate::workload::synthetic::SyntheticSpec;
 use crate::workload::{Naming, SyntheticChoice, Trace, WorkloadArgs};
 
-use super::config::{FleetChange, IndexMode, SimConfig};
+use super::config::{FleetChange, IndexMode, PdSplit, SimConfig};
 
 /// How the index is fed, on the command line.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,6 +72,7 @@ pub struct SimulateArgs {
             "WorkloadArgs", "SloArgs", "TimingArgs", "block_size", "num_blocks", "max_num_seqs",
             "max_num_batched_tokens", "max_model_len", "engine_speedup", "workers", "index",
             "event_delay", "join_at", "restart_at", "seed", "routers", "load_sample_ms",
+            "prefill_workers", "decode_workers", "TransferArgs", "slo_itl",
         ]
     )]
     pub scenario: Option<String>,
@@ -81,6 +82,25 @@ pub struct SimulateArgs {
     /// Workers at the start.
     #[arg(long, default_value_t = 4)]
     pub workers: u32,
+    /// Compare a disaggregated fleet of P prefill and D decode workers with an aggregated
+    /// fleet of P + D workers (same policy, same trace): TTFT, inter-token latency, E2E, SLO.
+    #[arg(
+        long,
+        value_name = "P",
+        requires = "decode_workers",
+        conflicts_with_all = ["workers", "join_at", "restart_at"]
+    )]
+    pub prefill_workers: Option<u32>,
+    /// Decode workers of the disaggregated fleet (with --prefill-workers).
+    #[arg(long, value_name = "D", requires = "prefill_workers")]
+    pub decode_workers: Option<u32>,
+    /// The prefill-to-decode KV link of disaggregated fleets.
+    #[command(flatten)]
+    pub transfer: TransferArgs,
+    /// Inter-token latency target in seconds (a request's mean time between output tokens),
+    /// for the SLO attainment of --prefill-workers comparisons.
+    #[arg(long, value_name = "SECONDS")]
+    pub slo_itl: Option<f64>,
     /// Comma-separated policies (default: all seven); the oracle is always added.
     #[arg(long, value_delimiter = ',', value_name = "P1,P2,…")]
     pub policies: Option<Vec<String>>,
@@ -183,9 +203,22 @@ impl SimulateArgs {
         self.workload.synthetic_spec(kind, self.seed)
     }
 
-    /// The engine configuration of these flags.
+    /// The engine configuration of these flags (with the KV link; validated by
+    /// [`SimulateArgs::sim_config`]).
     pub fn engine_config(&self) -> EngineConfig {
-        self.core.engine_config(self.seed)
+        let mut c = self.core.engine_config(self.seed);
+        if let Ok(t) = self.transfer.transfer_model() {
+            c.transfer = t;
+        }
+        c
+    }
+
+    /// The disaggregated fleet of `--prefill-workers` and `--decode-workers`, if given.
+    pub fn pd_split(&self) -> Option<PdSplit> {
+        Some(PdSplit {
+            prefill: self.prefill_workers?,
+            decode: self.decode_workers?,
+        })
     }
 
     /// The policies' settings: the live router's defaults, seeded, with the kv_aware overrides.
@@ -210,6 +243,11 @@ impl SimulateArgs {
 
     /// The simulation configuration of these flags (validated).
     pub fn sim_config(&self) -> anyhow::Result<SimConfig> {
+        self.transfer.transfer_model()?;
+        if self.slo_itl.is_some_and(|s| !(s.is_finite() && s > 0.0)) {
+            bail!("--slo-itl must be a positive number of seconds");
+        }
+        let pd = self.pd_split();
         let mut changes: Vec<FleetChange> = self
             .join_at
             .iter()
@@ -221,7 +259,7 @@ impl SimulateArgs {
                 .map(|&(worker, at)| FleetChange::Restart { worker, at }),
         );
         let config = SimConfig {
-            workers: self.workers,
+            workers: pd.map_or(self.workers, |p| p.workers()),
             engine: self.engine_config(),
             index: match self.index {
                 IndexChoice::Events => IndexMode::Events {
@@ -239,6 +277,7 @@ impl SimulateArgs {
                 .load_sample_ms
                 .filter(|&ms| ms != 0.0)
                 .map(|ms| ms / 1000.0),
+            pd,
         };
         config.validate()?;
         Ok(config)
