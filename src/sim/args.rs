@@ -361,6 +361,76 @@ mod tests {
     }
 
     #[test]
+    fn a_disaggregated_fleet_has_both_sides_and_the_link() {
+        let a = parse(&[
+            "--synthetic",
+            "unique",
+            "--prefill-workers",
+            "4",
+            "--decode-workers",
+            "12",
+            "--kv-transfer-bandwidth",
+            "1e10",
+            "--slo-itl",
+            "0.05",
+        ]);
+        let c = a.sim_config().unwrap();
+        assert_eq!(c.workers, 16);
+        assert_eq!(
+            c.pd,
+            Some(PdSplit {
+                prefill: 4,
+                decode: 12
+            })
+        );
+        assert_eq!(c.engine.transfer.bandwidth_bytes_per_s(), 1e10);
+        assert_eq!(a.slo_itl, Some(0.05));
+        let try_parse = |flags: &[&str]| {
+            Cli::try_parse_from(std::iter::once("simulate").chain(flags.iter().copied()))
+                .map(|c| c.args)
+                .map_err(|e| e.kind())
+        };
+        use clap::error::ErrorKind;
+        assert_eq!(
+            try_parse(&["--prefill-workers", "2"]).err(),
+            Some(ErrorKind::MissingRequiredArgument)
+        );
+        assert_eq!(
+            try_parse(&[
+                "--prefill-workers",
+                "2",
+                "--decode-workers",
+                "2",
+                "--workers",
+                "4"
+            ])
+            .err(),
+            Some(ErrorKind::ArgumentConflict)
+        );
+        let bad = parse(&[
+            "--prefill-workers",
+            "1",
+            "--decode-workers",
+            "1",
+            "--kv-transfer-bandwidth",
+            "0",
+        ]);
+        assert!(
+            bad.sim_config()
+                .unwrap_err()
+                .to_string()
+                .contains("bandwidth")
+        );
+        let bad = parse(&["--slo-itl=-1"]);
+        assert!(
+            bad.sim_config()
+                .unwrap_err()
+                .to_string()
+                .contains("--slo-itl")
+        );
+    }
+
+    #[test]
     fn old_spellings_still_mean_what_they_meant() {
         // `simulate --speedup` always sped up the engine, `--speedup-trace` the trace.
         let old = parse(&[
