@@ -71,7 +71,7 @@ mod tests {
             Err(TransferError::Bandwidth(_))
         ));
         assert!(matches!(
-            parse(&["--kv-transfer-latency-ms", "-1"]),
+            parse(&["--kv-transfer-latency-ms=-1"]),
             Err(TransferError::Latency(_))
         ));
     }
