@@ -16,14 +16,17 @@ pub mod app;
 pub mod args;
 pub mod audio;
 pub mod block_hash;
+pub mod bootstrap;
 pub mod cli;
 pub mod core;
+pub mod disaggregated;
 pub mod driver;
 pub mod events;
 pub mod free_queue;
 pub mod held;
 pub mod http;
 pub mod kv_cache;
+pub mod kv_transfer;
 pub mod metrics;
 pub mod pooling;
 pub mod request;
@@ -36,7 +39,7 @@ pub mod tokenize;
 pub mod transfer;
 pub mod transfer_args;
 
-pub use args::{EngineCoreArgs, TimingArgs};
+pub use args::{EngineCoreArgs, TimingArgs, TransferArgs};
 pub use block_hash::EngineHasher;
 pub use cli::{EngineArgs, run};
 pub use core::{
