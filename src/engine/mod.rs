@@ -37,7 +37,6 @@ pub mod server;
 pub mod timing;
 pub mod tokenize;
 pub mod transfer;
-pub mod transfer_args;
 
 pub use args::{EngineCoreArgs, TimingArgs, TransferArgs};
 pub use block_hash::EngineHasher;
@@ -53,4 +52,3 @@ pub use request::{FinishReason, Handoff, RequestId, RequestStats};
 pub use server::{EngineHandle, ServeConfig, StartError, start};
 pub use timing::{StepTiming, StepWork};
 pub use transfer::{KvPull, KvShape, TransferError, TransferModel};
-pub use transfer_args::TransferArgs;

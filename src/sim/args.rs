@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use anyhow::bail;
 use clap::{Arg, Args};
 
-use crate::engine::{EngineConfig, EngineCoreArgs, TransferArgs};
+use crate::engine::{EngineConfig, EngineCoreArgs};
 use crate::policy::{KvAwareConfig, PolicyKind, PolicySettings};
 use crate::report::SloArgs;
 use crate::workload::synthetic::SyntheticSpec;
@@ -94,9 +94,6 @@ pub struct SimulateArgs {
     /// Decode workers of the disaggregated fleet (with --prefill-workers).
     #[arg(long, value_name = "D", requires = "prefill_workers")]
     pub decode_workers: Option<u32>,
-    /// The prefill-to-decode KV link of disaggregated fleets.
-    #[command(flatten)]
-    pub transfer: TransferArgs,
     /// Inter-token latency target in seconds (a request's mean time between output tokens),
     /// for the SLO attainment of --prefill-workers comparisons.
     #[arg(long, value_name = "SECONDS")]
@@ -203,14 +200,10 @@ impl SimulateArgs {
         self.workload.synthetic_spec(kind, self.seed)
     }
 
-    /// The engine configuration of these flags (with the KV link; validated by
-    /// [`SimulateArgs::sim_config`]).
+    /// The engine configuration of these flags (the KV link of disaggregated fleets is the
+    /// engine's `--kv-transfer-*` flags).
     pub fn engine_config(&self) -> EngineConfig {
-        let mut c = self.core.engine_config(self.seed);
-        if let Ok(t) = self.transfer.transfer_model() {
-            c.transfer = t;
-        }
-        c
+        self.core.engine_config(self.seed)
     }
 
     /// The disaggregated fleet of `--prefill-workers` and `--decode-workers`, if given.
@@ -243,7 +236,7 @@ impl SimulateArgs {
 
     /// The simulation configuration of these flags (validated).
     pub fn sim_config(&self) -> anyhow::Result<SimConfig> {
-        self.transfer.transfer_model()?;
+        self.core.transfer.model()?;
         if self.slo_itl.is_some_and(|s| !(s.is_finite() && s > 0.0)) {
             bail!("--slo-itl must be a positive number of seconds");
         }
@@ -370,7 +363,7 @@ mod tests {
             "--decode-workers",
             "12",
             "--kv-transfer-bandwidth",
-            "1e10",
+            "10",
             "--slo-itl",
             "0.05",
         ]);
@@ -407,19 +400,9 @@ mod tests {
             .err(),
             Some(ErrorKind::ArgumentConflict)
         );
-        let bad = parse(&[
-            "--prefill-workers",
-            "1",
-            "--decode-workers",
-            "1",
-            "--kv-transfer-bandwidth",
-            "0",
-        ]);
-        assert!(
-            bad.sim_config()
-                .unwrap_err()
-                .to_string()
-                .contains("bandwidth")
+        assert_eq!(
+            try_parse(&["--kv-transfer-bandwidth", "0"]).err(),
+            Some(ErrorKind::ValueValidation)
         );
         let bad = parse(&["--slo-itl=-1"]);
         assert!(
