@@ -18,7 +18,7 @@ use crate::report::SloArgs;
 use crate::workload::synthetic::SyntheticSpec;
 use crate::workload::{Naming, SyntheticChoice, Trace, WorkloadArgs};
 
-use super::config::{FleetChange, IndexMode, SimConfig};
+use super::config::{FleetChange, IndexMode, PdSplit, SimConfig};
 
 /// How the index is fed, on the command line.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,6 +72,7 @@ pub struct SimulateArgs {
             "WorkloadArgs", "SloArgs", "TimingArgs", "block_size", "num_blocks", "max_num_seqs",
             "max_num_batched_tokens", "max_model_len", "engine_speedup", "workers", "index",
             "event_delay", "join_at", "restart_at", "seed", "routers", "load_sample_ms",
+            "prefill_workers", "decode_workers", "TransferArgs", "slo_itl",
         ]
     )]
     pub scenario: Option<String>,
@@ -81,6 +82,22 @@ pub struct SimulateArgs {
     /// Workers at the start.
     #[arg(long, default_value_t = 4)]
     pub workers: u32,
+    /// Compare a disaggregated fleet of P prefill and D decode workers with an aggregated
+    /// fleet of P + D workers (same policy, same trace): TTFT, inter-token latency, E2E, SLO.
+    #[arg(
+        long,
+        value_name = "P",
+        requires = "decode_workers",
+        conflicts_with_all = ["workers", "join_at", "restart_at"]
+    )]
+    pub prefill_workers: Option<u32>,
+    /// Decode workers of the disaggregated fleet (with --prefill-workers).
+    #[arg(long, value_name = "D", requires = "prefill_workers")]
+    pub decode_workers: Option<u32>,
+    /// Inter-token latency target in seconds (a request's mean time between output tokens),
+    /// for the SLO attainment of --prefill-workers comparisons.
+    #[arg(long, value_name = "SECONDS")]
+    pub slo_itl: Option<f64>,
     /// Comma-separated policies (default: all seven); the oracle is always added.
     #[arg(long, value_delimiter = ',', value_name = "P1,P2,…")]
     pub policies: Option<Vec<String>>,
@@ -183,9 +200,18 @@ impl SimulateArgs {
         self.workload.synthetic_spec(kind, self.seed)
     }
 
-    /// The engine configuration of these flags.
+    /// The engine configuration of these flags (the KV link of disaggregated fleets is the
+    /// engine's `--kv-transfer-*` flags).
     pub fn engine_config(&self) -> EngineConfig {
         self.core.engine_config(self.seed)
+    }
+
+    /// The disaggregated fleet of `--prefill-workers` and `--decode-workers`, if given.
+    pub fn pd_split(&self) -> Option<PdSplit> {
+        Some(PdSplit {
+            prefill: self.prefill_workers?,
+            decode: self.decode_workers?,
+        })
     }
 
     /// The policies' settings: the live router's defaults, seeded, with the kv_aware overrides.
@@ -210,6 +236,11 @@ impl SimulateArgs {
 
     /// The simulation configuration of these flags (validated).
     pub fn sim_config(&self) -> anyhow::Result<SimConfig> {
+        self.core.transfer.model()?;
+        if self.slo_itl.is_some_and(|s| !(s.is_finite() && s > 0.0)) {
+            bail!("--slo-itl must be a positive number of seconds");
+        }
+        let pd = self.pd_split();
         let mut changes: Vec<FleetChange> = self
             .join_at
             .iter()
@@ -221,7 +252,7 @@ impl SimulateArgs {
                 .map(|&(worker, at)| FleetChange::Restart { worker, at }),
         );
         let config = SimConfig {
-            workers: self.workers,
+            workers: pd.map_or(self.workers, |p| p.workers()),
             engine: self.engine_config(),
             index: match self.index {
                 IndexChoice::Events => IndexMode::Events {
@@ -239,6 +270,7 @@ impl SimulateArgs {
                 .load_sample_ms
                 .filter(|&ms| ms != 0.0)
                 .map(|ms| ms / 1000.0),
+            pd,
         };
         config.validate()?;
         Ok(config)
@@ -319,6 +351,66 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(ok.scenario.as_deref(), Some("baseline"));
+    }
+
+    #[test]
+    fn a_disaggregated_fleet_has_both_sides_and_the_link() {
+        let a = parse(&[
+            "--synthetic",
+            "unique",
+            "--prefill-workers",
+            "4",
+            "--decode-workers",
+            "12",
+            "--kv-transfer-bandwidth",
+            "10",
+            "--slo-itl",
+            "0.05",
+        ]);
+        let c = a.sim_config().unwrap();
+        assert_eq!(c.workers, 16);
+        assert_eq!(
+            c.pd,
+            Some(PdSplit {
+                prefill: 4,
+                decode: 12
+            })
+        );
+        assert_eq!(c.engine.transfer.bandwidth_bytes_per_s(), 1e10);
+        assert_eq!(a.slo_itl, Some(0.05));
+        let try_parse = |flags: &[&str]| {
+            Cli::try_parse_from(std::iter::once("simulate").chain(flags.iter().copied()))
+                .map(|c| c.args)
+                .map_err(|e| e.kind())
+        };
+        use clap::error::ErrorKind;
+        assert_eq!(
+            try_parse(&["--prefill-workers", "2"]).err(),
+            Some(ErrorKind::MissingRequiredArgument)
+        );
+        assert_eq!(
+            try_parse(&[
+                "--prefill-workers",
+                "2",
+                "--decode-workers",
+                "2",
+                "--workers",
+                "4"
+            ])
+            .err(),
+            Some(ErrorKind::ArgumentConflict)
+        );
+        assert_eq!(
+            try_parse(&["--kv-transfer-bandwidth", "0"]).err(),
+            Some(ErrorKind::ValueValidation)
+        );
+        let bad = parse(&["--slo-itl=-1"]);
+        assert!(
+            bad.sim_config()
+                .unwrap_err()
+                .to_string()
+                .contains("--slo-itl")
+        );
     }
 
     #[test]

@@ -30,6 +30,9 @@ pub struct Outcome {
 
 /// Runs `kvroute simulate …`.
 pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
+    if args.pd_split().is_some() {
+        return super::pd_compare::run(&args);
+    }
     let Some(name) = args.scenario.clone() else {
         let (trace, label) = args.workload()?;
         let header = format!(

@@ -51,6 +51,33 @@ impl FleetChange {
     }
 }
 
+/// A disaggregated fleet: slots `0..prefill` are prefill workers, the next `decode` slots
+/// decode workers. Each request is prefilled on one (chosen by the policy, KV-aware), its KV
+/// pulled by the other (chosen by load and KV room), which streams its tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PdSplit {
+    /// Prefill workers.
+    pub prefill: u32,
+    /// Decode workers.
+    pub decode: u32,
+}
+
+impl PdSplit {
+    /// Workers in all.
+    pub fn workers(&self) -> u32 {
+        self.prefill + self.decode
+    }
+
+    /// The role of worker `slot`.
+    pub fn role(&self, slot: u32) -> crate::fleet::Role {
+        if slot < self.prefill {
+            crate::fleet::Role::Prefill
+        } else {
+            crate::fleet::Role::Decode
+        }
+    }
+}
+
 /// Everything about a simulation except the workload and the policy.
 #[derive(Clone, Debug)]
 pub struct SimConfig {
@@ -76,6 +103,9 @@ pub struct SimConfig {
     /// Seconds between two readings of every engine's own load by every router replica
     /// (`[health] load_interval_ms` live); `None`: replicas see only their own requests.
     pub load_sample_s: Option<f64>,
+    /// A disaggregated fleet (`workers` must be its size); `None`: every worker serves whole
+    /// requests.
+    pub pd: Option<PdSplit>,
 }
 
 impl Default for SimConfig {
@@ -91,6 +121,7 @@ impl Default for SimConfig {
             slo: Slo::default(),
             routers: 1,
             load_sample_s: None,
+            pd: None,
         }
     }
 }
@@ -129,6 +160,9 @@ pub enum SimConfigError {
     /// A load sampling interval that is not a positive number of seconds.
     #[error("--load-sample-ms must be a positive number of milliseconds")]
     LoadSample,
+    /// A disaggregated fleet without a side, of the wrong size, or with fleet changes.
+    #[error("disaggregated fleet: {0}")]
+    Pd(String),
 }
 
 impl SimConfig {
@@ -151,6 +185,24 @@ impl SimConfig {
             && !(delay_s.is_finite() && delay_s >= 0.0)
         {
             return Err(SimConfigError::EventDelay);
+        }
+        if let Some(pd) = self.pd {
+            if pd.prefill == 0 || pd.decode == 0 {
+                return Err(SimConfigError::Pd(
+                    "--prefill-workers and --decode-workers must both be at least 1".into(),
+                ));
+            }
+            if pd.workers() != self.workers {
+                return Err(SimConfigError::Pd(format!(
+                    "{} prefill + {} decode workers, but the fleet has {}",
+                    pd.prefill, pd.decode, self.workers
+                )));
+            }
+            if !self.changes.is_empty() {
+                return Err(SimConfigError::Pd(
+                    "joins and restarts are not simulated in a disaggregated fleet".into(),
+                ));
+            }
         }
         let joins = self
             .changes

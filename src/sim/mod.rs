@@ -13,6 +13,7 @@
 //! - [`oracle`]: the lower bound every policy is compared with.
 //! - [`config`], [`args`], [`scenario`]: what to simulate, from code, flags or the suite.
 //! - [`record`], [`results`], [`output`]: per-request records, per-policy numbers, files.
+//! - [`pd_compare`]: a disaggregated fleet against an aggregated one of the same size.
 //! - [`cli`]: `kvroute simulate`.
 
 pub mod args;
@@ -20,6 +21,7 @@ pub mod cli;
 pub mod config;
 pub mod oracle;
 pub mod output;
+pub mod pd_compare;
 pub mod queue;
 pub mod record;
 pub mod results;
@@ -29,7 +31,7 @@ pub mod simulation;
 
 pub use args::{IndexChoice, SimulateArgs};
 pub use cli::run;
-pub use config::{FleetChange, IndexMode, SimConfig, dynamo_mocker_engine};
+pub use config::{FleetChange, IndexMode, PdSplit, SimConfig, dynamo_mocker_engine};
 pub use oracle::oracle;
 pub use record::SimRecord;
 pub use results::{PolicyResult, Results};

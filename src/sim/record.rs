@@ -5,8 +5,17 @@
 pub struct SimRecord {
     /// Arrival time.
     pub arrival: f64,
-    /// Worker slot it was routed to.
+    /// Worker slot it was routed to (in a disaggregated fleet: the decode worker, which
+    /// streams the answer).
     pub worker: Option<u32>,
+    /// Disaggregated fleet: the prefill worker.
+    pub prefill_worker: Option<u32>,
+    /// Disaggregated fleet: when the prefill finished (its blocks then wait to be pulled).
+    pub prefill_end: Option<f64>,
+    /// Disaggregated fleet: when the prompt's KV reached the decode worker.
+    pub kv_ready: Option<f64>,
+    /// Disaggregated fleet: prompt tokens whose KV the decode worker pulled.
+    pub transferred_tokens: u32,
     /// Time of its first output token.
     pub first_token: Option<f64>,
     /// When it finished or failed.
@@ -15,7 +24,8 @@ pub struct SimRecord {
     pub prompt_tokens: u32,
     /// Output tokens requested.
     pub output_tokens: u32,
-    /// Prompt tokens the engine found in its prefix cache at first scheduling.
+    /// Prompt tokens the engine found in its prefix cache at first scheduling (the prefill
+    /// worker's, in a disaggregated fleet).
     pub cached_tokens: u32,
     /// Leading prompt blocks the router believed the chosen worker held.
     pub predicted_blocks: u32,
@@ -42,6 +52,16 @@ impl SimRecord {
             return None;
         }
         self.end.map(|t| t - self.arrival)
+    }
+
+    /// Mean time between two of its output tokens (a streamed answer's inter-token latency,
+    /// also called time per output token), for a successful request with two or more: its
+    /// tokens after the first arrive between its first token and its end.
+    pub fn itl(&self) -> Option<f64> {
+        let (Some(first), Some(end)) = (self.ttft().map(|t| t + self.arrival), self.end) else {
+            return None;
+        };
+        (self.output_tokens > 1).then(|| (end - first) / f64::from(self.output_tokens - 1))
     }
 
     /// Whether it succeeded within the targets (a missing target is always met).

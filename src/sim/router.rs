@@ -14,11 +14,11 @@ use std::time::Duration;
 
 use crate::engine::events::batch;
 use crate::fleet::WorkerId;
-use crate::fleet::{EngineLoad, Load, LoadSnapshot};
+use crate::fleet::{EngineLoad, Load, LoadSnapshot, Role, Side};
 use crate::index::{ApproxConfig, ApproxIndex, Holdings, IndexConfig, KvIndex, seeds_for};
 use crate::kv_events::KvEvent;
 use crate::policy::Policy;
-use crate::routing::{Admitted, Decider, Target};
+use crate::routing::{Admitted, Analysis, Decider, Target};
 use crate::tokens::model::hash_seed;
 use crate::tokens::{BlockHash, HashSeed, block_hashes};
 
@@ -58,6 +58,8 @@ struct SimTarget {
     load: Arc<Load>,
     eligible: bool,
     events: bool,
+    role: Role,
+    kv_blocks: Option<usize>,
 }
 
 impl Target for SimTarget {
@@ -79,6 +81,14 @@ impl Target for SimTarget {
 
     fn publishes_events(&self) -> bool {
         self.events
+    }
+
+    fn role(&self) -> Role {
+        self.role
+    }
+
+    fn kv_blocks(&self) -> Option<usize> {
+        self.kv_blocks
     }
 }
 
@@ -150,6 +160,8 @@ impl SimRouter {
                     load: Arc::new(Load::default()),
                     eligible: false,
                     events,
+                    role: Role::Both,
+                    kv_blocks: None,
                 })
                 .collect(),
             mode,
@@ -173,8 +185,16 @@ impl SimRouter {
     /// start or when it joins). With events, the exact index is sized for that cache, as the
     /// live router does once it has read the engine's `num_gpu_blocks`.
     pub fn enable(&mut self, slot: u32, kv_blocks: usize) {
+        self.enable_as(slot, kv_blocks, Role::Both);
+    }
+
+    /// [`SimRouter::enable`] for a worker of `role` in a disaggregated fleet; its capacity is
+    /// known to the decode pick, as the live router reads `num_gpu_blocks`.
+    pub fn enable_as(&mut self, slot: u32, kv_blocks: usize, role: Role) {
         if let Some(t) = self.targets.get_mut(slot as usize) {
             t.eligible = true;
+            t.role = role;
+            t.kv_blocks = Some(kv_blocks);
             if t.events {
                 self.decider
                     .holdings()
@@ -210,20 +230,53 @@ impl SimRouter {
 
     /// Routes a prompt at time `now`; `None` when no worker is eligible.
     pub fn route(&self, prompt: &[u32], now: f64) -> Option<Routed> {
-        let analysis = self
-            .decider
-            .analyse(prompt, self.seed, self.block_size, duration(now));
+        self.route_on(prompt, now, None)
+    }
+
+    /// Routes a prompt at `now` among the workers serving `side` (all for `None`): a
+    /// disaggregated request's prefill worker is chosen with `Some(Side::Prefill)`, by the
+    /// policy, exactly as the live router chooses it.
+    pub fn route_on(&self, prompt: &[u32], now: f64, side: Option<Side>) -> Option<Routed> {
+        let analysis = self.analyse(prompt, now);
         let choice = self
             .decider
-            .choose(&analysis, &self.targets, &mut Vec::new())?;
+            .choose_on(&analysis, &self.targets, &mut Vec::new(), side)?;
         let admitted = self.decider.admit(&analysis, &choice, duration(now));
-        Some(Routed {
+        Some(Self::routed(admitted, now))
+    }
+
+    /// Chooses the decode worker of a disaggregated request whose prefill ended at `now`, by
+    /// load and KV room (`routing::choose_decode`, the live router's pick), and counts the
+    /// request there; `None` when no decode worker is eligible.
+    pub fn route_decode(&self, prompt: &[u32], now: f64) -> Option<Routed> {
+        let analysis = self.analyse(prompt, now);
+        let choice = self
+            .decider
+            .choose_decode(&analysis, &self.targets, &mut Vec::new())?;
+        let admitted = self.decider.admit_decode(&analysis, &choice, duration(now));
+        Some(Self::routed(admitted, now))
+    }
+
+    /// Whether the workers form a disaggregated fleet (`routing::plan`), or why they cannot
+    /// serve at all. A disaggregated simulation enables every slot at the start (its fleet
+    /// does not change), so every target counts.
+    pub fn plan(&self) -> Result<crate::routing::Plan, crate::routing::MissingSide> {
+        crate::routing::plan(&self.targets)
+    }
+
+    fn analyse(&self, prompt: &[u32], now: f64) -> Analysis {
+        self.decider
+            .analyse(prompt, self.seed, self.block_size, duration(now))
+    }
+
+    fn routed(admitted: Admitted, now: f64) -> Routed {
+        Routed {
             slot: admitted.worker().0,
             overlap_blocks: admitted.overlap_blocks,
             blocks: admitted.blocks,
             admitted,
             at: now,
-        })
+        }
     }
 
     /// The request's first token arrived at `now`.

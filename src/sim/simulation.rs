@@ -16,6 +16,10 @@
 //! as the live `[health] load_interval_ms` poller reads `/metrics`. With events they share one
 //! exact index (all subscribe to the same streams, so their indexes are equal); without events
 //! each predicts only what it routed itself.
+//!
+//! A disaggregated fleet (`SimConfig::pd`) takes each request through prefill on a prefill
+//! worker, a KV transfer and decode on a decode worker ([`handoff`]); everything else — steps,
+//! events, load readings — is the same loop.
 
 use std::collections::BTreeSet;
 
@@ -23,8 +27,8 @@ use thiserror::Error;
 
 use std::sync::Arc;
 
-use crate::engine::{EngineConfig, EngineCore, EngineCounters, RequestId, StepOutcome};
-use crate::fleet::EngineLoad;
+use crate::engine::{EngineConfig, EngineCore, EngineCounters, Handoff, RequestId, StepOutcome};
+use crate::fleet::{EngineLoad, Role};
 use crate::index::Holdings;
 use crate::kv_events::KvEvent;
 use crate::policy::{self, PolicyKind};
@@ -57,6 +61,9 @@ pub struct PolicyRun {
     pub counters: EngineCounters,
     /// Workers that served at some point.
     pub workers: u32,
+    /// Every gap between two consecutive output tokens of a request as its client saw them,
+    /// seconds (the inter-token latency distribution).
+    pub itl_gaps: Vec<f64>,
 }
 
 enum Event {
@@ -75,6 +82,14 @@ enum Event {
     Change(usize),
     /// Every replica reads every engine's load.
     SampleLoad,
+    /// A worker may have something to do without a new request (a KV transfer lands).
+    Wake(u32),
+    /// A decode worker finished pulling a request's KV: its prefill worker frees the blocks.
+    Release {
+        worker: u32,
+        life: u32,
+        request: usize,
+    },
 }
 
 struct SimWorker {
@@ -106,6 +121,12 @@ pub struct Simulation<'t> {
     routed: Vec<Option<Routed>>,
     /// Arrivals dealt so far (the next one goes to replica `dealt % routers`).
     dealt: usize,
+    /// Disaggregated fleet: where each request is in its prefill → decode journey.
+    pairs: Vec<Option<handoff::Pair>>,
+    /// When each request's latest client-visible token came.
+    last_token: Vec<f64>,
+    /// Client-visible gaps between consecutive tokens.
+    itl_gaps: Vec<f64>,
 }
 
 fn engine_config(base: &EngineConfig, slot: u32, life: u32) -> EngineConfig {
@@ -179,9 +200,16 @@ impl<'t> Simulation<'t> {
             });
         }
         for slot in 0..config.workers {
+            let role = config.pd.map_or(Role::Both, |pd| pd.role(slot));
             for router in &mut routers {
-                router.enable(slot, config.engine.num_blocks as usize);
+                router.enable_as(slot, config.engine.num_blocks as usize, role);
             }
+        }
+        if config.pd.is_some() {
+            // The live router's own check that each side has a worker.
+            routers[0]
+                .plan()
+                .map_err(|e| SimConfigError::Pd(e.to_string()))?;
         }
         let mut queue = EventQueue::default();
         if config.load_sample_s.is_some() {
@@ -204,6 +232,9 @@ impl<'t> Simulation<'t> {
             records: vec![SimRecord::default(); trace.len()],
             routed: (0..trace.len()).map(|_| None).collect(),
             dealt: 0,
+            pairs: (0..trace.len()).map(|_| None).collect(),
+            last_token: vec![0.0; trace.len()],
+            itl_gaps: Vec::new(),
         })
     }
 
@@ -254,6 +285,7 @@ impl<'t> Simulation<'t> {
             records: self.records,
             counters,
             workers: self.joined,
+            itl_gaps: self.itl_gaps,
         }
     }
 
@@ -277,10 +309,20 @@ impl<'t> Simulation<'t> {
             }
             Event::Change(k) => self.change(k, now),
             Event::SampleLoad => self.sample_load(now),
+            Event::Wake(w) => self.try_step(w, now),
+            Event::Release {
+                worker,
+                life,
+                request,
+            } => self.release(worker, life, request),
         }
     }
 
     fn arrive(&mut self, i: usize, now: f64) {
+        if self.config.pd.is_some() {
+            self.arrive_pair(i, now);
+            return;
+        }
         let req = &self.trace.requests[i];
         let prompt = self.config.synth.prompt_tokens(req);
         let rec = &mut self.records[i];
@@ -330,6 +372,7 @@ impl<'t> Simulation<'t> {
             let life = w.life;
             let events = std::mem::take(&mut out.kv_events);
             self.publish(slot, life, now, events);
+            self.pulls_started(std::mem::take(&mut out.pulls));
             for id in &out.preempted {
                 if let Some(r) = self.records.get_mut(id.0 as usize) {
                     r.preemptions += 1;
@@ -342,7 +385,12 @@ impl<'t> Simulation<'t> {
                 return;
             }
             if out.preempted.is_empty() {
-                // Nothing fits now; the next arrival kicks the worker again.
+                // Nothing fits now (the next arrival kicks the worker again), or only KV
+                // transfers run: wake when the next one lands.
+                let w = &self.workers[slot as usize];
+                if let Some(at) = w.engine.next_wakeup().filter(|&t| t > now) {
+                    self.queue.push(at, Event::Wake(slot));
+                }
                 return;
             }
         }
@@ -410,19 +458,37 @@ impl<'t> Simulation<'t> {
         };
         let events = std::mem::take(&mut out.kv_events);
         self.publish(slot, life, out.end, events);
-        for t in out.tokens.iter().filter(|t| t.index == 0) {
+        for t in &out.tokens {
             let i = t.id.0 as usize;
-            self.records[i].first_token = Some(out.end);
-            if let Some(routed) = self.routed[i].as_mut() {
-                routed.first_token(out.end);
+            let visible = self.client_sees(i);
+            if t.index == 0 {
+                if visible {
+                    self.records[i].first_token = Some(out.end);
+                }
+                if let Some(routed) = self.routed[i].as_mut() {
+                    routed.first_token(out.end);
+                }
+            } else if visible {
+                self.itl_gaps.push(out.end - self.last_token[i]);
+            }
+            if visible {
+                self.last_token[i] = out.end;
             }
         }
         for s in &out.finished {
             let i = s.id.0 as usize;
+            if s.handoff == Handoff::ToDecode {
+                self.prefill_done(slot, s, out.end);
+                continue;
+            }
             let rec = &mut self.records[i];
             rec.end = Some(s.finished);
-            rec.cached_tokens = s.cached_tokens as u32;
-            rec.preemptions = s.preemptions;
+            // A disaggregated request keeps its prefill worker's hits; its preemptions on
+            // both workers were counted as they happened.
+            if s.handoff == Handoff::Local {
+                rec.cached_tokens = s.cached_tokens as u32;
+                rec.preemptions = s.preemptions;
+            }
             if let Some(mut routed) = self.routed[i].take() {
                 routed.finish();
             }
@@ -478,3 +544,6 @@ impl<'t> Simulation<'t> {
         }
     }
 }
+
+#[path = "handoff.rs"]
+mod handoff;
