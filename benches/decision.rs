@@ -64,6 +64,8 @@ fn fleet(n: u32) -> (Vec<Arc<Worker>>, Vec<LoadGuard>) {
                 kv_replay: None,
                 kv_blocks: None,
                 data_parallel_size: 1,
+                role: kvroute::fleet::Role::Both,
+                bootstrap_port: None,
             };
             let worker = Arc::new(Worker::new(spec, WorkerId(w)));
             worker.set_event_feed(true);

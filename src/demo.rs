@@ -125,6 +125,8 @@ pub async fn start(args: &DemoArgs) -> anyhow::Result<Demo> {
             kv_replay: replay,
             kv_blocks: None,
             data_parallel_size: 1,
+            role: crate::fleet::Role::Both,
+            bootstrap_port: None,
         });
         engines.push(engine);
     }

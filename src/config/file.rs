@@ -131,6 +131,8 @@ pub(super) struct FileWorker {
     pub(super) kv_replay: Option<String>,
     pub(super) kv_blocks: Option<usize>,
     pub(super) data_parallel_size: Option<i64>,
+    pub(super) role: Option<String>,
+    pub(super) bootstrap_port: Option<i64>,
 }
 
 #[derive(Deserialize, Debug)]

@@ -24,6 +24,7 @@ mod models;
 mod policy;
 mod proxy;
 mod recording;
+mod role;
 mod server;
 mod tenants;
 mod tls;
@@ -62,6 +63,7 @@ pub use models::{
     TokenizerSource,
 };
 pub use policy::{DEFAULT_POLICY, DEFAULT_SEED};
+pub use role::{RoleError, bootstrap_port, check_role, worker_role};
 pub use server::{
     Connections, DEFAULT_BODY_READ_TIMEOUT, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_LISTEN,
     DEFAULT_MAX_BODY_BYTES, DEFAULT_SHUTDOWN_GRACE, Deprecation, MOVED_TO_SERVER,

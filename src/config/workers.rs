@@ -8,6 +8,7 @@ use thiserror::Error;
 
 use super::data_parallel::{check_ranks, data_parallel_size};
 use super::file::FileWorker;
+use super::role::{bootstrap_port, check_role, worker_role};
 use super::{ConfigError, invalid};
 use crate::fleet::{BaseUrl, WorkerSpec};
 
@@ -35,7 +36,7 @@ pub const MAX_WORKER_ID_BYTES: usize = 128;
 #[error("{message}")]
 pub struct WorkerSpecError {
     /// The field at fault (`id`, `url`, `models`, `kv_events`, `kv_replay`, `kv_blocks`,
-    /// `data_parallel_size`).
+    /// `data_parallel_size`, `role`, `bootstrap_port`).
     pub field: &'static str,
     /// What is wrong and what to write instead.
     pub message: String,
@@ -97,7 +98,8 @@ pub fn check_worker(spec: &WorkerSpec) -> Result<(), WorkerSpecError> {
             "must be at least 1; omit it to read the engine's metrics",
         ));
     }
-    check_data_parallel(spec)
+    check_data_parallel(spec)?;
+    check_role(spec.role, spec.bootstrap_port).map_err(|e| spec_error(e.field, e.message))
 }
 
 /// A data-parallel worker's ranks must be reachable (see [`check_ranks`]).
@@ -140,6 +142,10 @@ pub(super) fn workers(
         let mut spec = worker_spec(&key, w.id, &w.url, w.models, w.kv_events, w.kv_replay)?;
         spec.kv_blocks = w.kv_blocks;
         spec.data_parallel_size = data_parallel_size(w.data_parallel_size)
+            .map_err(|e| invalid(format!("{key}.{}", e.field), e.message))?;
+        spec.role = worker_role(w.role.as_deref())
+            .map_err(|e| invalid(format!("{key}.{}", e.field), e.message))?;
+        spec.bootstrap_port = bootstrap_port(w.bootstrap_port)
             .map_err(|e| invalid(format!("{key}.{}", e.field), e.message))?;
         check_worker(&spec).map_err(|e| invalid(format!("{key}.{}", e.field), e.message))?;
         workers.push(spec);
@@ -207,6 +213,8 @@ fn worker_spec(
         kv_replay,
         kv_blocks: None,
         data_parallel_size: 1,
+        role: crate::fleet::Role::Both,
+        bootstrap_port: None,
     };
     check_worker(&spec).map_err(|e| invalid(format!("{key}.{}", e.field), e.message))?;
     Ok(spec)

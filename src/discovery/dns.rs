@@ -62,6 +62,8 @@ pub fn endpoint(config: &DnsDiscovery, ip: IpAddr) -> Option<WorkerSpec> {
         kv_replay: zmq(config.kv_replay_port),
         kv_blocks: None,
         data_parallel_size: config.data_parallel_size,
+        role: crate::fleet::Role::Both,
+        bootstrap_port: None,
     })
 }
 

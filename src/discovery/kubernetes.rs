@@ -209,6 +209,8 @@ mod tests {
             kv_replay: None,
             kv_blocks: None,
             data_parallel_size: 1,
+            role: crate::fleet::Role::Both,
+            bootstrap_port: None,
         }]
     }
 

@@ -163,6 +163,8 @@ pub fn workers_of(
             kv_replay: replay.map(zmq),
             kv_blocks: None,
             data_parallel_size: u32::from(ranks),
+            role: crate::fleet::Role::Both,
+            bootstrap_port: None,
         }]);
     }
     let mut workers = Vec::with_capacity(ranks as usize);
@@ -179,6 +181,8 @@ pub fn workers_of(
             kv_replay: replay.map(|p| offset(p, rank)).transpose()?.map(zmq),
             kv_blocks: None,
             data_parallel_size: 1,
+            role: crate::fleet::Role::Both,
+            bootstrap_port: None,
         });
     }
     Ok(workers)

@@ -12,6 +12,7 @@ pub mod load;
 pub mod load_poller;
 pub mod load_view;
 pub mod rank;
+pub mod role;
 pub mod roster;
 pub mod worker;
 pub mod worker_id;
@@ -26,6 +27,7 @@ pub use load::{Load, LoadGuard};
 pub use load_view::LoadSnapshot;
 pub use load_view::{EngineLoad, Reading};
 pub use rank::{DP_RANK_HEADER, MAX_DATA_PARALLEL_SIZE, Rank};
+pub use role::{DEFAULT_BOOTSTRAP_PORT, Role, Side, UnknownRole};
 pub use roster::Roster;
 pub use worker::{BaseUrl, DownHook, ServedModel, Worker, WorkerSpec, WorkerUrlError};
 pub use worker_id::WorkerId;
@@ -247,6 +249,8 @@ mod tests {
             kv_replay: None,
             kv_blocks: None,
             data_parallel_size: 1,
+            role: crate::fleet::Role::Both,
+            bootstrap_port: None,
         }
     }
 
@@ -314,6 +318,8 @@ mod tests {
     fn each_rank_has_its_own_number_and_all_are_released_together() {
         let dp = |id: &str, n: u32| WorkerSpec {
             data_parallel_size: n,
+            role: crate::fleet::Role::Both,
+            bootstrap_port: None,
             ..spec(id, &["m"])
         };
         let f = Fleet::new(vec![dp("a", 2), spec("b", &["m"])]);

@@ -10,6 +10,7 @@ use thiserror::Error;
 use super::breaker::{Breaker, BreakerConfig};
 use super::load::Load;
 use super::rank::Rank;
+use super::role::Role;
 use super::roster::Roster;
 use super::worker_id::WorkerId;
 
@@ -135,6 +136,12 @@ pub struct WorkerSpec {
     /// Engine cores behind the one URL (vLLM `--data-parallel-size`, SGLang `--dp-size`),
     /// each a routing target of its own (see [`super::rank`]); 1 for a plain replica.
     pub data_parallel_size: u32,
+    /// Which side of disaggregated requests it serves (see [`super::role`]); `Both` for an
+    /// ordinary engine.
+    pub role: Role,
+    /// Where its SGLang bootstrap server listens (`--disaggregation-bootstrap-port`), for a
+    /// prefill-capable worker of a model disaggregated SGLang style; `None`: SGLang's default.
+    pub bootstrap_port: Option<u16>,
 }
 
 /// A model a worker reported in its `GET /v1/models`.
@@ -257,6 +264,11 @@ impl Worker {
     /// The worker's id.
     pub fn id(&self) -> &str {
         &self.spec.id
+    }
+
+    /// Which side of disaggregated requests it serves.
+    pub fn role(&self) -> Role {
+        self.spec.role
     }
 
     /// How many data-parallel ranks it has (1 for a plain replica).
@@ -470,6 +482,8 @@ mod tests {
             kv_replay: None,
             kv_blocks: None,
             data_parallel_size: 1,
+            role: crate::fleet::Role::Both,
+            bootstrap_port: None,
         };
         let w = Worker::with(
             spec,
@@ -551,6 +565,8 @@ mod tests {
             kv_replay: None,
             kv_blocks: None,
             data_parallel_size: 1,
+            role: crate::fleet::Role::Both,
+            bootstrap_port: None,
         };
         let w = Worker::new(spec.clone(), WorkerId(0));
         w.set_discovered_models(vec!["b".into()]);

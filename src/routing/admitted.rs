@@ -70,6 +70,28 @@ impl Admitted {
         }
     }
 
+    /// A request admitted on `worker` without a prediction to learn from: the decode side of
+    /// a disaggregated request, whose first token waits for a KV transfer, not a prefill (its
+    /// time says nothing about the policy's prefill model).
+    pub(super) fn unpredicted(
+        worker: WorkerId,
+        guard: LoadGuard,
+        policy: Arc<dyn Policy>,
+        analysis: &Analysis,
+        overlap_blocks: u32,
+    ) -> Admitted {
+        Admitted {
+            worker,
+            guard,
+            policy,
+            predicted: None,
+            overlap_blocks: overlap_blocks.min(analysis.request.blocks),
+            blocks: analysis.request.blocks,
+            prompt_tokens: analysis.request.prompt_tokens,
+            predicted_ttft_s: None,
+        }
+    }
+
     /// The worker it was admitted on.
     pub fn worker(&self) -> WorkerId {
         self.worker

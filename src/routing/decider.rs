@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::admitted::Admitted;
 use super::analysis::Analysis;
 use super::target::Target;
-use crate::fleet::WorkerId;
+use crate::fleet::{Side, WorkerId};
 use crate::index::Holdings;
 use crate::policy::{Candidate, Policy, RouteDecision};
 use crate::tokens::HashSeed;
@@ -71,9 +71,25 @@ impl Decider {
         targets: &'t [T],
         skip: &[WorkerId],
     ) -> (Vec<&'t T>, Vec<Candidate>) {
+        self.candidates_on(analysis, targets, skip, None)
+    }
+
+    /// [`Self::candidates`] among the targets whose role serves `side` (all of them for
+    /// `None`: an aggregated request's eligible workers are chosen by the server).
+    pub fn candidates_on<'t, T: Target>(
+        &self,
+        analysis: &Analysis,
+        targets: &'t [T],
+        skip: &[WorkerId],
+        side: Option<Side>,
+    ) -> (Vec<&'t T>, Vec<Candidate>) {
         let picked: Vec<&T> = targets
             .iter()
-            .filter(|t| !skip.contains(&t.worker()) && t.routable())
+            .filter(|t| {
+                !skip.contains(&t.worker())
+                    && side.is_none_or(|s| t.role().serves(s))
+                    && t.routable()
+            })
             .collect();
         let candidates = picked
             .iter()
@@ -108,8 +124,20 @@ impl Decider {
         targets: &'t [T],
         skip: &mut Vec<WorkerId>,
     ) -> Option<Choice<'t, T>> {
+        self.choose_on(analysis, targets, skip, None)
+    }
+
+    /// [`Self::choose`] among the targets whose role serves `side`: a disaggregated request's
+    /// prefill worker is chosen by the policy, KV-aware, with `Some(Side::Prefill)`.
+    pub fn choose_on<'t, T: Target>(
+        &self,
+        analysis: &Analysis,
+        targets: &'t [T],
+        skip: &mut Vec<WorkerId>,
+        side: Option<Side>,
+    ) -> Option<Choice<'t, T>> {
         loop {
-            let (picked, mut candidates) = self.candidates(analysis, targets, skip);
+            let (picked, mut candidates) = self.candidates_on(analysis, targets, skip, side);
             let decision = self.policy.choose(&analysis.request, &candidates)?;
             let target = *picked.get(decision.chosen)?;
             if target.acquire() {

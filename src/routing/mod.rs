@@ -15,17 +15,28 @@
 //!   there when the worker publishes no events, and what was predicted is kept ([`Admitted`])
 //!   for the policy's calibration at the first token.
 //!
+//! A disaggregated request (prefill and decode on different workers, `pair`) is routed by
+//! the same core: its prefill worker by the policy among prefill-capable targets
+//! ([`Session::on_side`]), its decode worker by [`choose_decode`] among decode-capable ones
+//! ([`DecodeSession`]), each side with its own retries.
+//!
 //! Time is passed in (the index clock as a `Duration`), never read, so the simulator drives the
 //! same code in virtual time.
 
 mod admitted;
 mod analysis;
 mod decider;
+mod decode_session;
+mod pair;
 mod session;
 mod target;
 
 pub use admitted::Admitted;
 pub use analysis::{Analysis, reusable_blocks};
 pub use decider::{Choice, Decider};
+pub use decode_session::DecodeSession;
+pub use pair::{
+    DecodeCandidate, DecodeChoice, DecodeDecision, MissingSide, Plan, choose_decode, plan,
+};
 pub use session::{Attempt, Session};
 pub use target::Target;

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use super::admitted::Admitted;
 use super::analysis::Analysis;
 use super::decider::Decider;
-use crate::fleet::WorkerId;
+use crate::fleet::{Side, WorkerId};
 use crate::fleet::{Worker, WorkerRank};
 use crate::metrics::Metrics;
 
@@ -36,6 +36,8 @@ pub struct Session<'d> {
     clock: &'d (dyn Fn() -> Duration + Sync),
     started: Instant,
     first: bool,
+    /// The side of a disaggregated request this session picks for (`None`: a whole request).
+    side: Option<Side>,
 }
 
 impl<'d> Session<'d> {
@@ -58,7 +60,20 @@ impl<'d> Session<'d> {
             clock,
             started,
             first: true,
+            side: None,
         }
+    }
+
+    /// The same session choosing only among workers whose role serves `side`: the prefill
+    /// side of a disaggregated request, chosen by the policy like a whole request.
+    pub fn on_side(mut self, side: Side) -> Session<'d> {
+        self.side = Some(side);
+        self
+    }
+
+    /// The request's analysis (the decode side of a pair is chosen over the same one).
+    pub fn analysis(&self) -> &Analysis {
+        &self.analysis
     }
 
     /// Routes the request to a worker not tried yet and admits it there; `None` when none is
@@ -71,7 +86,7 @@ impl<'d> Session<'d> {
         let mut skip = self.tried.clone();
         let choice = self
             .decider
-            .choose(&self.analysis, &self.eligible, &mut skip);
+            .choose_on(&self.analysis, &self.eligible, &mut skip, self.side);
         self.metrics
             .decision
             .with_label_values(&[policy, "score"])

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::fleet::WorkerId;
-use crate::fleet::{Load, Worker, WorkerRank};
+use crate::fleet::{Load, Role, Worker, WorkerRank};
 
 /// A worker as the decision sees it. The live fleet's [`Worker`] is one; the simulator has its
 /// own (no circuit breaker, eligibility by engine state), so both feed the same decision.
@@ -24,6 +24,14 @@ pub trait Target {
     }
     /// Whether its KV events feed the exact index; without them, routed blocks are predicted.
     fn publishes_events(&self) -> bool;
+    /// Which side of disaggregated requests it serves (an ordinary engine serves both).
+    fn role(&self) -> Role {
+        Role::Both
+    }
+    /// Blocks its KV cache holds, when known (the decode pick keeps requests where they fit).
+    fn kv_blocks(&self) -> Option<usize> {
+        None
+    }
 }
 
 impl Target for Arc<Worker> {
@@ -49,6 +57,14 @@ impl Target for Arc<Worker> {
 
     fn publishes_events(&self) -> bool {
         self.has_event_feed()
+    }
+
+    fn role(&self) -> Role {
+        Worker::role(self)
+    }
+
+    fn kv_blocks(&self) -> Option<usize> {
+        Worker::kv_blocks(self)
     }
 }
 
@@ -77,5 +93,13 @@ impl Target for WorkerRank {
 
     fn publishes_events(&self) -> bool {
         self.worker.has_event_feed()
+    }
+
+    fn role(&self) -> Role {
+        self.worker.role()
+    }
+
+    fn kv_blocks(&self) -> Option<usize> {
+        self.worker.kv_blocks()
     }
 }

@@ -27,7 +27,9 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::AppState;
-use crate::config::{check_worker, data_parallel_size, names_own_address};
+use crate::config::{
+    bootstrap_port, check_worker, data_parallel_size, names_own_address, worker_role,
+};
 use crate::fleet::{AddError, BaseUrl, Worker, WorkerSpec};
 use crate::lifecycle::{JoinError, LeaveError};
 use crate::openai::ApiError;
@@ -69,6 +71,8 @@ fn describe(state: &AppState, w: &Worker) -> Value {
         "predicted_blocks": w.keys().map(|k| state.holdings.approx.len(k)).sum::<usize>(),
         "data_parallel_size": w.data_parallel_size(),
         "ranks": ranks,
+        "role": w.role().as_str(),
+        "bootstrap_port": w.spec.bootstrap_port,
     })
 }
 
@@ -106,6 +110,8 @@ pub(super) struct NewWorker {
     kv_replay: Option<String>,
     kv_blocks: Option<usize>,
     data_parallel_size: Option<i64>,
+    role: Option<String>,
+    bootstrap_port: Option<i64>,
 }
 
 /// `POST /admin/workers`
@@ -134,6 +140,10 @@ fn add_worker(state: &Arc<AppState>, headers: &HeaderMap, body: &[u8]) -> Result
         kv_replay: new.kv_replay,
         kv_blocks: new.kv_blocks,
         data_parallel_size: data_parallel_size(new.data_parallel_size)
+            .map_err(|e| ApiError::invalid(e.message, Some(e.field)))?,
+        role: worker_role(new.role.as_deref())
+            .map_err(|e| ApiError::invalid(e.message, Some(e.field)))?,
+        bootstrap_port: bootstrap_port(new.bootstrap_port)
             .map_err(|e| ApiError::invalid(e.message, Some(e.field)))?,
     };
     check_worker(&spec).map_err(|e| ApiError::invalid(e.message, Some(e.field)))?;

@@ -57,6 +57,8 @@ impl Fleet {
                 kv_replay: Some(e.replay.clone()),
                 kv_blocks: None,
                 data_parallel_size: 1,
+                role: kvroute::fleet::Role::Both,
+                bootstrap_port: None,
             })
             .collect();
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");

@@ -230,6 +230,8 @@ async fn router(events: &str, replay: Option<&str>, extra: &str) -> (RouterHandl
         kv_replay: replay.map(str::to_owned),
         kv_blocks: None,
         data_parallel_size: 1,
+        role: kvroute::fleet::Role::Both,
+        bootstrap_port: None,
     }];
     (support::start_router(&config).await, backend)
 }
@@ -293,6 +295,8 @@ async fn a_router_started_next_to_a_warm_idle_engine_sees_its_cache() {
         kv_replay: Some(engine.replay.clone()),
         kv_blocks: None,
         data_parallel_size: 1,
+        role: kvroute::fleet::Role::Both,
+        bootstrap_port: None,
     }];
     let router = support::start_router(&config).await;
     let (overlap, warming) = until(&router, "sim", &text, |o, w| o >= 16 && *w == false).await;

@@ -46,6 +46,8 @@ impl Stack {
                     kv_replay: Some(e.replay.clone()),
                     kv_blocks: None,
                     data_parallel_size: 1,
+                    role: kvroute::fleet::Role::Both,
+                    bootstrap_port: None,
                 }
             })
             .collect();

@@ -27,6 +27,8 @@ fn worker(id: &str, e: &SimEngine) -> WorkerSpec {
         kv_replay: Some(e.replay.clone()),
         kv_blocks: None,
         data_parallel_size: 1,
+        role: kvroute::fleet::Role::Both,
+        bootstrap_port: None,
     }
 }
 

@@ -55,6 +55,8 @@ impl Replicas {
                 kv_replay: Some(e.replay.clone()),
                 kv_blocks: None,
                 data_parallel_size: 1,
+                role: kvroute::fleet::Role::Both,
+                bootstrap_port: None,
             })
             .collect();
         let mut handles = Vec::new();

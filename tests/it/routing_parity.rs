@@ -111,6 +111,8 @@ impl Live {
                 kv_replay: None,
                 kv_blocks: Some(KV_BLOCKS),
                 data_parallel_size: 1,
+                role: kvroute::fleet::Role::Both,
+                bootstrap_port: None,
             })
             .collect();
         let fleet = Fleet::new(specs);

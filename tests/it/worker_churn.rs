@@ -27,6 +27,8 @@ fn spec(id: &str, events: bool) -> WorkerSpec {
         kv_replay: None,
         kv_blocks: Some(64),
         data_parallel_size: 1,
+        role: kvroute::fleet::Role::Both,
+        bootstrap_port: None,
     }
 }
 

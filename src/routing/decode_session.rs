@@ -1,0 +1,61 @@
+//! The decode side of one live disaggregated request: its first decode worker and every retry.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::analysis::Analysis;
+use super::decider::Decider;
+use super::session::Attempt;
+use crate::fleet::{Worker, WorkerId, WorkerRank};
+
+/// The decode picks of one request: each [`DecodeSession::next_attempt`] chooses a
+/// decode-capable worker not tried yet ([`Decider::choose_decode`]) and admits the request
+/// there, so a decode that fails before its first token is retried elsewhere without the
+/// proxy knowing how decode workers are chosen.
+pub struct DecodeSession<'d> {
+    decider: &'d Decider,
+    eligible: Vec<WorkerRank>,
+    analysis: Analysis,
+    tried: Vec<WorkerId>,
+    clock: &'d (dyn Fn() -> Duration + Sync),
+}
+
+impl<'d> DecodeSession<'d> {
+    /// A session over the `eligible` workers (those of the model; only decode-capable ones are
+    /// picked) for a request analysed as `analysis`; `clock` is the index clock.
+    pub fn new(
+        decider: &'d Decider,
+        eligible: &[Arc<Worker>],
+        analysis: Analysis,
+        clock: &'d (dyn Fn() -> Duration + Sync),
+    ) -> DecodeSession<'d> {
+        DecodeSession {
+            decider,
+            eligible: WorkerRank::all(eligible),
+            analysis,
+            tried: Vec::new(),
+            clock,
+        }
+    }
+
+    /// Routes the decode to a worker not tried yet and admits it there; `None` when none is
+    /// left. Every call after the first means the previous decode attempt failed.
+    pub fn next_attempt(&mut self) -> Option<Attempt> {
+        let mut skip = self.tried.clone();
+        let choice = self
+            .decider
+            .choose_decode(&self.analysis, &self.eligible, &mut skip)?;
+        let target = choice.target.clone();
+        let admitted = self
+            .decider
+            .admit_decode(&self.analysis, &choice, (self.clock)());
+        // As for a whole request: a retry goes to another worker, not another rank of this one.
+        self.tried.extend(target.worker.keys());
+        Some(Attempt {
+            rank: target.pinned(),
+            worker: target.worker,
+            admitted,
+            at: Instant::now(),
+        })
+    }
+}
