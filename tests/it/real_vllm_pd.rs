@@ -56,6 +56,24 @@ async fn all_counters(engines: &[EngineProc]) -> Vec<Counters> {
     out
 }
 
+/// The engines' counters once one hand-off since `before` is counted: vLLM updates its
+/// Prometheus counters from the engine's stats a moment after the answer, so this waits (up to
+/// 10 s) until the decode engine and one prefill engine each count one more finished request.
+async fn counters_after_one(engines: &[EngineProc], before: &[Counters]) -> Vec<Counters> {
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = all_counters(engines).await;
+        let prefills: f64 = (0..PREFILL)
+            .map(|i| now[i].requests - before[i].requests)
+            .sum();
+        let decodes = now[PREFILL].requests - before[PREFILL].requests;
+        if (prefills >= 1.0 && decodes >= 1.0) || Instant::now() > end {
+            return now;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// A streamed completion of a ~600-token prompt that starts with `prefix`.
 fn streamed(prefix: &str, tail: &str) -> Value {
     let prompt: String = (0..140).map(|i| format!("{prefix} {i} ")).collect::<String>() + tail;
@@ -200,7 +218,7 @@ async fn a_disaggregated_vllm_request_moves_its_kv_from_prefill_to_decode() {
     let before = all_counters(&engines).await;
     let answer = stream_through(&router, &first).await;
     let text = answer.text();
-    let after = all_counters(&engines).await;
+    let after = counters_after_one(&engines, &before).await;
     let prefill = served_prefill(&before, &after);
     let prompt_tokens = answer.prompt_tokens();
     let received = after[decode].external_hits - before[decode].external_hits;
@@ -231,7 +249,7 @@ async fn a_disaggregated_vllm_request_moves_its_kv_from_prefill_to_decode() {
     let before = all_counters(&engines).await;
     let answer = stream_through(&router, &second).await;
     answer.text();
-    let after = all_counters(&engines).await;
+    let after = counters_after_one(&engines, &before).await;
     let again = served_prefill(&before, &after);
     let local = after[again].local_hits - before[again].local_hits;
     let received = after[decode].external_hits - before[decode].external_hits;
