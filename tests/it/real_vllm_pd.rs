@@ -74,9 +74,54 @@ async fn counters_after_one(engines: &[EngineProc], before: &[Counters]) -> Vec<
     }
 }
 
+/// Makes each prefill engine hand one request off to the decode engine directly, as vLLM's own
+/// proxy does, retrying a failed one: a pair's first transfer does NIXL's handshake, which the
+/// decode engine gives 5 s (`nixl/base_worker.py`), and on a busy machine it can miss that and
+/// fail the request (measured once by hand). The requests under test then go through kvroute.
+async fn handshake(engines: &[EngineProc]) {
+    let http = reqwest::Client::new();
+    let decode = engines[PREFILL].url();
+    for p in &engines[..PREFILL] {
+        let mut last = String::new();
+        let ok = 'tries: {
+            for attempt in 0..3 {
+                let prompt = format!("handshake {} {attempt}", p.name);
+                let prefill: Value = http
+                    .post(format!("{}/v1/completions", p.url()))
+                    .json(&json!({"model": MODEL, "prompt": prompt, "max_tokens": 1,
+                        "kv_transfer_params": {"do_remote_decode": true}}))
+                    .send()
+                    .await
+                    .expect("prefill engine answers")
+                    .json()
+                    .await
+                    .expect("prefill answer");
+                let params = prefill["kv_transfer_params"].clone();
+                assert!(params.is_object(), "no kv_transfer_params: {prefill}");
+                let resp = http
+                    .post(format!("{decode}/v1/completions"))
+                    .json(&json!({"model": MODEL, "prompt": prompt, "max_tokens": 1,
+                        "kv_transfer_params": params}))
+                    .send()
+                    .await
+                    .expect("decode engine answers");
+                if resp.status().is_success() {
+                    break 'tries true;
+                }
+                last = resp.text().await.unwrap_or_default();
+            }
+            false
+        };
+        assert!(ok, "{} never handed a request off: {last}", p.name);
+    }
+}
+
 /// A streamed completion of a ~600-token prompt that starts with `prefix`.
 fn streamed(prefix: &str, tail: &str) -> Value {
-    let prompt: String = (0..140).map(|i| format!("{prefix} {i} ")).collect::<String>() + tail;
+    let prompt: String = (0..140)
+        .map(|i| format!("{prefix} {i} "))
+        .collect::<String>()
+        + tail;
     json!({
         "model": MODEL,
         "prompt": prompt,
@@ -208,6 +253,7 @@ async fn a_disaggregated_vllm_request_moves_its_kv_from_prefill_to_decode() {
             Role::Decode
         };
     }
+    handshake(&engines).await;
     let router = RealRouter::start(&config).await;
     router.wait_ready().await;
     let decode = PREFILL;
@@ -258,7 +304,10 @@ async fn a_disaggregated_vllm_request_moves_its_kv_from_prefill_to_decode() {
          received by the decode engine",
         engines[again].name
     );
-    assert_eq!(again, prefill, "the shared prefix went to another prefill engine");
+    assert_eq!(
+        again, prefill,
+        "the shared prefix went to another prefill engine"
+    );
     assert!(
         local >= (full * u64::from(VLLM_BLOCK)) as f64 - f64::from(VLLM_BLOCK),
         "the prefill engine reused only {local} tokens of the shared prefix"

@@ -180,7 +180,11 @@ fn command(setup: &VllmSetup, o: &VllmOptions, e: &EngineProc) -> Command {
 /// listener's address is what the prefill engine names in the `kv_transfer_params` it returns
 /// (`remote_host`, `remote_port`), so each engine gets its own loopback port.
 fn nixl_connector(cmd: &mut Command, setup: &VllmSetup, e: &EngineProc, prefill: bool) {
-    let role = if prefill { "kv_producer" } else { "kv_consumer" };
+    let role = if prefill {
+        "kv_producer"
+    } else {
+        "kv_consumer"
+    };
     let config = json!({
         "kv_connector": "NixlConnector",
         "kv_role": role,
@@ -189,6 +193,9 @@ fn nixl_connector(cmd: &mut Command, setup: &VllmSetup, e: &EngineProc, prefill:
     cmd.args(["--kv-transfer-config", &config.to_string()])
         .env("PYTHONPATH", &setup.nixl)
         .env("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1")
-        .env("VLLM_NIXL_SIDE_CHANNEL_PORT", e.side_channel_port.to_string())
+        .env(
+            "VLLM_NIXL_SIDE_CHANNEL_PORT",
+            e.side_channel_port.to_string(),
+        )
         .env("UCX_NET_DEVICES", "lo");
 }
