@@ -12,8 +12,10 @@ use prometheus::{
 };
 
 mod config;
+mod disaggregation;
 
 pub use config::ConfigMetrics;
+pub use disaggregation::DisaggregationMetrics;
 
 /// Buckets for latencies from sub-millisecond to minutes.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -113,6 +115,8 @@ pub struct Metrics {
     pub discovery_workers: IntGaugeVec,
     /// The loaded configuration and its reloads.
     pub config: ConfigMetrics,
+    /// Disaggregated requests' picks, hand-offs and retries by phase.
+    pub disaggregation: DisaggregationMetrics,
 }
 
 impl Metrics {
@@ -133,6 +137,7 @@ impl Metrics {
         forget(&self.prefix_hit_blocks, id);
         forget(&self.prefix_queried_blocks, id);
         forget(&self.kv_stream, id);
+        self.disaggregation.forget_worker(id);
     }
 
     /// Creates and registers every metric.
@@ -404,6 +409,7 @@ impl Metrics {
         }
         register_process_and_build(&registry);
         let config = ConfigMetrics::register(&registry);
+        let disaggregation = DisaggregationMetrics::register(&registry);
         Metrics {
             registry,
             requests,
@@ -440,6 +446,7 @@ impl Metrics {
             discovery_events,
             discovery_workers,
             config,
+            disaggregation,
         }
     }
 

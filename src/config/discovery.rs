@@ -7,6 +7,8 @@
 //! namespace that is not a DNS label, a port of 0, a resolution interval too short to be kind
 //! to the resolver.
 
+use super::role::{RoleError, bootstrap_port, check_role, worker_role};
+use crate::fleet::Role;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -91,6 +93,11 @@ pub struct DnsDiscovery {
     /// Engine cores behind each address's one HTTP port (vLLM `--data-parallel-size`); each
     /// rank publishes on the event ports plus its rank.
     pub data_parallel_size: u32,
+    /// The disaggregation role of every address (`role`; default `both`): one side of a
+    /// disaggregated fleet behind one name, the other side configured or discovered apart.
+    pub role: Role,
+    /// Their SGLang bootstrap port, when they are prefill workers of an SGLang-style model.
+    pub bootstrap_port: Option<u16>,
     /// Time between two resolutions.
     pub interval: Duration,
 }
@@ -123,6 +130,8 @@ struct FileDns {
     kv_events_port: Option<u16>,
     kv_replay_port: Option<u16>,
     data_parallel_size: Option<i64>,
+    role: Option<String>,
+    bootstrap_port: Option<i64>,
     interval_s: Option<f64>,
 }
 
@@ -263,12 +272,18 @@ fn dns(d: FileDns) -> Result<DnsDiscovery, ConfigError> {
         };
         invalid(key, e.message)
     })?;
+    let dns_key = |e: RoleError| invalid(format!("discovery.dns.{}", e.field), e.message);
+    let role = worker_role(d.role.as_deref()).map_err(dns_key)?;
+    let bootstrap_port = bootstrap_port(d.bootstrap_port).map_err(dns_key)?;
+    check_role(role, bootstrap_port).map_err(dns_key)?;
     Ok(DnsDiscovery {
         name,
         port,
         kv_events_port: d.kv_events_port,
         kv_replay_port: d.kv_replay_port,
         data_parallel_size,
+        role,
+        bootstrap_port,
         interval: seconds(
             "discovery.dns.interval_s",
             d.interval_s,

@@ -145,6 +145,7 @@ pub(super) struct FileModel {
     pub(super) base_model: Option<String>,
     pub(super) engine: Option<String>,
     pub(super) max_model_len: Option<u64>,
+    pub(super) disaggregation: Option<String>,
 }
 
 #[derive(Deserialize, Debug, Default)]

@@ -297,6 +297,8 @@ impl Config {
             .chain(front.metrics_listen)
             .collect();
         workers::unique_ids(&workers, &own)?;
+        role::check_pools(&workers)
+            .map_err(|e| invalid(format!("workers.{}", e.field), e.message))?;
         Ok(Config {
             listen: front.listen,
             metrics_listen: front.metrics_listen,

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use super::file::{FileModel, FileTokens};
 use super::{ConfigError, invalid};
+use crate::proxy::handoff::Protocol;
 pub use crate::tokens::TokenizerSource;
 use crate::tokens::{EngineKind, ModelSource};
 
@@ -37,9 +38,22 @@ pub struct ModelConfig {
     /// The engines' `max_model_len`, when configured (else read from their `/v1/models`): what
     /// the router's own `/tokenize` answers report.
     pub max_model_len: Option<u64>,
+    /// How its prefill and decode workers hand the KV cache over when some of its workers are
+    /// prefill-only or decode-only (`disaggregation = "vllm" | "sglang"`); `None`: the
+    /// protocol of its `engine` (see [`ModelConfig::handoff`]).
+    pub disaggregation: Option<Protocol>,
 }
 
 impl ModelConfig {
+    /// The hand-off protocol of its disaggregated requests: configured, or its engine's own
+    /// (an SGLang fleet pairs by bootstrap room, a vLLM one by `kv_transfer_params`).
+    pub fn handoff(&self) -> Protocol {
+        self.disaggregation.unwrap_or(match self.engine {
+            EngineKind::Sglang => Protocol::Sglang,
+            EngineKind::Vllm => Protocol::Vllm,
+        })
+    }
+
     /// What the tokenizer registry loads for this model.
     pub fn token_source(&self) -> ModelSource<'_> {
         ModelSource {
@@ -62,6 +76,7 @@ impl ModelConfig {
             base_model: None,
             engine: EngineKind::default(),
             max_model_len: None,
+            disaggregation: None,
         }
     }
 }
@@ -136,6 +151,7 @@ fn model(
             ("block_size", m.block_size.is_some()),
             ("engine", m.engine.is_some()),
             ("max_model_len", m.max_model_len.is_some()),
+            ("disaggregation", m.disaggregation.is_some()),
         ] {
             if set {
                 return Err(invalid(
@@ -168,6 +184,14 @@ fn model(
             "must be at least 1: the engines' --max-model-len",
         ));
     }
+    let disaggregation = m
+        .disaggregation
+        .as_deref()
+        .map(|p| {
+            p.parse::<Protocol>()
+                .map_err(|e| invalid(format!("{key}.disaggregation"), e.to_string()))
+        })
+        .transpose()?;
     Ok(ModelConfig {
         name: m.name,
         tokenizer,
@@ -176,6 +200,7 @@ fn model(
         base_model: m.base_model,
         engine,
         max_model_len: m.max_model_len,
+        disaggregation,
     })
 }
 

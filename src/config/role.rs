@@ -4,7 +4,7 @@
 
 use thiserror::Error;
 
-use crate::fleet::{Role, Side};
+use crate::fleet::{Role, Side, WorkerSpec};
 
 /// What is wrong with a worker's role or bootstrap port, and in which field.
 #[derive(Debug, Error, PartialEq)]
@@ -58,6 +58,47 @@ pub fn check_role(role: Role, bootstrap_port: Option<u16>) -> Result<(), RoleErr
     Ok(())
 }
 
+/// Every model the static workers name must be servable: when one of its workers is
+/// prefill-only or decode-only, some worker must serve each side (a model with decode workers
+/// and no prefill worker would otherwise fail every request at run time). Workers that list no
+/// models learn theirs from the engine; the router checks those per request (503).
+pub fn check_pools(workers: &[WorkerSpec]) -> Result<(), RoleError> {
+    let mut models: Vec<&str> = workers
+        .iter()
+        .flat_map(|w| w.models.iter().map(String::as_str))
+        .collect();
+    models.sort_unstable();
+    models.dedup();
+    for model in models {
+        let roles: Vec<Role> = workers
+            .iter()
+            .filter(|w| w.models.iter().any(|m| m == model))
+            .map(|w| w.role)
+            .collect();
+        if roles.iter().all(|r| *r == Role::Both) {
+            continue;
+        }
+        for side in [Side::Prefill, Side::Decode] {
+            if !roles.iter().any(|r| r.serves(side)) {
+                return Err(RoleError {
+                    field: "role",
+                    message: format!(
+                        "model `{model}` has {} workers but no {} worker: add a worker with \
+                         role \"{}\" or \"both\" for it, or make its workers \"both\"",
+                        match side {
+                            Side::Prefill => "decode",
+                            Side::Decode => "prefill",
+                        },
+                        side.as_str(),
+                        side.as_str()
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -82,5 +123,44 @@ mod tests {
             check_role(Role::Decode, Some(8998)).unwrap_err().field,
             "bootstrap_port"
         );
+    }
+}
+
+#[cfg(test)]
+mod pool_tests {
+    use super::*;
+    use crate::fleet::BaseUrl;
+
+    fn worker(port: u16, model: &str, role: Role) -> WorkerSpec {
+        WorkerSpec {
+            id: format!("w{port}"),
+            url: BaseUrl::parse(&format!("http://h:{port}")).unwrap(),
+            models: vec![model.into()],
+            kv_events: None,
+            kv_replay: None,
+            kv_blocks: None,
+            data_parallel_size: 1,
+            role,
+            bootstrap_port: None,
+        }
+    }
+
+    #[test]
+    fn a_disaggregated_model_needs_both_sides() {
+        let ok = [
+            worker(1, "a", Role::Prefill),
+            worker(2, "a", Role::Decode),
+            worker(3, "b", Role::Both),
+        ];
+        assert_eq!(check_pools(&ok), Ok(()));
+        let half = [worker(1, "a", Role::Decode), worker(2, "b", Role::Prefill)];
+        let e = check_pools(&half).unwrap_err();
+        assert!(
+            e.message
+                .contains("model `a` has decode workers but no prefill worker"),
+            "{e}"
+        );
+        let mixed = [worker(1, "a", Role::Prefill), worker(2, "a", Role::Both)];
+        assert_eq!(check_pools(&mixed), Ok(()));
     }
 }

@@ -62,8 +62,8 @@ pub fn endpoint(config: &DnsDiscovery, ip: IpAddr) -> Option<WorkerSpec> {
         kv_replay: zmq(config.kv_replay_port),
         kv_blocks: None,
         data_parallel_size: config.data_parallel_size,
-        role: crate::fleet::Role::Both,
-        bootstrap_port: None,
+        role: config.role,
+        bootstrap_port: config.bootstrap_port,
     })
 }
 
@@ -167,6 +167,8 @@ mod tests {
             kv_events_port: Some(5557),
             kv_replay_port: Some(5558),
             data_parallel_size: 1,
+            role: crate::fleet::Role::Both,
+            bootstrap_port: None,
             interval: Duration::from_secs(5),
         };
         let v4 = endpoint(&c, "10.1.2.3".parse().unwrap()).unwrap();

@@ -11,6 +11,9 @@
 //! balancing: a front door per rank); `internal` makes it one worker with N ranks behind its one
 //! HTTP port, each pinned by `X-data-parallel-rank` (`vllm serve --data-parallel-size N`,
 //! SGLang `--dp-size N`), whose events the router reads at the event ports plus the rank.
+//! `<prefix>role` (annotation, or a pod label of that name) gives a disaggregated pod's role,
+//! `prefill`, `decode` or `both` (the default), and `<prefix>bootstrap-port` a prefill pod's
+//! SGLang bootstrap port.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -18,8 +21,8 @@ use k8s_openapi::api::core::v1::Pod;
 use thiserror::Error;
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::config::{KubernetesDiscovery, MAX_WORKER_ID_BYTES, PortRef};
-use crate::fleet::{BaseUrl, WorkerSpec};
+use crate::config::{KubernetesDiscovery, MAX_WORKER_ID_BYTES, PortRef, check_role};
+use crate::fleet::{BaseUrl, Role, WorkerSpec};
 
 /// Largest data-parallel size taken from an annotation.
 pub const MAX_DATA_PARALLEL: u16 = 256;
@@ -136,6 +139,7 @@ pub fn workers_of(
         })
     };
     let zmq = |p: u16| format!("tcp://{}", SocketAddr::new(ip, p));
+    let (role, bootstrap_port) = disaggregation(pod, config, &annotation, &port)?;
     let internal = match annotation("data-parallel-lb") {
         None => false,
         Some((_, v)) if v == "external" => false,
@@ -163,8 +167,8 @@ pub fn workers_of(
             kv_replay: replay.map(zmq),
             kv_blocks: None,
             data_parallel_size: u32::from(ranks),
-            role: crate::fleet::Role::Both,
-            bootstrap_port: None,
+            role,
+            bootstrap_port,
         }]);
     }
     let mut workers = Vec::with_capacity(ranks as usize);
@@ -181,11 +185,48 @@ pub fn workers_of(
             kv_replay: replay.map(|p| offset(p, rank)).transpose()?.map(zmq),
             kv_blocks: None,
             data_parallel_size: 1,
-            role: crate::fleet::Role::Both,
-            bootstrap_port: None,
+            role,
+            bootstrap_port,
         });
     }
     Ok(workers)
+}
+
+/// The pod's disaggregation role — the annotation `<prefix>role`, else the pod label of that
+/// name (`prefill`, `decode` or `both`, the default) — and its SGLang bootstrap port
+/// (`<prefix>bootstrap-port`: a number or a container port's name).
+fn disaggregation(
+    pod: &Pod,
+    config: &KubernetesDiscovery,
+    annotation: &dyn Fn(&str) -> Option<(String, String)>,
+    port: &dyn Fn(&str, &PortRef) -> Result<Option<u16>, NotAWorker>,
+) -> Result<(Role, Option<u16>), NotAWorker> {
+    let key = format!("{}role", config.annotation_prefix);
+    let given = annotation("role").or_else(|| {
+        let value = pod.metadata.labels.as_ref()?.get(&key)?.trim().to_owned();
+        Some((key.clone(), value))
+    });
+    let role = match given {
+        None => Role::Both,
+        Some((key, value)) => value.parse().map_err(|_| NotAWorker::BadAnnotation {
+            key,
+            value,
+            why: "is not a role: prefill, decode or both",
+        })?,
+    };
+    let bootstrap = match annotation("bootstrap-port") {
+        None => None,
+        Some(_) => port("bootstrap-port", &PortRef::Number(0))?,
+    };
+    if let Err(e) = check_role(role, bootstrap) {
+        tracing::debug!(error = %e, "pod annotations");
+        return Err(NotAWorker::BadAnnotation {
+            key: format!("{}bootstrap-port", config.annotation_prefix),
+            value: bootstrap.map(|p| p.to_string()).unwrap_or_default(),
+            why: "is given for a decode-only pod: only a prefill pod runs a bootstrap server",
+        });
+    }
+    Ok((role, bootstrap))
 }
 
 /// The port of the container port named `name`, in any container of the pod.
@@ -386,5 +427,41 @@ mod tests {
         assert!(a.len() <= MAX_WORKER_ID_BYTES && b.len() <= MAX_WORKER_ID_BYTES);
         assert_ne!(a, b);
         assert_eq!(a, worker_id("ns", &"a".repeat(253), ""), "stable");
+    }
+
+    #[test]
+    fn roles_come_from_an_annotation_or_a_label() {
+        let p = annotate(
+            pod("p", "10.0.0.5", true, PORTS),
+            &[("role", "prefill"), ("bootstrap-port", "8998")],
+        );
+        let w = workers_of(&p, "n", &config()).unwrap();
+        assert_eq!(
+            (w[0].role, w[0].bootstrap_port),
+            (Role::Prefill, Some(8998))
+        );
+        let mut labelled = pod("p", "10.0.0.5", true, PORTS);
+        labelled.metadata.labels = Some(BTreeMap::from([(
+            "kvroute.io/role".to_owned(),
+            "decode".to_owned(),
+        )]));
+        let w = workers_of(&labelled, "n", &config()).unwrap();
+        assert_eq!((w[0].role, w[0].bootstrap_port), (Role::Decode, None));
+        let plain = workers_of(&pod("p", "10.0.0.5", true, PORTS), "n", &config()).unwrap();
+        assert_eq!(plain[0].role, Role::Both);
+        for kv in [
+            &[("role", "mixed")][..],
+            &[("role", "decode"), ("bootstrap-port", "8998")],
+            &[("role", "prefill"), ("bootstrap-port", "0")],
+        ] {
+            let bad = annotate(pod("p", "10.0.0.5", true, PORTS), kv);
+            assert!(
+                matches!(
+                    workers_of(&bad, "n", &config()),
+                    Err(NotAWorker::BadAnnotation { .. })
+                ),
+                "{kv:?}"
+            );
+        }
     }
 }

@@ -12,12 +12,14 @@ use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode};
 use serde_json::Value;
 
+use super::bootstrap::Rooms;
 use super::core::AddError;
 use super::driver::{EngineClient, RequestStream, SubmitError};
+use super::kv_transfer::Transfers;
 use super::metrics::EngineMetrics;
-use super::request::RequestStats;
+use super::request::{Handoff, RequestStats};
 use super::responses::Usage;
-use crate::fleet::DP_RANK_HEADER;
+use crate::fleet::{DP_RANK_HEADER, Role};
 use crate::openai::{ApiError, Input, Prompt, RequestView};
 use crate::tokens::{ModelTokens, TokenError};
 
@@ -50,6 +52,12 @@ pub struct AppState {
     pub responses: AtomicU64,
     /// Stored Responses API responses, by id (this engine's own: another engine has none).
     pub stored: Mutex<HashMap<String, Stored>>,
+    /// Which side of disaggregated requests it runs (`--role`).
+    pub role: Role,
+    /// vLLM-style hand-offs: its held prefills, and pulls from other engines.
+    pub transfers: Transfers,
+    /// SGLang-style hand-offs: its bootstrap rooms, and joins of other engines' rooms.
+    pub rooms: Rooms,
 }
 
 /// A stored response: what a later request continuing it needs, and the object `GET` returns.
@@ -169,6 +177,18 @@ pub(super) async fn submit(
     view: &RequestView,
     max_key: &str,
 ) -> Result<(RequestStream, usize, usize), ApiError> {
+    submit_as(state, headers, prompt, view, max_key, Handoff::Local).await
+}
+
+/// [`submit`] as a part of a disaggregated request (`handoff`, see `disaggregated`).
+pub(super) async fn submit_as(
+    state: &AppState,
+    headers: &HeaderMap,
+    prompt: Vec<u32>,
+    view: &RequestView,
+    max_key: &str,
+    handoff: Handoff,
+) -> Result<(RequestStream, usize, usize), ApiError> {
     let rank = choose_rank(state, headers)?;
     let max_tokens = match view.max_tokens {
         Some(0) => {
@@ -182,7 +202,7 @@ pub(super) async fn submit(
     };
     let salt = view.cache_salt.as_deref().map(Arc::from);
     let stream = state.clients[rank]
-        .submit(prompt, max_tokens, salt)
+        .submit_handoff(prompt, max_tokens, salt, handoff)
         .await
         .map_err(|e| match e {
             SubmitError::Rejected(e) => rejected(&e),

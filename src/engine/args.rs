@@ -11,6 +11,7 @@ use clap::Args;
 
 use super::core::EngineConfig;
 use super::timing::StepTiming;
+use super::transfer::{TransferError, TransferModel};
 
 /// The engine model core's flags; together with a seed they make an [`EngineConfig`].
 #[derive(Args, Clone, Debug, PartialEq)]
@@ -36,6 +37,61 @@ pub struct EngineCoreArgs {
     /// Step-time model coefficients.
     #[command(flatten)]
     pub timing: TimingArgs,
+    /// How long a decode engine takes to pull a prompt's KV from its prefill engine.
+    #[command(flatten)]
+    pub transfer: TransferArgs,
+}
+
+/// The KV transfer model's flags (see [`TransferModel`]): a prompt of t tokens takes
+/// latency + t × bytes per token ÷ bandwidth to reach its decode engine.
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct TransferArgs {
+    /// Bytes of one token's KV cache (2 × layers × KV heads × head size × dtype bytes;
+    /// default Qwen3-8B in bf16).
+    #[arg(long, default_value_t = 147_456, value_parser = clap::value_parser!(u64).range(1..))]
+    pub kv_bytes_per_token: u64,
+    /// Effective bandwidth between a prefill and a decode engine, GB/s (10⁹ bytes a second).
+    #[arg(long, default_value_t = 25.0, value_name = "GB_PER_S", value_parser = positive)]
+    pub kv_transfer_bandwidth: f64,
+    /// Fixed cost of one transfer, ms.
+    #[arg(long, default_value_t = 1.0, value_name = "MS", value_parser = non_negative)]
+    pub kv_transfer_latency_ms: f64,
+}
+
+impl Default for TransferArgs {
+    fn default() -> Self {
+        let t = TransferModel::default();
+        TransferArgs {
+            kv_bytes_per_token: t.bytes_per_token(),
+            kv_transfer_bandwidth: t.bandwidth_bytes_per_s() / 1e9,
+            kv_transfer_latency_ms: t.latency_s() * 1e3,
+        }
+    }
+}
+
+impl TransferArgs {
+    /// The transfer model these flags describe.
+    pub fn model(&self) -> Result<TransferModel, TransferError> {
+        TransferModel::try_new(
+            self.kv_bytes_per_token,
+            self.kv_transfer_bandwidth * 1e9,
+            self.kv_transfer_latency_ms / 1e3,
+        )
+    }
+}
+
+fn positive(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("`{s}` is not a positive number")),
+    }
+}
+
+fn non_negative(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("`{s}` is not a number of at least 0")),
+    }
 }
 
 impl Default for EngineCoreArgs {
@@ -50,6 +106,7 @@ impl Default for EngineCoreArgs {
             max_model_len: c.max_model_len,
             engine_speedup: c.timing.speedup,
             timing: TimingArgs::default(),
+            transfer: TransferArgs::default(),
         }
     }
 }
@@ -66,6 +123,9 @@ impl EngineCoreArgs {
             max_model_len: self.max_model_len,
             timing: self.timing.step_timing(self.engine_speedup),
             seed,
+            // The flags' parsers admit only values the model takes; a struct built in code
+            // with others gets the default link.
+            transfer: self.transfer.model().unwrap_or_default(),
             ..EngineConfig::default()
         }
     }

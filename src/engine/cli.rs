@@ -7,10 +7,14 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Args;
 
+use std::time::Duration;
+
 use super::args::EngineCoreArgs;
 use super::core::EngineConfig;
+use super::disaggregated::DEFAULT_BOOTSTRAP_WAIT;
 use super::events::{KvEventSink, NoEvents};
 use super::server::{ServeConfig, start};
+use crate::fleet::Role;
 use crate::fleet::rank::rank_endpoint;
 use crate::kv_events::{Layout, Publisher, PublisherConfig};
 use crate::tokens::model::DEFAULT_CACHE_UNITS;
@@ -63,6 +67,31 @@ pub struct EngineArgs {
     /// events port plus N (and replays on the replay port plus N).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=i64::from(crate::fleet::MAX_DATA_PARALLEL_SIZE)))]
     pub data_parallel_size: u32,
+    /// Which side of disaggregated requests it runs: prefill (answers vLLM's
+    /// `kv_transfer_params.do_remote_decode` and SGLang's bootstrap rooms), decode (pulls a
+    /// prefill's KV, named by `do_remote_prefill` parameters or a bootstrap room, over HTTP
+    /// after --kv-transfer-* time) or both (whole requests, and either side of vLLM's).
+    #[arg(long, default_value = "both", value_parser = parse_role)]
+    pub role: Role,
+    /// Port of the SGLang-style bootstrap server a prefill engine runs (decode engines join
+    /// its rooms there; SGLang's default is 8998); none without it. 0 picks a free port.
+    #[arg(long)]
+    pub bootstrap_port: Option<u16>,
+    /// How long a prefill's room waits for its decode, and a decode for its prefill, seconds.
+    #[arg(long, default_value_t = 30.0, value_parser = positive_seconds)]
+    pub bootstrap_wait_s: f64,
+}
+
+fn parse_role(s: &str) -> Result<Role, String> {
+    s.parse()
+        .map_err(|e: crate::fleet::UnknownRole| e.to_string())
+}
+
+fn positive_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("`{s}` is not a positive number of seconds")),
+    }
 }
 
 impl Default for EngineArgs {
@@ -82,6 +111,9 @@ impl Default for EngineArgs {
             tokenizer: "builtin".into(),
             default_max_tokens: 16,
             data_parallel_size: 1,
+            role: Role::Both,
+            bootstrap_port: None,
+            bootstrap_wait_s: DEFAULT_BOOTSTRAP_WAIT.as_secs_f64(),
         }
     }
 }
@@ -184,6 +216,9 @@ impl EngineArgs {
             rank_events: (1..self.data_parallel_size)
                 .map(|rank| self.rank_event_sink(rank))
                 .collect::<anyhow::Result<_>>()?,
+            role: self.role,
+            bootstrap_port: self.bootstrap_port,
+            bootstrap_wait: Duration::from_secs_f64(self.bootstrap_wait_s),
         })
     }
 }

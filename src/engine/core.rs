@@ -5,16 +5,24 @@
 //! reads a clock or does I/O, so the HTTP face runs it in real time and `sim` runs many of them
 //! in virtual time with the same results. Generated token ids are a pure function of the seed,
 //! the request id and the token's position, so runs are reproducible whatever the batching.
+//!
+//! Prefill/decode disaggregation is a property of requests, not of the engine (an engine
+//! whose KV connector is `kv_both` serves all three kinds, as vLLM's does): a
+//! [`Handoff::ToDecode`] prefill finishes after one token and holds its prompt's blocks for
+//! the decode engine ([`super::held`]); a [`Handoff::FromPrefill`] request pulls its prompt's
+//! KV over the engine's [`TransferModel`] link and then only decodes (see [`super::scheduler`]).
 
 use std::sync::Arc;
 
 use thiserror::Error;
 
 use super::block_hash::EngineHasher;
+use super::held::HeldBlocks;
 use super::kv_cache::KvCache;
-use super::request::{FinishReason, Request, RequestId, RequestStats};
+use super::request::{FinishReason, Handoff, Request, RequestId, RequestStats};
 use super::scheduler::{Scheduler, SchedulerLimits};
 use super::timing::{StepTiming, StepWork};
+use super::transfer::{KvPull, TransferModel};
 use crate::kv_events::KvEvent;
 
 /// Shape and behaviour of one simulated engine.
@@ -36,6 +44,11 @@ pub struct EngineConfig {
     pub seed: u64,
     /// Generated token ids are below this.
     pub vocab_size: u32,
+    /// The link prompts' KV is pulled over when this engine decodes for a prefill engine.
+    pub transfer: TransferModel,
+    /// Seconds a finished prefill holds its blocks for a decode engine that never pulls them
+    /// (vLLM's `VLLM_NIXL_ABORT_REQUEST_TIMEOUT`, 480 s).
+    pub kv_hold_timeout_s: f64,
 }
 
 impl Default for EngineConfig {
@@ -49,6 +62,8 @@ impl Default for EngineConfig {
             timing: StepTiming::default(),
             seed: 0,
             vocab_size: 32_000,
+            transfer: TransferModel::default(),
+            kv_hold_timeout_s: 480.0,
         }
     }
 }
@@ -70,6 +85,9 @@ pub enum ConfigError {
     /// `speedup` is not a positive finite number.
     #[error("speedup must be a positive number")]
     Speedup,
+    /// `kv_hold_timeout_s` is not a positive finite number.
+    #[error("the KV hold timeout must be a positive number of seconds")]
+    HoldTimeout,
 }
 
 impl EngineConfig {
@@ -100,6 +118,9 @@ impl EngineConfig {
         }
         if !(self.timing.speedup.is_finite() && self.timing.speedup > 0.0) {
             return Err(ConfigError::Speedup);
+        }
+        if !(self.kv_hold_timeout_s.is_finite() && self.kv_hold_timeout_s > 0.0) {
+            return Err(ConfigError::HoldTimeout);
         }
         Ok(())
     }
@@ -141,6 +162,43 @@ pub enum AddError {
     },
 }
 
+/// A request to add, with its part in prefill/decode disaggregation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewRequest {
+    /// Unique among the engine's live requests and held prefills.
+    pub id: RequestId,
+    /// Prompt token ids.
+    pub prompt: Vec<u32>,
+    /// Output tokens to generate (a [`Handoff::ToDecode`] prefill generates one, whatever
+    /// this says: vLLM's proxy sends it `max_tokens` 1).
+    pub max_output_tokens: usize,
+    /// When it arrived, engine seconds.
+    pub arrival: f64,
+    /// Its blocks are shared only with requests of the same salt.
+    pub cache_salt: Option<Arc<str>>,
+    /// Local, a prefill for a remote decode, or a decode of a remote prefill.
+    pub handoff: Handoff,
+}
+
+impl NewRequest {
+    /// A plain (aggregated) request.
+    pub fn local(id: RequestId, prompt: Vec<u32>, max_output_tokens: usize, arrival: f64) -> Self {
+        NewRequest {
+            id,
+            prompt,
+            max_output_tokens,
+            arrival,
+            cache_salt: None,
+            handoff: Handoff::Local,
+        }
+    }
+
+    /// The same request with `handoff`.
+    pub fn with_handoff(self, handoff: Handoff) -> Self {
+        NewRequest { handoff, ..self }
+    }
+}
+
 /// One generated token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TokenEvent {
@@ -173,6 +231,12 @@ pub struct StepOutcome {
     pub preempted: Vec<RequestId>,
     /// KV-cache events, in order.
     pub kv_events: Vec<KvEvent>,
+    /// KV transfers started while planning the step (at `start`).
+    pub pulls: Vec<KvPull>,
+    /// Pulled requests whose KV had arrived and that run from this step on.
+    pub landed: Vec<RequestId>,
+    /// Finished prefills whose held blocks expired unpulled (freed at `start`).
+    pub expired: Vec<RequestId>,
 }
 
 /// Totals over the engine's life.
@@ -200,6 +264,14 @@ pub struct EngineCounters {
     pub finished: u64,
     /// Requests aborted.
     pub aborted: u64,
+    /// KV transfers started (decode side).
+    pub pulls: u64,
+    /// Prompt tokens whose KV was pulled (decode side).
+    pub transferred_tokens: u64,
+    /// Finished prefills whose blocks were released after their pull (prefill side).
+    pub held_released: u64,
+    /// Finished prefills whose blocks expired unpulled (prefill side).
+    pub held_expired: u64,
 }
 
 /// One simulated engine.
@@ -210,6 +282,7 @@ pub struct EngineCore {
     scheduler: Scheduler,
     hasher: EngineHasher,
     counters: EngineCounters,
+    held: HeldBlocks,
 }
 
 impl EngineCore {
@@ -218,12 +291,16 @@ impl EngineCore {
         config.validate()?;
         Ok(EngineCore {
             cache: KvCache::new(config.num_blocks, config.block_size),
-            scheduler: Scheduler::new(SchedulerLimits {
-                max_num_seqs: config.max_num_seqs,
-                max_num_batched_tokens: config.max_num_batched_tokens,
-            }),
+            scheduler: Scheduler::with_transfer(
+                SchedulerLimits {
+                    max_num_seqs: config.max_num_seqs,
+                    max_num_batched_tokens: config.max_num_batched_tokens,
+                },
+                config.transfer,
+            ),
             hasher: EngineHasher::new(config.seed),
             counters: EngineCounters::default(),
+            held: HeldBlocks::default(),
             config,
         })
     }
@@ -253,7 +330,27 @@ impl EngineCore {
         arrival: f64,
         cache_salt: Option<Arc<str>>,
     ) -> Result<(), AddError> {
-        if self.scheduler.contains(id) {
+        self.add(NewRequest {
+            id,
+            prompt,
+            max_output_tokens,
+            arrival,
+            cache_salt,
+            handoff: Handoff::Local,
+        })
+    }
+
+    /// Queues a request of any [`Handoff`] kind.
+    pub fn add(&mut self, new: NewRequest) -> Result<(), AddError> {
+        let NewRequest {
+            id,
+            prompt,
+            max_output_tokens,
+            arrival,
+            cache_salt,
+            handoff,
+        } = new;
+        if self.scheduler.contains(id) || self.held.contains(id) {
             return Err(AddError::Duplicate(id));
         }
         if prompt.is_empty() {
@@ -262,6 +359,10 @@ impl EngineCore {
         if max_output_tokens == 0 {
             return Err(AddError::NoOutput);
         }
+        let max_output_tokens = match handoff {
+            Handoff::ToDecode => 1,
+            Handoff::Local | Handoff::FromPrefill => max_output_tokens,
+        };
         let limit = self.config.max_model_len();
         if prompt.len().saturating_add(max_output_tokens) > limit {
             return Err(AddError::TooLong {
@@ -278,7 +379,8 @@ impl EngineCore {
             cache_salt,
             &self.hasher,
             self.config.block_size,
-        );
+        )
+        .with_handoff(handoff);
         self.scheduler.add(req);
         Ok(())
     }
@@ -290,9 +392,39 @@ impl EngineCore {
         Some(req.stats(now, FinishReason::Aborted))
     }
 
-    /// Whether any request is live.
+    /// Whether any request is live (running, waiting or pulling its KV). Held prefills are
+    /// not work: they finished.
     pub fn has_work(&self) -> bool {
-        self.scheduler.num_running() + self.scheduler.num_waiting() > 0
+        self.scheduler.num_running() + self.scheduler.num_waiting() + self.scheduler.num_pulling()
+            > 0
+    }
+
+    /// When something changes without a new request: the earliest KV transfer completes or a
+    /// held prefill expires. A driver whose step scheduled nothing sleeps until then (or the
+    /// next command).
+    pub fn next_wakeup(&self) -> Option<f64> {
+        [self.scheduler.next_ready_at(), self.held.next_expiry()]
+            .into_iter()
+            .flatten()
+            .min_by(f64::total_cmp)
+    }
+
+    /// The decode side pulled finished prefill `id`'s KV: its blocks are released (they stay
+    /// in the prefix cache). Whether they were held.
+    pub fn release_held(&mut self, id: RequestId) -> bool {
+        let released = self.held.release(id, &mut self.cache);
+        self.counters.held_released += u64::from(released);
+        released
+    }
+
+    /// Finished prefills whose blocks are held for a decode engine.
+    pub fn num_held(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Requests admitted that wait for their KV transfer.
+    pub fn num_pulling(&self) -> usize {
+        self.scheduler.num_pulling()
     }
 
     /// Requests in the running set.
@@ -300,9 +432,10 @@ impl EngineCore {
         self.scheduler.num_running()
     }
 
-    /// Requests waiting.
+    /// Requests waiting, including those waiting for their KV transfer (vLLM keeps them in
+    /// its waiting queue, so they count in `vllm:num_requests_waiting`).
     pub fn num_waiting(&self) -> usize {
-        self.scheduler.num_waiting()
+        self.scheduler.num_waiting() + self.scheduler.num_pulling()
     }
 
     /// Fraction of KV blocks in use.
@@ -341,12 +474,20 @@ impl EngineCore {
 
     /// Runs one step starting at `now`.
     pub fn step(&mut self, now: f64) -> StepOutcome {
+        let expired = self.held.expire(now, &mut self.cache);
+        self.counters.held_expired += expired.len() as u64;
         let batch = self.scheduler.schedule(&mut self.cache, now);
+        self.counters.pulls += batch.pulls.len() as u64;
+        self.counters.transferred_tokens +=
+            batch.pulls.iter().map(|p| p.tokens as u64).sum::<u64>();
         let mut out = StepOutcome {
             start: now,
             end: now,
             num_scheduled: batch.scheduled.len(),
             preempted: batch.preempted,
+            pulls: batch.pulls,
+            landed: batch.landed,
+            expired,
             ..StepOutcome::default()
         };
         self.counters.preemptions += out.preempted.len() as u64;
@@ -401,10 +542,18 @@ impl EngineCore {
         }
         self.counters.generated_tokens += out.tokens.len() as u64;
         for id in done {
-            if let Some(req) = self.scheduler.remove(id, &mut self.cache) {
-                self.counters.finished += 1;
-                out.finished.push(req.stats(out.end, FinishReason::Length));
+            let Some(mut req) = self.scheduler.take(id) else {
+                continue;
+            };
+            if req.handoff == Handoff::ToDecode {
+                let table = std::mem::take(&mut req.table);
+                let expires = out.end + self.config.kv_hold_timeout_s;
+                self.held.hold(id, table, expires);
+            } else {
+                self.cache.free(&mut req.table);
             }
+            self.counters.finished += 1;
+            out.finished.push(req.stats(out.end, FinishReason::Length));
         }
         out.kv_events = self.cache.take_events();
         out
@@ -426,3 +575,7 @@ pub fn sample_token(seed: u64, id: RequestId, index: usize, vocab: u32) -> u32 {
 #[cfg(test)]
 #[path = "core_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "handoff_tests.rs"]
+mod handoff_tests;

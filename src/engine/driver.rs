@@ -19,10 +19,10 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::core::{AddError, EngineCore, StepOutcome};
+use super::core::{AddError, EngineCore, NewRequest, StepOutcome};
 use super::events::{KvEventSink, batch};
 use super::metrics::EngineMetrics;
-use super::request::{RequestId, RequestStats};
+use super::request::{Handoff, RequestId, RequestStats};
 
 /// How far the real clock may run ahead of the model before the model jumps to it.
 const SLACK: f64 = 0.002;
@@ -48,11 +48,23 @@ enum Command {
         prompt: Vec<u32>,
         max_tokens: usize,
         cache_salt: Option<Arc<str>>,
+        handoff: Handoff,
         events: mpsc::UnboundedSender<RequestEvent>,
         accepted: oneshot::Sender<Result<(), AddError>>,
     },
     Abort(RequestId),
+    ReleaseHeld(RequestId, oneshot::Sender<bool>),
     ResetPrefixCache(oneshot::Sender<bool>),
+}
+
+/// What ended an idle wait of the engine task.
+enum Wake {
+    /// A command arrived (handled by the caller).
+    Command(Command),
+    /// A KV transfer completed or a held prefill expired: time to step.
+    Timer,
+    /// Shutdown, or every client is gone.
+    Stop,
 }
 
 /// Why a request could not be submitted.
@@ -64,6 +76,26 @@ pub enum SubmitError {
     /// The engine task has stopped.
     #[error("the engine is shutting down")]
     Stopped,
+}
+
+/// Waits for a command, or until `wakeup` (the engine task holds a `dyn KvEventSink`, which is
+/// not `Sync`, so this borrows nothing of it).
+async fn idle(
+    rx: &mut mpsc::UnboundedReceiver<Command>,
+    shutdown: &CancellationToken,
+    wakeup: Option<Instant>,
+) -> Wake {
+    let timer = async {
+        match wakeup {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        cmd = rx.recv() => cmd.map_or(Wake::Stop, Wake::Command),
+        _ = timer => Wake::Timer,
+        _ = shutdown.cancelled() => Wake::Stop,
+    }
 }
 
 /// A cheap, cloneable handle to the engine task.
@@ -121,6 +153,22 @@ impl EngineClient {
         max_tokens: usize,
         cache_salt: Option<Arc<str>>,
     ) -> Result<RequestStream, SubmitError> {
+        self.submit_handoff(prompt, max_tokens, cache_salt, Handoff::Local)
+            .await
+    }
+
+    /// Queues a request of a prefill/decode hand-off kind and returns its event stream: a
+    /// [`Handoff::ToDecode`] prefill streams its one token and finishes, its blocks held
+    /// until [`EngineClient::release_held`] (or the engine's hold timeout); a
+    /// [`Handoff::FromPrefill`] request streams its tokens once its KV has been pulled over the
+    /// engine's transfer model.
+    pub async fn submit_handoff(
+        &self,
+        prompt: Vec<u32>,
+        max_tokens: usize,
+        cache_salt: Option<Arc<str>>,
+        handoff: Handoff,
+    ) -> Result<RequestStream, SubmitError> {
         let id = RequestId(self.next_id.fetch_add(1, Ordering::Relaxed));
         let (events, rx) = mpsc::unbounded_channel();
         let (accepted, ok) = oneshot::channel();
@@ -130,6 +178,7 @@ impl EngineClient {
                 prompt,
                 max_tokens,
                 cache_salt,
+                handoff,
                 events,
                 accepted,
             })
@@ -148,6 +197,16 @@ impl EngineClient {
     /// Requests submitted through this engine's clients whose streams are still open.
     pub fn active(&self) -> u64 {
         self.active.load(Ordering::Relaxed)
+    }
+
+    /// The decode side has pulled finished prefill `id`'s KV: its held blocks are released.
+    /// Whether they were held (false for an unknown id, or after the hold expired).
+    pub async fn release_held(&self, id: RequestId) -> Result<bool, SubmitError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Command::ReleaseHeld(id, tx))
+            .map_err(|_| SubmitError::Stopped)?;
+        rx.await.map_err(|_| SubmitError::Stopped)
     }
 
     /// Empties the prefix cache if no request holds blocks; whether it did.
@@ -221,16 +280,15 @@ impl Driver {
                 }
             }
             if !self.core.has_work() {
-                tokio::select! {
-                    cmd = rx.recv() => match cmd {
-                        Some(cmd) => {
-                            t = self.now();
-                            self.handle(cmd, t);
-                            continue;
-                        }
-                        None => return,
-                    },
-                    _ = shutdown.cancelled() => return,
+                match idle(&mut rx, &shutdown, self.wakeup_after(t)).await {
+                    Wake::Command(cmd) => {
+                        t = self.now();
+                        self.handle(cmd, t);
+                        continue;
+                    }
+                    // A held prefill expired: the step frees its blocks.
+                    Wake::Timer => t = self.now(),
+                    Wake::Stop => return,
                 }
             }
             let before = self.core.counters();
@@ -243,13 +301,15 @@ impl Driver {
                     continue;
                 }
                 // Nothing fits right now (cannot persist: admission guarantees every request
-                // fits alone); wait for a command rather than spin.
-                tokio::select! {
-                    cmd = rx.recv() => match cmd {
-                        Some(cmd) => { t = self.now(); self.handle(cmd, t); }
-                        None => return,
-                    },
-                    _ = shutdown.cancelled() => return,
+                // fits alone), or only KV transfers are running; wait for a command or for the
+                // next transfer to land rather than spin.
+                match idle(&mut rx, &shutdown, self.wakeup_after(t)).await {
+                    Wake::Command(cmd) => {
+                        t = self.now();
+                        self.handle(cmd, t);
+                    }
+                    Wake::Timer => t = self.now(),
+                    Wake::Stop => return,
                 }
                 continue;
             }
@@ -263,6 +323,12 @@ impl Driver {
             self.deliver(out);
             t = self.now();
         }
+    }
+
+    /// The core's next wake-up (a transfer landing, a hold expiring) if it is after `t`.
+    fn wakeup_after(&self, t: f64) -> Option<Instant> {
+        let w = self.core.next_wakeup().filter(|&w| w > t)?;
+        Some(self.start + Duration::from_secs_f64(w))
     }
 
     /// The start time of the next step or the stamp of an arrival.
@@ -282,18 +348,27 @@ impl Driver {
                 prompt,
                 max_tokens,
                 cache_salt,
+                handoff,
                 events,
                 accepted,
             } => {
-                let r = self
-                    .core
-                    .add_salted_request(id, prompt, max_tokens, now, cache_salt);
+                let r = self.core.add(NewRequest {
+                    id,
+                    prompt,
+                    max_output_tokens: max_tokens,
+                    arrival: now,
+                    cache_salt,
+                    handoff,
+                });
                 if r.is_ok() {
                     self.streams.insert(id, events);
                 }
                 let _ = accepted.send(r);
             }
             Command::Abort(id) => self.abort(id, now),
+            Command::ReleaseHeld(id, reply) => {
+                let _ = reply.send(self.core.release_held(id));
+            }
             Command::ResetPrefixCache(reply) => {
                 let ok = self.core.reset_prefix_cache();
                 let events = self.core.take_kv_events();

@@ -22,7 +22,8 @@ use axum::routing::{get, post};
 use futures_util::stream::{self, Stream};
 use serde_json::{Value, json};
 
-use super::app::{parse_body, prompt_tokens, submit, unavailable, unix_now, usage_of};
+use super::app::{parse_body, prompt_tokens, submit_as, unavailable, unix_now, usage_of};
+use super::disaggregated::{Part, Refusal, part_of, transfer_failed};
 use super::driver::{RequestEvent, RequestStream};
 use super::responses::{ResponseShape, token_text};
 use super::{audio, pooling, responses_api, tokenize};
@@ -54,6 +55,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/audio/transcriptions", post(audio::transcriptions))
         .route("/metrics", get(metrics))
         .route("/reset_prefix_cache", post(reset_prefix_cache))
+        .route(
+            super::kv_transfer::PULL_PATH,
+            post(super::kv_transfer::pull),
+        )
         .fallback(not_found)
         .with_state(state)
 }
@@ -96,17 +101,49 @@ async fn generate(
         ));
     }
     let prompt = prompt_tokens(&state, &view)?;
-    let (stream, max_tokens, rank) = submit(&state, headers, prompt, &view, "max_tokens").await?;
+    let prompt_len = prompt.len();
+    let part = match part_of(&state, &value, prompt_len).await {
+        Ok(part) => part,
+        Err(Refusal::Invalid(e)) => return Err(e),
+        Err(Refusal::Transfer(why)) => return Ok(transfer_failed(&why, view.stream)),
+    };
+    let submitted = submit_as(&state, headers, prompt, &view, "max_tokens", part.handoff()).await;
+    if let (Err(_), Part::PrefillForRoom(room)) = (&submitted, part) {
+        state.rooms.close(room);
+    }
+    let (stream, max_tokens, rank) = submitted?;
     let shape = ResponseShape::new(
         endpoint,
         state.responses.fetch_add(1, Ordering::Relaxed),
         unix_now(),
         &state.model,
     );
-    let mut response = if view.stream {
-        sse(shape, stream, max_tokens, view.include_usage).into_response()
-    } else {
-        collect(shape, stream).await?
+    let id = stream.id();
+    let mut response = match part {
+        Part::PrefillForRoom(room) => {
+            // The room is ready once the prefill is done: answered whole, then as asked.
+            let ready = || {
+                state.rooms.ready(room, rank, id, prompt_len);
+                None
+            };
+            let answer = collect(shape.clone(), stream, ready).await;
+            if answer.is_err() {
+                state.rooms.close(room);
+            }
+            let answer = answer?;
+            if view.stream {
+                one_event_stream(&shape, answer).await
+            } else {
+                answer
+            }
+        }
+        Part::PrefillForParams if !view.stream => {
+            let block_size = state.tokens.block_size();
+            let params = || Some(state.transfers.issue(rank, id, prompt_len, block_size));
+            collect(shape, stream, params).await?
+        }
+        _ if view.stream => sse(shape, stream, max_tokens, view.include_usage).into_response(),
+        _ => collect(shape, stream, || None).await?,
     };
     response
         .headers_mut()
@@ -114,14 +151,22 @@ async fn generate(
     Ok(response)
 }
 
-/// Waits for the whole output; dropping this future (client gone) aborts the request.
-async fn collect(shape: ResponseShape, mut stream: RequestStream) -> Result<Response, ApiError> {
+/// Waits for the whole output; dropping this future (client gone) aborts the request. When it
+/// finishes, `after` runs, and what it returns is the answer's `kv_transfer_params`.
+async fn collect(
+    shape: ResponseShape,
+    mut stream: RequestStream,
+    after: impl FnOnce() -> Option<Value>,
+) -> Result<Response, ApiError> {
     let mut text = String::new();
     loop {
         match stream.next().await {
             Some(RequestEvent::Token { token, .. }) => text.push_str(token_text(token)),
             Some(RequestEvent::Finished(stats)) => {
-                let body = shape.full(&text, stats.reason.as_str(), usage_of(&stats));
+                let mut body = shape.full(&text, stats.reason.as_str(), usage_of(&stats));
+                if let (Some(params), Some(map)) = (after(), body.as_object_mut()) {
+                    map.insert("kv_transfer_params".into(), params);
+                }
                 let mut resp = (
                     [(header::CONTENT_TYPE, "application/json")],
                     body.to_string(),
@@ -143,6 +188,26 @@ async fn collect(shape: ResponseShape, mut stream: RequestStream) -> Result<Resp
             None => return Err(unavailable()),
         }
     }
+}
+
+/// A whole answer (a prefill's one token) as the stream its client asked for: its choice as
+/// one chunk, then `[DONE]`.
+async fn one_event_stream(shape: &ResponseShape, answer: Response) -> Response {
+    let bytes = axum::body::to_bytes(answer.into_body(), 1 << 20)
+        .await
+        .unwrap_or_default();
+    let full: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    let text = full["choices"][0]["text"]
+        .as_str()
+        .or_else(|| full["choices"][0]["message"]["content"].as_str())
+        .unwrap_or_default();
+    let chunk = shape.token_chunk(text, Some("length"));
+    let mut resp = format!("data: {chunk}\n\ndata: [DONE]\n\n").into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    resp
 }
 
 /// Where an SSE response is.

@@ -203,9 +203,21 @@ impl KvCache {
             self.ref_cnt[b as usize] = 1;
             table.blocks.push(b);
         }
-        let full = (total.min(seq.tokens.len()) / self.block_size).min(seq.hashes.len());
-        self.commit(table, full, seq);
+        self.commit_tokens(table, total, seq);
         Ok(())
+    }
+
+    /// Commits the full blocks among `table`'s first `num_tokens` tokens to the prefix cache.
+    ///
+    /// [`KvCache::allocate`] commits what it schedules; blocks filled by a KV transfer are
+    /// allocated with no hashes in their view (nothing committed, since a request hitting them
+    /// before the data lands would read garbage) and committed here once the KV arrived, as
+    /// vLLM caches a remote prefill's blocks when its load finishes.
+    pub fn commit_tokens(&mut self, table: &mut BlockTable, num_tokens: usize, seq: SeqView<'_>) {
+        let full = (num_tokens.min(seq.tokens.len()) / self.block_size)
+            .min(seq.hashes.len())
+            .min(table.blocks.len());
+        self.commit(table, full, seq);
     }
 
     /// Drops `table`'s references; blocks that reach zero join the free queue, last block

@@ -5,7 +5,9 @@
 //! benchmarks here have no GPU. The engine is split so the same model serves everywhere:
 //!
 //! - the **model core** ([`EngineCore`]: [`scheduler`], [`kv_cache`], [`timing`]) is a pure
-//!   state machine driven by a clock it is given, so `sim` runs it in virtual time;
+//!   state machine driven by a clock it is given, so `sim` runs it in virtual time; its
+//!   prefill/decode hand-off is [`transfer`] (the KV's trip) and [`held`] (what the prefill
+//!   side keeps until it is pulled);
 //! - the **real-time face** ([`driver`], [`http`], [`server`]) runs that core on a tokio task
 //!   behind the OpenAI API, exposes vLLM's metrics and publishes KV events in vLLM's wire
 //!   format through a [`events::KvEventSink`].
@@ -14,13 +16,17 @@ pub mod app;
 pub mod args;
 pub mod audio;
 pub mod block_hash;
+pub mod bootstrap;
 pub mod cli;
 pub mod core;
+pub mod disaggregated;
 pub mod driver;
 pub mod events;
 pub mod free_queue;
+pub mod held;
 pub mod http;
 pub mod kv_cache;
+pub mod kv_transfer;
 pub mod metrics;
 pub mod pooling;
 pub mod request;
@@ -30,16 +36,19 @@ pub mod scheduler;
 pub mod server;
 pub mod timing;
 pub mod tokenize;
+pub mod transfer;
 
-pub use args::{EngineCoreArgs, TimingArgs};
+pub use args::{EngineCoreArgs, TimingArgs, TransferArgs};
 pub use block_hash::EngineHasher;
 pub use cli::{EngineArgs, run};
 pub use core::{
-    AddError, ConfigError, EngineConfig, EngineCore, EngineCounters, StepOutcome, TokenEvent,
+    AddError, ConfigError, EngineConfig, EngineCore, EngineCounters, NewRequest, StepOutcome,
+    TokenEvent,
 };
 pub use driver::{EngineClient, RequestEvent, RequestStream};
 pub use events::{ChannelSink, KvEventSink, NoEvents};
 pub use kv_cache::KvCache;
-pub use request::{FinishReason, RequestId, RequestStats};
+pub use request::{FinishReason, Handoff, RequestId, RequestStats};
 pub use server::{EngineHandle, ServeConfig, StartError, start};
 pub use timing::{StepTiming, StepWork};
+pub use transfer::{KvPull, KvShape, TransferError, TransferModel};

@@ -29,6 +29,54 @@ impl FinishReason {
     }
 }
 
+/// A request's part in prefill/decode disaggregation (vLLM's `kv_transfer_params`; SGLang's
+/// bootstrap fields).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Handoff {
+    /// Prefill and decode both here (an aggregated engine, or a `both` one serving a plain
+    /// request).
+    #[default]
+    Local,
+    /// Prefill here for a decode elsewhere (vLLM `do_remote_decode`): the request produces
+    /// exactly one token and finishes, and its prompt's blocks stay held until the decode
+    /// side has pulled them ([`crate::engine::EngineCore::release_held`]) or the hold times
+    /// out (`EngineConfig::kv_hold_timeout_s`, vLLM's `VLLM_NIXL_ABORT_REQUEST_TIMEOUT`).
+    ToDecode,
+    /// The prompt's KV was computed by a prefill engine and is pulled from it (vLLM
+    /// `do_remote_prefill`): the request takes KV blocks for its prompt when admitted, waits
+    /// for the transfer of what its own prefix cache lacks, then computes only the last prompt
+    /// token (in a decode step) and decodes.
+    FromPrefill,
+}
+
+impl Handoff {
+    /// Its name in reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Handoff::Local => "local",
+            Handoff::ToDecode => "to_decode",
+            Handoff::FromPrefill => "from_prefill",
+        }
+    }
+}
+
+/// Where a [`Handoff::FromPrefill`] request's KV transfer stands.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Pull {
+    /// No transfer: the request computes its own prompt.
+    None,
+    /// Not admitted yet: no blocks, no transfer.
+    Waiting,
+    /// Blocks taken and the transfer running; the KV is there at `ready_at`.
+    InFlight {
+        /// When the transfer completes, engine seconds.
+        ready_at: f64,
+    },
+    /// The KV arrived; after a preemption the request recomputes like any other (vLLM clears
+    /// `do_remote_prefill` once the KV is loaded).
+    Landed,
+}
+
 /// Everything a router could be judged by for one request; times in engine seconds.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RequestStats {
@@ -53,6 +101,12 @@ pub struct RequestStats {
     pub preemptions: u32,
     /// Why it ended.
     pub reason: FinishReason,
+    /// Its part in prefill/decode disaggregation.
+    pub handoff: Handoff,
+    /// Prompt tokens whose KV was pulled from a prefill engine.
+    pub transferred_tokens: usize,
+    /// When that KV arrived, if it was pulled.
+    pub kv_ready: Option<f64>,
 }
 
 impl RequestStats {
@@ -103,6 +157,14 @@ pub struct Request {
     pub cached_tokens: usize,
     /// Preemptions suffered.
     pub preemptions: u32,
+    /// Its part in prefill/decode disaggregation.
+    pub handoff: Handoff,
+    /// Its KV transfer, for a [`Handoff::FromPrefill`] request.
+    pub pull: Pull,
+    /// Prompt tokens pulled from the prefill engine.
+    pub transferred_tokens: usize,
+    /// When the pulled KV arrived.
+    pub kv_ready: Option<f64>,
 }
 
 impl Request {
@@ -135,6 +197,10 @@ impl Request {
             first_token: None,
             cached_tokens: 0,
             preemptions: 0,
+            handoff: Handoff::Local,
+            pull: Pull::None,
+            transferred_tokens: 0,
+            kv_ready: None,
         };
         r.extend_hashes(hasher, block_size);
         r
@@ -150,9 +216,30 @@ impl Request {
         self.tokens.len() - self.prompt_len
     }
 
-    /// Whether it is past its prompt and produces one token per step.
+    /// A request of `handoff`'s kind (a new request is [`Handoff::Local`]).
+    pub fn with_handoff(mut self, handoff: Handoff) -> Self {
+        self.handoff = handoff;
+        self.pull = match handoff {
+            Handoff::FromPrefill => Pull::Waiting,
+            Handoff::Local | Handoff::ToDecode => Pull::None,
+        };
+        self
+    }
+
+    /// Whether it produces one token per step: past its prompt, or a pulled prompt's last
+    /// token (one new token over KV that is there, the same work as a decode; vLLM recomputes
+    /// it so the decode side has its logits).
     pub fn is_decoding(&self) -> bool {
-        self.num_computed >= self.prompt_len && self.num_tokens() - self.num_computed == 1
+        let one_left = self.num_tokens() - self.num_computed == 1;
+        one_left && (self.num_computed >= self.prompt_len || self.pull == Pull::Landed)
+    }
+
+    /// When its pulled KV arrives, while the transfer runs.
+    pub fn ready_at(&self) -> Option<f64> {
+        match self.pull {
+            Pull::InFlight { ready_at } => Some(ready_at),
+            _ => None,
+        }
     }
 
     /// Appends a generated token (hashing a block it completes).
@@ -186,6 +273,9 @@ impl Request {
             output_tokens: self.output_len(),
             preemptions: self.preemptions,
             reason,
+            handoff: self.handoff,
+            transferred_tokens: self.transferred_tokens,
+            kv_ready: self.kv_ready,
         }
     }
 

@@ -11,11 +11,20 @@
 //! When a running request needs a block and none is free, the newest running request is
 //! preempted by recompute (vLLM's policy): its blocks are freed and it goes back to the front
 //! of the waiting queue with no computed tokens, keeping the tokens it already generated.
+//!
+//! A request whose prompt's KV comes from a prefill engine ([`Handoff::FromPrefill`]) is
+//! admitted in the same FIFO order when blocks for its whole prompt are free, but it takes no
+//! token budget and no running slot: it adopts its local cached prefix, starts pulling the
+//! rest (a [`KvPull`] ending at `now + transfer time`) and waits aside, as vLLM parks it in
+//! `WAITING_FOR_REMOTE_KVS`. At the first step planned at or after its KV arrived it joins
+//! the running set (while `max_num_seqs` allows) with all but its last prompt token computed,
+//! and that token runs as a decode.
 
 use std::collections::VecDeque;
 
-use super::kv_cache::{IdMap, KvCache};
-use super::request::{Request, RequestId};
+use super::kv_cache::{IdMap, KvCache, SeqView};
+use super::request::{Pull, Request, RequestId};
+use super::transfer::{KvPull, TransferModel};
 
 /// Limits of one step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,6 +63,10 @@ pub struct Batch {
     pub queried_blocks: usize,
     /// Of those, blocks found cached.
     pub hit_blocks: usize,
+    /// KV transfers started this step (requests admitted to wait for a prefill's KV).
+    pub pulls: Vec<KvPull>,
+    /// Requests whose pulled KV arrived and that joined the running set this step.
+    pub landed: Vec<RequestId>,
 }
 
 impl Batch {
@@ -69,17 +82,27 @@ pub struct Scheduler {
     limits: SchedulerLimits,
     waiting: VecDeque<RequestId>,
     running: Vec<RequestId>,
+    /// Admitted requests waiting for their KV transfer, in admission order.
+    pulling: Vec<RequestId>,
     requests: IdMap<RequestId, Request>,
+    transfer: TransferModel,
 }
 
 impl Scheduler {
     /// An empty scheduler.
     pub fn new(limits: SchedulerLimits) -> Self {
+        Self::with_transfer(limits, TransferModel::default())
+    }
+
+    /// An empty scheduler whose pulled prompts take `transfer`'s time to arrive.
+    pub fn with_transfer(limits: SchedulerLimits, transfer: TransferModel) -> Self {
         Scheduler {
             limits,
             waiting: VecDeque::new(),
             running: Vec::new(),
+            pulling: Vec::new(),
             requests: IdMap::default(),
+            transfer,
         }
     }
 
@@ -106,13 +129,22 @@ impl Scheduler {
 
     /// Removes a request from the queues and frees its blocks.
     pub fn remove(&mut self, id: RequestId, cache: &mut KvCache) -> Option<Request> {
-        let mut req = self.requests.remove(&id)?;
+        let mut req = self.take(id)?;
+        cache.free(&mut req.table);
+        Some(req)
+    }
+
+    /// Removes a request from the queues, keeping its blocks referenced by its table (a
+    /// prefill for a remote decode holds them until they are pulled).
+    pub fn take(&mut self, id: RequestId) -> Option<Request> {
+        let req = self.requests.remove(&id)?;
         if let Some(i) = self.running.iter().position(|&r| r == id) {
             self.running.remove(i);
         } else if let Some(i) = self.waiting.iter().position(|&r| r == id) {
             self.waiting.remove(i);
+        } else if let Some(i) = self.pulling.iter().position(|&r| r == id) {
+            self.pulling.remove(i);
         }
-        cache.free(&mut req.table);
         Some(req)
     }
 
@@ -124,6 +156,30 @@ impl Scheduler {
     /// Requests waiting (new or preempted).
     pub fn num_waiting(&self) -> usize {
         self.waiting.len()
+    }
+
+    /// Admitted requests whose KV transfer has not landed in the running set yet.
+    pub fn num_pulling(&self) -> usize {
+        self.pulling.len()
+    }
+
+    /// Pulling request ids, in admission order.
+    pub fn pulling(&self) -> &[RequestId] {
+        &self.pulling
+    }
+
+    /// When the earliest running KV transfer completes: the engine has nothing to do before
+    /// then if nothing else is live.
+    pub fn next_ready_at(&self) -> Option<f64> {
+        self.pulling
+            .iter()
+            .filter_map(|id| self.requests.get(id)?.ready_at())
+            .min_by(f64::total_cmp)
+    }
+
+    /// The transfer model pulled prompts follow.
+    pub fn transfer(&self) -> &TransferModel {
+        &self.transfer
     }
 
     /// Running request ids, oldest first.
@@ -140,6 +196,7 @@ impl Scheduler {
     pub fn schedule(&mut self, cache: &mut KvCache, now: f64) -> Batch {
         let mut batch = Batch::default();
         let mut budget = self.limits.max_num_batched_tokens;
+        self.land(cache, now, &mut batch);
         self.schedule_running(cache, &mut budget, &mut batch);
         if batch.preempted.is_empty() {
             self.schedule_waiting(cache, now, &mut budget, &mut batch);
@@ -212,6 +269,14 @@ impl Scheduler {
             let num_tokens = req.num_tokens();
             let hits = cache.cached_prefix(&req.hashes, num_tokens);
             let cached = hits.len() * cache.block_size();
+            if req.pull == Pull::Waiting {
+                if !Self::start_pull(req, cache, &hits, now, self.transfer, batch) {
+                    break;
+                }
+                self.waiting.pop_front();
+                self.pulling.push(id);
+                continue;
+            }
             let n = (num_tokens - cached).min(*budget);
             let (table, seq) = req.parts();
             if cache.allocate(table, &hits, cached, n, seq).is_err() {
@@ -235,6 +300,75 @@ impl Scheduler {
             *budget -= n;
             self.waiting.pop_front();
             self.running.push(id);
+        }
+    }
+
+    /// Admits a pulled request: blocks for its whole prompt (its local cached prefix
+    /// adopted, the rest left uncommitted until the KV lands) and the transfer of the rest.
+    /// `false`, changing nothing, when the blocks are not free.
+    fn start_pull(
+        req: &mut Request,
+        cache: &mut KvCache,
+        hits: &[u32],
+        now: f64,
+        transfer: TransferModel,
+        batch: &mut Batch,
+    ) -> bool {
+        let num_tokens = req.num_tokens();
+        let cached = hits.len() * cache.block_size();
+        let pulled = num_tokens - cached;
+        let (table, seq) = req.parts();
+        // No hashes in the view: the pulled blocks are not committed before their data is.
+        let unhashed = SeqView { hashes: &[], ..seq };
+        if cache
+            .allocate(table, hits, cached, pulled, unhashed)
+            .is_err()
+        {
+            return false;
+        }
+        let ready_at = now + transfer.time_for(pulled);
+        req.num_computed = cached;
+        req.first_scheduled.get_or_insert(now);
+        req.cached_tokens = cached;
+        req.transferred_tokens = pulled;
+        req.pull = Pull::InFlight { ready_at };
+        batch.queried_tokens += num_tokens;
+        batch.hit_tokens += cached;
+        batch.queried_blocks += num_tokens / cache.block_size();
+        batch.hit_blocks += hits.len();
+        batch.pulls.push(KvPull {
+            id: req.id,
+            tokens: pulled,
+            bytes: transfer.bytes_for(pulled),
+            start: now,
+            ready_at,
+        });
+        true
+    }
+
+    /// Moves every pulled request whose KV arrived by `now` into the running set, while
+    /// `max_num_seqs` allows, with its blocks committed and only its last prompt token left.
+    fn land(&mut self, cache: &mut KvCache, now: f64, batch: &mut Batch) {
+        let mut i = 0;
+        while i < self.pulling.len() && self.running.len() < self.limits.max_num_seqs {
+            let id = self.pulling[i];
+            let Some(req) = self.requests.get_mut(&id) else {
+                self.pulling.remove(i);
+                continue;
+            };
+            let Some(ready_at) = req.ready_at().filter(|&t| t <= now) else {
+                i += 1;
+                continue;
+            };
+            let prompt_len = req.prompt_len;
+            req.kv_ready = Some(ready_at);
+            req.pull = Pull::Landed;
+            req.num_computed = req.num_computed.max(prompt_len.saturating_sub(1));
+            let (table, seq) = req.parts();
+            cache.commit_tokens(table, prompt_len, seq);
+            self.pulling.remove(i);
+            self.running.push(id);
+            batch.landed.push(id);
         }
     }
 

@@ -7,6 +7,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+use std::time::Duration;
 
 use axum::serve::ListenerExt;
 use thiserror::Error;
@@ -14,12 +15,15 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::bootstrap::{self, Rooms};
 use super::core::{ConfigError, EngineConfig, EngineCore};
+use super::disaggregated::DEFAULT_BOOTSTRAP_WAIT;
 use super::driver::{self, EngineClient};
 use super::events::{KvEventSink, NoEvents};
 use super::http::{AppState, router};
+use super::kv_transfer::Transfers;
 use super::metrics::EngineMetrics;
-use crate::fleet::MAX_DATA_PARALLEL_SIZE;
+use crate::fleet::{MAX_DATA_PARALLEL_SIZE, Role};
 use crate::tokens::ModelTokens;
 
 /// Everything one engine instance needs.
@@ -41,6 +45,13 @@ pub struct ServeConfig {
     /// Where the KV events of ranks 1, 2, … go (vLLM publishes rank N's on the configured
     /// port plus N); a rank without one publishes nothing.
     pub rank_events: Vec<Box<dyn KvEventSink>>,
+    /// Which side of disaggregated requests it runs.
+    pub role: Role,
+    /// The port of its bootstrap server (SGLang-style prefill), on the HTTP listener's
+    /// address; 0 picks one; `None`: no bootstrap server.
+    pub bootstrap_port: Option<u16>,
+    /// How long a room waits for its other side.
+    pub bootstrap_wait: Duration,
 }
 
 impl ServeConfig {
@@ -54,6 +65,9 @@ impl ServeConfig {
             events: Box::new(NoEvents),
             data_parallel_size: 1,
             rank_events: Vec::new(),
+            role: Role::Both,
+            bootstrap_port: None,
+            bootstrap_wait: DEFAULT_BOOTSTRAP_WAIT,
         }
     }
 }
@@ -81,6 +95,7 @@ pub enum StartError {
 /// A running engine.
 pub struct EngineHandle {
     addr: SocketAddr,
+    bootstrap: Option<SocketAddr>,
     shutdown: CancellationToken,
     server: JoinHandle<std::io::Result<()>>,
     engines: Vec<JoinHandle<()>>,
@@ -92,6 +107,11 @@ impl EngineHandle {
     /// The HTTP address it serves on.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Where its bootstrap server listens, if it runs one.
+    pub fn bootstrap_addr(&self) -> Option<SocketAddr> {
+        self.bootstrap
     }
 
     /// A client of its (first rank's) engine task (submit requests without HTTP).
@@ -166,7 +186,30 @@ pub async fn start(config: ServeConfig, listener: TcpListener) -> Result<EngineH
         metrics: metrics.clone(),
         responses: AtomicU64::new(1),
         stored: std::sync::Mutex::new(std::collections::HashMap::new()),
+        role: config.role,
+        transfers: Transfers::new(
+            reachable_host(addr),
+            addr.port(),
+            Duration::from_secs_f64(config.core.kv_hold_timeout_s),
+        ),
+        rooms: Rooms::new(config.bootstrap_wait),
     });
+    let bootstrap = match config.bootstrap_port {
+        None => None,
+        Some(port) => {
+            let listener = TcpListener::bind(SocketAddr::new(addr.ip(), port)).await?;
+            let at = listener.local_addr()?;
+            let app = bootstrap::router(Arc::clone(&state));
+            let stop = shutdown.clone();
+            tokio::spawn(async move {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(stop.cancelled_owned())
+                    .await
+            });
+            tracing::info!(%at, "bootstrap server listening");
+            Some(at)
+        }
+    };
     let app = router(state);
     let stop = shutdown.clone();
     // One SSE chunk per token is a stream of tiny writes: without TCP_NODELAY, Nagle's
@@ -184,10 +227,21 @@ pub async fn start(config: ServeConfig, listener: TcpListener) -> Result<EngineH
     tracing::info!(%addr, "engine listening");
     Ok(EngineHandle {
         addr,
+        bootstrap,
         shutdown,
         server,
         engines,
         client,
         metrics,
     })
+}
+
+/// The host decode engines reach this one at: its listen address, or loopback when it listens
+/// on every address (a simulated fleet runs on one machine).
+fn reachable_host(addr: SocketAddr) -> String {
+    if addr.ip().is_unspecified() {
+        "127.0.0.1".into()
+    } else {
+        addr.ip().to_string()
+    }
 }

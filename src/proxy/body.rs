@@ -83,6 +83,9 @@ pub struct ObservedBody<O: ResponseObserver> {
     cutoff: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
     /// Looks for the response's id, when asked to.
     ids: Option<ResponseIdScanner>,
+    /// Frames already read from `inner` (a decode answer held until its first token), passed
+    /// on before it.
+    held: std::collections::VecDeque<Bytes>,
 }
 
 impl<O: ResponseObserver> ObservedBody<O> {
@@ -100,6 +103,27 @@ impl<O: ResponseObserver> ObservedBody<O> {
             bytes: 0,
             cutoff: None,
             ids: None,
+            held: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// Passes `frames` (already read from the body) on first, observed like the rest.
+    pub fn with_held(mut self, frames: Vec<Bytes>) -> Self {
+        self.held = frames.into();
+        self
+    }
+
+    /// Observes one chunk passing to the client.
+    fn pass(&mut self, data: &Bytes) {
+        self.bytes += data.len() as u64;
+        self.observer.data(data);
+        if let Some(d) = self.detector.as_mut()
+            && d.feed(data)
+        {
+            self.mark_first_token();
+        }
+        if let Some(id) = self.ids.as_mut().and_then(|s| s.feed(data)) {
+            self.observer.response_id(id);
         }
     }
 
@@ -205,6 +229,10 @@ impl<O: ResponseObserver + Unpin> Body for ObservedBody<O> {
             tracing::warn!("shutdown grace over; cutting a response still in progress");
             return this.end_with(End::Shutdown, shutdown_event(), SHUTDOWN_MESSAGE.into());
         }
+        if let Some(data) = this.held.pop_front() {
+            this.pass(&data);
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Pending => {
                 let silent = this.idle.as_mut().poll(cx).is_ready();
@@ -225,16 +253,7 @@ impl<O: ResponseObserver + Unpin> Body for ObservedBody<O> {
                     .as_mut()
                     .reset(Instant::now() + this.timeouts.idle);
                 if let Some(data) = frame.data_ref() {
-                    this.bytes += data.len() as u64;
-                    this.observer.data(data);
-                    if let Some(d) = this.detector.as_mut()
-                        && d.feed(data)
-                    {
-                        this.mark_first_token();
-                    }
-                    if let Some(id) = this.ids.as_mut().and_then(|s| s.feed(data)) {
-                        this.observer.response_id(id);
-                    }
+                    this.pass(data);
                 }
                 // A body of known length is complete with its last byte; hyper may never
                 // poll it again to see the end.
@@ -258,7 +277,7 @@ impl<O: ResponseObserver + Unpin> Body for ObservedBody<O> {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.ended || self.inner.is_end_stream()
+        self.ended || (self.held.is_empty() && self.inner.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {

@@ -12,6 +12,7 @@
 
 pub mod body;
 pub mod first_token;
+pub mod handoff;
 pub mod headers;
 pub mod hops;
 pub mod output_tokens;
@@ -35,7 +36,7 @@ use tracing::{Instrument, field};
 use crate::fleet::DP_RANK_HEADER;
 use crate::metrics::Metrics;
 use crate::openai::ApiError;
-use crate::routing::{Attempt, Session};
+use crate::routing::{Attempt, Attempts};
 use crate::telemetry::{self, TARGET as TRACE};
 
 pub use body::{BodyTimeouts, End, ObservedBody, ResponseObserver};
@@ -167,7 +168,7 @@ impl Upstream {
         client_headers: &HeaderMap,
         body: Bytes,
         metrics: &Metrics,
-        session: &mut Session<'_>,
+        session: &mut (dyn Attempts + Send),
     ) -> Result<(Attempt, Response<Incoming>), ApiError> {
         let config = self.config.load_full();
         let mut headers = headers::upstream_request_headers(client_headers);
@@ -185,6 +186,13 @@ impl Upstream {
                 }
                 if let Some(reason) = retry_reason.take() {
                     metrics.retries.with_label_values(&[reason]).inc();
+                    if let Some(side) = session.side() {
+                        metrics
+                            .disaggregation
+                            .retries
+                            .with_label_values(&[side.as_str(), reason])
+                            .inc();
+                    }
                 }
             }
             let decided = {
@@ -199,6 +207,13 @@ impl Upstream {
             let Some(attempt) = decided else {
                 break;
             };
+            if let Some(side) = session.side() {
+                metrics
+                    .disaggregation
+                    .picks
+                    .with_label_values(&[side.as_str(), attempt.worker.id()])
+                    .inc();
+            }
             let worker_id = attempt.worker.id().to_string();
             let last_chance = attempt_no == config.retries;
             match self
@@ -270,6 +285,67 @@ impl Upstream {
                 "no healthy worker is available for this model",
             )
         }))
+    }
+
+    /// Takes one retry from the retry budget (a disaggregated request sent again as a whole
+    /// pair); false when recent traffic allows none.
+    pub fn try_retry(&self) -> bool {
+        self.budget.try_retry(Instant::now())
+    }
+
+    /// Sends `body` once to `attempt`'s worker, without retrying (SGLang's pair is sent to
+    /// both workers at once and retried as a pair); the worker's circuit and health learn the
+    /// outcome as for [`Upstream::forward`]. A worker's failure is a 502 error naming it.
+    pub async fn send_once(
+        &self,
+        attempt: &Attempt,
+        method: &Method,
+        path: &str,
+        client_headers: &HeaderMap,
+        body: Bytes,
+        metrics: &Metrics,
+    ) -> Result<Response<Incoming>, ApiError> {
+        let config = self.config.load_full();
+        let mut headers = headers::upstream_request_headers(client_headers);
+        self.hop.stamp(&mut headers);
+        let worker_id = attempt.worker.id();
+        let failure = match self
+            .send(
+                attempt,
+                method,
+                path,
+                &headers,
+                body,
+                config.first_byte_timeout,
+            )
+            .await
+        {
+            Ok(resp) => {
+                attempt.worker.record_success(Instant::now());
+                return Ok(resp);
+            }
+            Err(f) => f,
+        };
+        attempt.worker.record_failure(Instant::now());
+        let (kind, message) = match &failure {
+            Failure::Connect(e) => {
+                attempt.worker.set_healthy(false);
+                ("connect", e.clone())
+            }
+            Failure::NoResponse(e) => ("no_response", e.clone()),
+            Failure::Unavailable(r) => ("status_5xx", format!("answered {}", r.status())),
+        };
+        metrics
+            .upstream_errors
+            .with_label_values(&[worker_id, kind])
+            .inc();
+        tracing::warn!(worker = %worker_id, kind, %message, "attempt failed");
+        Err(ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "upstream_error",
+            Some("upstream_unavailable"),
+            format!("worker `{worker_id}` failed: {message}"),
+        ))
     }
 
     /// Sends the request to `attempt`'s worker, pinned to its data-parallel rank if it has one.

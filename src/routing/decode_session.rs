@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 
 use super::analysis::Analysis;
 use super::decider::Decider;
-use super::session::Attempt;
-use crate::fleet::{Worker, WorkerId, WorkerRank};
+use super::session::{Attempt, Attempts};
+use crate::fleet::{Side, Worker, WorkerId, WorkerRank};
 
 /// The decode picks of one request: each [`DecodeSession::next_attempt`] chooses a
 /// decode-capable worker not tried yet ([`Decider::choose_decode`]) and admits the request
@@ -57,5 +57,15 @@ impl<'d> DecodeSession<'d> {
             admitted,
             at: Instant::now(),
         })
+    }
+}
+
+impl Attempts for DecodeSession<'_> {
+    fn next_attempt(&mut self) -> Option<Attempt> {
+        DecodeSession::next_attempt(self)
+    }
+
+    fn side(&self) -> Option<Side> {
+        Some(Side::Decode)
     }
 }

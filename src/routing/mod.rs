@@ -38,5 +38,5 @@ pub use decode_session::DecodeSession;
 pub use pair::{
     DecodeCandidate, DecodeChoice, DecodeDecision, MissingSide, Plan, choose_decode, plan,
 };
-pub use session::{Attempt, Session};
+pub use session::{Attempt, Attempts, Session};
 pub use target::Target;

@@ -24,6 +24,28 @@ pub struct Attempt {
     pub at: Instant,
 }
 
+/// Where the proxy gets each attempt's worker: a request's [`Session`], or the decode side of a
+/// disaggregated one ([`super::DecodeSession`]).
+pub trait Attempts {
+    /// The next worker to try, admitted; `None` when none is left. Every call after the first
+    /// means the previous attempt failed.
+    fn next_attempt(&mut self) -> Option<Attempt>;
+    /// The side of a disaggregated request these attempts serve (`None`: a whole request).
+    fn side(&self) -> Option<Side> {
+        None
+    }
+}
+
+impl Attempts for Session<'_> {
+    fn next_attempt(&mut self) -> Option<Attempt> {
+        Session::next_attempt(self)
+    }
+
+    fn side(&self) -> Option<Side> {
+        self.side
+    }
+}
+
 /// The decisions of one request: each [`Session::next_attempt`] routes to a worker not tried yet, so
 /// the proxy retries without knowing how workers are chosen.
 pub struct Session<'d> {
@@ -68,6 +90,17 @@ impl<'d> Session<'d> {
     /// side of a disaggregated request, chosen by the policy like a whole request.
     pub fn on_side(mut self, side: Side) -> Session<'d> {
         self.side = Some(side);
+        self
+    }
+
+    /// The same session never choosing any rank of the workers whose first rank is in
+    /// `workers` (a disaggregated request's prefill workers that failed it already).
+    pub fn excluding(mut self, workers: &[WorkerId]) -> Session<'d> {
+        for t in &self.eligible {
+            if workers.contains(&t.worker.key) {
+                self.tried.push(t.state().key);
+            }
+        }
         self
     }
 

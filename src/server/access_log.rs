@@ -18,8 +18,10 @@ pub(super) struct AccessLine<'a> {
     pub(super) tenant: Option<&'a str>,
     /// The requested model, when the body named one.
     pub(super) model: Option<&'a str>,
-    /// The worker that answered, when one did.
+    /// The worker that answered, when one did (a disaggregated request's decode worker).
     pub(super) worker: Option<&'a str>,
+    /// A disaggregated request's prefill worker.
+    pub(super) prefill_worker: Option<&'a str>,
     /// The final status: an HTTP status or an end such as `stream_error`.
     pub(super) status: &'a str,
     /// Prompt tokens (when the policy tokenized the prompt).
@@ -45,6 +47,7 @@ impl AccessLine<'_> {
             tenant = self.tenant,
             model = model.as_deref(),
             worker = self.worker,
+            prefill_worker = self.prefill_worker,
             status = self.status,
             prompt_tokens = self.prompt_tokens,
             predicted_ttft_s = self.predicted_ttft_s,

@@ -16,8 +16,9 @@ use serde_json::json;
 use super::auth::{Caller, TENANT_HEADER};
 use super::body::read_limited;
 use super::{AppState, route};
-use crate::fleet::WorkerRank;
+use crate::fleet::{Side, WorkerRank};
 use crate::openai::{ApiError, Endpoint, RequestView, ResponsesRequest};
+use crate::routing::{Analysis, Plan, plan};
 
 /// `POST /debug/route` with a completion, chat or Responses body (`messages` selects chat,
 /// `input` without `prompt` the Responses API).
@@ -84,7 +85,17 @@ async fn explain(
     let (analysis, view) = route::analyse(state, view, salt.as_deref(), bytes.len()).await?;
     // Each data-parallel rank is a candidate of its own, as in a live decision.
     let targets = WorkerRank::all(&eligible);
-    let (ranks, candidates, decision) = state.decider.explain(&analysis, &targets);
+    // A disaggregated model's prefill pick is the policy's among prefill-capable workers; its
+    // decode pick is shown apart.
+    let paired = matches!(plan(&targets), Ok(Plan::Pair));
+    let side = paired.then_some(Side::Prefill);
+    let (ranks, candidates) = state.decider.candidates_on(&analysis, &targets, &[], side);
+    let decision = state
+        .decider
+        .policy()
+        .choose(&analysis.request, &candidates);
+    let decode = paired.then(|| explain_decode(state, &analysis, &targets));
+    let missing = plan(&targets).err().map(|m| m.to_string());
     let listed: Vec<_> = candidates
         .iter()
         .enumerate()
@@ -100,6 +111,7 @@ async fn explain(
                 "unseen_in_flight": c.load.unseen_in_flight,
                 "decoding": c.load.decoding,
                 "active_prompt_tokens": c.load.active_prompt_tokens,
+                "role": ranks[i].worker.role().as_str(),
                 "kv_events": ranks[i].worker.has_event_feed(),
                 "kv_warming": ranks[i].state().is_kv_warming(),
                 "predicted_ttft_s": decision.as_ref().and_then(|d| d.predicted_ttft_s.get(i).copied().flatten()),
@@ -118,6 +130,41 @@ async fn explain(
         "block_size": analysis.request.block_size,
         "blocks": analysis.request.blocks,
         "candidates": listed,
+        "disaggregation": paired.then(|| state.handoff(&view.model).as_str()),
+        "decode": decode,
+        "error": missing,
     }))
     .into_response())
+}
+
+/// The decode pick of a disaggregated request: the worker and every decode-capable candidate
+/// with what the pick weighed (load, KV room).
+fn explain_decode(
+    state: &AppState,
+    analysis: &Analysis,
+    targets: &[WorkerRank],
+) -> serde_json::Value {
+    let (ranks, candidates, decision) = state.decider.explain_decode(analysis, targets);
+    let listed: Vec<_> = candidates
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            json!({
+                "worker": ranks[i].worker.id(),
+                "rank": ranks[i].pinned(),
+                "target": c.id.as_ref(),
+                "in_flight": c.load.in_flight,
+                "decoding": c.load.decoding,
+                "active_prompt_tokens": c.load.active_prompt_tokens,
+                "kv_tokens": c.kv_tokens,
+                "kv_usage": decision.as_ref().and_then(|d| d.kv_usage.get(i).copied().flatten()),
+            })
+        })
+        .collect();
+    json!({
+        "worker": decision.as_ref().map(|d| ranks[d.chosen].worker.id()),
+        "rank": decision.as_ref().and_then(|d| ranks[d.chosen].pinned()),
+        "target": decision.as_ref().map(|d| candidates[d.chosen].id.as_ref()),
+        "candidates": listed,
+    })
 }

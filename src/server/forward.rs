@@ -23,16 +23,20 @@ use super::api::Api;
 use super::auth::{Caller, Keys};
 use super::call::{Call, Prepared, Read, Routing, Step};
 use super::observer::{Observer, Requester};
+use super::pair::{self, PairRequest};
 use super::trail::Trail;
 use super::{AppState, body, cache_salt, request_id, route};
 use crate::fleet::{Worker, WorkerRank};
 use crate::openai::{ApiError, Endpoint};
-use crate::proxy::{self, BodyTimeouts, ObservedBody};
-use crate::routing::{Analysis, Session};
+use crate::proxy::{self, BodyTimeouts, ObservedBody, handoff};
+use crate::routing::{self as decision, Analysis, MissingSide, Plan, Session};
 use crate::telemetry::{self, TARGET as TRACE};
 
 /// Header naming the worker that served a response.
 pub const WORKER_HEADER: &str = "x-kvroute-worker";
+/// Response header of a disaggregated request: the worker that computed its prompt (the
+/// decode worker is [`WORKER_HEADER`]).
+pub const PREFILL_WORKER_HEADER: &str = "x-kvroute-prefill-worker";
 /// Response header: the data-parallel rank of the worker that served the request (absent for
 /// a worker without data parallelism).
 pub const RANK_HEADER: &str = "x-kvroute-data-parallel-rank";
@@ -255,8 +259,10 @@ async fn forward(
         Routing::Pinned(w) => vec![Arc::clone(w)],
         _ => eligible(state, model.as_deref())?,
     };
+    let (eligible, paired) = sides(eligible, &routing, call.api)?;
     let decision_started = Instant::now();
     let body_bytes = bytes.len();
+    let prompted = matches!(routing, Routing::Prompt(_));
     let (analysis, view) = match routing {
         Routing::Prompt(view) => {
             let (analysis, view) =
@@ -283,16 +289,13 @@ async fn forward(
         (Some(_), Some(m)) => tenant_body(state, &caller, salt_value.as_deref(), m, bytes)?,
         _ => bytes,
     };
+    // A client's own KV hand-off parameters never reach an engine (see `without_client_params`).
+    let bytes = if prompted {
+        handoff::without_client_params(bytes)
+    } else {
+        bytes
+    };
     drop(claim);
-    let clock = || state.now();
-    let mut session = Session::new(
-        &state.decider,
-        &state.metrics,
-        eligible,
-        analysis,
-        &clock,
-        decision_started,
-    );
     let Call {
         api,
         method,
@@ -300,22 +303,53 @@ async fn forward(
         headers,
     } = call;
     let headers = upstream_headers(state, headers);
-    let (attempt, upstream) = state
-        .upstream
-        .forward(
-            &method,
-            &target,
-            &headers,
-            bytes,
+    let (attempt, upstream, held, prefill) = if paired {
+        let request = PairRequest {
+            method: &method,
+            target: &target,
+            headers: &headers,
+            body: bytes,
+            analysis,
+            eligible,
+            protocol: state.handoff(model.as_deref().unwrap_or_default()),
+            started: decision_started,
+        };
+        let p = pair::forward(state, request).await?;
+        (p.attempt, p.response, p.held, p.prefill)
+    } else {
+        let clock = || state.now();
+        let mut session = Session::new(
+            &state.decider,
             &state.metrics,
-            &mut session,
-        )
-        .await?;
+            eligible,
+            analysis,
+            &clock,
+            decision_started,
+        );
+        let (attempt, upstream) = state
+            .upstream
+            .forward(
+                &method,
+                &target,
+                &headers,
+                bytes,
+                &state.metrics,
+                &mut session,
+            )
+            .await?;
+        (attempt, upstream, Vec::new(), None)
+    };
     span.record("worker", attempt.worker.id());
     let (parts, incoming) = upstream.into_parts();
     let mut out_headers = proxy::headers::client_response_headers(&parts.headers);
     if let Ok(v) = HeaderValue::from_str(attempt.worker.id()) {
         out_headers.insert(WORKER_HEADER, v);
+    }
+    if let Some(v) = prefill
+        .as_ref()
+        .and_then(|p| HeaderValue::from_str(p.id()).ok())
+    {
+        out_headers.insert(PREFILL_WORKER_HEADER, v);
     }
     if let Some(rank) = attempt.rank {
         out_headers.insert(RANK_HEADER, HeaderValue::from(rank));
@@ -346,13 +380,15 @@ async fn forward(
         model_label,
     )
     .with_affinity(affinity)
-    .with_trail(trail, sse);
+    .with_trail(trail, sse)
+    .with_prefill(prefill);
     let timeouts = BodyTimeouts {
         idle: state.upstream.config().idle_timeout,
         total: state.upstream.config().total_timeout,
     };
-    let mut body =
-        ObservedBody::new(incoming, sse, timeouts, observer).cut_on(state.cutoff.clone());
+    let mut body = ObservedBody::new(incoming, sse, timeouts, observer)
+        .with_held(held)
+        .cut_on(state.cutoff.clone());
     if learn {
         body = body.learn_response_id();
     }
@@ -408,6 +444,56 @@ fn eligible(state: &AppState, model: Option<&str>) -> Result<Vec<Arc<Worker>>, A
     } else {
         ApiError::model_not_found(model)
     })
+}
+
+/// The workers of each side of the request, and whether it is sent disaggregated: a completion
+/// or chat for a model some of whose workers are prefill-only or decode-only is (503 when no
+/// worker serves one side); any other request goes to the workers that serve whole requests,
+/// or — an endpoint that generates nothing, when none does — to any of them.
+fn sides(
+    eligible: Vec<Arc<Worker>>,
+    routing: &Routing,
+    api: Api,
+) -> Result<(Vec<Arc<Worker>>, bool), ApiError> {
+    let generation = matches!(api, Api::Completions | Api::Chat);
+    match decision::plan(&eligible) {
+        Ok(Plan::Whole) => Ok((eligible, false)),
+        Ok(Plan::Pair) if generation && matches!(routing, Routing::Prompt(_)) => {
+            Ok((eligible, true))
+        }
+        Err(missing) if generation => Err(missing_side(missing)),
+        _ => {
+            let whole: Vec<_> = eligible
+                .iter()
+                .filter(|w| w.role().serves_whole())
+                .cloned()
+                .collect();
+            match (whole.is_empty(), api.generates()) {
+                (false, _) => Ok((whole, false)),
+                (true, false) => Ok((eligible, false)),
+                (true, true) => Err(ApiError::new(
+                    http::StatusCode::SERVICE_UNAVAILABLE,
+                    "service_unavailable",
+                    Some("no_whole_worker"),
+                    "this model is served disaggregated, and only completions and chat \
+                     completions are routed as prefill/decode pairs: this endpoint needs a \
+                     worker with role \"both\"",
+                )),
+            }
+        }
+    }
+}
+
+fn missing_side(missing: MissingSide) -> ApiError {
+    ApiError::new(
+        http::StatusCode::SERVICE_UNAVAILABLE,
+        "service_unavailable",
+        Some(match missing.0 {
+            crate::fleet::Side::Prefill => "no_prefill_worker",
+            crate::fleet::Side::Decode => "no_decode_worker",
+        }),
+        missing.to_string(),
+    )
 }
 
 /// The client's key is the router's credential, not the worker's: never pass it on.

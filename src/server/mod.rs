@@ -19,6 +19,7 @@ mod hops;
 mod listen;
 mod observer;
 mod ops;
+mod pair;
 mod read;
 pub mod reload;
 mod request_id;
@@ -194,6 +195,20 @@ impl AppState {
             .iter()
             .find(|m| m.name == model)
             .is_none_or(|m| m.forward_cache_salt)
+    }
+
+    /// How `model`'s disaggregated requests hand the KV cache over: its `[[models]]` entry's
+    /// (an adapter's: its base model's), else vLLM's.
+    pub fn handoff(&self, model: &str) -> crate::proxy::handoff::Protocol {
+        let own = self.model_config(model);
+        own.filter(|m| m.base_model.is_none())
+            .or_else(|| {
+                let base = self.adapter_base(model)?;
+                self.models.iter().find(|m| m.name == base)
+            })
+            .or(own)
+            .map(ModelConfig::handoff)
+            .unwrap_or_default()
     }
 
     /// The `[[models]]` entry of `model`, if it has one.

@@ -70,6 +70,8 @@ pub(super) struct Observer {
     stream_span: tracing::Span,
     /// The request's own span, which ends with the body.
     request_span: tracing::Span,
+    /// The prefill worker of a disaggregated request (the attempt is its decode).
+    prefill: Option<Arc<crate::fleet::Worker>>,
 }
 
 impl Observer {
@@ -102,7 +104,14 @@ impl Observer {
                 bytes = tracing::field::Empty
             ),
             request_span: tracing::Span::current(),
+            prefill: None,
         }
+    }
+
+    /// Names the prefill worker of a disaggregated request in the access log.
+    pub(super) fn with_prefill(mut self, prefill: Option<Arc<crate::fleet::Worker>>) -> Observer {
+        self.prefill = prefill;
+        self
     }
 
     /// Hands the request's `trail` its end; the output tokens of a response (a stream when
@@ -187,6 +196,7 @@ impl ResponseObserver for Observer {
             tenant: self.requester.tenant.as_deref(),
             model: Some(&self.requester.model),
             worker: Some(self.attempt.worker.id()),
+            prefill_worker: self.prefill.as_ref().map(|w| w.id()),
             status,
             prompt_tokens: (admitted.prompt_tokens > 0).then_some(admitted.prompt_tokens),
             predicted_ttft_s: admitted.predicted_ttft_s,

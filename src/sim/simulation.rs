@@ -131,6 +131,10 @@ fn add(a: &mut EngineCounters, b: EngineCounters) {
     a.generated_tokens += b.generated_tokens;
     a.finished += b.finished;
     a.aborted += b.aborted;
+    a.pulls += b.pulls;
+    a.transferred_tokens += b.transferred_tokens;
+    a.held_released += b.held_released;
+    a.held_expired += b.held_expired;
 }
 
 impl<'t> Simulation<'t> {
