@@ -237,6 +237,7 @@ async fn a_disaggregated_vllm_request_moves_its_kv_from_prefill_to_decode() {
     let options = VllmOptions {
         kv_blocks: 1024,
         prefill_engines: Some(PREFILL),
+        enforce_eager: true,
         ..VllmOptions::default()
     };
     let mut engines = VllmEngine::start_all(&setup, PREFILL + 1, &options).await;

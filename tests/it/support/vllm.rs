@@ -87,6 +87,9 @@ pub struct VllmOptions {
     /// started together are prefill engines (`kv_producer`), the others decode engines
     /// (`kv_consumer`). `None`: no KV connector.
     pub prefill_engines: Option<usize>,
+    /// `--enforce-eager`: no `torch.compile` warm-up (the longest part of a start on a busy
+    /// machine).
+    pub enforce_eager: bool,
 }
 
 impl Default for VllmOptions {
@@ -98,6 +101,7 @@ impl Default for VllmOptions {
             responses_store: false,
             data_parallel_size: 1,
             prefill_engines: None,
+            enforce_eager: false,
         }
     }
 }
@@ -149,6 +153,9 @@ fn command(setup: &VllmSetup, o: &VllmOptions, e: &EngineProc) -> Command {
         // less, and the same front door the router pins ranks through.
         cmd.args(["--data-parallel-size", &o.data_parallel_size.to_string()])
             .args(["--api-server-count", "1"]);
+    }
+    if o.enforce_eager {
+        cmd.arg("--enforce-eager");
     }
     if let Some(prefill_engines) = o.prefill_engines {
         nixl_connector(&mut cmd, setup, e, e.index < prefill_engines);
