@@ -11,7 +11,8 @@
 //!   `cached_tokens` at 0 for KV that arrives asynchronously);
 //! - the prefill engine's KV events reached kvroute's index (`/debug/route`);
 //! - a second request sharing the prefix goes to the prefill engine that holds it, which then
-//!   serves that prefix from its own prefix cache (`vllm:prefix_cache_hits`).
+//!   serves that prefix from its own prefix cache (`vllm:prefix_cache_hits`);
+//! - a client's own `kv_transfer_params` (which can kill a decode engine) never reach one.
 //!
 //! Ignored by default; see `real_vllm.rs` for how they run (`scripts/real-engines/vllm-setup.sh`
 //! installs NIXL beside vLLM).
@@ -314,6 +315,24 @@ async fn a_disaggregated_vllm_request_moves_its_kv_from_prefill_to_decode() {
         "the prefill engine reused only {local} tokens of the shared prefix"
     );
     assert!(received > 0.0, "the decode engine received nothing");
+
+    // 4. A client's own `kv_transfer_params` never reach an engine: a NixlConnector decode
+    //    engine given `{"do_remote_prefill": true}` without the prefill's fields dies (vLLM
+    //    0.32 asserts in its engine core; measured by hand). Through kvroute it is an ordinary
+    //    hand-off, and the decode engine is still up after it.
+    let mut hostile = plain.clone();
+    hostile["prompt"] = json!("a client that sends its own kv_transfer_params");
+    hostile["kv_transfer_params"] = json!({"do_remote_prefill": true});
+    let (worker, answer) = router.send(&hostile, None).await;
+    assert_eq!(worker, engines[decode].name, "{answer}");
+    let health = reqwest::get(format!("{}/health", engines[decode].url()))
+        .await
+        .map(|r| r.status());
+    assert!(
+        health.as_ref().is_ok_and(|s| s.is_success()),
+        "the decode engine is down after a client's kv_transfer_params: {health:?}\n{}",
+        engines[decode].log_tail()
+    );
 
     router.shutdown().await;
     for e in &mut engines {
