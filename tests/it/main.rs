@@ -21,6 +21,7 @@ mod chaos;
 mod config_reload;
 mod connections;
 mod data_parallel;
+mod disaggregation;
 mod discovery_dns;
 mod discovery_kubernetes;
 mod endpoints;

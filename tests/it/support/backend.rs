@@ -51,6 +51,9 @@ pub struct Behavior {
     /// Stream the first chunk, then an in-band SSE error event (as vLLM and SGLang do when
     /// generation fails after the 200 head), then end the stream.
     pub error_event_mid_stream: bool,
+    /// Open the stream (a chat's role chunk), then send an in-band SSE error event before any
+    /// content (vLLM 0.32.0 answers a streamed decode whose KV load failed so), then end it.
+    pub error_event_first: bool,
     /// Status of GET /health.
     pub health_status: u16,
     /// (adapter, base model) pairs: `GET /v1/models` lists these models with the base as
@@ -68,6 +71,7 @@ impl Default for Behavior {
             hold_last_chunk: false,
             break_mid_stream: false,
             error_event_mid_stream: false,
+            error_event_first: false,
             health_status: 200,
             adapters: Vec::new(),
         }
@@ -315,6 +319,14 @@ fn async_stream(
             {
                 return;
             }
+        }
+        if b.error_event_first {
+            let ev = serde_json::json!({"error": {"message": "Internal server error",
+                "type": "InternalServerError", "param": null, "code": 500}});
+            let _ = tx.send(Ok(Bytes::from(format!("data: {ev}\n\n")))).await;
+            let _ = tx.send(Ok(Bytes::from_static(b"data: [DONE]\n\n"))).await;
+            guard.done = true;
+            return;
         }
         for i in 0..b.chunks {
             if !b.chunk_delay.is_zero() {

@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 
 use kvroute::engine::{EngineArgs, EngineCoreArgs, EngineHandle};
+use kvroute::fleet::Role;
 use kvroute::kv_events::{Publisher, PublisherConfig};
 use tokio::net::TcpListener;
 
@@ -87,6 +88,45 @@ impl SimEngine {
         };
         let replay = format!("tcp://127.0.0.1:{}", base + ranks as u16);
         SimEngine::serve(args, format!("tcp://127.0.0.1:{base}"), replay).await
+    }
+
+    /// Starts an engine serving `model` on ephemeral ports, publishing KV events, as a `role`
+    /// engine of a disaggregated fleet; with `bootstrap`, it runs a bootstrap server (SGLang
+    /// style) on an ephemeral port ([`SimEngine::bootstrap_port`]).
+    pub async fn start_role(model: &str, role: Role, bootstrap: bool) -> SimEngine {
+        let args = EngineArgs {
+            model: model.into(),
+            kv_events_endpoint: "none".into(),
+            role,
+            bootstrap_port: bootstrap.then_some(0),
+            bootstrap_wait_s: 5.0,
+            ..EngineArgs::default()
+        };
+        let mut serve = args.serve_config().unwrap();
+        let publisher = Publisher::bind(
+            PublisherConfig::new("tcp://127.0.0.1:*").with_replay("tcp://127.0.0.1:*"),
+        )
+        .unwrap();
+        let events = publisher.endpoint().to_string();
+        let replay = publisher.replay_endpoint().unwrap().to_string();
+        serve.events = Box::new(publisher);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let handle = kvroute::engine::start(serve, listener).await.unwrap();
+        SimEngine {
+            handle,
+            addr,
+            events,
+            replay,
+        }
+    }
+
+    /// The port of its bootstrap server (an engine started with one).
+    pub fn bootstrap_port(&self) -> u16 {
+        self.handle
+            .bootstrap_addr()
+            .expect("a bootstrap server")
+            .port()
     }
 
     /// Serves `args` on an ephemeral loopback port; `events` and `replay` are the endpoints

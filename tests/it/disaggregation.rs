@@ -1,0 +1,580 @@
+//! Prefill/decode disaggregation end to end: simulated engines started as prefill and decode
+//! engines (real sockets; KV events over ZeroMQ; vLLM-style transfers pulled over HTTP, SGLang-
+//! style bootstrap rooms on their own listener), a router choosing a prefill worker KV-aware
+//! and a decode worker by load, the hand-off in both protocols, and the failure cases: a
+//! prefill that fails, a decode that fails before its first token, and one that fails after.
+
+use std::path::Path;
+use std::time::Duration;
+
+use kvroute::config::Config;
+use kvroute::fleet::Role;
+use kvroute::server::RouterHandle;
+use serde_json::{Value, json};
+
+use crate::support::*;
+
+const MODEL: &str = "sim";
+
+/// One `[[workers]]` entry.
+struct W {
+    id: &'static str,
+    url: String,
+    role: &'static str,
+    events: Option<(String, String)>,
+    bootstrap: Option<u16>,
+}
+
+fn engine(id: &'static str, e: &SimEngine, role: &'static str) -> W {
+    W {
+        id,
+        url: e.url(),
+        role,
+        events: Some((e.events.clone(), e.replay.clone())),
+        bootstrap: None,
+    }
+}
+
+fn backend(id: &'static str, b: &Backend, role: &'static str) -> W {
+    W {
+        id,
+        url: b.url(),
+        role,
+        events: None,
+        bootstrap: None,
+    }
+}
+
+fn config_text(protocol: &str, workers: &[W], extra: &str) -> String {
+    let mut text = format!(
+        "policy = \"kv_aware\"\nshutdown_grace_s = 1.0\n{extra}\n[health]\ninterval_s = 0.2\n\
+         [kv_aware]\ncalibrate = false\n[[models]]\nname = \"{MODEL}\"\nblock_size = 16\n\
+         disaggregation = \"{protocol}\"\n"
+    );
+    for w in workers {
+        text.push_str(&format!(
+            "[[workers]]\nid = \"{}\"\nurl = \"{}\"\nmodels = [\"{MODEL}\"]\nrole = \"{}\"\n",
+            w.id, w.url, w.role
+        ));
+        if let Some((events, replay)) = &w.events {
+            text.push_str(&format!(
+                "kv_events = \"{events}\"\nkv_replay = \"{replay}\"\n"
+            ));
+        }
+        if let Some(port) = w.bootstrap {
+            text.push_str(&format!("bootstrap_port = {port}\n"));
+        }
+    }
+    text
+}
+
+async fn router(protocol: &str, workers: &[W], extra: &str) -> RouterHandle {
+    let text = config_text(protocol, workers, extra);
+    let config = Config::from_toml(&text, Path::new("test")).unwrap();
+    start_router(&config).await
+}
+
+fn header(resp: &reqwest::Response, name: &str) -> String {
+    resp.headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned()
+}
+
+/// A prompt of about `words` words, distinct per `seed`.
+fn prompt(seed: &str, words: usize) -> String {
+    (0..words)
+        .map(|i| format!("{seed}{}", i % 7))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+async fn send(
+    r: &RouterHandle,
+    body: Value,
+    chat: bool,
+) -> (reqwest::StatusCode, String, String, String) {
+    let path = if chat {
+        "chat/completions"
+    } else {
+        "completions"
+    };
+    let resp = client()
+        .post(format!("http://{}/v1/{path}", r.addr))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let (decode, prefill) = (
+        header(&resp, "x-kvroute-worker"),
+        header(&resp, "x-kvroute-prefill-worker"),
+    );
+    (resp.status(), decode, prefill, resp.text().await.unwrap())
+}
+
+/// Content events of an SSE body (chat deltas or completion texts), and whether it had an
+/// error event.
+fn sse_content(body: &str) -> (Vec<String>, bool) {
+    let mut content = Vec::new();
+    let mut error = false;
+    for line in body.lines() {
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        let Ok(v) = serde_json::from_str::<Value>(data) else {
+            continue;
+        };
+        error |= v.get("error").is_some();
+        let c = &v["choices"][0];
+        if let Some(t) = c["text"].as_str().or(c["delta"]["content"].as_str())
+            && !t.is_empty()
+        {
+            content.push(t.to_owned());
+        }
+    }
+    (content, error)
+}
+
+async fn metric(r: &RouterHandle, needle: &str) -> f64 {
+    let text = metrics_text(r.addr).await;
+    text.lines()
+        .filter(|l| l.starts_with(needle))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_style_hands_the_kv_over_streamed_and_not() {
+    let p0 = SimEngine::start_role(MODEL, Role::Prefill, false).await;
+    let d0 = SimEngine::start_role(MODEL, Role::Decode, false).await;
+    let r = router(
+        "vllm",
+        &[engine("p0", &p0, "prefill"), engine("d0", &d0, "decode")],
+        "",
+    )
+    .await;
+    // A client's own transfer parameters never reach an engine (a decode engine given them
+    // without a prefill would refuse, or with real vLLM die).
+    let body = json!({"model": MODEL, "prompt": prompt("a", 60), "max_tokens": 5,
+        "kv_transfer_params": {"do_remote_prefill": true}});
+    let (status, decode, prefill, text) = send(&r, body, false).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!((decode.as_str(), prefill.as_str()), ("d0", "p0"));
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], 5, "{v}");
+    assert!(
+        v.get("kv_transfer_params").is_none_or(Value::is_null),
+        "{v}"
+    );
+    let body = json!({"model": MODEL, "stream": true, "max_tokens": 4,
+        "messages": [{"role": "user", "content": prompt("b", 40)}]});
+    let (status, decode, prefill, text) = send(&r, body, true).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!((decode.as_str(), prefill.as_str()), ("d0", "p0"));
+    let (content, error) = sse_content(&text);
+    assert_eq!(content.len(), 4, "{text}");
+    assert!(!error && text.contains("[DONE]"), "{text}");
+    assert_eq!(
+        metric(
+            &r,
+            "kvroute_disaggregated_handoffs_total{outcome=\"relayed\",protocol=\"vllm\"}"
+        )
+        .await,
+        2.0
+    );
+    assert!(
+        metric(
+            &r,
+            "kvroute_disaggregated_picks_total{side=\"decode\",worker=\"d0\"}"
+        )
+        .await
+            >= 2.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sglang_style_pairs_both_workers_by_a_bootstrap_room() {
+    let p0 = SimEngine::start_role(MODEL, Role::Prefill, true).await;
+    let d0 = SimEngine::start_role(MODEL, Role::Decode, false).await;
+    let mut pw = engine("p0", &p0, "prefill");
+    pw.bootstrap = Some(p0.bootstrap_port());
+    let r = router("sglang", &[pw, engine("d0", &d0, "decode")], "").await;
+    for stream in [false, true] {
+        let body = json!({"model": MODEL, "prompt": prompt("s", 50), "max_tokens": 6,
+            "stream": stream});
+        let (status, decode, prefill, text) = send(&r, body, false).await;
+        assert_eq!(status, 200, "{text}");
+        assert_eq!((decode.as_str(), prefill.as_str()), ("d0", "p0"));
+        if stream {
+            let (content, error) = sse_content(&text);
+            assert_eq!(content.len(), 6, "{text}");
+            assert!(!error, "{text}");
+        } else {
+            let v: Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(v["usage"]["completion_tokens"], 6, "{v}");
+        }
+    }
+    assert_eq!(
+        metric(
+            &r,
+            "kvroute_disaggregated_handoffs_total{outcome=\"paired\",protocol=\"sglang\"}"
+        )
+        .await,
+        2.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_prefill_goes_where_the_prefix_is_cached_and_debug_route_shows_both_picks() {
+    let p0 = SimEngine::start_role(MODEL, Role::Prefill, false).await;
+    let p1 = SimEngine::start_role(MODEL, Role::Prefill, false).await;
+    let d0 = SimEngine::start_role(MODEL, Role::Decode, false).await;
+    let r = router(
+        "vllm",
+        &[
+            engine("p0", &p0, "prefill"),
+            engine("p1", &p1, "prefill"),
+            engine("d0", &d0, "decode"),
+        ],
+        "",
+    )
+    .await;
+    for seed in ["x", "y", "z"] {
+        let text = prompt(seed, 200);
+        let body = json!({"model": MODEL, "prompt": text, "max_tokens": 2});
+        let (status, _, first, out) = send(&r, body.clone(), false).await;
+        assert_eq!(status, 200, "{out}");
+        // Wait until the prefill engine's KV events reached the index.
+        let url = format!("http://{}/debug/route", r.addr);
+        let mut seen = false;
+        for _ in 0..100 {
+            let d = post_json(&url, &body).await;
+            let held =
+                d["candidates"].as_array().unwrap().iter().any(|c| {
+                    c["worker"] == first.as_str() && c["overlap_blocks"].as_u64() > Some(0)
+                });
+            if held {
+                assert_eq!(d["worker"], first.as_str(), "{d}");
+                assert_eq!(d["decode"]["worker"], "d0", "{d}");
+                assert_eq!(d["disaggregation"], "vllm", "{d}");
+                let roles: Vec<_> = d["candidates"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|c| c["role"].clone())
+                    .collect();
+                assert_eq!(roles, [json!("prefill"), json!("prefill")], "{d}");
+                seen = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(seen, "the index never learned {first}'s blocks");
+        for _ in 0..2 {
+            let (status, decode, again, out) = send(&r, body.clone(), false).await;
+            assert_eq!(status, 200, "{out}");
+            assert_eq!((again.as_str(), decode.as_str()), (first.as_str(), "d0"));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decodes_spread_over_the_decode_pool_by_load() {
+    let p0 = SimEngine::start_role(MODEL, Role::Prefill, false).await;
+    let d0 = SimEngine::start_role(MODEL, Role::Decode, false).await;
+    let d1 = SimEngine::start_role(MODEL, Role::Decode, false).await;
+    let r = router(
+        "vllm",
+        &[
+            engine("p0", &p0, "prefill"),
+            engine("d0", &d0, "decode"),
+            engine("d1", &d1, "decode"),
+        ],
+        "",
+    )
+    .await;
+    let sends = (0..4).map(|i| {
+        let body = json!({"model": MODEL, "prompt": prompt(&format!("q{i}"), 30),
+            "max_tokens": 300, "stream": true});
+        let r = &r;
+        async move { send(r, body, false).await }
+    });
+    let answers = futures_util::future::join_all(sends).await;
+    let mut per = std::collections::BTreeMap::new();
+    for (status, decode, prefill, text) in answers {
+        assert_eq!(status, 200, "{text}");
+        assert_eq!(prefill, "p0");
+        *per.entry(decode).or_insert(0) += 1;
+    }
+    assert_eq!(per.get("d0"), Some(&2), "{per:?}");
+    assert_eq!(per.get("d1"), Some(&2), "{per:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_prefill_is_sent_to_another_prefill_worker() {
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let p0 = SimEngine::start_role(MODEL, Role::Prefill, false).await;
+    let d0 = SimEngine::start_role(MODEL, Role::Decode, false).await;
+    let gone = W {
+        id: "gone",
+        url: dead,
+        role: "prefill",
+        events: None,
+        bootstrap: None,
+    };
+    let r = router(
+        "vllm",
+        &[
+            gone,
+            engine("p0", &p0, "prefill"),
+            engine("d0", &d0, "decode"),
+        ],
+        "",
+    )
+    .await;
+    for i in 0..3 {
+        let body = json!({"model": MODEL, "prompt": prompt(&format!("f{i}"), 20), "max_tokens": 2});
+        let (status, decode, prefill, text) = send(&r, body, false).await;
+        assert_eq!(status, 200, "{text}");
+        assert_eq!((decode.as_str(), prefill.as_str()), ("d0", "p0"));
+    }
+    assert!(
+        metric(&r, "kvroute_disaggregated_retries_total{phase=\"prefill\"").await >= 1.0,
+        "{}",
+        metrics_text(r.addr).await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decode_that_fails_before_its_first_token_is_retried_and_the_client_sees_one_answer() {
+    let p0 = SimEngine::start_role(MODEL, Role::Prefill, false).await;
+    let d1 = SimEngine::start_role(MODEL, Role::Decode, false).await;
+    let bad = Backend::start("bad", &[MODEL]).await;
+    let r = router(
+        "vllm",
+        &[
+            engine("p0", &p0, "prefill"),
+            backend("bad", &bad, "decode"),
+            engine("d1", &d1, "decode"),
+        ],
+        "",
+    )
+    .await;
+    // A plain request whose decode answers 500 (vLLM's failed KV load): prefill and decode again.
+    bad.set(|b| b.fail_status = Some(500));
+    let body = json!({"model": MODEL, "prompt": prompt("r", 30), "max_tokens": 3});
+    let (status, decode, prefill, text) = send(&r, body, false).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!((decode.as_str(), prefill.as_str()), ("d1", "p0"));
+    let got = bad.received();
+    assert_eq!(got.len(), 1);
+    let sent: Value = serde_json::from_slice(&got[0].body).unwrap();
+    assert_eq!(
+        sent["kv_transfer_params"]["do_remote_prefill"], true,
+        "{sent}"
+    );
+    assert_eq!(
+        sent["max_tokens"], 3,
+        "the decode gets the original request: {sent}"
+    );
+    // A stream whose first event is an error (vLLM's streamed failure): the client never sees it.
+    bad.set(|b| {
+        b.fail_status = None;
+        b.error_event_first = true;
+    });
+    let body = json!({"model": MODEL, "stream": true, "max_tokens": 3,
+        "messages": [{"role": "user", "content": prompt("t", 30)}]});
+    let (status, decode, _, text) = send(&r, body, true).await;
+    assert_eq!(status, 200, "{text}");
+    let (content, error) = sse_content(&text);
+    assert!(
+        !error,
+        "the failed decode's error reached the client: {text}"
+    );
+    assert_eq!(content.len(), 3, "{text}");
+    assert_eq!(decode, "d1");
+    assert!(
+        metric(&r, "kvroute_disaggregated_retries_total{phase=\"pair\"").await >= 2.0,
+        "{}",
+        metrics_text(r.addr).await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decode_that_fails_after_its_first_token_ends_the_stream_with_an_error_event() {
+    let p0 = SimEngine::start_role(MODEL, Role::Prefill, false).await;
+    let bad = Backend::start("bad", &[MODEL]).await;
+    bad.set(|b| b.break_mid_stream = true);
+    let r = router(
+        "vllm",
+        &[engine("p0", &p0, "prefill"), backend("bad", &bad, "decode")],
+        "",
+    )
+    .await;
+    let body = json!({"model": MODEL, "prompt": prompt("m", 20), "max_tokens": 3, "stream": true});
+    let (status, decode, _, text) = send(&r, body, false).await;
+    assert_eq!(status, 200);
+    assert_eq!(decode, "bad");
+    let (content, error) = sse_content(&text);
+    assert_eq!(
+        content,
+        ["tok0 "],
+        "the first token once, nothing replayed: {text}"
+    );
+    assert!(error && text.contains("upstream_stream_error"), "{text}");
+    assert_eq!(bad.received().len(), 1, "no retry after the first token");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_requests_are_handed_off_with_its_salt() {
+    use sha2::{Digest, Sha256};
+    let key_hash: String = Sha256::digest(b"key-acme")
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let p0 = SimEngine::start_role(MODEL, Role::Prefill, false).await;
+    let d0 = Backend::start("d0", &[MODEL]).await;
+    let tenants = format!("[[tenants]]\nname = \"acme\"\napi_key_sha256 = \"{key_hash}\"\n");
+    let r = router(
+        "vllm",
+        &[engine("p0", &p0, "prefill"), backend("d0", &d0, "decode")],
+        &tenants,
+    )
+    .await;
+    let resp = client()
+        .post(format!("http://{}/v1/completions", r.addr))
+        .bearer_auth("key-acme")
+        .json(&json!({"model": MODEL, "prompt": prompt("t", 20), "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(header(&resp, "x-kvroute-prefill-worker"), "p0");
+    let got = d0.received();
+    let sent: Value = serde_json::from_slice(&got[0].body).unwrap();
+    assert!(
+        sent["cache_salt"].as_str().is_some_and(|s| !s.is_empty()),
+        "{sent}"
+    );
+    assert_eq!(
+        sent["kv_transfer_params"]["do_remote_prefill"], true,
+        "{sent}"
+    );
+    assert!(got[0].headers.get("authorization").is_none());
+    let anonymous = client()
+        .post(format!("http://{}/v1/completions", r.addr))
+        .json(&json!({"model": MODEL, "prompt": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(anonymous.status(), 401);
+}
+
+fn config_error(text: &str) -> String {
+    match Config::from_toml(text, Path::new("test")) {
+        Ok(_) => panic!("accepted: {text}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn w(id: &'static str, port: u16, role: &'static str) -> W {
+    W {
+        id,
+        url: format!("http://127.0.0.1:{port}"),
+        role,
+        events: None,
+        bootstrap: None,
+    }
+}
+
+#[test]
+fn a_half_disaggregated_model_and_bad_roles_are_config_errors() {
+    let e = config_error(&config_text(
+        "vllm",
+        &[w("d0", 1, "decode"), w("d1", 2, "decode")],
+        "",
+    ));
+    assert!(e.contains("no prefill worker"), "{e}");
+    let e = config_error(&config_text("vllm", &[w("p0", 1, "prefill")], ""));
+    assert!(e.contains("no decode worker"), "{e}");
+    let e = config_error(&config_text("vllm", &[w("p0", 1, "prefil")], ""));
+    assert!(
+        e.contains("workers[0].role") && e.contains("prefill"),
+        "{e}"
+    );
+    let mut d = w("d0", 2, "decode");
+    d.bootstrap = Some(8998);
+    let e = config_error(&config_text("sglang", &[w("p0", 1, "prefill"), d], ""));
+    assert!(e.contains("workers[1].bootstrap_port"), "{e}");
+    let e = config_error(&config_text(
+        "nixl",
+        &[w("p0", 1, "prefill"), w("d0", 2, "decode")],
+        "",
+    ));
+    assert!(e.contains("models[0].disaggregation"), "{e}");
+    let ok = config_text("sglang", &[w("p0", 1, "prefill"), w("b0", 2, "both")], "");
+    Config::from_toml(&ok, Path::new("test")).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_takes_roles_and_a_model_without_a_prefill_worker_is_a_503() {
+    let b = Backend::start("b", &[MODEL, "other"]).await;
+    let r = router("vllm", &[backend("b0", &b, "both")], "").await;
+    let c = client();
+    let add = |body: Value| {
+        let c = c.clone();
+        let url = format!("http://{}/admin/workers", r.addr);
+        async move { c.post(url).json(&body).send().await.unwrap() }
+    };
+    let other = Backend::start("o", &["other"]).await;
+    let resp =
+        add(json!({"url": other.url(), "id": "dec", "models": ["other"], "role": "decode"})).await;
+    assert_eq!(resp.status(), 201);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(
+        (v["role"].as_str(), v["bootstrap_port"].as_u64()),
+        (Some("decode"), None)
+    );
+    let bad = add(json!({"url": "http://127.0.0.1:9", "id": "x", "role": "encode"})).await;
+    assert_eq!(assert_openai_error(bad, 400).await["param"], "role");
+    let bad = add(
+        json!({"url": "http://127.0.0.1:9", "id": "x", "role": "decode", "bootstrap_port": 8998}),
+    )
+    .await;
+    assert_eq!(
+        assert_openai_error(bad, 400).await["param"],
+        "bootstrap_port"
+    );
+    let list: Value = c
+        .get(format!("http://{}/admin/workers", r.addr))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let roles: Vec<_> = list["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| (w["id"].clone(), w["role"].clone()))
+        .collect();
+    assert_eq!(
+        roles,
+        [
+            (json!("b0"), json!("both")),
+            (json!("dec"), json!("decode"))
+        ]
+    );
+    // A model served by a decode worker alone has no prefill worker: 503, never a whole
+    // request sent to a decode engine.
+    let lonely = Backend::start("l", &["lonely"]).await;
+    let resp =
+        add(json!({"url": lonely.url(), "id": "dec2", "models": ["lonely"], "role": "decode"}))
+            .await;
+    assert_eq!(resp.status(), 201);
+    let resp = complete(&c, r.addr, &json!({"model": "lonely", "prompt": "hi"})).await;
+    let e = assert_openai_error(resp, 503).await;
+    assert_eq!(e["code"], "no_prefill_worker", "{e}");
+}
