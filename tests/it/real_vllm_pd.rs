@@ -334,6 +334,13 @@ async fn a_disaggregated_vllm_request_moves_its_kv_from_prefill_to_decode() {
         engines[decode].log_tail()
     );
 
+    // What the decode engine published (it caches the blocks it received; printed, not
+    // asserted: kvroute routes decode by load and KV room, not by its events).
+    println!(
+        "KV event batches from the decode engine: {}",
+        router.event_batches(&engines[decode].name).await
+    );
+
     router.shutdown().await;
     for e in &mut engines {
         e.stop();
