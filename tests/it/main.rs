@@ -49,6 +49,7 @@ mod real_vllm;
 mod real_vllm_dp;
 mod real_vllm_endpoints;
 mod real_vllm_lifecycle;
+mod real_vllm_pd;
 mod real_vllm_routing;
 mod reliability;
 mod request_ids;

@@ -57,10 +57,14 @@ pub struct EngineKind {
 pub struct EngineProc {
     /// The worker id the router gives it.
     pub name: String,
+    /// Its place among the engines started together (`name` is the kind's prefix and this).
+    pub index: usize,
     kind: &'static EngineKind,
     pub http_port: u16,
     pub events_port: u16,
     replay_port: u16,
+    /// A spare port for a side channel of the engine's own (vLLM's NIXL handshake listener).
+    pub side_channel_port: u16,
     launcher: Launcher,
     child: Option<Child>,
     log: PathBuf,
@@ -100,10 +104,12 @@ impl EngineProc {
         let events_port = quiet_ports(4);
         EngineProc {
             name,
+            index: i,
             kind,
             http_port,
             events_port,
             replay_port: events_port + 2,
+            side_channel_port: quiet_port(),
             launcher,
             child: None,
             log,

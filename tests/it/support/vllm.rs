@@ -27,6 +27,8 @@ pub struct VllmSetup {
     pub launcher: PathBuf,
     pub model: PathBuf,
     pub lora: PathBuf,
+    /// NIXL (for the NixlConnector), put on the prefill/decode engines' `PYTHONPATH` only.
+    pub nixl: PathBuf,
 }
 
 impl VllmSetup {
@@ -41,7 +43,17 @@ impl VllmSetup {
             launcher: repo.join("scripts/real-engines/vllm_serve.py"),
             model: root.join("models/tiny-qwen3"),
             lora: root.join("models/tiny-qwen3-lora"),
+            nixl: root.join("nixl"),
         }
+    }
+
+    /// Panics with the script to run when NIXL is not installed (an older setup).
+    pub fn require_nixl(&self) {
+        assert!(
+            self.nixl.join(".kvroute-complete").exists(),
+            "NIXL is not installed in {}: run scripts/real-engines/vllm-setup.sh again",
+            self.nixl.display()
+        );
     }
 }
 
@@ -71,6 +83,13 @@ pub struct VllmOptions {
     pub responses_store: bool,
     /// `--data-parallel-size` (at most 2: [`EngineProc`] leaves room for two ranks' ports).
     pub data_parallel_size: u32,
+    /// Prefill/decode disaggregation with vLLM's NixlConnector: the first this many engines
+    /// started together are prefill engines (`kv_producer`), the others decode engines
+    /// (`kv_consumer`). `None`: no KV connector.
+    pub prefill_engines: Option<usize>,
+    /// `--enforce-eager`: no `torch.compile` warm-up (the longest part of a start on a busy
+    /// machine).
+    pub enforce_eager: bool,
 }
 
 impl Default for VllmOptions {
@@ -81,6 +100,8 @@ impl Default for VllmOptions {
             lora: false,
             responses_store: false,
             data_parallel_size: 1,
+            prefill_engines: None,
+            enforce_eager: false,
         }
     }
 }
@@ -133,6 +154,12 @@ fn command(setup: &VllmSetup, o: &VllmOptions, e: &EngineProc) -> Command {
         cmd.args(["--data-parallel-size", &o.data_parallel_size.to_string()])
             .args(["--api-server-count", "1"]);
     }
+    if o.enforce_eager {
+        cmd.arg("--enforce-eager");
+    }
+    if let Some(prefill_engines) = o.prefill_engines {
+        nixl_connector(&mut cmd, setup, e, e.index < prefill_engines);
+    }
     if o.responses_store {
         cmd.env("VLLM_ENABLE_RESPONSES_API_STORE", "1");
     }
@@ -152,4 +179,30 @@ fn command(setup: &VllmSetup, o: &VllmOptions, e: &EngineProc) -> Command {
         cmd.env(k, v);
     }
     cmd
+}
+
+/// Makes `cmd` a prefill (`kv_producer`) or decode (`kv_consumer`) engine of vLLM's
+/// NixlConnector. On the CPU platform NIXL registers the KV cache itself as host memory and UCX
+/// moves it; `UCX_NET_DEVICES=lo` keeps UCX's TCP transport on loopback. The handshake
+/// listener's address is what the prefill engine names in the `kv_transfer_params` it returns
+/// (`remote_host`, `remote_port`), so each engine gets its own loopback port.
+fn nixl_connector(cmd: &mut Command, setup: &VllmSetup, e: &EngineProc, prefill: bool) {
+    let role = if prefill {
+        "kv_producer"
+    } else {
+        "kv_consumer"
+    };
+    let config = json!({
+        "kv_connector": "NixlConnector",
+        "kv_role": role,
+        "kv_buffer_device": "cpu",
+    });
+    cmd.args(["--kv-transfer-config", &config.to_string()])
+        .env("PYTHONPATH", &setup.nixl)
+        .env("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1")
+        .env(
+            "VLLM_NIXL_SIDE_CHANNEL_PORT",
+            e.side_channel_port.to_string(),
+        )
+        .env("UCX_NET_DEVICES", "lo");
 }
