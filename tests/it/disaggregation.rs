@@ -631,3 +631,30 @@ async fn a_decode_engine_refuses_a_transfer_its_prefill_never_issued() {
         .unwrap();
     assert_eq!(assert_openai_error(plain, 400).await["code"], "wrong_role");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sglang_pair_whose_prefill_fails_is_sent_again_with_another_prefill() {
+    let p0 = SimEngine::start_role(MODEL, Role::Prefill, true).await;
+    let d0 = SimEngine::start_role(MODEL, Role::Decode, false).await;
+    let gone = W {
+        id: "gone",
+        url: format!("http://127.0.0.1:{}", free_port()),
+        role: "prefill",
+        events: None,
+        bootstrap: Some(free_port()),
+    };
+    let mut pw = engine("p0", &p0, "prefill");
+    pw.bootstrap = Some(p0.bootstrap_port());
+    let r = router("sglang", &[gone, pw, engine("d0", &d0, "decode")], "").await;
+    for i in 0..3 {
+        let body = json!({"model": MODEL, "prompt": prompt(&format!("g{i}"), 20), "max_tokens": 2});
+        let (status, decode, prefill, text) = send(&r, body, false).await;
+        assert_eq!(status, 200, "{text}");
+        assert_eq!((decode.as_str(), prefill.as_str()), ("d0", "p0"));
+    }
+    assert!(
+        metric(&r, "kvroute_disaggregated_retries_total{phase=\"prefill\"").await >= 1.0,
+        "{}",
+        metrics_text(r.addr).await
+    );
+}
