@@ -38,6 +38,12 @@ impl<'d> DecodeSession<'d> {
         }
     }
 
+    /// Lets `worker` be chosen again: its attempt was abandoned through no fault of its own
+    /// (SGLang style, the prefill of its pair failed and its request was dropped).
+    pub fn forgive(&mut self, worker: &Worker) {
+        self.tried.retain(|k| !worker.keys().any(|w| w == *k));
+    }
+
     /// Routes the decode to a worker not tried yet and admits it there; `None` when none is
     /// left. Every call after the first means the previous decode attempt failed.
     pub fn next_attempt(&mut self) -> Option<Attempt> {

@@ -245,7 +245,11 @@ async fn sglang_round(
         (prefilled, decoded)
     };
     let answer = match prefilled {
-        Err(e) => return Ok(prefill_failed(&p, e.message, metrics)),
+        Err(e) => {
+            // The decode did nothing wrong: it may pair with another prefill worker.
+            decode.forgive(&d.worker);
+            return Ok(prefill_failed(&p, e.message, metrics));
+        }
         Ok(answer) => answer,
     };
     if !answer.status().is_success() {

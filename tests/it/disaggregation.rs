@@ -14,15 +14,15 @@ use serde_json::{Value, json};
 
 use crate::support::*;
 
-const MODEL: &str = "sim";
+pub(crate) const MODEL: &str = "sim";
 
 /// One `[[workers]]` entry.
-struct W {
-    id: &'static str,
-    url: String,
-    role: &'static str,
-    events: Option<(String, String)>,
-    bootstrap: Option<u16>,
+pub(crate) struct W {
+    pub(crate) id: &'static str,
+    pub(crate) url: String,
+    pub(crate) role: &'static str,
+    pub(crate) events: Option<(String, String)>,
+    pub(crate) bootstrap: Option<u16>,
 }
 
 fn engine(id: &'static str, e: &SimEngine, role: &'static str) -> W {
@@ -35,7 +35,7 @@ fn engine(id: &'static str, e: &SimEngine, role: &'static str) -> W {
     }
 }
 
-fn backend(id: &'static str, b: &Backend, role: &'static str) -> W {
+pub(crate) fn backend(id: &'static str, b: &Backend, role: &'static str) -> W {
     W {
         id,
         url: b.url(),
@@ -45,7 +45,7 @@ fn backend(id: &'static str, b: &Backend, role: &'static str) -> W {
     }
 }
 
-fn config_text(protocol: &str, workers: &[W], extra: &str) -> String {
+pub(crate) fn config_text(protocol: &str, workers: &[W], extra: &str) -> String {
     let mut text = format!(
         "policy = \"kv_aware\"\nshutdown_grace_s = 1.0\n{extra}\n[health]\ninterval_s = 0.2\n\
          [kv_aware]\ncalibrate = false\n[[models]]\nname = \"{MODEL}\"\nblock_size = 16\n\
@@ -68,7 +68,7 @@ fn config_text(protocol: &str, workers: &[W], extra: &str) -> String {
     text
 }
 
-async fn router(protocol: &str, workers: &[W], extra: &str) -> RouterHandle {
+pub(crate) async fn router(protocol: &str, workers: &[W], extra: &str) -> RouterHandle {
     let text = config_text(protocol, workers, extra);
     let config = Config::from_toml(&text, Path::new("test")).unwrap();
     start_router(&config).await
@@ -313,20 +313,15 @@ async fn decodes_spread_over_the_decode_pool_by_load() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_prefill_is_sent_to_another_prefill_worker() {
-    let dead = format!("http://127.0.0.1:{}", free_port());
+    // Healthy to the health checker, but every completion answers 503.
+    let failing = Backend::start("failing", &[MODEL]).await;
+    failing.set(|b| b.fail_status = Some(503));
     let p0 = SimEngine::start_role(MODEL, Role::Prefill, false).await;
     let d0 = SimEngine::start_role(MODEL, Role::Decode, false).await;
-    let gone = W {
-        id: "gone",
-        url: dead,
-        role: "prefill",
-        events: None,
-        bootstrap: None,
-    };
     let r = router(
         "vllm",
         &[
-            gone,
+            backend("failing", &failing, "prefill"),
             engine("p0", &p0, "prefill"),
             engine("d0", &d0, "decode"),
         ],
@@ -339,6 +334,10 @@ async fn a_failed_prefill_is_sent_to_another_prefill_worker() {
         assert_eq!(status, 200, "{text}");
         assert_eq!((decode.as_str(), prefill.as_str()), ("d0", "p0"));
     }
+    assert!(
+        failing.count() >= 1,
+        "the failing prefill worker was never tried"
+    );
     assert!(
         metric(&r, "kvroute_disaggregated_retries_total{phase=\"prefill\"").await >= 1.0,
         "{}",
@@ -471,114 +470,6 @@ async fn a_tenants_requests_are_handed_off_with_its_salt() {
     assert_eq!(anonymous.status(), 401);
 }
 
-fn config_error(text: &str) -> String {
-    match Config::from_toml(text, Path::new("test")) {
-        Ok(_) => panic!("accepted: {text}"),
-        Err(e) => e.to_string(),
-    }
-}
-
-fn w(id: &'static str, port: u16, role: &'static str) -> W {
-    W {
-        id,
-        url: format!("http://127.0.0.1:{port}"),
-        role,
-        events: None,
-        bootstrap: None,
-    }
-}
-
-#[test]
-fn a_half_disaggregated_model_and_bad_roles_are_config_errors() {
-    let e = config_error(&config_text(
-        "vllm",
-        &[w("d0", 1, "decode"), w("d1", 2, "decode")],
-        "",
-    ));
-    assert!(e.contains("no prefill worker"), "{e}");
-    let e = config_error(&config_text("vllm", &[w("p0", 1, "prefill")], ""));
-    assert!(e.contains("no decode worker"), "{e}");
-    let e = config_error(&config_text("vllm", &[w("p0", 1, "prefil")], ""));
-    assert!(
-        e.contains("workers[0].role") && e.contains("prefill"),
-        "{e}"
-    );
-    let mut d = w("d0", 2, "decode");
-    d.bootstrap = Some(8998);
-    let e = config_error(&config_text("sglang", &[w("p0", 1, "prefill"), d], ""));
-    assert!(e.contains("workers[1].bootstrap_port"), "{e}");
-    let e = config_error(&config_text(
-        "nixl",
-        &[w("p0", 1, "prefill"), w("d0", 2, "decode")],
-        "",
-    ));
-    assert!(e.contains("models[0].disaggregation"), "{e}");
-    let ok = config_text("sglang", &[w("p0", 1, "prefill"), w("b0", 2, "both")], "");
-    Config::from_toml(&ok, Path::new("test")).unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_admin_api_takes_roles_and_a_model_without_a_prefill_worker_is_a_503() {
-    let b = Backend::start("b", &[MODEL, "other"]).await;
-    let r = router("vllm", &[backend("b0", &b, "both")], "").await;
-    let c = client();
-    let add = |body: Value| {
-        let c = c.clone();
-        let url = format!("http://{}/admin/workers", r.addr);
-        async move { c.post(url).json(&body).send().await.unwrap() }
-    };
-    let other = Backend::start("o", &["other"]).await;
-    let resp =
-        add(json!({"url": other.url(), "id": "dec", "models": ["other"], "role": "decode"})).await;
-    assert_eq!(resp.status(), 201);
-    let v: Value = resp.json().await.unwrap();
-    assert_eq!(
-        (v["role"].as_str(), v["bootstrap_port"].as_u64()),
-        (Some("decode"), None)
-    );
-    let bad = add(json!({"url": "http://127.0.0.1:9", "id": "x", "role": "encode"})).await;
-    assert_eq!(assert_openai_error(bad, 400).await["param"], "role");
-    let bad = add(
-        json!({"url": "http://127.0.0.1:9", "id": "x", "role": "decode", "bootstrap_port": 8998}),
-    )
-    .await;
-    assert_eq!(
-        assert_openai_error(bad, 400).await["param"],
-        "bootstrap_port"
-    );
-    let list: Value = c
-        .get(format!("http://{}/admin/workers", r.addr))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let roles: Vec<_> = list["workers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|w| (w["id"].clone(), w["role"].clone()))
-        .collect();
-    assert_eq!(
-        roles,
-        [
-            (json!("b0"), json!("both")),
-            (json!("dec"), json!("decode"))
-        ]
-    );
-    // A model served by a decode worker alone has no prefill worker: 503, never a whole
-    // request sent to a decode engine.
-    let lonely = Backend::start("l", &["lonely"]).await;
-    let resp =
-        add(json!({"url": lonely.url(), "id": "dec2", "models": ["lonely"], "role": "decode"}))
-            .await;
-    assert_eq!(resp.status(), 201);
-    let resp = complete(&c, r.addr, &json!({"model": "lonely", "prompt": "hi"})).await;
-    let e = assert_openai_error(resp, 503).await;
-    assert_eq!(e["code"], "no_prefill_worker", "{e}");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_decode_engine_refuses_a_transfer_its_prefill_never_issued() {
     let p0 = SimEngine::start_role(MODEL, Role::Prefill, false).await;
@@ -630,4 +521,33 @@ async fn a_decode_engine_refuses_a_transfer_its_prefill_never_issued() {
         .await
         .unwrap();
     assert_eq!(assert_openai_error(plain, 400).await["code"], "wrong_role");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sglang_pair_whose_prefill_fails_is_sent_again_with_another_prefill() {
+    let p0 = SimEngine::start_role(MODEL, Role::Prefill, true).await;
+    let d0 = SimEngine::start_role(MODEL, Role::Decode, false).await;
+    // Healthy to the health checker, but every completion answers 503.
+    let failing = Backend::start("failing", &[MODEL]).await;
+    failing.set(|b| b.fail_status = Some(503));
+    let mut gone = backend("failing", &failing, "prefill");
+    gone.bootstrap = Some(free_port());
+    let mut pw = engine("p0", &p0, "prefill");
+    pw.bootstrap = Some(p0.bootstrap_port());
+    let r = router("sglang", &[gone, pw, engine("d0", &d0, "decode")], "").await;
+    for i in 0..3 {
+        let body = json!({"model": MODEL, "prompt": prompt(&format!("g{i}"), 20), "max_tokens": 2});
+        let (status, decode, prefill, text) = send(&r, body, false).await;
+        assert_eq!(status, 200, "{text}");
+        assert_eq!((decode.as_str(), prefill.as_str()), ("d0", "p0"));
+    }
+    assert!(
+        failing.count() >= 1,
+        "the failing prefill worker was never tried"
+    );
+    assert!(
+        metric(&r, "kvroute_disaggregated_retries_total{phase=\"prefill\"").await >= 1.0,
+        "{}",
+        metrics_text(r.addr).await
+    );
 }

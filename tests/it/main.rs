@@ -22,6 +22,7 @@ mod config_reload;
 mod connections;
 mod data_parallel;
 mod disaggregation;
+mod disaggregation_pools;
 mod discovery_dns;
 mod discovery_kubernetes;
 mod endpoints;
