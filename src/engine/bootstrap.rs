@@ -11,22 +11,16 @@
 //! no prefill ever opens, or a server that is not there, fails the decode.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use axum::Json;
-use axum::Router;
-use axum::extract::{Path, State};
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::Notify;
 
-use super::app::AppState;
 use super::request::RequestId;
 
 /// A request's bootstrap fields: where its prefill's bootstrap server is, and the room.
@@ -134,7 +128,7 @@ impl Rooms {
     }
 
     /// Waits until `room` is ready, then takes it.
-    async fn take(&self, room: u64) -> Option<(usize, RequestId, usize)> {
+    pub async fn take(&self, room: u64) -> Option<(usize, RequestId, usize)> {
         let deadline = tokio::time::Instant::now() + self.wait;
         loop {
             let notified = self.changed.notified();
@@ -195,38 +189,11 @@ impl Rooms {
     }
 }
 
-/// The bootstrap server of a prefill engine: `GET /rooms/{room}`.
-pub fn router(state: Arc<AppState>) -> Router {
-    Router::new()
-        .route("/rooms/{room}", axum::routing::get(room))
-        .with_state(state)
-}
-
-async fn room(State(state): State<Arc<AppState>>, Path(room): Path<u64>) -> Response {
-    let Some((rank, id, tokens)) = state.rooms.take(room).await else {
-        return (
-            StatusCode::NOT_FOUND,
-            Json(json!({"error": {"message": format!(
-                "no prefill finished in room {room} within {:?}", state.rooms.wait
-            ), "code": 404}})),
-        )
-            .into_response();
-    };
-    match state.clients[rank].release_held(id).await {
-        Ok(true) => Json(json!({"tokens": tokens})).into_response(),
-        _ => (
-            StatusCode::GONE,
-            Json(json!({"error": {"message": format!(
-                "room {room}'s blocks were released already (hold expired)"
-            ), "code": 410}})),
-        )
-            .into_response(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+    use std::sync::Arc;
 
     #[test]
     fn bootstrap_fields_are_read() {

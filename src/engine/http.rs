@@ -57,7 +57,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/reset_prefix_cache", post(reset_prefix_cache))
         .route(
             super::kv_transfer::PULL_PATH,
-            post(super::kv_transfer::pull),
+            post(super::handoff_routes::pull),
         )
         .fallback(not_found)
         .with_state(state)

@@ -17,19 +17,14 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use axum::Json;
-use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use std::sync::Arc;
 
-use super::app::AppState;
 use super::request::RequestId;
 
 /// The path a decode engine pulls a prefill's KV from (the simulated side channel).
@@ -220,64 +215,44 @@ impl Transfers {
     }
 }
 
-/// `POST /kv_transfer/pull`: a decode engine takes a held prefill's blocks.
-pub(super) async fn pull(State(state): State<Arc<AppState>>, Json(pull): Json<Pull>) -> Response {
-    let refuse = |status: StatusCode, message: String| {
-        (
-            status,
-            Json(json!({"error": {"message": message, "type": "kv_transfer_error", "code": status.as_u16()}})),
-        )
-            .into_response()
-    };
-    let t = &state.transfers;
-    if pull.engine_id != t.engine_id {
-        return refuse(
-            StatusCode::CONFLICT,
-            format!(
-                "engine `{}` was asked for a transfer of engine `{}`",
-                t.engine_id, pull.engine_id
-            ),
-        );
-    }
-    let held = {
-        let mut map = t.lock();
-        match map.get(&pull.request_id) {
+impl Transfers {
+    /// Takes the held prefill `pull` names: its rank, engine request id and prompt tokens, or
+    /// the status and reason of a refusal (another engine's id: 409; unknown, expired or
+    /// pulled already: 404; other blocks: 409).
+    pub fn take(&self, pull: &Pull) -> Result<(usize, RequestId, usize), (StatusCode, String)> {
+        if pull.engine_id != self.engine_id {
+            return Err((
+                StatusCode::CONFLICT,
+                format!(
+                    "engine `{}` was asked for a transfer of engine `{}`",
+                    self.engine_id, pull.engine_id
+                ),
+            ));
+        }
+        let mut map = self.lock();
+        let held = match map.get(&pull.request_id) {
             Some(h) if h.until <= Instant::now() => {
                 map.remove(&pull.request_id);
                 None
             }
             Some(h) if h.block_ids != pull.block_ids => {
-                return refuse(
+                return Err((
                     StatusCode::CONFLICT,
                     format!("request `{}` holds other blocks", pull.request_id),
-                );
+                ));
             }
             Some(_) => map.remove(&pull.request_id),
             None => None,
-        }
-    };
-    let Some(held) = held else {
-        return refuse(
-            StatusCode::NOT_FOUND,
-            format!(
-                "no held prefill `{}`: unknown, expired or already pulled",
-                pull.request_id
-            ),
-        );
-    };
-    match state.clients[held.rank].release_held(held.id).await {
-        Ok(true) => Json(json!({"tokens": held.tokens})).into_response(),
-        Ok(false) => refuse(
-            StatusCode::NOT_FOUND,
-            format!(
-                "prefill `{}`'s blocks were released already",
-                pull.request_id
-            ),
-        ),
-        Err(_) => refuse(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the engine is stopping".into(),
-        ),
+        };
+        held.map(|h| (h.rank, h.id, h.tokens)).ok_or_else(|| {
+            (
+                StatusCode::NOT_FOUND,
+                format!(
+                    "no held prefill `{}`: unknown, expired or already pulled",
+                    pull.request_id
+                ),
+            )
+        })
     }
 }
 

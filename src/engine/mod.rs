@@ -23,6 +23,7 @@ pub mod disaggregated;
 pub mod driver;
 pub mod events;
 pub mod free_queue;
+pub mod handoff_routes;
 pub mod held;
 pub mod http;
 pub mod kv_cache;

@@ -15,11 +15,12 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::bootstrap::{self, Rooms};
+use super::bootstrap::Rooms;
 use super::core::{ConfigError, EngineConfig, EngineCore};
 use super::disaggregated::DEFAULT_BOOTSTRAP_WAIT;
 use super::driver::{self, EngineClient};
 use super::events::{KvEventSink, NoEvents};
+use super::handoff_routes;
 use super::http::{AppState, router};
 use super::kv_transfer::Transfers;
 use super::metrics::EngineMetrics;
@@ -199,7 +200,7 @@ pub async fn start(config: ServeConfig, listener: TcpListener) -> Result<EngineH
         Some(port) => {
             let listener = TcpListener::bind(SocketAddr::new(addr.ip(), port)).await?;
             let at = listener.local_addr()?;
-            let app = bootstrap::router(Arc::clone(&state));
+            let app = handoff_routes::bootstrap_router(Arc::clone(&state));
             let stop = shutdown.clone();
             tokio::spawn(async move {
                 axum::serve(listener, app)
