@@ -471,6 +471,17 @@ impl ApiError {
         }
     }
 
+    /// 503 when no healthy worker can take a request for its model: none was routable, or
+    /// every one tried has failed.
+    pub fn no_worker() -> Self {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "service_unavailable",
+            Some("no_worker_available"),
+            "no healthy worker is available for this model; retry later",
+        )
+    }
+
     /// The JSON body `{"error": {...}}`.
     pub fn body(&self) -> String {
         let b = ErrorBody {

@@ -277,14 +277,7 @@ impl Upstream {
         if let Some(answer) = last_answer {
             return Ok(answer);
         }
-        Err(last_error.unwrap_or_else(|| {
-            ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "service_unavailable",
-                Some("no_worker_available"),
-                "no healthy worker is available for this model",
-            )
-        }))
+        Err(last_error.unwrap_or_else(ApiError::no_worker))
     }
 
     /// Takes one retry from the retry budget (a disaggregated request sent again as a whole

@@ -430,7 +430,7 @@ fn eligible(state: &AppState, model: Option<&str>) -> Result<Vec<Arc<Worker>>, A
             .cloned()
             .collect();
         return if all.is_empty() {
-            Err(no_worker())
+            Err(ApiError::no_worker())
         } else {
             Ok(all)
         };
@@ -440,7 +440,7 @@ fn eligible(state: &AppState, model: Option<&str>) -> Result<Vec<Arc<Worker>>, A
         return Ok(eligible);
     }
     Err(if state.fleet.knows_model(model) {
-        no_worker()
+        ApiError::no_worker()
     } else {
         ApiError::model_not_found(model)
     })
@@ -502,13 +502,4 @@ fn upstream_headers(state: &AppState, mut headers: HeaderMap) -> HeaderMap {
         headers.remove(http::header::AUTHORIZATION);
     }
     headers
-}
-
-pub(super) fn no_worker() -> ApiError {
-    ApiError::new(
-        http::StatusCode::SERVICE_UNAVAILABLE,
-        "service_unavailable",
-        Some("no_worker_available"),
-        "no healthy worker is available for this model; retry later",
-    )
 }

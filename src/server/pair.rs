@@ -203,7 +203,7 @@ async fn sglang_round(
     let metrics = &state.metrics;
     let picks = &metrics.disaggregation.picks;
     let (Some(p), Some(d)) = (prefill.next_attempt(), decode.next_attempt()) else {
-        return Err(no_pair());
+        return Err(ApiError::no_worker());
     };
     picks.with_label_values(&["prefill", p.worker.id()]).inc();
     picks.with_label_values(&["decode", d.worker.id()]).inc();
@@ -276,7 +276,7 @@ async fn sglang_round(
         p.admitted.first_token();
         p.admitted.finish();
     });
-    match decoded.unwrap_or_else(|| Err(no_pair())) {
+    match decoded.unwrap_or_else(|| Err(ApiError::no_worker())) {
         Err(e) => Ok(Round::Failed {
             why: e.message,
             prefill: None,
@@ -347,14 +347,4 @@ fn bootstrap_host(worker: &Worker) -> String {
 
 fn body_error(e: BodyError) -> ApiError {
     ApiError::invalid(e.to_string(), None)
-}
-
-/// No worker is left for one side of the pair.
-fn no_pair() -> ApiError {
-    ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "service_unavailable",
-        Some("no_worker_available"),
-        "no healthy worker is available for this model; retry later",
-    )
 }
