@@ -15,12 +15,13 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
+use http_body_util::Empty;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use serde_json::Value;
 use tokio::sync::Notify;
 
+use super::kv_transfer::tokens_of;
 use super::request::RequestId;
 
 /// A request's bootstrap fields: where its prefill's bootstrap server is, and the room.
@@ -165,27 +166,8 @@ impl Rooms {
             .await
             .map_err(|_| format!("the bootstrap server at {uri} did not answer within {wait:?}"))?
             .map_err(|e| format!("cannot reach the bootstrap server at {uri}: {e}"))?;
-        let status = resp.status();
-        let bytes = resp
-            .into_body()
-            .collect()
-            .await
-            .map(|b| b.to_bytes())
-            .unwrap_or_default();
-        let answer: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        if !status.is_success() {
-            let why = answer["error"]["message"]
-                .as_str()
-                .unwrap_or("no reason given");
-            return Err(format!(
-                "bootstrap room {} failed ({status}): {why}",
-                bootstrap.room
-            ));
-        }
-        answer["tokens"]
-            .as_u64()
-            .map(|t| t as usize)
-            .ok_or_else(|| "the bootstrap server's answer names no tokens".into())
+        let refusal = format!("bootstrap room {} failed", bootstrap.room);
+        tokens_of(resp, &refusal, "the bootstrap server").await
     }
 }
 

@@ -192,26 +192,12 @@ impl Transfers {
             .await
             .map_err(|_| format!("the prefill engine at {uri} did not answer within {wait:?}"))?
             .map_err(|e| format!("cannot reach the prefill engine at {uri}: {e}"))?;
-        let status = resp.status();
-        let bytes = resp
-            .into_body()
-            .collect()
-            .await
-            .map(|b| b.to_bytes())
-            .unwrap_or_default();
-        let answer: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        if !status.is_success() {
-            let why = answer["error"]["message"]
-                .as_str()
-                .unwrap_or("no reason given");
-            return Err(format!(
-                "the prefill engine refused the transfer ({status}): {why}"
-            ));
-        }
-        answer["tokens"]
-            .as_u64()
-            .map(|t| t as usize)
-            .ok_or_else(|| "the prefill engine's answer names no tokens".into())
+        tokens_of(
+            resp,
+            "the prefill engine refused the transfer",
+            "the prefill engine",
+        )
+        .await
     }
 }
 
@@ -254,6 +240,34 @@ impl Transfers {
             )
         })
     }
+}
+
+/// The prompt tokens a prefill engine answered a hand-off with (`{"tokens": N}`), or why it
+/// refused (`refusal` and its error message). Shared by vLLM's pull and SGLang's bootstrap
+/// room, which answer alike.
+pub(super) async fn tokens_of(
+    resp: http::Response<hyper::body::Incoming>,
+    refusal: &str,
+    peer: &str,
+) -> Result<usize, String> {
+    let status = resp.status();
+    let bytes = resp
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let answer: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    if !status.is_success() {
+        let why = answer["error"]["message"]
+            .as_str()
+            .unwrap_or("no reason given");
+        return Err(format!("{refusal} ({status}): {why}"));
+    }
+    answer["tokens"]
+        .as_u64()
+        .map(|t| t as usize)
+        .ok_or_else(|| format!("{peer}'s answer names no tokens"))
 }
 
 #[cfg(test)]
