@@ -7,6 +7,7 @@
 pub mod decode;
 pub mod encode;
 mod fields;
+mod monitored;
 mod msgpack;
 pub mod publisher;
 pub mod replay;

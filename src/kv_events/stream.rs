@@ -26,6 +26,7 @@ use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TrySendError;
 
 use super::decode::decode_batch;
+use super::monitored::MonitoredSub;
 use super::replay::{self, ReplayBound, ReplayError, ReplayRun, Replayed};
 use super::sequence::{Arrival, SequenceTracker};
 use super::subscription::{
@@ -90,7 +91,8 @@ impl Stream {
         }
     }
 
-    pub(super) fn run(&mut self, sub: zmq::Socket, monitor: zmq::Socket) {
+    pub(super) fn run(&mut self, socket: &MonitoredSub) {
+        let (sub, monitor) = (socket.sub(), socket.events());
         let timeout = self.config.poll_interval.as_millis().max(1) as i64;
         while !self.stop.load(Ordering::Relaxed) && !self.tx.is_closed() {
             let polled = {
@@ -112,7 +114,7 @@ impl Stream {
                     continue;
                 }
             };
-            if self.step(&sub, data, &monitor, events).is_err() {
+            if self.step(sub, data, monitor, events).is_err() {
                 return;
             }
         }

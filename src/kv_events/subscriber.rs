@@ -22,17 +22,15 @@
 //!   this worker. (Replaying it would return the same bytes.)
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 
 use thiserror::Error;
 use tokio::sync::mpsc;
 
+use super::monitored::MonitoredSub;
 use super::stream::Stream;
-use super::subscription::{SubscriberConfig, SubscriberStats, WorkerEvent, zmq_context};
-
-/// Distinct inproc names for socket monitors in this process.
-static MONITORS: AtomicU64 = AtomicU64::new(0);
+use super::subscription::{SubscriberConfig, SubscriberStats, WorkerEvent};
 
 /// Failure to start a subscriber.
 #[derive(Debug, Error)]
@@ -65,26 +63,11 @@ impl Subscriber {
             endpoint: config.endpoint.clone(),
             source,
         };
-        let sub = zmq_context().socket(zmq::SUB).map_err(connect_err)?;
-        sub.set_linger(0).map_err(connect_err)?;
-        // The default high-water mark (1,000) silently drops bursts.
-        sub.set_rcvhwm(0).map_err(connect_err)?;
-        sub.set_subscribe(config.topic.as_bytes())
+        let socket = MonitoredSub::new(config.topic.as_bytes()).map_err(connect_err)?;
+        socket
+            .sub()
+            .connect(&config.endpoint)
             .map_err(connect_err)?;
-        // A dropped TCP connection is the only sign of a publisher restart whose new sequence
-        // numbers happen to continue the old ones; watch for it.
-        let monitor_endpoint = format!(
-            "inproc://kv-sub-monitor-{}",
-            MONITORS.fetch_add(1, Ordering::Relaxed)
-        );
-        // A connection is when to ask for the replay that warms the worker.
-        let events = zmq::SocketEvent::DISCONNECTED.to_raw() | zmq::SocketEvent::CONNECTED.to_raw();
-        sub.monitor(&monitor_endpoint, i32::from(events))
-            .map_err(connect_err)?;
-        let monitor = zmq_context().socket(zmq::PAIR).map_err(connect_err)?;
-        monitor.set_linger(0).map_err(connect_err)?;
-        monitor.connect(&monitor_endpoint).map_err(connect_err)?;
-        sub.connect(&config.endpoint).map_err(connect_err)?;
 
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(SubscriberStats::default());
@@ -92,7 +75,7 @@ impl Subscriber {
         let mut stream = Stream::new(config, tx, stop.clone(), stats.clone());
         let thread = std::thread::Builder::new()
             .name(name)
-            .spawn(move || stream.run(sub, monitor))?;
+            .spawn(move || stream.run(&socket))?;
         Ok(SubscriberHandle {
             stop,
             stats,

@@ -149,11 +149,12 @@ impl Reloader {
         let relists = workers.borrow().relists + 1;
         workers.send_replace(desired(new, relists));
         let restart_needed = restart_needed(&self.started, new);
-        metrics.reloads.with_label_values(&["applied"]).inc();
+        // The digest first: a scrape that sees the reload counted sees what it loaded.
         metrics.loaded(&loaded.sha256);
         metrics
             .restart_pending
             .set(i64::from(!restart_needed.is_empty()));
+        metrics.reloads.with_label_values(&["applied"]).inc();
         tracing::info!(
             sha256 = %loaded.sha256,
             tenants = new.tenants.len(),

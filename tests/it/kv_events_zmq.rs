@@ -360,3 +360,43 @@ async fn the_thread_exits_when_the_channel_closes() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Subscribers dropped while their publisher goes away too — workers removed as their engines
+/// stop — leave the process's ZeroMQ working: a new pair still talks afterwards. libzmq sends
+/// socket-monitor events with a blocking send from the I/O thread that every socket of the
+/// process shares; a DISCONNECTED raised after the monitor's reader was dropped, while the
+/// monitored socket was still being closed, blocked it for good (the suite saw every later
+/// KV-event test fail, about one run in two). A hundred subscribers end at once, as their
+/// publisher does, to make that window likely.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribers_dropped_as_their_publisher_leaves_never_stall_zeromq() {
+    for _ in 0..10 {
+        let p = publisher(Layout::Vllm0_33);
+        let mut subs = Vec::new();
+        for _ in 0..100 {
+            let mut config = config_for(&p);
+            config.poll_interval = Duration::from_millis(5);
+            subs.push(subscribe(config));
+        }
+        let until = Instant::now() + WAIT;
+        while subs
+            .iter()
+            .any(|(sub, _)| sub.stats().events.load(Ordering::Relaxed) == 0)
+        {
+            assert!(
+                Instant::now() < until,
+                "not every subscriber connected: is the I/O thread stuck?"
+            );
+            p.publish(&batch(1));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // Each thread ends at its next poll once its channel is closed.
+        let handles: Vec<SubscriberHandle> = subs.into_iter().map(|(sub, _rx)| sub).collect();
+        tokio::time::sleep(Duration::from_millis(3)).await;
+        drop(p);
+        drop(handles);
+    }
+    let p = publisher(Layout::Vllm0_33);
+    let (_sub, mut rx) = subscribe(config_for(&p));
+    sync(&p, &mut rx).await;
+}
