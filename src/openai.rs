@@ -102,6 +102,10 @@ pub struct RequestView {
     /// `logprobs` on completions: every prompt position must be computed to score it), and
     /// reports `cached_tokens` 0 for them; routing must predict no reuse for them either.
     pub reads_prefix_cache: bool,
+    /// Whether the body may carry a client's own top-level `kv_transfer_params`, which never
+    /// reach an engine (`proxy::handoff::without_client_params`): known from the parse for
+    /// completions and chat, so other bodies are not scanned for it.
+    pub kv_transfer_params: bool,
 }
 
 /// Largest `max_tokens` accepted; beyond it no engine could serve the request.
@@ -241,6 +245,7 @@ impl RequestView {
             chat_template_kwargs,
             add_generation_prompt,
             reads_prefix_cache,
+            kv_transfer_params: f.kv_transfer_params,
         })
     }
 }

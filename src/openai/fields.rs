@@ -53,6 +53,8 @@ pub(super) struct Fields {
     pub echo: Seen<bool>,
     /// `logprobs`, given and not null.
     pub logprobs: bool,
+    /// `kv_transfer_params` is a top-level member (the router's to give, never the client's).
+    pub kv_transfer_params: bool,
 }
 
 /// A body: an object's fields, or anything else.
@@ -90,6 +92,7 @@ enum Key {
     PromptLogprobs,
     Echo,
     Logprobs,
+    KvTransferParams,
     Unread,
 }
 
@@ -112,6 +115,7 @@ impl Key {
             "prompt_logprobs" => Key::PromptLogprobs,
             "echo" => Key::Echo,
             "logprobs" => Key::Logprobs,
+            "kv_transfer_params" => Key::KvTransferParams,
             _ => Key::Unread,
         }
     }
@@ -174,6 +178,10 @@ impl<'de> Visitor<'de> for BodySeed {
                 Key::Echo => f.echo = map.next_value_seed(ScalarSeed)?.bool(),
                 Key::Logprobs => {
                     f.logprobs = !matches!(map.next_value_seed(ScalarSeed)?, Scalar::Null);
+                }
+                Key::KvTransferParams => {
+                    f.kv_transfer_params = true;
+                    map.next_value::<Skip>()?;
                 }
                 Key::Prompt | Key::Messages | Key::ToolChoice | Key::Unread => {
                     map.next_value::<Skip>()?;

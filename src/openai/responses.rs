@@ -180,6 +180,8 @@ impl ResponsesRequest {
             chat_template_kwargs: self.chat_template_kwargs.clone(),
             add_generation_prompt: self.add_generation_prompt,
             reads_prefix_cache: true,
+            // Not read by this parse: the bytes are checked.
+            kv_transfer_params: true,
         }
     }
 }

@@ -15,6 +15,7 @@ pub mod first_token;
 pub mod handoff;
 pub mod headers;
 pub mod hops;
+pub mod members;
 pub mod output_tokens;
 pub mod response_id;
 pub mod retry_budget;

@@ -262,7 +262,8 @@ async fn forward(
     let (eligible, paired) = sides(eligible, &routing, call.api)?;
     let decision_started = Instant::now();
     let body_bytes = bytes.len();
-    let prompted = matches!(routing, Routing::Prompt(_));
+    // Only a body whose parse saw the member is scanned for it.
+    let client_params = matches!(&routing, Routing::Prompt(view) if view.kv_transfer_params);
     let (analysis, view) = match routing {
         Routing::Prompt(view) => {
             let (analysis, view) =
@@ -290,7 +291,7 @@ async fn forward(
         _ => bytes,
     };
     // A client's own KV hand-off parameters never reach an engine (see `without_client_params`).
-    let bytes = if prompted {
+    let bytes = if client_params {
         handoff::without_client_params(bytes)
     } else {
         bytes

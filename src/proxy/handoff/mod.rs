@@ -21,8 +21,9 @@ use std::fmt;
 use std::str::FromStr;
 
 use bytes::Bytes;
-use serde_json::{Map, Value};
 use thiserror::Error;
+
+use crate::proxy::members::{self, Edit, NotAnObject};
 
 /// How a disaggregated model's prefill and decode workers hand the KV cache over.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -78,41 +79,22 @@ pub enum BodyError {
     Answer(String),
 }
 
+impl From<NotAnObject> for BodyError {
+    fn from(_: NotAnObject) -> BodyError {
+        BodyError::NotAnObject
+    }
+}
+
 /// The name of vLLM's hand-off field, in requests and answers.
 pub const KV_TRANSFER_PARAMS: &str = "kv_transfer_params";
 
-/// Parses a request body as a JSON object (key order kept: the engine sees the client's
-/// body, edited only where the hand-off needs it).
-pub(crate) fn object(body: &[u8]) -> Result<Map<String, Value>, BodyError> {
-    match serde_json::from_slice::<Value>(body) {
-        Ok(Value::Object(map)) => Ok(map),
-        _ => Err(BodyError::NotAnObject),
-    }
-}
-
-pub(crate) fn encode(map: Map<String, Value>) -> Bytes {
-    Bytes::from(serde_json::to_vec(&Value::Object(map)).unwrap_or_default())
-}
-
-/// The body without a client's own `kv_transfer_params`: those are the router's to give. A
-/// decode engine given `do_remote_prefill` without the fields its connector needs dies
+/// The body without a client's own top-level `kv_transfer_params`: those are the router's to
+/// give. A decode engine given `do_remote_prefill` without the fields its connector needs dies
 /// (vLLM 0.32.0's NIXL scheduler asserts, measured), so a client must never reach an engine
-/// with them. Bodies that do not mention the field are returned as they are, unparsed.
+/// with them. Only that member goes ([`members`]: nothing else is re-encoded); a body without
+/// it is returned as it is, not copied; one that is not an object is left to the engine.
 pub fn without_client_params(body: Bytes) -> Bytes {
-    let needle = KV_TRANSFER_PARAMS.as_bytes();
-    if !body.windows(needle.len()).any(|w| w == needle) {
-        return body;
-    }
-    match object(&body) {
-        Ok(mut map) => {
-            if map.remove(KV_TRANSFER_PARAMS).is_some() {
-                encode(map)
-            } else {
-                body
-            }
-        }
-        Err(_) => body,
-    }
+    members::edit(&body, &[(KV_TRANSFER_PARAMS, Edit::Remove)]).unwrap_or(body)
 }
 
 #[cfg(test)]
@@ -136,7 +118,15 @@ mod tests {
             br#"{"model":"m","prompt":"x"}"#
         );
         let body = Bytes::from_static(br#"{"model":"m", "prompt":"x"}"#);
-        assert_eq!(without_client_params(body.clone()), body);
+        assert_eq!(without_client_params(body.clone()).as_ptr(), body.as_ptr());
+        // Nothing else is re-encoded.
+        let body = Bytes::from_static(
+            br#"{"n":12345678901234567890123, "kv_transfer_params":null,"t":1E2,"t":3}"#,
+        );
+        assert_eq!(
+            &without_client_params(body)[..],
+            br#"{"n":12345678901234567890123,"t":1E2,"t":3}"#
+        );
         // The word in a prompt is not the field.
         let body = Bytes::from_static(br#"{"model":"m","prompt":"kv_transfer_params"}"#);
         assert_eq!(without_client_params(body.clone()), body);

@@ -3,9 +3,10 @@
 //! `pd_router`, which sends both requests at once and answers with the decode's).
 
 use bytes::Bytes;
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use super::{BodyError, encode, object};
+use super::BodyError;
+use crate::proxy::members::{self, Edit};
 
 /// Where a prefill worker's bootstrap server pairs it with the decode worker, and the room
 /// (a random 63-bit id) both requests name.
@@ -25,16 +26,20 @@ pub fn random_room() -> u64 {
 }
 
 /// The request as both workers get it: the client's body with the bootstrap fields set (a
-/// client's own are replaced: the pairing is the router's).
-pub fn with_bootstrap(body: &[u8], bootstrap: &Bootstrap) -> Result<Bytes, BodyError> {
-    let mut map = object(body)?;
-    map.insert(
-        "bootstrap_host".into(),
-        Value::String(bootstrap.host.clone()),
-    );
-    map.insert("bootstrap_port".into(), json!(bootstrap.port));
-    map.insert("bootstrap_room".into(), json!(bootstrap.room));
-    Ok(encode(map))
+/// client's own are replaced: the pairing is the router's), written into its bytes
+/// ([`members`]): nothing else changes.
+pub fn with_bootstrap(body: &Bytes, bootstrap: &Bootstrap) -> Result<Bytes, BodyError> {
+    let host = Value::String(bootstrap.host.clone()).to_string();
+    let port = bootstrap.port.to_string();
+    let room = bootstrap.room.to_string();
+    Ok(members::edit(
+        body,
+        &[
+            ("bootstrap_host", Edit::Set(host.as_bytes())),
+            ("bootstrap_port", Edit::Set(port.as_bytes())),
+            ("bootstrap_room", Edit::Set(room.as_bytes())),
+        ],
+    )?)
 }
 
 #[cfg(test)]
@@ -50,7 +55,11 @@ mod tests {
         };
         assert!(b.room <= i64::MAX as u64);
         let out: Value = serde_json::from_slice(
-            &with_bootstrap(br#"{"model":"m","bootstrap_room":1,"stream":true}"#, &b).unwrap(),
+            &with_bootstrap(
+                &Bytes::from_static(br#"{"model":"m","bootstrap_room":1,"stream":true}"#),
+                &b,
+            )
+            .unwrap(),
         )
         .unwrap();
         assert_eq!(out["bootstrap_host"], "10.0.0.7");

@@ -3,44 +3,44 @@
 //! `request_finished`, and vLLM's own `tests/v1/kv_connector/nixl_integration/toy_proxy_server.py`).
 
 use bytes::Bytes;
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use super::{BodyError, KV_TRANSFER_PARAMS, encode, object};
+use super::{BodyError, KV_TRANSFER_PARAMS};
+use crate::proxy::members::{self, Edit};
 
 /// The prefill request: the client's body asking the connector to keep the prompt's KV cache
 /// for a remote decode (`do_remote_decode`), for one token (`max_tokens`, and
 /// `max_completion_tokens` when the client used it), answered whole (`stream` false, no
 /// `stream_options`: only a plain answer carries `kv_transfer_params`). `min_tokens` is
-/// dropped: it would conflict with one token (the decode request keeps it).
-pub fn prefill_body(body: &[u8]) -> Result<Bytes, BodyError> {
-    let mut map = object(body)?;
-    map.insert(
-        KV_TRANSFER_PARAMS.into(),
-        json!({
-            "do_remote_decode": true,
-            "do_remote_prefill": false,
-            "remote_engine_id": null,
-            "remote_block_ids": null,
-            "remote_host": null,
-            "remote_port": null,
-        }),
-    );
-    map.insert("stream".into(), Value::Bool(false));
-    map.remove("stream_options");
-    map.insert("max_tokens".into(), json!(1));
-    if map.contains_key("max_completion_tokens") {
-        map.insert("max_completion_tokens".into(), json!(1));
-    }
-    map.remove("min_tokens");
-    map.remove("min_completion_tokens");
-    Ok(encode(map))
+/// dropped: it would conflict with one token (the decode request keeps it). Written into the
+/// client's bytes ([`members`]): nothing else changes.
+pub fn prefill_body(body: &Bytes) -> Result<Bytes, BodyError> {
+    Ok(members::edit(
+        body,
+        &[
+            (KV_TRANSFER_PARAMS, Edit::Set(PREFILL_PARAMS.as_bytes())),
+            ("stream", Edit::Set(b"false")),
+            ("stream_options", Edit::Remove),
+            ("max_tokens", Edit::Set(b"1")),
+            ("max_completion_tokens", Edit::Replace(b"1")),
+            ("min_tokens", Edit::Remove),
+            ("min_completion_tokens", Edit::Remove),
+        ],
+    )?)
 }
+
+/// What the prefill request asks of vLLM's connector (the fields its `toy_proxy_server.py`
+/// sends).
+const PREFILL_PARAMS: &str = r#"{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}"#;
 
 /// The `kv_transfer_params` of a prefill worker's answer (a completion or chat completion):
 /// `Some` object to hand to the decode worker, `None` when the answer has none (`null`: a
 /// connector that needs no parameters, such as vLLM's ExampleConnector, answers so).
 pub fn transfer_params(answer: &[u8]) -> Result<Option<Value>, BodyError> {
-    let map = object(answer).map_err(|_| BodyError::Answer("not a JSON object".into()))?;
+    let map = match serde_json::from_slice::<Value>(answer) {
+        Ok(Value::Object(map)) => map,
+        _ => return Err(BodyError::Answer("not a JSON object".into())),
+    };
     match map.get(KV_TRANSFER_PARAMS) {
         None | Some(Value::Null) => Ok(None),
         Some(v @ Value::Object(_)) => Ok(Some(v.clone())),
@@ -51,18 +51,15 @@ pub fn transfer_params(answer: &[u8]) -> Result<Option<Value>, BodyError> {
 }
 
 /// The decode request: the client's body as it came (its own `stream`, `max_tokens`, …) with
-/// the prefill's `params`, verbatim; without any when the prefill returned none.
-pub fn decode_body(body: &[u8], params: Option<&Value>) -> Result<Bytes, BodyError> {
-    let mut map = object(body)?;
-    match params {
-        Some(p) => {
-            map.insert(KV_TRANSFER_PARAMS.into(), p.clone());
-        }
-        None => {
-            map.remove(KV_TRANSFER_PARAMS);
-        }
-    }
-    Ok(encode(map))
+/// the prefill's `params`, verbatim; without any when the prefill returned none. Only that
+/// member is written ([`members`]).
+pub fn decode_body(body: &Bytes, params: Option<&Value>) -> Result<Bytes, BodyError> {
+    let encoded = params.map(Value::to_string);
+    let edit = match &encoded {
+        Some(p) => Edit::Set(p.as_bytes()),
+        None => Edit::Remove,
+    };
+    Ok(members::edit(body, &[(KV_TRANSFER_PARAMS, edit)])?)
 }
 
 #[cfg(test)]
@@ -72,7 +69,8 @@ mod tests {
     #[test]
     fn the_prefill_asks_for_one_unstreamed_token_and_a_remote_decode() {
         let body = br#"{"model":"m","messages":[],"stream":true,"stream_options":{"include_usage":true},"max_completion_tokens":50,"min_tokens":3}"#;
-        let out: Value = serde_json::from_slice(&prefill_body(body).unwrap()).unwrap();
+        let out: Value =
+            serde_json::from_slice(&prefill_body(&Bytes::from_static(body)).unwrap()).unwrap();
         assert_eq!(out["stream"], false);
         assert_eq!(out["max_tokens"], 1);
         assert_eq!(out["max_completion_tokens"], 1);
@@ -80,10 +78,30 @@ mod tests {
         assert_eq!(out[KV_TRANSFER_PARAMS]["do_remote_decode"], true);
         assert_eq!(out[KV_TRANSFER_PARAMS]["do_remote_prefill"], false);
         assert_eq!(out["model"], "m");
-        let plain: Value =
-            serde_json::from_slice(&prefill_body(br#"{"prompt":"x"}"#).unwrap()).unwrap();
+        let plain: Value = serde_json::from_slice(
+            &prefill_body(&Bytes::from_static(br#"{"prompt":"x"}"#)).unwrap(),
+        )
+        .unwrap();
         assert!(plain.get("max_completion_tokens").is_none());
-        assert_eq!(prefill_body(b"[1]"), Err(BodyError::NotAnObject));
+        assert_eq!(
+            prefill_body(&Bytes::from_static(b"[1]")),
+            Err(BodyError::NotAnObject)
+        );
+        // The client's bytes, edited only where the hand-off needs it.
+        let body = Bytes::from_static(
+            br#"{"model":"m","prompt":[1E2,12345678901234567890123],"max_tokens":9,"x":1,"x":2}"#,
+        );
+        assert_eq!(
+            &prefill_body(&body).unwrap()[..],
+            format!(
+                r#"{{"kv_transfer_params":{PREFILL_PARAMS},"stream":false,"model":"m","prompt":[1E2,12345678901234567890123],"max_tokens":1,"x":1,"x":2}}"#
+            )
+            .as_bytes()
+        );
+        assert_eq!(
+            &decode_body(&body, Some(&serde_json::json!({"a": 1}))).unwrap()[..],
+            br#"{"kv_transfer_params":{"a":1},"model":"m","prompt":[1E2,12345678901234567890123],"max_tokens":9,"x":1,"x":2}"#
+        );
     }
 
     #[test]
@@ -92,7 +110,8 @@ mod tests {
         let params = transfer_params(answer).unwrap().unwrap();
         let body = br#"{"model":"m","prompt":"x","stream":true,"max_tokens":20}"#;
         let out: Value =
-            serde_json::from_slice(&decode_body(body, Some(&params)).unwrap()).unwrap();
+            serde_json::from_slice(&decode_body(&Bytes::from_static(body), Some(&params)).unwrap())
+                .unwrap();
         assert_eq!(out["stream"], true);
         assert_eq!(out["max_tokens"], 20);
         assert_eq!(out[KV_TRANSFER_PARAMS], params);
@@ -100,7 +119,8 @@ mod tests {
         assert_eq!(transfer_params(br#"{"choices":[]}"#), Ok(None));
         assert!(transfer_params(br#"{"kv_transfer_params":3}"#).is_err());
         assert!(transfer_params(b"oops").is_err());
-        let out: Value = serde_json::from_slice(&decode_body(body, None).unwrap()).unwrap();
+        let out: Value =
+            serde_json::from_slice(&decode_body(&Bytes::from_static(body), None).unwrap()).unwrap();
         assert!(out.get(KV_TRANSFER_PARAMS).is_none());
     }
 }
