@@ -17,6 +17,9 @@ pub struct DecodeSession<'d> {
     eligible: Vec<WorkerRank>,
     analysis: Analysis,
     tried: Vec<WorkerId>,
+    /// The ranks of the worker computing this request's prefill
+    /// ([`DecodeSession::prefilled_on`]).
+    prefill: Vec<WorkerId>,
     clock: &'d (dyn Fn() -> Duration + Sync),
 }
 
@@ -34,8 +37,15 @@ impl<'d> DecodeSession<'d> {
             eligible: WorkerRank::all(eligible),
             analysis,
             tried: Vec::new(),
+            prefill: Vec::new(),
             clock,
         }
+    }
+
+    /// Tells the session which worker computes the prompt: the decode goes elsewhere while
+    /// another decode-capable worker is left ([`Decider::choose_decode`]).
+    pub fn prefilled_on(&mut self, worker: &Worker) {
+        self.prefill = worker.keys().collect();
     }
 
     /// Lets `worker` be chosen again: its attempt was abandoned through no fault of its own
@@ -48,9 +58,9 @@ impl<'d> DecodeSession<'d> {
     /// left. Every call after the first means the previous decode attempt failed.
     pub fn next_attempt(&mut self) -> Option<Attempt> {
         let mut skip = self.tried.clone();
-        let choice = self
-            .decider
-            .choose_decode(&self.analysis, &self.eligible, &mut skip)?;
+        let choice =
+            self.decider
+                .choose_decode(&self.analysis, &self.eligible, &mut skip, &self.prefill)?;
         let target = choice.target.clone();
         let admitted = self
             .decider

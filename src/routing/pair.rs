@@ -166,7 +166,30 @@ impl Decider {
 
     /// Chooses a decode target not in `skip` that grants a request; one whose circuit refuses
     /// is added to `skip` and the pick made again. `None` when none is left.
+    ///
+    /// `prefill` names the worker computing the request's prompt (its ranks). A `both` worker
+    /// chosen for the prefill is as eligible as any for the decode, and the request would hand
+    /// its KV cache off to the worker that already holds it: a transfer for nothing, and the
+    /// decode back on a worker that computes prompts (an SGLang server cannot pair with itself
+    /// at all). So the decode goes to another decode-capable worker while one is left, and
+    /// there only when none is.
     pub fn choose_decode<'t, T: Target>(
+        &self,
+        analysis: &Analysis,
+        targets: &'t [T],
+        skip: &mut Vec<WorkerId>,
+        prefill: &[WorkerId],
+    ) -> Option<DecodeChoice<'t, T>> {
+        if !prefill.is_empty() {
+            let mut away: Vec<WorkerId> = skip.iter().chain(prefill).copied().collect();
+            if let Some(choice) = self.pick_decode(analysis, targets, &mut away) {
+                return Some(choice);
+            }
+        }
+        self.pick_decode(analysis, targets, skip)
+    }
+
+    fn pick_decode<'t, T: Target>(
         &self,
         analysis: &Analysis,
         targets: &'t [T],

@@ -182,6 +182,7 @@ async fn vllm_round(
         .handoffs
         .with_label_values(&["vllm", outcome])
         .inc();
+    decode.prefilled_on(&p.worker);
     let body = vllm::decode_body(&req.body, params.as_ref()).map_err(body_error)?;
     let (d, answer) = state
         .upstream
@@ -202,7 +203,11 @@ async fn sglang_round(
 ) -> Result<Round, ApiError> {
     let metrics = &state.metrics;
     let picks = &metrics.disaggregation.picks;
-    let (Some(p), Some(d)) = (prefill.next_attempt(), decode.next_attempt()) else {
+    let Some(p) = prefill.next_attempt() else {
+        return Err(ApiError::no_worker());
+    };
+    decode.prefilled_on(&p.worker);
+    let Some(d) = decode.next_attempt() else {
         return Err(ApiError::no_worker());
     };
     picks.with_label_values(&["prefill", p.worker.id()]).inc();

@@ -95,7 +95,8 @@ impl Simulation<'_> {
         let req = &self.trace.requests[i];
         let prompt = self.config.synth.prompt_tokens(req);
         let output = req.output_tokens.max(1) as usize;
-        let Some(mut routed) = self.routers[pair.replica].route_decode(&prompt, now) else {
+        let Some(mut routed) = self.routers[pair.replica].route_decode(&prompt, pair.prefill, now)
+        else {
             self.fail_pair(i, pair, "no decode worker available".to_string(), now);
             return;
         };

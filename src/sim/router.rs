@@ -245,14 +245,17 @@ impl SimRouter {
         Some(Self::routed(admitted, now))
     }
 
-    /// Chooses the decode worker of a disaggregated request whose prefill ended at `now`, by
-    /// load and KV room (`routing::choose_decode`, the live router's pick), and counts the
-    /// request there; `None` when no decode worker is eligible.
-    pub fn route_decode(&self, prompt: &[u32], now: f64) -> Option<Routed> {
+    /// Chooses the decode worker of a disaggregated request whose prefill ended at `now` on
+    /// slot `prefill`, by load and KV room (`Decider::choose_decode`, the live router's pick),
+    /// and counts the request there; `None` when no decode worker is eligible.
+    pub fn route_decode(&self, prompt: &[u32], prefill: u32, now: f64) -> Option<Routed> {
         let analysis = self.analyse(prompt, now);
-        let choice = self
-            .decider
-            .choose_decode(&analysis, &self.targets, &mut Vec::new())?;
+        let choice = self.decider.choose_decode(
+            &analysis,
+            &self.targets,
+            &mut Vec::new(),
+            &[WorkerId(prefill)],
+        )?;
         let admitted = self.decider.admit_decode(&analysis, &choice, duration(now));
         Some(Self::routed(admitted, now))
     }
@@ -303,5 +306,44 @@ impl SimRouter {
         if matches!(self.mode, IndexMode::Events { .. }) {
             self.decider.holdings().exact.clear_worker(WorkerId(slot));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{PolicyKind, seeded};
+
+    /// Slot 0 serves both sides and computed the prompt; slot 1 is decode-only and busier.
+    /// The decode still goes to slot 1 (no hand-off to the worker that holds the KV), and to
+    /// slot 0 only when it is the fleet's only decode-capable worker.
+    #[test]
+    fn a_both_worker_that_prefilled_gets_the_decode_only_when_no_other_can() {
+        let mut router = SimRouter::new(
+            seeded(PolicyKind::LeastRequest, 1),
+            IndexMode::Approx,
+            "m",
+            16,
+            3,
+        );
+        router.enable_as(0, 1_000, Role::Both);
+        router.enable_as(1, 1_000, Role::Decode);
+        let prompt: Vec<u32> = (0..64).collect();
+        // Three requests prefilled on slot 0: every decode goes to slot 1, however busy.
+        let mine: Vec<Routed> = (0..3)
+            .map(|_| router.route_decode(&prompt, 0, 0.0).unwrap())
+            .collect();
+        let slots: Vec<u32> = mine.iter().map(|r| r.slot).collect();
+        assert_eq!(
+            slots,
+            [1, 1, 1],
+            "a prefill worker's own decode goes elsewhere"
+        );
+        // Slot 0 is eligible, and the idler: an unrelated decode goes there.
+        let other = router.route_decode(&prompt, 2, 0.0).unwrap();
+        assert_eq!(other.slot, 0);
+        router.enable_as(1, 1_000, Role::Prefill);
+        let alone = router.route_decode(&prompt, 0, 0.0).unwrap();
+        assert_eq!(alone.slot, 0, "with no other decode worker it stays");
     }
 }
