@@ -1,7 +1,9 @@
 //! A whole routing decision for an ~8,000-token chat whose system prompt was seen before:
 //! render the chat template, tokenize (the system prompt's piece from the segment cache, the
 //! new question from the tokenizer), hash the blocks, look up 16 workers in the index, score
-//! with `kv_aware` and admit, through the live decision core. Two shapes: a short new question (~500 tokens) and a long one (~2,000).
+//! with `kv_aware` and admit, through the live decision core. Two shapes: a short new question
+//! (~500 tokens) and a long one (~2,000). The short one is also measured with every new piece
+//! encoded by the `tokenizers` crate instead of the byte-level BPE fast path (`_tokenizers_crate`).
 //! The short one is also decided among 256 and 1,024 workers of the model, an eighth of which
 //! hold the system prompt in the exact index (applied as KV events).
 //!
@@ -100,14 +102,39 @@ fn cpu(c: &mut Criterion<thread_cpu::ThreadCpu>) {
 fn benches<M: Measurement>(c: &mut Criterion<M>, group: &str) {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizers/qwen3");
     let model = ModelTokens::from_hf_dir(&dir, 16, DEFAULT_CACHE_UNITS).expect("qwen3 loads");
+    assert!(
+        model.fast_path(),
+        "qwen3 takes the byte-level BPE fast path"
+    );
+    // The same decision with every new piece encoded by the `tokenizers` crate (before the
+    // fast path), measured alternately with the one above.
+    let slow = ModelTokens::from_hf_dir(&dir, 16, DEFAULT_CACHE_UNITS)
+        .expect("qwen3 loads")
+        .without_fast_path();
     let (workers, _guards) = fleet(16);
     let mut g = c.benchmark_group(group);
     g.sample_size(20)
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(4));
-    for (name, system_words, question_words) in [
-        ("seen_system_prompt_new_500_token_question", 5_600, 380),
-        ("seen_system_prompt_new_2000_token_question", 4_500, 1_500),
+    for (name, model, system_words, question_words) in [
+        (
+            "seen_system_prompt_new_500_token_question",
+            &model,
+            5_600,
+            380,
+        ),
+        (
+            "seen_system_prompt_new_500_token_question_tokenizers_crate",
+            &slow,
+            5_600,
+            380,
+        ),
+        (
+            "seen_system_prompt_new_2000_token_question",
+            &model,
+            4_500,
+            1_500,
+        ),
     ] {
         let system = prose::words(system_words, 1);
         // Seen before: the system prompt's piece is cached, and worker 3 holds its blocks.
@@ -132,7 +159,7 @@ fn benches<M: Measurement>(c: &mut Criterion<M>, group: &str) {
                         &prose::words(question_words, n.fetch_add(1, Ordering::Relaxed)),
                     )
                 },
-                |v| black_box(decide(&model, &decider, &workers, &v)),
+                |v| black_box(decide(model, &decider, &workers, &v)),
                 BatchSize::SmallInput,
             )
         });

@@ -3,6 +3,7 @@
 //! ([`tokenize_api`]).
 
 pub mod builtin_chat;
+pub mod byte_bpe;
 pub mod chat_template;
 pub mod engine_tools;
 pub mod hash;

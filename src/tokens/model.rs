@@ -13,6 +13,7 @@ use std::sync::Arc;
 use serde_json::Value as Json;
 
 use super::builtin_chat;
+use super::byte_bpe::ByteBpe;
 use super::chat_template::{ChatRequest, ChatTemplate};
 use super::engine_tools::EngineKind;
 use super::hash::{BlockHash, HashSeed, block_hashes};
@@ -41,6 +42,8 @@ pub struct ModelTokens {
 struct Pieces {
     segmenter: Segmenter,
     cache: SegmentCache,
+    /// The exact byte-level BPE fast path for pieces, when the tokenizer has one.
+    fast: Option<ByteBpe>,
 }
 
 impl std::fmt::Debug for ModelTokens {
@@ -87,6 +90,11 @@ impl ModelTokens {
             Tokenizer::Hf(t) => Segmenter::for_tokenizer(t).map(|segmenter| Pieces {
                 segmenter,
                 cache: SegmentCache::new(cache_units),
+                fast: ByteBpe::for_tokenizer(t)
+                    .inspect_err(
+                        |e| tracing::debug!(reason = %e, "tokenizing without the fast path"),
+                    )
+                    .ok(),
             }),
         };
         ModelTokens {
@@ -160,6 +168,21 @@ impl ModelTokens {
         self.pieces.as_ref().map(|_| ())
     }
 
+    /// The same model with pieces encoded by `tokenizers` only, to measure the fast path
+    /// against it.
+    #[cfg(feature = "testing")]
+    pub fn without_fast_path(mut self) -> ModelTokens {
+        if let Ok(p) = &mut self.pieces {
+            p.fast = None;
+        }
+        self
+    }
+
+    /// Whether pieces are encoded by the byte-level BPE fast path ([`ByteBpe`]).
+    pub fn fast_path(&self) -> bool {
+        self.pieces.as_ref().is_ok_and(|p| p.fast.is_some())
+    }
+
     /// Statistics of the piece cache, when segmenting.
     pub fn cache_stats(&self) -> Option<CacheStats> {
         self.pieces.as_ref().ok().map(|p| p.cache.stats())
@@ -186,7 +209,11 @@ impl ModelTokens {
                 Piece::Text(t) => match pieces.cache.get(t) {
                     Some(cached) => ids.extend_from_slice(&cached),
                     None => {
-                        let fresh: Arc<[u32]> = self.tokenizer.encode(t)?.into();
+                        let fresh = match pieces.fast.as_ref().and_then(|f| f.encode(t)) {
+                            Some(ids) => ids,
+                            None => self.tokenizer.encode(t)?,
+                        };
+                        let fresh: Arc<[u32]> = fresh.into();
                         ids.extend_from_slice(&fresh);
                         pieces.cache.insert(t, fresh);
                     }

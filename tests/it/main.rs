@@ -67,6 +67,7 @@ mod sim_routing;
 mod stream_endings;
 mod tls;
 mod tokenize;
+mod tokens_byte_bpe;
 mod tokens_chat_templates;
 mod tokens_jinja_parity;
 mod tokens_segments;
