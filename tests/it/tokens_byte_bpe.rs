@@ -133,3 +133,25 @@ fn long_runs_are_left_to_tokenizers() {
         .to_vec();
     assert_eq!(fast.encode(&spaced), Some(want));
 }
+
+#[test]
+fn case_folding_and_unusual_spaces_agree() {
+    let fast = ByteBpe::for_tokenizer(hf()).expect("fast path");
+    for text in [
+        "it'ſ",
+        "IT'S",
+        "x'Ll",
+        "we'VE",
+        "a'ſ",
+        "\u{2028}a",
+        " \u{a0}b",
+        "a\u{3000}\u{3000}b",
+        "a \u{2029}\u{2029} b",
+        "x\u{85}\u{85}y",
+        "  \u{feff}z",
+        "1\u{1680}\u{1680}2",
+    ] {
+        let want = hf().encode_fast(text, false).unwrap().get_ids().to_vec();
+        assert_eq!(fast.encode(text), Some(want), "{text:?}");
+    }
+}
