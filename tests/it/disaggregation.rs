@@ -413,7 +413,7 @@ async fn a_decode_that_fails_after_its_first_token_ends_the_stream_with_an_error
     .await;
     let body = json!({"model": MODEL, "prompt": prompt("m", 20), "max_tokens": 3, "stream": true});
     let (status, decode, _, text) = send(&r, body, false).await;
-    assert_eq!(status, 200);
+    assert_eq!(status, 200, "{text}");
     assert_eq!(decode, "bad");
     let (content, error) = sse_content(&text);
     assert_eq!(
