@@ -92,8 +92,15 @@ pub(super) async fn forward(
         .on_side(Side::Prefill)
         .excluding(&failed_prefills);
         let outcome = match req.protocol {
-            Protocol::Vllm => vllm_round(state, &req, prefill, &mut decode).await?,
-            Protocol::Sglang => sglang_round(state, &req, prefill, &mut decode).await?,
+            Protocol::Vllm => vllm_round(state, &req, prefill, &mut decode).await,
+            Protocol::Sglang => sglang_round(state, &req, prefill, &mut decode).await,
+        };
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
+            // A retry that finds no worker left for a side: the client learns why the pair
+            // failed (below), not that no worker was ever available.
+            Err(e) if last.is_some() && e.code == ApiError::no_worker().code => break,
+            Err(e) => return Err(e),
         };
         match outcome {
             Round::Answer(paired) => return Ok(*paired),

@@ -425,6 +425,26 @@ async fn a_decode_that_fails_after_its_first_token_ends_the_stream_with_an_error
     assert_eq!(bad.received().len(), 1, "no retry after the first token");
 }
 
+/// The only decode worker fails before its first token: the retry finds no decode worker left,
+/// and the client is told the hand-off failed (502 `decode_failed`), not that no worker was
+/// ever available (503).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pair_whose_only_decode_fails_is_a_502_naming_the_decode() {
+    let p0 = SimEngine::start_role(MODEL, Role::Prefill, false).await;
+    let bad = Backend::start("bad", &[MODEL]).await;
+    bad.set(|b| b.error_event_first = true);
+    let r = router(
+        "vllm",
+        &[engine("p0", &p0, "prefill"), backend("bad", &bad, "decode")],
+        "",
+    )
+    .await;
+    let body = json!({"model": MODEL, "prompt": prompt("f", 20), "max_tokens": 3, "stream": true});
+    let (status, _, _, text) = send(&r, body, false).await;
+    assert_eq!(status, 502, "{text}");
+    assert!(text.contains("decode_failed"), "{text}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenants_requests_are_handed_off_with_its_salt() {
     use sha2::{Digest, Sha256};

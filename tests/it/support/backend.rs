@@ -342,6 +342,10 @@ fn async_stream(
                 return;
             }
             if b.break_mid_stream {
+                // After the chunk has left: cut at once, and hyper may drop the chunk still in
+                // its write buffer, so the client would see the cut before any token (seen under
+                // load: the router then rightly treated it as a failure before the first token).
+                tokio::time::sleep(Duration::from_millis(300)).await;
                 let _ = tx.send(Err(std::io::Error::other("backend died"))).await;
                 return;
             }
