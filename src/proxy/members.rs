@@ -110,12 +110,6 @@ pub fn edit(body: &Bytes, edits: &[(&str, Edit<'_>)]) -> Result<Bytes, NotAnObje
     Ok(Bytes::from(out))
 }
 
-/// Whether `body` has a top-level member named `key`.
-pub fn has_member(body: &[u8], key: &str) -> Result<bool, NotAnObject> {
-    let (_, members) = top_level_members(body, &[(key, Edit::Remove)])?;
-    Ok(members.iter().any(|m| m.edit.is_some()))
-}
-
 /// The offset of the opening brace and the top-level members, in order.
 fn top_level_members(
     b: &[u8],

@@ -69,6 +69,12 @@ fn members_added_to_an_object_whose_members_all_go_leave_no_dangling_comma() {
     assert_eq!(edited("{}", &[("a", Edit::Replace(b"1"))]), "{}");
 }
 
+/// Whether `body` has a top-level member named `key`: removing it changes the bytes.
+fn has_member(body: &'static [u8], key: &str) -> Result<bool, NotAnObject> {
+    let body = Bytes::from_static(body);
+    Ok(edit(&body, &[(key, Edit::Remove)])? != body)
+}
+
 #[test]
 fn keys_are_read_as_json_reads_them_and_only_at_the_top() {
     let body = br#"{"kv_transfer_params":{"x":1}}"#;

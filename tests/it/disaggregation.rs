@@ -400,17 +400,26 @@ async fn a_decode_that_fails_before_its_first_token_is_retried_and_the_client_se
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_decode_that_fails_after_its_first_token_ends_the_stream_with_an_error_event() {
+/// A vLLM-style pair of one simulated prefill engine `p0` and one decode backend `bad` behaving
+/// as `behave` says, behind a router.
+async fn prefill_and_bad_decode(
+    behave: impl FnOnce(&mut Behavior),
+) -> (SimEngine, Backend, RouterHandle) {
     let p0 = SimEngine::start_role(MODEL, Role::Prefill, false).await;
     let bad = Backend::start("bad", &[MODEL]).await;
-    bad.set(|b| b.break_mid_stream = true);
+    bad.set(behave);
     let r = router(
         "vllm",
         &[engine("p0", &p0, "prefill"), backend("bad", &bad, "decode")],
         "",
     )
     .await;
+    (p0, bad, r)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decode_that_fails_after_its_first_token_ends_the_stream_with_an_error_event() {
+    let (_p0, bad, r) = prefill_and_bad_decode(|b| b.break_mid_stream = true).await;
     let body = json!({"model": MODEL, "prompt": prompt("m", 20), "max_tokens": 3, "stream": true});
     let (status, decode, _, text) = send(&r, body, false).await;
     assert_eq!(status, 200, "{text}");
@@ -430,15 +439,7 @@ async fn a_decode_that_fails_after_its_first_token_ends_the_stream_with_an_error
 /// ever available (503).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pair_whose_only_decode_fails_is_a_502_naming_the_decode() {
-    let p0 = SimEngine::start_role(MODEL, Role::Prefill, false).await;
-    let bad = Backend::start("bad", &[MODEL]).await;
-    bad.set(|b| b.error_event_first = true);
-    let r = router(
-        "vllm",
-        &[engine("p0", &p0, "prefill"), backend("bad", &bad, "decode")],
-        "",
-    )
-    .await;
+    let (_p0, _bad, r) = prefill_and_bad_decode(|b| b.error_event_first = true).await;
     let body = json!({"model": MODEL, "prompt": prompt("f", 20), "max_tokens": 3, "stream": true});
     let (status, _, _, text) = send(&r, body, false).await;
     assert_eq!(status, 502, "{text}");
