@@ -175,7 +175,18 @@ async fn sighup_applies_keys_and_workers_without_dropping_a_stream_and_refuses_a
     // Keys: at once.
     assert_eq!(complete_as(addr, "k-alice").await.status(), 401);
     // The busy worker drains: every new request goes to the other one (streams there are
-    // held too, so ask for plain completions).
+    // held too, so ask for plain completions). The worker list goes through the lifecycle's
+    // reconciler, a task of its own, so the drain shows up a moment after the reload counts.
+    for _ in 0..250 {
+        let listed = workers(addr).await;
+        if listed
+            .iter()
+            .any(|w| w["id"] == busy.as_str() && w["draining"] == true)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let before = busy_backend.count();
     for _ in 0..4 {
         let r = complete_as(addr, "k-bob").await;
