@@ -10,6 +10,10 @@
 //! `KVROUTE_BENCH_BASELINE` may name another `kvroute` binary (say, one built from main), run as
 //! one more `kv_aware` process, so a change is measured against what it changes in one run.
 //!
+//! A bare hyper forwarder (this bench re-run as a child process that forwards without deciding
+//! anything) gives the floor every router process pays on this machine, so each router's own
+//! cost is what it adds beyond that floor.
+//!
 //! Run: `cargo bench --bench proxy_overhead` (N defaults to 2,000 per path; set
 //! `KVROUTE_BENCH_N`).
 
@@ -35,6 +39,9 @@ const MODELS: &str =
     r#"{"object":"list","data":[{"id":"m","object":"model","owned_by":"bench","root":"m"}]}"#;
 
 const KV_AWARE: &str = "kvroute serve (kv_aware)";
+const FLOOR: &str = "bare hyper forwarder";
+/// Set (to `LISTEN BACKEND`) in the child process that runs [`bare_forwarder`].
+const FLOOR_ENV: &str = "KVROUTE_BENCH_BARE_FORWARDER";
 const BASELINE: &str = "baseline serve (kv_aware)";
 const SGLANG: &str = "sglang-router (cache_aware)";
 
@@ -139,7 +146,57 @@ fn sglang_router(python: &str, backend: SocketAddr) -> (Process, String) {
     (Process(child), format!("http://{addr}/v1/completions"))
 }
 
+/// The floor of any router on this machine: a separate process that forwards each request to
+/// the backend over a pooled hyper connection and streams the answer back, deciding nothing
+/// (no parsing, no routing, no metrics). What it adds is the cost of a process boundary and of
+/// the HTTP hops themselves, which every router pays; what a router adds beyond it is its own.
+fn bare_forwarder(spec: &str) {
+    let mut parts = spec.split_whitespace();
+    let (Some(listen), Some(backend)) = (parts.next(), parts.next()) else {
+        panic!("{FLOOR_ENV} must be `LISTEN BACKEND`");
+    };
+    let (listen, backend) = (listen.to_owned(), backend.to_owned());
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async move {
+        let client: Client<HttpConnector, axum::body::Body> =
+            Client::builder(TokioExecutor::new()).build_http();
+        let app = Router::new().fallback(move |req: axum::extract::Request| {
+            let (client, backend) = (client.clone(), backend.clone());
+            async move {
+                let (mut parts, body) = req.into_parts();
+                let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+                parts.uri = format!("http://{backend}{path}").parse().expect("uri");
+                match client.request(http::Request::from_parts(parts, body)).await {
+                    Ok(resp) => resp.map(axum::body::Body::new),
+                    Err(e) => http::Response::builder()
+                        .status(502)
+                        .body(axum::body::Body::from(e.to_string()))
+                        .expect("response"),
+                }
+            }
+        });
+        let listener = TcpListener::bind(listen).await.expect("bind");
+        axum::serve(listener, app).await.expect("serve");
+    });
+}
+
+fn bare_forwarder_process(backend: SocketAddr) -> (Process, String) {
+    let addr = free_addr();
+    let child = Command::new(std::env::current_exe().expect("this bench"))
+        .env(FLOOR_ENV, format!("{addr} {backend}"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("bare forwarder");
+    (Process(child), format!("http://{addr}/v1/completions"))
+}
+
 fn main() {
+    if let Ok(spec) = std::env::var(FLOOR_ENV) {
+        bare_forwarder(&spec);
+        return;
+    }
     let n: usize = std::env::var("KVROUTE_BENCH_N")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -182,6 +239,9 @@ fn main() {
             ),
         ];
         let mut processes = Vec::new();
+        let (p, url) = bare_forwarder_process(backend_addr);
+        processes.push(p);
+        paths.push((FLOOR, url));
         let this = Path::new(env!("CARGO_BIN_EXE_kvroute"));
         let (p, url) = kvroute_process(this, backend_addr, &dir, "least_request");
         processes.push(p);
@@ -238,12 +298,23 @@ fn main() {
                 .map(|i| added[i])
         };
         if let Some((sg_m, sg_p)) = added_by(SGLANG) {
-            for name in [KV_AWARE, BASELINE] {
+            for name in [FLOOR, KV_AWARE, BASELINE] {
                 if let Some((m, p)) = added_by(name) {
                     println!(
                         "{name} adds {:.2}× what sglang-router adds (median), {:.2}× (p99)",
                         m / sg_m,
                         p / sg_p
+                    );
+                }
+            }
+        }
+        if let Some((f_m, f_p)) = added_by(FLOOR) {
+            for name in [KV_AWARE, BASELINE, SGLANG] {
+                if let Some((m, p)) = added_by(name) {
+                    println!(
+                        "{name} adds {:.1} µs (median), {:.1} µs (p99) beyond the bare forwarder",
+                        m - f_m,
+                        p - f_p
                     );
                 }
             }

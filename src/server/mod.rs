@@ -62,8 +62,9 @@ pub struct AppState {
     pub decider: Decider,
     /// The upstream client.
     pub upstream: Upstream,
-    /// The metrics.
-    pub metrics: Metrics,
+    /// The metrics: shared, not cloned, by what lives as long as a request (a `Metrics` clone
+    /// is one reference count per metric family, dozens of atomic operations each way).
+    pub metrics: Arc<Metrics>,
     /// Largest accepted request body and longest a client may take to send it (reloadable).
     body_limits: arc_swap::ArcSwap<BodyLimits>,
     /// Tokenizers, chat templates and block sizes per model.
@@ -129,7 +130,7 @@ impl AppState {
             policy,
             upstream: Upstream::new(config.proxy.clone())
                 .map_err(|e| anyhow::anyhow!("proxy.tls: {e}"))?,
-            metrics: metrics.clone(),
+            metrics: Arc::new(metrics.clone()),
             body_limits: arc_swap::ArcSwap::from_pointee(BodyLimits::of(config)),
             tokens: ModelRegistry::load(
                 config.models.iter().map(|m| m.token_source()),
@@ -416,7 +417,7 @@ pub fn start_with_state(
         cutoff: state.cutoff.clone(),
         tls: None,
     };
-    let metrics = state.metrics.clone();
+    let metrics = Metrics::clone(&state.metrics);
     let (metrics_addr, metrics_task) = match config.metrics_listen {
         Some(at) => {
             let listener = bind_now(at)

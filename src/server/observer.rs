@@ -50,7 +50,7 @@ pub(super) enum AffinityAction {
 /// calibration and the access log.
 pub(super) struct Observer {
     attempt: Attempt,
-    metrics: Metrics,
+    metrics: Arc<Metrics>,
     /// The admission slot, held until the response ends.
     _ticket: Ticket,
     /// The model as metrics label it (`-` for one no worker is known to serve).
@@ -77,7 +77,7 @@ pub(super) struct Observer {
 impl Observer {
     pub(super) fn new(
         attempt: Attempt,
-        metrics: Metrics,
+        metrics: Arc<Metrics>,
         ticket: Ticket,
         status: http::StatusCode,
         started: Instant,

@@ -79,7 +79,7 @@ impl Reloader {
         let (tx, rx) = watch::channel(desired(config, 0));
         let context = RunnerContext {
             lifecycle: Arc::clone(&state.lifecycle),
-            metrics: state.metrics.clone(),
+            metrics: crate::metrics::Metrics::clone(&state.metrics),
             drain_timeout: config.discovery.drain_timeout,
             probe_timeout: config.health.timeout,
             own_addrs: state.own_addrs(),
