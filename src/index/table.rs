@@ -453,16 +453,7 @@ impl<V: Value> Table<V> {
         // 1.5× rather than 1.25×: every growth writes a fresh table (page faults and zeroing
         // included), and measured on the index benchmark the engine maps, which grow while
         // events arrive, applied ~15 % more blocks per second for 1.6 more bytes per pair.
-        // Below 1 MiB the table doubles: a cold router's engine maps pass through these sizes
-        // while the caches fill, each step on fresh 4 KiB pages (huge pages start at 1 MiB), and
-        // a map that ends larger is grown past them anyway, so the load of the final table is
-        // unchanged. Measured with the comparison tool (Dynamo's workload, capacities unknown):
-        // 13.4 vs 12.5 M blocks/s (medians of 5 alternating runs), heap 28.05 vs 28.09 B/pair.
-        let step = if self.capacity * size_of::<V::Bucket>() < (1 << 20) {
-            self.capacity
-        } else {
-            self.capacity / 2
-        };
+        let step = self.capacity / 2;
         let target = (self.capacity + step.max(1)).max(MIN_BUCKETS);
         self.rebuild(target);
     }
