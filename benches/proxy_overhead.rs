@@ -8,7 +8,8 @@
 //! (`scripts/peer-routers-setup.sh` installs one) — the SGLang router (`cache_aware`) as a peer.
 //! The two processes are compared like for like: a separate process each, one worker behind.
 //! `KVROUTE_BENCH_BASELINE` may name another `kvroute` binary (say, one built from main), run as
-//! one more `kv_aware` process, so a change is measured against what it changes in one run.
+//! two more processes (`kv_aware` and `least_request`), so a change is measured against what it
+//! changes in one run.
 //!
 //! A bare hyper forwarder (this bench re-run as a child process that forwards without deciding
 //! anything) gives the floor every router process pays on this machine, so each router's own
@@ -43,6 +44,7 @@ const FLOOR: &str = "bare hyper forwarder";
 /// Set (to `LISTEN BACKEND`) in the child process that runs [`bare_forwarder`].
 const FLOOR_ENV: &str = "KVROUTE_BENCH_BARE_FORWARDER";
 const BASELINE: &str = "baseline serve (kv_aware)";
+const BASELINE_LOAD: &str = "baseline serve (least_request)";
 const SGLANG: &str = "sglang-router (cache_aware)";
 
 /// Rounds per path; each round sends `n / ROUNDS` requests after 100 warm-up ones.
@@ -253,6 +255,10 @@ fn main() {
             let (p, url) = kvroute_process(Path::new(&baseline), backend_addr, &dir, "kv_aware");
             processes.push(p);
             paths.push((BASELINE, url));
+            let (p, url) =
+                kvroute_process(Path::new(&baseline), backend_addr, &dir, "least_request");
+            processes.push(p);
+            paths.push((BASELINE_LOAD, url));
         }
         if let Ok(python) = std::env::var("KVROUTE_BENCH_SGLANG_ROUTER") {
             let (p, url) = sglang_router(&python, backend_addr);

@@ -85,29 +85,45 @@ pub(super) async fn analyse(
 }
 
 /// The analysis a prefix-aware policy would have made of `view`'s prompt, made for a load-only
-/// policy off the request's path (see `trail`): tokenized (long prompts on a blocking thread),
-/// hashed and looked up now; `body_bytes` as for [`analyse`]. `None` when the prompt cannot be
-/// tokenized.
+/// policy (see `trail`): tokenized (long prompts on a blocking thread), hashed and looked up
+/// now; `body_bytes` as for [`analyse`]. `None` when the prompt cannot be tokenized.
 pub(super) async fn hash_off_path(
     state: &Arc<AppState>,
-    mut view: RequestView,
+    view: RequestView,
     cache_salt: Option<&str>,
     body_bytes: usize,
 ) -> Option<Analysis> {
+    if body_bytes < INLINE_TOKENIZE_BYTES {
+        return hash_small(state, view, cache_salt);
+    }
     let (tokens, seed) = tokens_and_seed(state, &view.model, cache_salt);
     let block_size = tokens.block_size();
     let reads_cache = view.reads_prefix_cache;
+    let mut view = view;
     let ids = match take_token_ids(&mut view) {
         Some(ids) => PromptIds::Sent(ids),
-        None if body_bytes < INLINE_TOKENIZE_BYTES => {
-            PromptIds::Encoded(tokens.prompt_ids(&view).ok()?)
-        }
         None => PromptIds::Encoded(
             tokio::task::spawn_blocking(move || tokens.prompt_ids(&view))
                 .await
                 .ok()?
                 .ok()?,
         ),
+    };
+    Some(ids.analysis(state, seed, block_size, reads_cache))
+}
+
+/// [`hash_off_path`] for a body under [`INLINE_TOKENIZE_BYTES`], on the calling thread.
+pub(super) fn hash_small(
+    state: &AppState,
+    mut view: RequestView,
+    cache_salt: Option<&str>,
+) -> Option<Analysis> {
+    let (tokens, seed) = tokens_and_seed(state, &view.model, cache_salt);
+    let block_size = tokens.block_size();
+    let reads_cache = view.reads_prefix_cache;
+    let ids = match take_token_ids(&mut view) {
+        Some(ids) => PromptIds::Sent(ids),
+        None => PromptIds::Encoded(tokens.prompt_ids(&view).ok()?),
     };
     Some(ids.analysis(state, seed, block_size, reads_cache))
 }

@@ -6,10 +6,14 @@
 //! known only then).
 //!
 //! A load-only policy decides without the prompt, and must not wait for a tokenizer. The
-//! prompt is hashed anyway, in a task of its own that the request never waits on: it
-//! tokenizes (long prompts on a blocking thread), hashes and looks the blocks up in the index
-//! at that moment, concurrently with the decision and the forwarding, then waits to learn
-//! which worker took the request. With that it counts `kvroute_prefix_hit_blocks_total` and
+//! prompt is hashed anyway. A small one (a body under `route::INLINE_TOKENIZE_BYTES`, a few
+//! hundred tokens: microseconds of work) is tokenized, hashed and looked up on the request's
+//! path, before forwarding: that costs less than handing it to a task, whose spawn and
+//! cross-thread wake-up measured about 20 µs of added latency per request on a 2-core machine
+//! (`benches/proxy_overhead.rs`, `least_request` against `kv_aware`). A larger one goes to a task
+//! of its own that the request never waits on: it tokenizes (on a blocking thread), hashes and
+//! looks the blocks up in the index at that moment, concurrently with the decision and the
+//! forwarding, then waits to learn which worker took the request. With that it counts `kvroute_prefix_hit_blocks_total` and
 //! `kvroute_prefix_queried_blocks_total` for the worker, exactly as a prefix-aware policy's
 //! session does, so policies can be compared on kvroute's own metrics. The lookup is made
 //! within microseconds to milliseconds of the decision rather than at it: a block that
@@ -36,6 +40,9 @@ pub(super) enum Trail {
     Off,
     /// The prompt was analysed on the request's path; the trace line waits for the end.
     Hashed(Box<Hashed>),
+    /// A load-only policy's small prompt, analysed on the path; counted when the worker is
+    /// known.
+    Inline(Box<Inline>),
     /// The prompt is analysed off the path, by a task that waits for these.
     Shadow {
         routed: Option<oneshot::Sender<WorkerRank>>,
@@ -48,6 +55,17 @@ pub(super) struct Hashed {
     recorder: Arc<Recorder>,
     arrival: Instant,
     analysis: Analysis,
+}
+
+/// A load-only policy's prompt analysed on the path.
+pub(super) struct Inline {
+    state: Arc<AppState>,
+    arrival: Instant,
+    /// `None` when the prompt could not be tokenized (nothing is counted, the trace line is
+    /// dropped as untokenized).
+    analysis: Option<Analysis>,
+    /// Whether the hits were counted (a request is routed once).
+    counted: bool,
 }
 
 /// How a recorded request's response ended.
@@ -84,6 +102,14 @@ impl Trail {
                 None => Trail::Off,
             };
         }
+        if body_bytes < route::INLINE_TOKENIZE_BYTES {
+            return Trail::Inline(Box::new(Inline {
+                state: Arc::clone(state),
+                arrival,
+                analysis: route::hash_small(state, view, salt.as_deref()),
+                counted: false,
+            }));
+        }
         let (routed, routed_rx) = oneshot::channel();
         let (ended, ended_rx) = match recorder {
             Some(_) => {
@@ -119,16 +145,26 @@ impl Trail {
         match self {
             Trail::Off => false,
             Trail::Hashed(_) => true,
+            Trail::Inline(i) => i.state.recorder.is_some(),
             Trail::Shadow { ended, .. } => ended.is_some(),
         }
     }
 
     /// The request was routed to `target` (a worker's rank) and its response head came back.
     pub(super) fn routed(&mut self, target: WorkerRank) {
-        if let Trail::Shadow { routed, .. } = self
-            && let Some(tx) = routed.take()
-        {
-            let _ = tx.send(target);
+        match self {
+            Trail::Shadow { routed, .. } => {
+                if let Some(tx) = routed.take() {
+                    let _ = tx.send(target);
+                }
+            }
+            Trail::Inline(i) if !i.counted => {
+                i.counted = true;
+                if let Some(a) = &i.analysis {
+                    count(&i.state, a, &target);
+                }
+            }
+            _ => {}
         }
     }
 
@@ -147,6 +183,17 @@ impl Trail {
                     analysis,
                 } = *h;
                 record(&recorder, arrival, Some(analysis), &ended);
+            }
+            Trail::Inline(i) => {
+                let Inline {
+                    state,
+                    arrival,
+                    analysis,
+                    ..
+                } = *i;
+                if let Some(recorder) = &state.recorder {
+                    record(recorder, arrival, analysis, &ended);
+                }
             }
             Trail::Shadow { ended: tx, .. } => {
                 if let Some(tx) = tx {

@@ -34,7 +34,12 @@ async fn wait_metric(addr: std::net::SocketAddr, name: &str, at_least: u64) -> u
 
 /// 64 words = 4 blocks of 16 tokens (3 reusable: the last token is always computed).
 fn prompt() -> String {
-    (0..64)
+    words(64)
+}
+
+/// `n` words, one token each.
+fn words(n: usize) -> String {
+    (0..n)
         .map(|i| format!("w{i}"))
         .collect::<Vec<_>>()
         .join(" ")
@@ -42,6 +47,25 @@ fn prompt() -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn least_request_counts_hits_from_kv_events() {
+    counts_hits_from_kv_events(&prompt(), 4).await;
+}
+
+/// A body over the inline limit (2 KiB) is analysed by a task of its own, off the path; a
+/// small one on it: both count the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn least_request_counts_hits_of_a_long_prompt_analysed_off_the_path() {
+    let long = words(640);
+    assert!(
+        long.len() > 2 << 10,
+        "the body must exceed the inline limit"
+    );
+    counts_hits_from_kv_events(&long, 40).await;
+}
+
+/// Sends `prompt` (`blocks` blocks of 16 tokens) twice through a `least_request` router in
+/// front of one engine with KV events: the first is queried and misses, the second hits every
+/// reusable block.
+async fn counts_hits_from_kv_events(prompt: &str, blocks: u64) {
     let engine = SimEngine::start(MODEL, 0, 50.0).await;
     let extra = format!(
         "[[models]]\nname = \"{MODEL}\"\nblock_size = 16\n[[workers]]\nid = \"e0\"\nurl = \"http://{}\"\nmodels = [\"{MODEL}\"]\nkv_events = \"{}\"\n",
@@ -50,18 +74,18 @@ async fn least_request_counts_hits_from_kv_events() {
     let config = support::router_config(PolicyKind::LeastRequest, &[], &extra);
     let router = support::start_router(&config).await;
     let http = support::client();
-    let body = json!({"model": MODEL, "prompt": prompt(), "max_tokens": 2});
+    let body = json!({"model": MODEL, "prompt": prompt, "max_tokens": 2});
     let url = format!("http://{}/v1/completions", router.addr);
     assert_eq!(
         http.post(&url).json(&body).send().await.unwrap().status(),
         200
     );
     assert_eq!(
-        wait_metric(router.addr, "kvroute_prefix_queried_blocks_total", 4).await,
-        4
+        wait_metric(router.addr, "kvroute_prefix_queried_blocks_total", blocks).await,
+        blocks
     );
     // The engine's events reach the index, then the same prompt again.
-    assert!(wait_metric(router.addr, "kvroute_index_entries", 4).await >= 4);
+    assert!(wait_metric(router.addr, "kvroute_index_entries", blocks).await >= blocks);
     assert_eq!(
         total(
             &support::metrics_text(router.addr).await,
@@ -74,8 +98,8 @@ async fn least_request_counts_hits_from_kv_events() {
         200
     );
     assert_eq!(
-        wait_metric(router.addr, "kvroute_prefix_hit_blocks_total", 3).await,
-        3,
+        wait_metric(router.addr, "kvroute_prefix_hit_blocks_total", blocks - 1).await,
+        blocks - 1,
         "the repeated prompt's reusable blocks were on the chosen worker"
     );
     assert_eq!(
@@ -83,7 +107,7 @@ async fn least_request_counts_hits_from_kv_events() {
             &support::metrics_text(router.addr).await,
             "kvroute_prefix_queried_blocks_total"
         ),
-        8
+        2 * blocks
     );
     router.shutdown().await;
     let _ = engine.handle.shutdown().await;
