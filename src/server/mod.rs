@@ -481,7 +481,10 @@ pub async fn run(
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
-    let handle = start(config, listener)?;
+    let state = Arc::new(AppState::from_config(config)?);
+    // The file's digest before the first request or scrape can arrive.
+    state.metrics.config.loaded(&loaded.sha256);
+    let handle = start_with_state(state, config, listener)?;
     tracing::info!(
         addr = %handle.addr,
         policy = %config.policy,

@@ -67,7 +67,8 @@ pub enum Outcome {
 impl Reloader {
     /// A reloader for the router with `state`, started from `loaded` (with `args`, its flags
     /// and variables); starts the runner of the static workers, which lives until `stop`.
-    /// Must be called on a Tokio runtime.
+    /// Must be called on a Tokio runtime. The caller records `loaded`'s digest before serving
+    /// (`server::run`), so no scrape sees the router without it.
     pub fn start(
         state: Arc<AppState>,
         loaded: &Loaded,
@@ -75,7 +76,6 @@ impl Reloader {
         stop: &CancellationToken,
     ) -> Arc<Reloader> {
         let config = &loaded.config;
-        state.metrics.config.loaded(&loaded.sha256);
         let (tx, rx) = watch::channel(desired(config, 0));
         let context = RunnerContext {
             lifecycle: Arc::clone(&state.lifecycle),
@@ -149,7 +149,8 @@ impl Reloader {
         let relists = workers.borrow().relists + 1;
         workers.send_replace(desired(new, relists));
         let restart_needed = restart_needed(&self.started, new);
-        // The digest first: a scrape that sees the reload counted sees what it loaded.
+        // The digest first, the count last. A scrape still may see the count before the digest:
+        // the registry gathers metric families in no fixed order, one at a time.
         metrics.loaded(&loaded.sha256);
         metrics
             .restart_pending
