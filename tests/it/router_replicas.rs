@@ -177,9 +177,14 @@ async fn concurrent_counts(routers: usize, load_interval_ms: u64) -> Vec<[usize;
                 "replica {router} never saw the {sent} requests sent before"
             );
         }
-        let (resp, worker) = r
+        let (mut resp, worker) = r
             .send(router, &text(&format!("u{i}x"), 40), 2000, true)
             .await;
+        // Past its first token before the next request: every request in flight is then
+        // decoding, so the costs differ by load alone, not by how far each prefill got on a
+        // busy machine (one router once sent a third request to an engine whose two were
+        // decoding while others' were still prefilling).
+        assert!(resp.chunk().await.unwrap().is_some(), "a first chunk");
         held.push(resp);
         counts[worker] += 1;
         after_each.push(counts);
