@@ -13,8 +13,9 @@
 //! (`benches/proxy_overhead.rs`, `least_request` against `kv_aware`). A larger one goes to a task
 //! of its own that the request never waits on: it tokenizes (on a blocking thread), hashes and
 //! looks the blocks up in the index at that moment, concurrently with the decision and the
-//! forwarding, then waits to learn which worker took the request. With that it counts `kvroute_prefix_hit_blocks_total` and
-//! `kvroute_prefix_queried_blocks_total` for the worker, exactly as a prefix-aware policy's
+//! forwarding, then waits to learn which worker took the request. Either way, once the worker
+//! is known, `kvroute_prefix_hit_blocks_total` and
+//! `kvroute_prefix_queried_blocks_total` are counted for it, exactly as a prefix-aware policy's
 //! session does, so policies can be compared on kvroute's own metrics. The lookup is made
 //! within microseconds to milliseconds of the decision rather than at it: a block that
 //! arrives or leaves in between counts the other way, and the engine cannot have stored this
