@@ -91,6 +91,17 @@ impl Drop for Process {
     }
 }
 
+/// Starts `command` with no terminal I/O, as a [`Process`] killed when dropped.
+fn spawn_quiet(command: &mut Command, what: &str) -> Process {
+    let child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    Process(child)
+}
+
 /// Waits until `url` answers a completion, so no path is measured while still starting.
 async fn wait_serving(client: &BenchClient, url: &str) {
     for _ in 0..600 {
@@ -120,32 +131,28 @@ fn kvroute_process(
         "listen = \"{addr}\"\npolicy = \"{policy}\"\n[[workers]]\nid = \"b\"\nurl = \"http://{backend}\"\nmodels = [\"m\"]\n"
     );
     std::fs::write(&file, text).expect("config");
-    let child = Command::new(binary)
-        .arg("serve")
-        .arg("--config")
-        .arg(&file)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("kvroute serve");
-    (Process(child), format!("http://{addr}/v1/completions"))
+    let child = spawn_quiet(
+        Command::new(binary)
+            .arg("serve")
+            .arg("--config")
+            .arg(&file)
+            .env("RUST_LOG", "warn"),
+        "kvroute serve",
+    );
+    (child, format!("http://{addr}/v1/completions"))
 }
 
 fn sglang_router(python: &str, backend: SocketAddr) -> (Process, String) {
     let addr = free_addr();
-    let child = Command::new(python)
-        .args(["-m", "sglang_router.launch_router", "--host", "127.0.0.1"])
-        .args(["--port", &addr.port().to_string()])
-        .args(["--worker-urls", &format!("http://{backend}")])
-        .args(["--policy", "cache_aware", "--log-level", "warn"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("sglang router");
-    (Process(child), format!("http://{addr}/v1/completions"))
+    let child = spawn_quiet(
+        Command::new(python)
+            .args(["-m", "sglang_router.launch_router", "--host", "127.0.0.1"])
+            .args(["--port", &addr.port().to_string()])
+            .args(["--worker-urls", &format!("http://{backend}")])
+            .args(["--policy", "cache_aware", "--log-level", "warn"]),
+        "sglang router",
+    );
+    (child, format!("http://{addr}/v1/completions"))
 }
 
 /// The floor of any router on this machine: a separate process that forwards each request to
@@ -184,14 +191,12 @@ fn bare_forwarder(spec: &str) {
 
 fn bare_forwarder_process(backend: SocketAddr) -> (Process, String) {
     let addr = free_addr();
-    let child = Command::new(std::env::current_exe().expect("this bench"))
-        .env(FLOOR_ENV, format!("{addr} {backend}"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("bare forwarder");
-    (Process(child), format!("http://{addr}/v1/completions"))
+    let child = spawn_quiet(
+        Command::new(std::env::current_exe().expect("this bench"))
+            .env(FLOOR_ENV, format!("{addr} {backend}")),
+        "bare forwarder",
+    );
+    (child, format!("http://{addr}/v1/completions"))
 }
 
 fn main() {

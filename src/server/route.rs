@@ -85,35 +85,9 @@ pub(super) async fn analyse(
 }
 
 /// The analysis a prefix-aware policy would have made of `view`'s prompt, made for a load-only
-/// policy (see `trail`): tokenized (long prompts on a blocking thread), hashed and looked up
-/// now; `body_bytes` as for [`analyse`]. `None` when the prompt cannot be tokenized.
-pub(super) async fn hash_off_path(
-    state: &Arc<AppState>,
-    view: RequestView,
-    cache_salt: Option<&str>,
-    body_bytes: usize,
-) -> Option<Analysis> {
-    if body_bytes < INLINE_TOKENIZE_BYTES {
-        return hash_small(state, view, cache_salt);
-    }
-    let (tokens, seed) = tokens_and_seed(state, &view.model, cache_salt);
-    let block_size = tokens.block_size();
-    let reads_cache = view.reads_prefix_cache;
-    let mut view = view;
-    let ids = match take_token_ids(&mut view) {
-        Some(ids) => PromptIds::Sent(ids),
-        None => PromptIds::Encoded(
-            tokio::task::spawn_blocking(move || tokens.prompt_ids(&view))
-                .await
-                .ok()?
-                .ok()?,
-        ),
-    };
-    Some(ids.analysis(state, seed, block_size, reads_cache))
-}
-
-/// [`hash_off_path`] for a body under [`INLINE_TOKENIZE_BYTES`], on the calling thread.
-pub(super) fn hash_small(
+/// policy (see `trail`): tokenized, hashed and looked up now, on the calling thread. `None`
+/// when the prompt cannot be tokenized.
+pub(super) fn hash_now(
     state: &AppState,
     mut view: RequestView,
     cache_salt: Option<&str>,
@@ -126,6 +100,19 @@ pub(super) fn hash_small(
         None => PromptIds::Encoded(tokens.prompt_ids(&view).ok()?),
     };
     Some(ids.analysis(state, seed, block_size, reads_cache))
+}
+
+/// [`hash_now`] on a blocking thread, for a prompt too long to tokenize on an async one.
+pub(super) async fn hash_off_path(
+    state: &Arc<AppState>,
+    view: RequestView,
+    cache_salt: Option<String>,
+) -> Option<Analysis> {
+    let state = Arc::clone(state);
+    tokio::task::spawn_blocking(move || hash_now(&state, view, cache_salt.as_deref()))
+        .await
+        .ok()
+        .flatten()
 }
 
 /// The tokenizer of `model` (its base model's, for a LoRA adapter) and the hash seed of its

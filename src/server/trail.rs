@@ -11,7 +11,7 @@
 //! path, before forwarding: that costs less than handing it to a task, whose spawn and
 //! cross-thread wake-up measured about 20 µs of added latency per request on a 2-core machine
 //! (`benches/proxy_overhead.rs`, `least_request` against `kv_aware`). A larger one goes to a task
-//! of its own that the request never waits on: it tokenizes (on a blocking thread), hashes and
+//! of its own that the request never waits on: on a blocking thread it tokenizes, hashes and
 //! looks the blocks up in the index at that moment, concurrently with the decision and the
 //! forwarding, then waits to learn which worker took the request. Either way, once the worker
 //! is known, `kvroute_prefix_hit_blocks_total` and
@@ -107,7 +107,7 @@ impl Trail {
             return Trail::Inline(Box::new(Inline {
                 state: Arc::clone(state),
                 arrival,
-                analysis: route::hash_small(state, view, salt.as_deref()),
+                analysis: route::hash_now(state, view, salt.as_deref()),
                 counted: false,
             }));
         }
@@ -121,7 +121,7 @@ impl Trail {
         };
         let state = Arc::clone(state);
         tokio::spawn(async move {
-            let analysis = route::hash_off_path(&state, view, salt.as_deref(), body_bytes).await;
+            let analysis = route::hash_off_path(&state, view, salt).await;
             let Ok(worker) = routed_rx.await else {
                 return;
             };
