@@ -14,6 +14,7 @@ use super::args::SimulateArgs;
 use super::config::SimConfig;
 use super::oracle::oracle;
 use super::output::{summary_table, write_all};
+use super::pooled::pooled_cache;
 use super::results::Results;
 use super::scenario::Scenario;
 use super::simulation::{PolicyRun, Simulation};
@@ -135,7 +136,8 @@ fn target(seconds: Option<f64>) -> String {
     seconds.map_or_else(|| "none".to_owned(), |s| format!("{s} s"))
 }
 
-/// Simulates every policy of `args` and the oracle on `trace`; writes outputs into `out`.
+/// Simulates every policy of `args`, the pooled-cache reference and the oracle on `trace`;
+/// writes outputs into `out`.
 pub fn run_one(
     args: &SimulateArgs,
     trace: &Trace,
@@ -148,16 +150,19 @@ pub fn run_one(
     let config = args.sim_config()?;
     let names = args.policy_kinds()?;
     let timed = simulate_all(trace, &config, &names, args.jobs.max(1))?;
-    let started = Instant::now();
-    let o = oracle(trace, &config);
     let mut wall_s: Vec<(String, f64)> =
         timed.iter().map(|(r, t)| (r.policy.clone(), *t)).collect();
+    let started = Instant::now();
+    let pooled = pooled_cache(trace, &config);
+    wall_s.push((pooled.policy.clone(), started.elapsed().as_secs_f64()));
+    let started = Instant::now();
+    let o = oracle(trace, &config);
     wall_s.push(("oracle".to_string(), started.elapsed().as_secs_f64()));
     let runs: Vec<PolicyRun> = timed.into_iter().map(|(r, _)| r).collect();
-    let results = Results::new(&runs, &o, config.slo);
+    let results = Results::new(&runs, &[&pooled], &o, config.slo);
     println!("{header}\n{}", summary_table(&results, &wall_s));
     if let Some(dir) = out {
-        write_all(dir, header, &results, &runs, &o, &wall_s)?;
+        write_all(dir, header, &results, &runs, &[&pooled, &o], &wall_s)?;
         eprintln!("wrote {}", dir.display());
     }
     Ok(Outcome { results, wall_s })

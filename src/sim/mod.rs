@@ -10,7 +10,8 @@
 //! first token and at the end ([`router`] mirrors `server::route` and `server::forward`).
 //!
 //! - [`simulation`]: the discrete-event loop for one policy; [`queue`]: its event queue.
-//! - [`oracle`]: the lower bound every policy is compared with.
+//! - [`oracle`]: the lower bound every policy is compared with; [`pooled`]: the oracle with the
+//!   fleet's finite cache, which shows how much of the rest is capacity rather than routing.
 //! - [`config`], [`args`], [`scenario`]: what to simulate, from code, flags or the suite.
 //! - [`record`], [`results`], [`output`]: per-request records, per-policy numbers, files.
 //! - [`pd_compare`]: a disaggregated fleet against an aggregated one of the same size.
@@ -22,6 +23,7 @@ pub mod config;
 pub mod oracle;
 pub mod output;
 pub mod pd_compare;
+pub mod pooled;
 pub mod queue;
 pub mod record;
 pub mod results;
@@ -33,6 +35,7 @@ pub use args::{IndexChoice, SimulateArgs};
 pub use cli::run;
 pub use config::{FleetChange, IndexMode, PdSplit, SimConfig, dynamo_mocker_engine};
 pub use oracle::oracle;
+pub use pooled::pooled_cache;
 pub use record::SimRecord;
 pub use results::{PolicyResult, Results};
 pub use scenario::Scenario;

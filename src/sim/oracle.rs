@@ -42,19 +42,34 @@ pub fn idle_decode_s(engine: &EngineConfig) -> f64 {
     engine.timing.decode_ms(0.0) / 1000.0 / engine.timing.speedup
 }
 
-/// The oracle's records for `trace` under `config` (same prompts and engine limits).
-pub fn oracle(trace: &Trace, config: &SimConfig) -> PolicyRun {
+/// What a reference's cache answered for one request's prompt.
+pub(super) struct Lookup {
+    /// Full prompt blocks looked up.
+    pub(super) queried_blocks: usize,
+    /// Of those, leading blocks found.
+    pub(super) hit_blocks: usize,
+    /// Prompt tokens not computed (at most all but the last).
+    pub(super) cached_tokens: usize,
+}
+
+/// Records of a reference named `name`: each request in arrival order on an otherwise idle
+/// engine, computing what `cache` (given the request's index, prompt and output length) did
+/// not find, with no queueing. Requests an engine refuses fail as they would there.
+pub(super) fn reference_run(
+    name: &str,
+    trace: &Trace,
+    config: &SimConfig,
+    mut cache: impl FnMut(usize, &[u32], u32) -> Lookup,
+) -> PolicyRun {
     let engine = &config.engine;
-    let seed = hash_seed(&config.model, None, None);
-    let mut seen: HashSet<u64> = HashSet::new();
     let decode = idle_decode_s(engine);
     let limit = engine.max_model_len();
     let mut run = PolicyRun {
-        policy: "oracle".to_string(),
+        policy: name.to_string(),
         workers: config.max_workers(),
         ..PolicyRun::default()
     };
-    for req in &trace.requests {
+    for (i, req) in trace.requests.iter().enumerate() {
         let output = req.output_tokens.max(1);
         let mut rec = SimRecord {
             arrival: req.arrival_s,
@@ -81,21 +96,36 @@ pub fn oracle(trace: &Trace, config: &SimConfig) -> PolicyRun {
             continue;
         }
         let prompt = config.synth.prompt_tokens(req);
-        let hashes = block_hashes(seed, &prompt, engine.block_size);
-        let hit = hashes.iter().take_while(|h| seen.contains(&h.0)).count();
-        seen.extend(hashes.iter().map(|h| h.0));
-        let cached = (hit * engine.block_size).min(prompt.len().saturating_sub(1));
+        let found = cache(i, &prompt, output);
+        let cached = found.cached_tokens.min(prompt.len().saturating_sub(1));
         let new = prompt.len() - cached;
         let ttft = idle_prefill_s(engine, new);
         rec.first_token = Some(rec.arrival + ttft);
         rec.end = Some(rec.arrival + ttft + f64::from(output - 1) * decode);
         rec.cached_tokens = cached as u32;
-        run.counters.queried_blocks += hashes.len() as u64;
-        run.counters.hit_blocks += hit as u64;
+        run.counters.queried_blocks += found.queried_blocks as u64;
+        run.counters.hit_blocks += found.hit_blocks as u64;
         run.counters.prefill_tokens += new as u64;
         run.records.push(rec);
     }
     run
+}
+
+/// The oracle's records for `trace` under `config` (same prompts and engine limits).
+pub fn oracle(trace: &Trace, config: &SimConfig) -> PolicyRun {
+    let block_size = config.engine.block_size;
+    let seed = hash_seed(&config.model, None, None);
+    let mut seen: HashSet<u64> = HashSet::new();
+    reference_run("oracle", trace, config, |_, prompt, _| {
+        let hashes = block_hashes(seed, prompt, block_size);
+        let hit = hashes.iter().take_while(|h| seen.contains(&h.0)).count();
+        seen.extend(hashes.iter().map(|h| h.0));
+        Lookup {
+            queried_blocks: hashes.len(),
+            hit_blocks: hit,
+            cached_tokens: hit * block_size,
+        }
+    })
 }
 
 #[cfg(test)]

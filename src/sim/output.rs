@@ -41,7 +41,7 @@ pub fn ttft_cdf(name: &str, run: &PolicyRun, points: usize) -> Series {
     }
 }
 
-/// The Markdown table of `results` (policies in run order, oracle last); `wall_s` gives the
+/// The Markdown table of `results` (policies in run order, then the references, oracle last); `wall_s` gives the
 /// host seconds each policy took, when known.
 pub fn summary_table(results: &Results, wall_s: &[(String, f64)]) -> String {
     let mut out = String::from(
@@ -86,13 +86,14 @@ fn row(name: &str, r: &PolicyResult) -> String {
     )
 }
 
-/// Writes every output file into `dir` (created if missing).
+/// Writes every output file into `dir` (created if missing): `references` (the pooled cache,
+/// the oracle) join the TTFT chart but have no per-worker load.
 pub fn write_all(
     dir: &Path,
     header: &str,
     results: &Results,
     runs: &[PolicyRun],
-    oracle: &PolicyRun,
+    references: &[&PolicyRun],
     wall_s: &[(String, f64)],
 ) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
@@ -103,7 +104,7 @@ pub fn write_all(
     let text = format!("{header}\n{}", summary_table(results, wall_s));
     std::fs::write(&md, text).with_context(|| format!("cannot write {}", md.display()))?;
     let mut cdf: Vec<Series> = runs.iter().map(|r| ttft_cdf(&r.policy, r, 500)).collect();
-    cdf.push(ttft_cdf("oracle", oracle, 500));
+    cdf.extend(references.iter().map(|r| ttft_cdf(&r.policy, r, 500)));
     let spec = ChartSpec {
         title: "Time to first token (CDF)",
         x_label: "TTFT (ms)",

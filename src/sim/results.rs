@@ -101,11 +101,17 @@ impl PolicyResult {
 }
 
 impl Results {
-    /// Results of `runs` (policies) and `oracle`, in that order.
-    pub fn new(runs: &[PolicyRun], oracle: &PolicyRun, slo: Slo) -> Results {
+    /// Results of `runs` (policies), `references` (reference runs other than the oracle, such
+    /// as the pooled cache) and `oracle`, in that order.
+    pub fn new(
+        runs: &[PolicyRun],
+        references: &[&PolicyRun],
+        oracle: &PolicyRun,
+        slo: Slo,
+    ) -> Results {
         let o = PolicyResult::from_run(oracle, slo, None);
         let mut policies = serde_json::Map::new();
-        for run in runs {
+        for run in runs.iter().chain(references.iter().copied()) {
             let r = PolicyResult::from_run(run, slo, Some(&o.ttft_s));
             policies.insert(run.policy.clone(), to_value(&r));
         }

@@ -73,6 +73,7 @@ fn results_json_has_every_documented_key_and_the_oracle_bounds_every_policy() {
             "power_of_two",
             "cache_aware",
             "dynamo_cost",
+            "pooled_cache",
             "oracle"
         ]
     );
