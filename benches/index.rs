@@ -7,6 +7,7 @@
 //! ```text
 //! cargo bench --bench index                      # apply, memory, lookups (Dynamo's workload)
 //! cargo bench --bench index -- --apply-only      # apply only, more rounds (for profiling)
+//! cargo bench --bench index -- --floor           # the work no exact index can skip, alone
 //! cargo bench --bench index -- --fleet           # lookup/decision/memory/churn vs fleet size
 //! cargo bench --bench index -- --threads         # sharded apply with 1, 2, 4 writer threads
 //! ```
@@ -23,6 +24,8 @@ use kvroute::kv_events::EventBatch;
 
 #[path = "common/index_fleet.rs"]
 mod index_fleet;
+#[path = "common/index_floor.rs"]
+mod index_floor;
 #[path = "common/thread_cpu.rs"]
 mod thread_cpu;
 pub use thread_cpu::thread_cpu;
@@ -246,6 +249,10 @@ fn main() {
     );
     if has("--apply-only") {
         apply_rounds(&w, 8);
+        return;
+    }
+    if has("--floor") {
+        index_floor::run(&w, |w| build(w, Capacity::Reserved).1);
         return;
     }
     apply_rounds(&w, 3);
