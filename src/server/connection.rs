@@ -171,7 +171,7 @@ pub(super) async fn drive<C>(
     deadlines: Deadlines,
     stop: CancellationToken,
     cutoff: CancellationToken,
-    metrics: Metrics,
+    metrics: Arc<Metrics>,
 ) where
     C: GracefulConnection,
     C::Error: std::fmt::Display,

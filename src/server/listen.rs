@@ -53,7 +53,7 @@ pub(super) async fn serve_until(
     app: Router,
     stop: CancellationToken,
     front: FrontDoor,
-    metrics: Metrics,
+    metrics: Arc<Metrics>,
 ) {
     let mut builder = Builder::new(TokioExecutor::new());
     builder
@@ -73,7 +73,7 @@ pub(super) async fn serve_until(
         first_request: front.header_read_timeout,
         idle: front.connections.idle_timeout,
     };
-    let open = Arc::new(OpenConnections::new(metrics.clone()));
+    let open = Arc::new(OpenConnections::new(Arc::clone(&metrics)));
     loop {
         let (stream, peer) = tokio::select! {
             _ = stop.cancelled() => break,
@@ -98,7 +98,7 @@ pub(super) async fn serve_until(
         }
         let activity = Activity::new();
         let service = Tracked::new(TowerToHyperService::new(app.clone()), Arc::clone(&activity));
-        let (stop, cutoff, metrics) = (stop.clone(), front.cutoff.clone(), metrics.clone());
+        let (stop, cutoff, metrics) = (stop.clone(), front.cutoff.clone(), Arc::clone(&metrics));
         let builder = builder.clone();
         let tls = front.tls.as_ref().map(|t| t.acceptor());
         tokio::spawn(async move {
@@ -177,11 +177,11 @@ fn file_limit() -> Option<usize> {
 struct OpenConnections {
     count: AtomicUsize,
     closed: Notify,
-    metrics: Metrics,
+    metrics: Arc<Metrics>,
 }
 
 impl OpenConnections {
-    fn new(metrics: Metrics) -> OpenConnections {
+    fn new(metrics: Arc<Metrics>) -> OpenConnections {
         OpenConnections {
             count: AtomicUsize::new(0),
             closed: Notify::new(),

@@ -417,7 +417,7 @@ pub fn start_with_state(
         cutoff: state.cutoff.clone(),
         tls: None,
     };
-    let metrics = Metrics::clone(&state.metrics);
+    let metrics = Arc::clone(&state.metrics);
     let (metrics_addr, metrics_task) = match config.metrics_listen {
         Some(at) => {
             let listener = bind_now(at)
@@ -429,7 +429,7 @@ pub fn start_with_state(
                 metrics_app(Arc::clone(&state)),
                 stop.clone(),
                 front.clone(),
-                metrics.clone(),
+                Arc::clone(&metrics),
             );
             (Some(bound), Some(tokio::spawn(serve)))
         }
