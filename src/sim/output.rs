@@ -41,8 +41,8 @@ pub fn ttft_cdf(name: &str, run: &PolicyRun, points: usize) -> Series {
     }
 }
 
-/// The Markdown table of `results` (policies in run order, then the references, oracle last); `wall_s` gives the
-/// host seconds each policy took, when known.
+/// The Markdown table of `results` (policies in run order, then the references, oracle last);
+/// `wall_s` gives the host seconds each policy took, when known.
 pub fn summary_table(results: &Results, wall_s: &[(String, f64)]) -> String {
     let mut out = String::from(
         "| policy | TTFT p50 (s) | TTFT p90 (s) | TTFT p99 (s) | E2E p50 (s) | E2E p99 (s) | hit rate | preemptions | SLO attainment | errors | TTFT p50 / oracle | TTFT p90 / oracle |",
