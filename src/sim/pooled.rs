@@ -18,8 +18,9 @@
 //! that steers which content each worker evicts could in principle beat LRU (the oracle is
 //! the bound). Workers that join during the run count from the start.
 
-use crate::engine::EngineHasher;
+use crate::engine::core::sample_token;
 use crate::engine::kv_cache::{BlockTable, KvCache, SeqView};
+use crate::engine::{EngineHasher, RequestId};
 use crate::kv_events::EngineHash;
 use crate::workload::trace::Trace;
 
@@ -32,20 +33,26 @@ pub const NAME: &str = "pooled_cache";
 
 /// The pooled-cache reference's records for `trace` under `config`.
 pub fn pooled_cache(trace: &Trace, config: &SimConfig) -> PolicyRun {
-    let block_size = config.engine.block_size.max(1);
+    let engine = &config.engine;
+    let block_size = engine.block_size.max(1);
     let blocks = config
         .max_workers()
         .max(1)
-        .saturating_mul(config.engine.num_blocks);
+        .saturating_mul(engine.num_blocks);
     let mut cache = KvCache::new(blocks, block_size);
-    let hasher = EngineHasher::new(0);
+    let hasher = EngineHasher::new(engine.seed);
     let chain = hasher.chain_seed(None);
     let mut tokens: Vec<u32> = Vec::new();
     let mut hashes: Vec<EngineHash> = Vec::new();
     let mut run = reference_run(NAME, trace, config, |i, prompt, output| {
         tokens.clear();
         tokens.extend_from_slice(prompt);
-        tokens.extend((0..output).map(|j| generated_token(i, j)));
+        // Request `i` samples its output as an engine would: distinct per request, as sampled
+        // answers are, so two requests with the same prompt do not share output blocks.
+        let id = RequestId(i as u64);
+        tokens.extend(
+            (0..output as usize).map(|j| sample_token(engine.seed, id, j, engine.vocab_size)),
+        );
         hashes.clear();
         for block in tokens.chunks_exact(block_size) {
             hashes.push(hasher.hash(chain, hashes.last().copied(), block));
@@ -70,15 +77,6 @@ pub fn pooled_cache(trace: &Trace, config: &SimConfig) -> PolicyRun {
     });
     run.counters.evictions = cache.evictions();
     run
-}
-
-/// Output token `j` of request `i`: distinct per request, as sampled answers are, so two
-/// requests with the same prompt do not share output blocks.
-fn generated_token(i: usize, j: u32) -> u32 {
-    let mut z = (i as u64) << 32 | u64::from(j);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    (z ^ (z >> 31)) as u32
 }
 
 #[cfg(test)]
