@@ -165,6 +165,7 @@ pub(super) struct FileKvAware {
     pub(super) forgetting: Option<f64>,
     pub(super) temperature: Option<f64>,
     pub(super) decode_weight: Option<f64>,
+    pub(super) eviction_weight: Option<f64>,
 }
 
 #[derive(Deserialize, Debug, Default)]

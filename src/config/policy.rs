@@ -53,6 +53,11 @@ pub(super) fn kv_aware(file: &FileKvAware) -> Result<KvAwareConfig, ConfigError>
             file.decode_weight,
             d.decode_weight,
         )?,
+        eviction_weight: non_negative(
+            "kv_aware.eviction_weight",
+            file.eviction_weight,
+            d.eviction_weight,
+        )?,
     };
     if !(0.9..=1.0).contains(&kv_aware.forgetting) {
         return Err(invalid(

@@ -6,6 +6,7 @@ use std::time::Duration;
 use super::approx::ApproxIndex;
 use super::exact::KvIndex;
 use super::overlaps::Overlaps;
+use super::residency::Residency;
 use crate::fleet::WorkerId;
 use crate::tokens::BlockHash;
 
@@ -19,12 +20,18 @@ pub struct Holdings {
     pub exact: KvIndex,
     /// Predictions from routing decisions.
     pub approx: ApproxIndex,
+    /// Each worker's working set, touched by admissions.
+    pub residency: Residency,
 }
 
 impl Holdings {
     /// Both indexes.
     pub fn new(exact: KvIndex, approx: ApproxIndex) -> Self {
-        Holdings { exact, approx }
+        Holdings {
+            exact,
+            approx,
+            residency: Residency::default(),
+        }
     }
 
     /// Drops everything known of what `worker` holds, exact and predicted: it went down, and a
@@ -32,6 +39,7 @@ impl Holdings {
     pub fn clear_worker(&self, worker: WorkerId) {
         self.exact.clear_worker(worker);
         self.approx.clear_worker(worker);
+        self.residency.clear_worker(worker);
     }
 
     /// Forgets `worker` entirely (entries, predictions, reserved room, capacity): it left the
@@ -39,6 +47,7 @@ impl Holdings {
     pub fn remove_worker(&self, worker: WorkerId) {
         self.exact.remove_worker(worker);
         self.approx.remove_worker(worker);
+        self.residency.clear_worker(worker);
     }
 
     /// Per worker, the leading `blocks` held by the union of exact and predicted holdings.

@@ -8,6 +8,8 @@
 //!   Only device-prefix blocks are indexed.
 //! - [`ApproxIndex`] records the blocks of routed requests with a TTL and a per-worker bound.
 //! - [`Holdings`] looks both up as one: per worker, the number of *leading* blocks held.
+//! - [`Residency`] is each worker's working set: the blocks admitted requests touched there
+//!   lately, and the measured chance that a written block is asked for again.
 //!
 //! Workers are dense [`WorkerId`] numbers assigned by `fleet`, so "who holds this block" is a
 //! 32-bit set per 32 workers. Memory is bounded by [`IndexConfig::max_entries`] (block, worker)
@@ -47,6 +49,7 @@ mod exact;
 mod feed;
 mod holdings;
 mod overlaps;
+mod residency;
 mod run;
 mod runs;
 mod stats;
@@ -60,4 +63,5 @@ pub use exact::{Applied, ChainHolders, IndexConfig, KvIndex, SeedFor, WRITE_CHUN
 pub use feed::{FeedModel, WorkerFeed, seeds_for};
 pub use holdings::Holdings;
 pub use overlaps::Overlaps;
+pub use residency::{Residency, ResidencyConfig, ReuseCurve};
 pub use stats::{IndexStats, StatsSnapshot};

@@ -8,6 +8,7 @@ fn req(tokens: u64) -> RouteRequest {
         prompt_tokens: tokens,
         blocks: (tokens / 16) as u32,
         block_size: 16,
+        ..Default::default()
     }
 }
 
@@ -319,4 +320,40 @@ fn a_partial_view_scores_every_worker_with_its_own_fit() {
     c[1].load.in_flight = 1;
     c[1].load.decoding = 1;
     assert_eq!(p.choose(&req(1000), &c).unwrap().chosen, 1);
+}
+
+/// A new session goes where writing it evicts nothing that returns, even past a worker with a
+/// small shared prefix; with eviction pricing off it follows the prefix.
+#[test]
+fn places_a_session_where_it_evicts_no_returning_blocks() {
+    let mut c = idle(2);
+    c[0].overlap_blocks = 20; // a shared system prompt
+    c[0].cache.returning_evictions = 400.0; // but a full cache of sessions that come back
+    assert_eq!(policy().choose(&req(8000), &c).unwrap().chosen, 1);
+    let blind = KvAware::new(
+        KvAwareConfig {
+            calibrate: false,
+            eviction_weight: 0.0,
+            ..Default::default()
+        },
+        1,
+    );
+    assert_eq!(blind.choose(&req(8000), &c).unwrap().chosen, 0);
+    // The cost says why; the predicted TTFT is the request's own.
+    let d = policy().choose(&req(8000), &c).unwrap();
+    let evicting = d.cost[0].unwrap() - d.predicted_ttft_s[0].unwrap();
+    assert!(
+        (evicting - 400.0 * 16.0 / 20_000.0).abs() < 1e-9,
+        "{evicting}"
+    );
+}
+
+/// A returning session stays home when its home has room, although the other worker is idle.
+#[test]
+fn a_session_stays_where_it_fits() {
+    let mut c = idle(2);
+    c[0].overlap_blocks = 450;
+    c[0].load.queued_prefill_tokens = 2_000;
+    c[1].cache.returning_evictions = 500.0; // moving would evict a returning session
+    assert_eq!(policy().choose(&req(8000), &c).unwrap().chosen, 0);
 }

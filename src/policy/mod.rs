@@ -51,6 +51,22 @@ pub struct Candidate {
     pub load: LoadSnapshot,
     /// Leading blocks of the prompt the worker holds (0 unless the policy uses prefixes).
     pub overlap_blocks: u32,
+    /// The worker's KV cache: its working set and its capacity.
+    pub cache: WorkingSet,
+}
+
+/// What a worker's KV cache holds that requests will come back for.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct WorkingSet {
+    /// Blocks admitted requests touched on the worker within the residency horizon
+    /// (`index::Residency`).
+    pub live_blocks: u64,
+    /// The worker's KV cache size in blocks, when known.
+    pub capacity_blocks: Option<u64>,
+    /// Of the blocks that writing this request's uncached blocks there would evict (oldest
+    /// first, as its engine does), how many are expected to be asked for again (each weighed
+    /// by the measured chance that a block idle that long comes back).
+    pub returning_evictions: f64,
 }
 
 /// A policy's choice, with the per-candidate score it was based on.
@@ -181,6 +197,7 @@ pub(crate) mod testing {
                 worker: WorkerId(i as u32),
                 load: LoadSnapshot::default(),
                 overlap_blocks: 0,
+                cache: WorkingSet::default(),
             })
             .collect()
     }

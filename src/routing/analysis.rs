@@ -15,6 +15,8 @@ pub struct Analysis {
     pub hashes: Vec<BlockHash>,
     /// Leading blocks held per worker.
     pub overlaps: Overlaps,
+    /// When it was analysed, on the index clock (working sets are counted at this time).
+    pub at: Duration,
 }
 
 impl Analysis {
@@ -65,6 +67,7 @@ impl Analysis {
             },
             hashes,
             overlaps,
+            at: now,
         }
     }
 

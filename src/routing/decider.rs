@@ -7,8 +7,8 @@ use super::admitted::Admitted;
 use super::analysis::Analysis;
 use super::target::Target;
 use crate::fleet::{Side, WorkerId};
-use crate::index::Holdings;
-use crate::policy::{Candidate, Policy, RouteDecision};
+use crate::index::{Holdings, ReuseCurve};
+use crate::policy::{Candidate, Policy, RouteDecision, WorkingSet};
 use crate::tokens::HashSeed;
 
 /// The policy and the index, shared by every decision of a router (live or simulated).
@@ -91,6 +91,7 @@ impl Decider {
                     && t.routable()
             })
             .collect();
+        let curve = self.holdings.residency.curve();
         let candidates = picked
             .iter()
             .map(|t| Candidate {
@@ -98,9 +99,43 @@ impl Decider {
                 worker: t.worker(),
                 load: t.load().view(),
                 overlap_blocks: analysis.overlaps.get(t.worker()),
+                cache: self.working_set(analysis, *t, &curve),
             })
             .collect();
         (picked, candidates)
+    }
+
+    /// `target`'s working set when `analysis` was made, and what writing the prompt's uncached
+    /// blocks there would evict that comes back (nothing for a load-only analysis, which
+    /// touches no blocks).
+    fn working_set<T: Target>(
+        &self,
+        analysis: &Analysis,
+        target: &T,
+        curve: &ReuseCurve,
+    ) -> WorkingSet {
+        if analysis.hashes.is_empty() {
+            return WorkingSet::default();
+        }
+        let residency = &self.holdings.residency;
+        let worker = target.worker();
+        let capacity_blocks = target.kv_blocks().map(|b| b as u64);
+        let overlap = (analysis.overlaps.get(worker) as usize).min(analysis.hashes.len());
+        let new_blocks = (analysis.hashes.len() - overlap) as u64;
+        WorkingSet {
+            live_blocks: residency.live_blocks(worker, analysis.at),
+            capacity_blocks,
+            returning_evictions: capacity_blocks.map_or(0.0, |capacity| {
+                residency.returning_evictions(
+                    worker,
+                    capacity,
+                    new_blocks,
+                    &analysis.hashes[..overlap],
+                    analysis.at,
+                    curve,
+                )
+            }),
+        }
     }
 
     /// The policy's choice among the routable `targets`, without taking anything (what
@@ -168,6 +203,7 @@ impl Decider {
                 .approx
                 .record_routed(worker, &analysis.hashes, now);
         }
+        self.holdings.residency.touch(worker, &analysis.hashes, now);
         let guard = choice
             .target
             .load()

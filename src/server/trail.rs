@@ -98,6 +98,7 @@ impl Trail {
                         request: analysis.request,
                         hashes: analysis.hashes.clone(),
                         overlaps: Default::default(),
+                        at: analysis.at,
                     },
                 })),
                 None => Trail::Off,

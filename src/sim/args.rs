@@ -128,6 +128,10 @@ pub struct SimulateArgs {
     /// router's `kv_aware.decode_weight`; 0 optimises each request's own TTFT only).
     #[arg(long, value_name = "WEIGHT")]
     pub kv_aware_decode_weight: Option<f64>,
+    /// kv_aware: weight of the recomputation a placement causes later by evicting other
+    /// sessions' live blocks (the live router's `kv_aware.eviction_weight`; 0 ignores it).
+    #[arg(long, value_name = "WEIGHT")]
+    pub kv_aware_eviction_weight: Option<f64>,
     /// kv_aware: sample the choice with weights `exp(−Δcost / (temperature × best))` instead of
     /// always taking the minimum (the live router's `kv_aware.temperature`; default 0).
     #[arg(long, value_name = "T")]
@@ -150,6 +154,11 @@ pub struct SimulateArgs {
     /// Write results.json, summary.md and SVG charts into DIR.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+    /// With --out: also write `records_<policy>.jsonl`, one line per request in trace order
+    /// (worker, times, cached and predicted blocks, predicted TTFT), to see where a policy's
+    /// tail comes from.
+    #[arg(long, requires = "out")]
+    pub records: bool,
     /// Policies simulated in parallel threads (results do not depend on it).
     #[arg(long, default_value_t = 1)]
     pub jobs: usize,
@@ -226,6 +235,9 @@ impl SimulateArgs {
         }
         if let Some(t) = self.kv_aware_temperature {
             kv_aware.temperature = t;
+        }
+        if let Some(w) = self.kv_aware_eviction_weight {
+            kv_aware.eviction_weight = w;
         }
         PolicySettings {
             seed: self.seed,

@@ -13,7 +13,7 @@ use crate::workload::trace::Trace;
 use super::args::SimulateArgs;
 use super::config::SimConfig;
 use super::oracle::oracle;
-use super::output::{summary_table, write_all};
+use super::output::{summary_table, write_all, write_records};
 use super::pooled::pooled_cache;
 use super::results::Results;
 use super::scenario::Scenario;
@@ -55,6 +55,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
             a.policies.clone_from(&args.policies);
         }
         a.jobs = args.jobs;
+        a.records = args.records;
         // Policy settings given on the command line apply to every scenario.
         if args.kv_aware_prefill_rate.is_some() {
             a.kv_aware_prefill_rate = args.kv_aware_prefill_rate;
@@ -64,6 +65,9 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         }
         if args.kv_aware_temperature.is_some() {
             a.kv_aware_temperature = args.kv_aware_temperature;
+        }
+        if args.kv_aware_eviction_weight.is_some() {
+            a.kv_aware_eviction_weight = args.kv_aware_eviction_weight;
         }
         a.kv_aware_no_calibrate |= args.kv_aware_no_calibrate;
         let out: Option<PathBuf> = match &args.out {
@@ -163,6 +167,10 @@ pub fn run_one(
     println!("{header}\n{}", summary_table(&results, &wall_s));
     if let Some(dir) = out {
         write_all(dir, header, &results, &runs, &[&pooled, &o], &wall_s)?;
+        if args.records {
+            write_records(dir, &runs)?;
+            write_records(dir, std::slice::from_ref(&pooled))?;
+        }
         eprintln!("wrote {}", dir.display());
     }
     Ok(Outcome { results, wall_s })

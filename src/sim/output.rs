@@ -86,6 +86,25 @@ fn row(name: &str, r: &PolicyResult) -> String {
     )
 }
 
+/// Writes `records_<policy>.jsonl` of each of `runs` into `dir`: one JSON object per request,
+/// in trace order.
+pub fn write_records(dir: &Path, runs: &[PolicyRun]) -> anyhow::Result<()> {
+    use std::io::Write;
+    for run in runs {
+        let path = dir.join(format!("records_{}.jsonl", run.policy));
+        let file = std::fs::File::create(&path)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        let mut out = std::io::BufWriter::new(file);
+        for r in &run.records {
+            serde_json::to_writer(&mut out, r)?;
+            out.write_all(b"\n")?;
+        }
+        out.flush()
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(())
+}
+
 /// Writes every output file into `dir` (created if missing): `references` (the pooled cache,
 /// the oracle) join the TTFT chart but have no per-worker load.
 pub fn write_all(

@@ -1,7 +1,8 @@
 //! What the simulation remembers about each request.
 
-/// One request's fate in a simulation; times in virtual seconds.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// One request's fate in a simulation; times in virtual seconds (`--records` writes one JSON
+/// line of it per request).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct SimRecord {
     /// Arrival time.
     pub arrival: f64,
@@ -29,6 +30,10 @@ pub struct SimRecord {
     pub cached_tokens: u32,
     /// Leading prompt blocks the router believed the chosen worker held.
     pub predicted_blocks: u32,
+    /// The most leading blocks any routable worker held when it was routed.
+    pub warmest_blocks: u32,
+    /// The time to first token the policy predicted on the chosen worker, if it predicts one.
+    pub predicted_ttft: Option<f64>,
     /// Full prompt blocks, as the router counted them (0 for load-only policies).
     pub blocks: u32,
     /// Times the engine preempted it.
@@ -62,6 +67,11 @@ impl SimRecord {
             return None;
         };
         (self.output_tokens > 1).then(|| (end - first) / f64::from(self.output_tokens - 1))
+    }
+
+    /// Observed minus predicted time to first token, where both are known.
+    pub fn prediction_error(&self) -> Option<f64> {
+        Some(self.ttft()? - self.predicted_ttft?)
     }
 
     /// Whether it succeeded within the targets (a missing target is always met).

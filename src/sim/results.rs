@@ -45,6 +45,11 @@ pub struct PolicyResult {
     pub per_worker_requests: Vec<usize>,
     /// Time of the last request's end, seconds.
     pub makespan_s: f64,
+    /// How far the observed TTFT fell from the policy's prediction on the chosen worker:
+    /// statistics of |observed − predicted|, seconds (policies that predict one).
+    pub ttft_prediction_abs_error_s: Option<Stats>,
+    /// Mean of observed − predicted TTFT, seconds: above 0, the policy was too optimistic.
+    pub ttft_prediction_bias_s: Option<f64>,
 }
 
 /// Results of every policy of one run.
@@ -80,7 +85,17 @@ impl PolicyResult {
                 *n += 1;
             }
         }
+        let errors_s: Vec<f64> = run
+            .records
+            .iter()
+            .filter_map(|r| r.prediction_error())
+            .collect();
+        let bias =
+            (!errors_s.is_empty()).then(|| errors_s.iter().sum::<f64>() / errors_s.len() as f64);
+        let abs_error = (!errors_s.is_empty()).then(|| Stats::of(errors_s.iter().map(|e| e.abs())));
         PolicyResult {
+            ttft_prediction_abs_error_s: abs_error,
+            ttft_prediction_bias_s: bias,
             ttft_s,
             e2e_s,
             hit_rate: ratio(c.hit_blocks as f64, c.queried_blocks as f64).unwrap_or(0.0),

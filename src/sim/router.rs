@@ -33,6 +33,9 @@ pub struct Routed {
     pub overlap_blocks: u32,
     /// Full blocks of the prompt (0 for load-only policies).
     pub blocks: u32,
+    /// The most leading blocks any routable worker held (what the warmest choice would have
+    /// reused).
+    pub warmest_blocks: u32,
     admitted: Admitted,
     at: f64,
 }
@@ -43,6 +46,11 @@ impl Routed {
     pub fn first_token(&mut self, now: f64) {
         self.admitted.first_token();
         self.admitted.observe_ttft(now - self.at);
+    }
+
+    /// The time to first token the policy predicted, if it predicts one.
+    pub fn predicted_ttft(&self) -> Option<f64> {
+        self.admitted.predicted_ttft_s
     }
 
     /// The request ended (finished, failed or cancelled).
@@ -242,7 +250,16 @@ impl SimRouter {
             .decider
             .choose_on(&analysis, &self.targets, &mut Vec::new(), side)?;
         let admitted = self.decider.admit(&analysis, &choice, duration(now));
-        Some(Self::routed(admitted, now))
+        let mut routed = Self::routed(admitted, now);
+        routed.warmest_blocks = self
+            .targets
+            .iter()
+            .filter(|t| t.eligible)
+            .map(|t| analysis.overlaps.get(t.worker))
+            .max()
+            .unwrap_or(0)
+            .min(routed.blocks);
+        Some(routed)
     }
 
     /// Chooses the decode worker of a disaggregated request whose prefill ended at `now` on
@@ -277,6 +294,7 @@ impl SimRouter {
             slot: admitted.worker().0,
             overlap_blocks: admitted.overlap_blocks,
             blocks: admitted.blocks,
+            warmest_blocks: admitted.overlap_blocks,
             admitted,
             at: now,
         }
@@ -306,6 +324,11 @@ impl SimRouter {
         if matches!(self.mode, IndexMode::Events { .. }) {
             self.decider.holdings().exact.clear_worker(WorkerId(slot));
         }
+        // The engine came back with an empty cache: nothing of its working set is left.
+        self.decider
+            .holdings()
+            .residency
+            .clear_worker(WorkerId(slot));
     }
 }
 

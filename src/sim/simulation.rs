@@ -338,6 +338,8 @@ impl<'t> Simulation<'t> {
         };
         rec.worker = Some(routed.slot);
         rec.predicted_blocks = routed.overlap_blocks;
+        rec.predicted_ttft = routed.predicted_ttft();
+        rec.warmest_blocks = routed.warmest_blocks;
         rec.blocks = routed.blocks;
         let slot = routed.slot;
         let w = &mut self.workers[slot as usize];
