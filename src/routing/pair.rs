@@ -44,11 +44,16 @@ pub struct MissingSide(pub Side);
 /// Whether `targets` (a model's eligible workers) serve it whole or as pairs, and whether a
 /// pair can be formed: some worker must serve each side.
 pub fn plan<T: Target>(targets: &[T]) -> Result<Plan, MissingSide> {
-    if targets.iter().all(|t| t.role() == Role::Both) {
+    plan_roles(targets.iter().map(Target::role))
+}
+
+/// [`plan`] of the targets with these `roles`.
+pub fn plan_roles(roles: impl Iterator<Item = Role> + Clone) -> Result<Plan, MissingSide> {
+    if roles.clone().all(|r| r == Role::Both) {
         return Ok(Plan::Whole);
     }
     for side in [Side::Prefill, Side::Decode] {
-        if !targets.iter().any(|t| t.role().serves(side)) {
+        if !roles.clone().any(|r| r.serves(side)) {
             return Err(MissingSide(side));
         }
     }

@@ -21,12 +21,13 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 use super::AppState;
+use super::route_error::is_no_worker;
 use crate::fleet::{DEFAULT_BOOTSTRAP_PORT, Side, Worker};
 use crate::openai::ApiError;
 use crate::proxy::handoff::first_token::{Held, first_token};
 use crate::proxy::handoff::sglang::{Bootstrap, random_room, with_bootstrap};
 use crate::proxy::handoff::{BodyError, Protocol, vllm};
-use crate::routing::{Analysis, Attempt, DecodeSession, Session};
+use crate::routing::{Analysis, Attempt, DecodeSession, RouteError, Session};
 
 /// Largest prefill answer read (one token and its `kv_transfer_params`: a few kilobytes).
 const MAX_PREFILL_ANSWER: usize = 4 << 20;
@@ -99,7 +100,7 @@ pub(super) async fn forward(
             Ok(outcome) => outcome,
             // A retry that finds no worker left for a side: the client learns why the pair
             // failed (below), not that no worker was ever available.
-            Err(e) if last.is_some() && e.code == ApiError::no_worker().code => break,
+            Err(e) if last.is_some() && is_no_worker(&e) => break,
             Err(e) => return Err(e),
         };
         match outcome {
@@ -211,11 +212,11 @@ async fn sglang_round(
     let metrics = &state.metrics;
     let picks = &metrics.disaggregation.picks;
     let Some(p) = prefill.next_attempt() else {
-        return Err(ApiError::no_worker());
+        return Err(RouteError::NoWorker.into());
     };
     decode.prefilled_on(&p.worker);
     let Some(d) = decode.next_attempt() else {
-        return Err(ApiError::no_worker());
+        return Err(RouteError::NoWorker.into());
     };
     picks.with_label_values(&["prefill", p.worker.id()]).inc();
     picks.with_label_values(&["decode", d.worker.id()]).inc();
@@ -288,7 +289,7 @@ async fn sglang_round(
         p.admitted.first_token();
         p.admitted.finish();
     });
-    match decoded.unwrap_or_else(|| Err(ApiError::no_worker())) {
+    match decoded.unwrap_or_else(|| Err(RouteError::NoWorker.into())) {
         Err(e) => Ok(Round::Failed {
             why: e.message,
             prefill: None,
