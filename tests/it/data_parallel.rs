@@ -88,9 +88,12 @@ impl Stack {
     /// The index's overlap (blocks) of `prompt` on each candidate target, by target name.
     async fn overlaps(&self, prompt: &str) -> Vec<(String, u64)> {
         let v = self.explain(prompt).await;
-        v["candidates"]
-            .as_array()
-            .unwrap()
+        // A request no target can take is explained as the error it gets: no candidate.
+        let Some(candidates) = v["candidates"].as_array() else {
+            assert_eq!(v["error"]["code"], "no_worker_available", "{v}");
+            return Vec::new();
+        };
+        candidates
             .iter()
             .map(|c| {
                 (
