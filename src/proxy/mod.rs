@@ -352,7 +352,7 @@ impl Upstream {
         body: Bytes,
         first_byte_timeout: Duration,
     ) -> Result<Response<Incoming>, Failure> {
-        let (worker, rank) = (&attempt.worker, attempt.rank);
+        let (worker, rank) = (&attempt.worker, attempt.pinned());
         let mut req = Request::builder()
             .method(method.clone())
             .uri(worker.spec.url.join(path))

@@ -68,7 +68,7 @@ impl<'d> DecodeSession<'d> {
         // As for a whole request: a retry goes to another worker, not another rank of this one.
         self.tried.extend(target.worker.keys());
         Some(Attempt {
-            rank: target.pinned(),
+            rank: target.rank,
             worker: target.worker,
             admitted,
             at: Instant::now(),

@@ -27,7 +27,6 @@ use super::observer::{Observer, Requester};
 use super::pair::{self, PairRequest};
 use super::trail::Trail;
 use super::{AppState, body, cache_salt, request_id};
-use crate::fleet::WorkerRank;
 use crate::openai::{ApiError, Endpoint};
 use crate::proxy::{self, BodyTimeouts, ObservedBody, handoff};
 use crate::routing::{Plan, Session};
@@ -352,14 +351,11 @@ async fn forward(
     {
         out_headers.insert(PREFILL_WORKER_HEADER, v);
     }
-    if let Some(rank) = attempt.rank {
+    if let Some(rank) = attempt.pinned() {
         out_headers.insert(RANK_HEADER, HeaderValue::from(rank));
     }
     let sse = proxy::is_event_stream(&parts.headers);
-    trail.routed(WorkerRank {
-        worker: Arc::clone(&attempt.worker),
-        rank: attempt.rank.unwrap_or(0),
-    });
+    trail.routed(attempt.target());
     let model_label = match &model {
         Some(m) if state.fleet.knows_model(m) => m.clone(),
         _ => "-".to_owned(),

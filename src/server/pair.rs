@@ -335,7 +335,7 @@ fn prefill_failed(p: &Attempt, why: String, metrics: &crate::metrics::Metrics) -
         .inc();
     Round::Failed {
         why: format!("prefill worker `{}`: {why}", p.worker.id()),
-        prefill: Some(p.worker.key),
+        prefill: Some(p.admitted.worker()),
     }
 }
 

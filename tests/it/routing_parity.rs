@@ -131,7 +131,7 @@ impl Live {
             // What the server does when a worker's feed subscribes and its capacity is known.
             w.set_event_feed(events);
             if events {
-                holdings.exact.reserve(w.key, KV_BLOCKS);
+                holdings.exact.reserve(w.rank(0).key, KV_BLOCKS);
             }
         }
         Live {
@@ -165,7 +165,7 @@ impl Live {
         self.fleet
             .workers()
             .iter()
-            .map(|w| w.load.snapshot())
+            .map(|w| w.rank(0).load.snapshot())
             .collect()
     }
 }
@@ -206,7 +206,7 @@ fn run(policy: PolicyKind, mode: IndexMode, seed: u64) {
             Step::Arrive { prompt } => {
                 let l = live.route(&prompt);
                 let s = sim.route(&prompt, t);
-                let lw = l.as_ref().map(|(w, _)| w.key.0);
+                let lw = l.as_ref().map(|(w, _)| w.rank(0).key.0);
                 let sw = s.as_ref().map(|r| r.slot);
                 assert_eq!(lw, sw, "decision differs at {at}");
                 if let (Some((_, a)), Some(r)) = (&l, &s) {
