@@ -67,7 +67,11 @@ impl EngineRanks {
                  = {listed} if the server is one data-parallel deployment behind one port"
             );
         } else if was_wrong {
-            tracing::info!(worker = id, configured, "the worker's engine lists its configured data-parallel ranks again");
+            tracing::info!(
+                worker = id,
+                configured,
+                "the worker's engine lists its configured data-parallel ranks again"
+            );
         }
     }
 
@@ -103,7 +107,10 @@ mod tests {
                       sglang:num_running_reqs{dp_rank=\"1\",tp_rank=\"1\"} 1\n";
         assert_eq!(listed_ranks(sglang), Some(2));
         // No rank labels, or labels on series that are not an engine's: unknown.
-        assert_eq!(listed_ranks("sglang:num_running_reqs{tp_rank=\"0\"} 1\n"), None);
+        assert_eq!(
+            listed_ranks("sglang:num_running_reqs{tp_rank=\"0\"} 1\n"),
+            None
+        );
         assert_eq!(listed_ranks("process_cpu{engine=\"1\"} 1\n"), None);
         assert_eq!(listed_ranks(""), None);
     }

@@ -216,7 +216,14 @@ mod tests {
         let workers = fleet.workers().to_vec();
         let dp = fleet.get("dp").unwrap();
         let session = |w: Vec<Arc<Worker>>| {
-            Session::new(&decider, &metrics, w, Analysis::load_only(), &clock, Instant::now())
+            Session::new(
+                &decider,
+                &metrics,
+                w,
+                Analysis::load_only(),
+                &clock,
+                Instant::now(),
+            )
         };
         let mut s = session(workers.clone()).excluding(&[dp.rank(2).key]);
         let only = s.next_attempt().unwrap();

@@ -53,7 +53,10 @@ async fn explain(
     let (api, path, how) = endpoint_of(&bytes);
     let call = Call::post(api, path, headers.clone());
     let Step::Forward(prepared) = read::prepare(state, &caller, &call, &bytes, how).await? else {
-        return Err(ApiError::invalid("this body is answered without routing", None));
+        return Err(ApiError::invalid(
+            "this body is answered without routing",
+            None,
+        ));
     };
     let Prepared {
         model,

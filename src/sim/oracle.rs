@@ -16,8 +16,8 @@
 use std::collections::HashSet;
 
 use crate::engine::{AddError, EngineConfig};
-use crate::tokens::block_hashes;
 use crate::routing::request_seed;
+use crate::tokens::block_hashes;
 use crate::workload::trace::Trace;
 
 use super::config::SimConfig;

@@ -382,14 +382,22 @@ async fn kill_and_restart() {
     }
 
     // Every stream's load was released, the broken ones included.
-    let e0_load = router.state.fleet.get("e0").unwrap().rank(0).load.snapshot();
+    let e0_load = router
+        .state
+        .fleet
+        .get("e0")
+        .unwrap()
+        .rank(0)
+        .load
+        .snapshot();
     assert!(
         wait_for(Duration::from_secs(2), || router
             .state
             .fleet
             .get("e0")
             .unwrap()
-            .rank(0).load
+            .rank(0)
+            .load
             .snapshot()
             .in_flight
             == 0)

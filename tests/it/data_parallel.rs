@@ -442,7 +442,10 @@ async fn a_data_parallel_server_configured_as_one_cache_is_warned_about() {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        assert!(text.contains(&line), "{ranks} configured: no `{line}` in\n{text}");
+        assert!(
+            text.contains(&line),
+            "{ranks} configured: no `{line}` in\n{text}"
+        );
         router.shutdown().await;
     }
 }

@@ -230,7 +230,19 @@ async fn admin_api_adds_drains_and_removes_workers() {
     a.release();
     b.release();
     held.bytes().await.unwrap();
-    assert!(eventually(|| r.state.fleet.get(busy).unwrap().rank(0).load.snapshot().in_flight == 0).await);
+    assert!(
+        eventually(|| r
+            .state
+            .fleet
+            .get(busy)
+            .unwrap()
+            .rank(0)
+            .load
+            .snapshot()
+            .in_flight
+            == 0)
+        .await
+    );
     let removed = c
         .delete(format!("{admin}/{busy}"))
         .bearer_auth("key-admin")

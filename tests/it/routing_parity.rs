@@ -19,7 +19,7 @@ use kvroute::index::{ApproxConfig, ApproxIndex, Holdings, IndexConfig, KvIndex, 
 use kvroute::kv_events::{BlockStored, EngineHash, EventBatch, KvEvent};
 use kvroute::metrics::Metrics;
 use kvroute::policy::{self, PolicyKind};
-use kvroute::routing::{Admitted, Decider, Session, request_seed, tenant_salt};
+use kvroute::routing::{self, Admitted, Decider, Needs, Session, request_seed, tenant_salt};
 use kvroute::server::RouterHandle;
 use kvroute::sim::IndexMode;
 use kvroute::sim::router::{Routed, SimRouter};
@@ -142,9 +142,17 @@ impl Live {
         }
     }
 
-    /// What `server::forward` does for a request: eligible workers, analysis, one attempt.
+    /// What `server::forward` does for a request: eligible workers (`routing::eligible`),
+    /// analysis, one attempt.
     fn route(&self, prompt: &[u32]) -> Option<(Arc<Worker>, Admitted)> {
-        let eligible = self.fleet.eligible(MODEL);
+        let eligible = routing::eligible(
+            &self.fleet.workers(),
+            Some(MODEL),
+            Needs::Pairable,
+            Instant::now(),
+        )
+        .map(|e| e.workers)
+        .unwrap_or_default();
         let analysis = self
             .decider
             .analyse(prompt, hash_seed(MODEL, None, None), BLOCK, self.now);
@@ -399,17 +407,34 @@ async fn debug_route_explains_the_decision_and_the_error_the_request_gets() {
         assert_eq!(status, 200, "{explained}");
         let (status, worker, out) = send(&r, &body).await;
         assert_eq!(status, 200, "{out}");
-        assert_eq!(worker.as_deref(), explained["worker"].as_str(), "request {n}: {explained}");
+        assert_eq!(
+            worker.as_deref(),
+            explained["worker"].as_str(),
+            "request {n}: {explained}"
+        );
     }
     let m = |model: &str| json!({"model": model, "prompt": "hello", "max_tokens": 1});
-    assert_eq!(same_error(&r, m("nope")).await, (404, "model_not_found".into()));
+    assert_eq!(
+        same_error(&r, m("nope")).await,
+        (404, "model_not_found".into())
+    );
     // A disaggregated model whose only decode worker drains has no decode side.
     r.state.fleet.get("w4").unwrap().set_draining(true);
-    assert_eq!(same_error(&r, m("pd")).await, (503, "no_decode_worker".into()));
+    assert_eq!(
+        same_error(&r, m("pd")).await,
+        (503, "no_decode_worker".into())
+    );
     for i in 0..3 {
-        r.state.fleet.get(&format!("w{i}")).unwrap().set_draining(true);
+        r.state
+            .fleet
+            .get(&format!("w{i}"))
+            .unwrap()
+            .set_draining(true);
     }
-    assert_eq!(same_error(&r, m(MODEL)).await, (503, "no_worker_available".into()));
+    assert_eq!(
+        same_error(&r, m(MODEL)).await,
+        (503, "no_worker_available".into())
+    );
     r.shutdown().await;
 }
 
@@ -474,7 +499,13 @@ async fn the_server_and_the_simulator_seed_adapters_and_tenant_salts_alike() {
                 .find(|c| c["worker"] == "w1")
                 .map(|c| c["overlap_blocks"].as_u64().unwrap());
             let want = if i == j { blocks as u64 } else { 0 };
-            assert_eq!(overlap, Some(want), "seeded as {:?}, asked as {:?}", cases[i], cases[j]);
+            assert_eq!(
+                overlap,
+                Some(want),
+                "seeded as {:?}, asked as {:?}",
+                cases[i],
+                cases[j]
+            );
         }
     }
     r.shutdown().await;

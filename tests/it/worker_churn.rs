@@ -70,9 +70,11 @@ async fn ten_thousand_workers_come_and_go_and_the_index_returns_to_its_baseline(
     );
     life.start();
     for w in life.fleet().workers().iter() {
-        holdings
-            .exact
-            .apply(w.rank(0).key, &stored(w.rank(0).key.0, 1 << 40), &seeds_for("m"));
+        holdings.exact.apply(
+            w.rank(0).key,
+            &stored(w.rank(0).key.0, 1 << 40),
+            &seeds_for("m"),
+        );
     }
     // One warm-up cycle sizes the tables a churning worker uses; memory after it is the
     // baseline every later cycle must come back to.
@@ -85,9 +87,11 @@ async fn ten_thousand_workers_come_and_go_and_the_index_returns_to_its_baseline(
             let w = life
                 .join(spec(&format!("pod-{n}"), n.is_multiple_of(500)))
                 .expect("joins");
-            holdings
-                .exact
-                .apply(w.rank(0).key, &stored(n % 3, u64::from(n) << 8), &seeds_for("m"));
+            holdings.exact.apply(
+                w.rank(0).key,
+                &stored(n % 3, u64::from(n) << 8),
+                &seeds_for("m"),
+            );
             holdings.approx.record_routed(
                 w.rank(0).key,
                 &kvroute::tokens::block_hashes(
