@@ -27,6 +27,7 @@ use crate::openai::ApiError;
 use crate::proxy::handoff::first_token::{Held, first_token};
 use crate::proxy::handoff::sglang::{Bootstrap, random_room, with_bootstrap};
 use crate::proxy::handoff::{BodyError, Protocol, vllm};
+use crate::proxy::outcome::{self, Outcome, WorkerFault};
 use crate::routing::{Analysis, Attempt, DecodeSession, RouteError, Session};
 
 /// Largest prefill answer read (one token and its `kv_transfer_params`: a few kilobytes).
@@ -173,7 +174,8 @@ async fn vllm_round(
     {
         Ok(params) => params,
         Err(e) => {
-            p.worker.record_failure(Instant::now());
+            let broken = Outcome::Failed(WorkerFault::BrokenAnswer);
+            outcome::account(&p.worker, broken, &e.to_string(), metrics, Instant::now());
             return Ok(prefill_failed(&p, e.to_string(), metrics));
         }
     };
@@ -196,7 +198,7 @@ async fn vllm_round(
         .upstream
         .forward(req.method, req.target, req.headers, body, metrics, decode)
         .await?;
-    Ok(held_answer(d, answer, wait, Arc::clone(&p.worker)).await)
+    Ok(held_answer(d, answer, wait, Arc::clone(&p.worker), metrics).await)
 }
 
 /// SGLang: one prefill and one decode worker, both sent the request at once with the prefill's
@@ -294,7 +296,7 @@ async fn sglang_round(
             why: e.message,
             prefill: None,
         }),
-        Ok(answer) => Ok(held_answer(d, answer, wait, prefill_worker).await),
+        Ok(answer) => Ok(held_answer(d, answer, wait, prefill_worker, metrics).await),
     }
 }
 
@@ -304,6 +306,7 @@ async fn held_answer(
     answer: Response<Incoming>,
     wait: Duration,
     prefill: Arc<Worker>,
+    metrics: &crate::metrics::Metrics,
 ) -> Round {
     let sse = crate::proxy::is_event_stream(answer.headers());
     match first_token(answer, sse, wait).await {
@@ -314,9 +317,8 @@ async fn held_answer(
             prefill: Some(prefill),
         })),
         Err(why) => {
-            if d.worker.record_failure(Instant::now()) {
-                tracing::warn!(worker = %d.worker.id(), "circuit opened: too many of its recent requests failed");
-            }
+            let broken = Outcome::Failed(WorkerFault::BrokenAnswer);
+            outcome::account(&d.worker, broken, &why.to_string(), metrics, Instant::now());
             Round::Failed {
                 why: format!("decode worker `{}`: {why}", d.worker.id()),
                 prefill: None,
