@@ -119,12 +119,12 @@ impl Fleet {
     }
 
     /// Workers that may take a new request for `model` now (healthy, not draining, circuit
-    /// not open), in fleet order.
+    /// not open), in fleet order (requests ask `routing::eligible`, which also weighs roles).
     pub fn eligible(&self, model: &str) -> Vec<Arc<Worker>> {
         let now = std::time::Instant::now();
         self.workers()
             .iter()
-            .filter(|w| w.is_routable(now) && w.serves(model))
+            .filter(|w| w.takes(Some(model), now))
             .cloned()
             .collect()
     }

@@ -451,6 +451,12 @@ impl Worker {
         self.breaker.record_success(now);
     }
 
+    /// Whether it may take a new request for `model` (any model for `None`) at `now`: routable
+    /// and serving it.
+    pub fn takes(&self, model: Option<&str>, now: Instant) -> bool {
+        self.is_routable(now) && model.is_none_or(|m| self.serves(m))
+    }
+
     /// Whether a new request may be sent here at `now`: healthy, not draining, circuit not
     /// open.
     pub fn is_routable(&self, now: Instant) -> bool {

@@ -46,7 +46,7 @@ pub fn eligible(
 ) -> Result<Eligible, RouteError> {
     let serving: Vec<Arc<Worker>> = workers
         .iter()
-        .filter(|w| w.is_routable(now) && model.is_none_or(|m| w.serves(m)))
+        .filter(|w| w.takes(model, now))
         .cloned()
         .collect();
     if serving.is_empty() {
