@@ -68,7 +68,10 @@ impl Decider {
         let decode = match plan {
             Plan::Whole => None,
             Plan::Pair => {
-                let (picked, candidates, decision) = self.explain_decode(analysis, targets);
+                // The decode leaves the prefill's process while it can (see `choose_decode`).
+                let prefill = picked[decision.chosen].siblings();
+                let (picked, candidates, decision) =
+                    self.explain_decode(analysis, targets, &prefill);
                 let decision = decision
                     .filter(|d| d.chosen < picked.len())
                     .ok_or(RouteError::NoWorker)?;
@@ -85,5 +88,84 @@ impl Decider {
             decision,
             decode,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::fleet::{Load, Role, WorkerId};
+    use crate::index::{ApproxConfig, ApproxIndex, Holdings, IndexConfig, KvIndex};
+    use crate::policy::{PolicyKind, seeded};
+
+    struct T {
+        key: WorkerId,
+        label: Arc<str>,
+        load: Arc<Load>,
+        role: Role,
+    }
+
+    impl Target for T {
+        fn worker(&self) -> WorkerId {
+            self.key
+        }
+        fn label(&self) -> &Arc<str> {
+            &self.label
+        }
+        fn load(&self) -> &Arc<Load> {
+            &self.load
+        }
+        fn routable(&self) -> bool {
+            true
+        }
+        fn publishes_events(&self) -> bool {
+            true
+        }
+        fn role(&self) -> Role {
+            self.role
+        }
+    }
+
+    fn target(key: u32, role: Role) -> T {
+        T {
+            key: WorkerId(key),
+            label: format!("t{key}").into(),
+            load: Arc::new(Load::default()),
+            role,
+        }
+    }
+
+    /// A `both` target that computes the prompt is idler than the decode-only one, yet the
+    /// explained decode goes to the decode-only one, as the live pick sends it; a fleet whose
+    /// only decode-capable target computed the prompt decodes there.
+    #[test]
+    fn a_pair_is_explained_as_the_live_path_picks_it() {
+        let holdings = Arc::new(Holdings::new(
+            KvIndex::new(IndexConfig { max_entries: 1024 }),
+            ApproxIndex::new(ApproxConfig {
+                ttl: Duration::from_secs(60),
+                capacity_per_worker: 1024,
+            }),
+        ));
+        let decider = Decider::new(seeded(PolicyKind::LeastRequest, 1), holdings);
+        let analysis = Analysis::load_only();
+        let targets = [target(0, Role::Both), target(1, Role::Decode)];
+        let _busy = [targets[1].load.admit(10, 0), targets[1].load.admit(10, 0)];
+        let e = decider
+            .explain_plan(&analysis, &targets, Plan::Pair)
+            .unwrap();
+        assert_eq!(e.chosen().key, WorkerId(0));
+        let decode = e.decode.as_ref().unwrap();
+        assert_eq!(decode.chosen().key, WorkerId(1));
+        let alone = [target(0, Role::Both), target(1, Role::Prefill)];
+        let e = decider.explain_plan(&analysis, &alone, Plan::Pair).unwrap();
+        assert_eq!(e.decode.as_ref().unwrap().chosen().key, WorkerId(0));
+        assert!(e.decode.is_some());
+        let none: [T; 0] = [];
+        let e = decider.explain_plan(&analysis, &none, Plan::Whole);
+        assert_eq!(e.err(), Some(RouteError::NoWorker));
     }
 }

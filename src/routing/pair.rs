@@ -158,14 +158,21 @@ impl Decider {
     }
 
     /// The decode pick among the routable decode-capable `targets` without taking anything
-    /// (what `/debug/route` shows).
+    /// (what `/debug/route` shows), for a prompt computed on the targets `prefill`: away from
+    /// them while another decode-capable target is left, as [`Decider::choose_decode`] picks.
     pub fn explain_decode<'t, T: Target>(
         &self,
         analysis: &Analysis,
         targets: &'t [T],
+        prefill: &[WorkerId],
     ) -> (Vec<&'t T>, Vec<DecodeCandidate>, Option<DecodeDecision>) {
+        let tokens = analysis.request.prompt_tokens;
+        let (picked, candidates) = self.decode_candidates(analysis, targets, prefill);
+        if let Some(decision) = choose_decode(tokens, &candidates) {
+            return (picked, candidates, Some(decision));
+        }
         let (picked, candidates) = self.decode_candidates(analysis, targets, &[]);
-        let decision = choose_decode(analysis.request.prompt_tokens, &candidates);
+        let decision = choose_decode(tokens, &candidates);
         (picked, candidates, decision)
     }
 

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use super::admitted::Admitted;
 use super::analysis::Analysis;
 use super::decider::Decider;
+use super::target::Target;
 use crate::fleet::{Side, WorkerId};
 use crate::fleet::{Worker, WorkerRank};
 use crate::metrics::Metrics;
@@ -115,7 +116,7 @@ impl<'d> Session<'d> {
     pub fn excluding(mut self, failed: &[WorkerId]) -> Session<'d> {
         let (eligible, tried) = (&self.eligible, &mut self.tried);
         for t in eligible.iter().filter(|t| failed.contains(&t.state().key)) {
-            tried.extend(t.worker.keys());
+            tried.extend(t.siblings());
         }
         tried.sort_unstable();
         tried.dedup();
@@ -166,7 +167,7 @@ impl<'d> Session<'d> {
         // A retry goes to another worker, not another rank of the one that failed: the exact
         // target tried and its siblings, which share the process and the front door that
         // failed.
-        self.tried.extend(target.worker.keys());
+        self.tried.extend(target.siblings());
         Some(Attempt {
             rank: target.rank,
             worker: target.worker,

@@ -35,6 +35,12 @@ pub trait Target {
     fn kv_blocks(&self) -> Option<usize> {
         None
     }
+    /// The targets sharing its process and front door, itself included (a worker's
+    /// data-parallel ranks): a retry after its failure skips them all, and a prompt it computed
+    /// is not handed off to one of them while another decode target is left.
+    fn siblings(&self) -> Vec<WorkerId> {
+        vec![self.worker()]
+    }
 }
 
 /// One data-parallel rank of a live worker: the rank's identity and load, the worker's health,
@@ -70,5 +76,9 @@ impl Target for WorkerRank {
 
     fn kv_blocks(&self) -> Option<usize> {
         self.worker.kv_blocks()
+    }
+
+    fn siblings(&self) -> Vec<WorkerId> {
+        self.worker.keys().collect()
     }
 }
