@@ -6,7 +6,8 @@
 //! requests over its ranks, and a repeated prompt lands on a rank that has never seen it (a
 //! check measured 0 % cached tokens). The load poller reads those metrics anyway, so it tells
 //! when they disagree with the configuration: a warning in the log and
-//! `kvroute_worker_data_parallel_mismatch{worker}`.
+//! `kvroute_worker_data_parallel_mismatch{worker}` (with `[health] load_interval_ms = 0` the
+//! poller is off, and so is this check).
 //!
 //! The ranks are not adopted: each rank is a target with its own number, index entries, load,
 //! calibration and KV-event feed (on the event port plus its rank), so changing a worker's
