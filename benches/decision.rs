@@ -22,14 +22,14 @@ use std::time::Duration;
 use criterion::measurement::Measurement;
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use kvroute::fleet::WorkerId;
-use kvroute::fleet::{BaseUrl, LoadGuard, Worker, WorkerSpec};
+use kvroute::fleet::{BaseUrl, LoadGuard, Worker, WorkerRank, WorkerSpec};
 use kvroute::index::Holdings;
 use kvroute::kv_events::{BlockStored, EngineHash, EventBatch, KvEvent};
 use kvroute::openai::{Endpoint, RequestView};
 use kvroute::policy::{KvAware, KvAwareConfig};
-use kvroute::routing::Decider;
+use kvroute::routing::{Decider, request_seed};
 use kvroute::tokens::ModelTokens;
-use kvroute::tokens::model::{DEFAULT_CACHE_UNITS, hash_seed};
+use kvroute::tokens::model::DEFAULT_CACHE_UNITS;
 use serde_json::json;
 
 #[path = "common/prose.rs"]
@@ -47,9 +47,9 @@ fn view(system: &str, question: &str) -> RequestView {
 
 /// The live decision for `v`: tokenize, analyse (hash, look up), choose and admit, through the
 /// same core the server calls.
-fn decide(model: &ModelTokens, decider: &Decider, workers: &[Arc<Worker>], v: &RequestView) -> u32 {
+fn decide(model: &ModelTokens, decider: &Decider, workers: &[WorkerRank], v: &RequestView) -> u32 {
     let ids = model.prompt_ids(v).expect("tokenizes");
-    let seed = hash_seed("qwen3", None, None);
+    let seed = request_seed("qwen3", None, None);
     let analysis = decider.analyse(&ids, seed, model.block_size(), Duration::from_secs(1));
     let Some(choice) = decider.choose(&analysis, workers, &mut Vec::new()) else {
         return u32::MAX;
@@ -61,7 +61,7 @@ fn decide(model: &ModelTokens, decider: &Decider, workers: &[Arc<Worker>], v: &R
 /// `n` workers with events (nothing is predicted on admission) and uneven load: worker `w`
 /// holds `w % 7` decoding requests and one request with `(w % 16) × 700` tokens still to
 /// prefill.
-fn fleet(n: u32) -> (Vec<Arc<Worker>>, Vec<LoadGuard>) {
+fn fleet(n: u32) -> (Vec<WorkerRank>, Vec<LoadGuard>) {
     let mut guards = Vec::new();
     let workers: Vec<Arc<Worker>> = (0..n)
         .map(|w| {
@@ -79,16 +79,16 @@ fn fleet(n: u32) -> (Vec<Arc<Worker>>, Vec<LoadGuard>) {
             let worker = Arc::new(Worker::new(spec, WorkerId(w)));
             worker.set_event_feed(true);
             for _ in 0..w % 7 {
-                let mut g = worker.load.admit(1000, 0);
+                let mut g = worker.rank(0).load.admit(1000, 0);
                 g.first_token();
                 guards.push(g);
             }
             let w16 = u64::from(w % 16);
-            guards.push(worker.load.admit(w16 * 3000, w16 * 700));
+            guards.push(worker.rank(0).load.admit(w16 * 3000, w16 * 700));
             worker
         })
         .collect();
-    (workers, guards)
+    (WorkerRank::all(&workers), guards)
 }
 
 fn wall(c: &mut Criterion) {
@@ -146,7 +146,7 @@ fn benches<M: Measurement>(c: &mut Criterion<M>, group: &str) {
             Arc::new(KvAware::new(KvAwareConfig::default(), 1)),
             Arc::clone(&holdings),
         );
-        let hashes = model.block_hashes(&ids, hash_seed("qwen3", None, None));
+        let hashes = model.block_hashes(&ids, request_seed("qwen3", None, None));
         holdings
             .approx
             .record_routed(WorkerId(3), &hashes, Duration::ZERO);

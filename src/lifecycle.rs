@@ -183,7 +183,7 @@ impl Lifecycle {
             worker
         };
         self.arrive(&worker);
-        tracing::info!(worker = worker.id(), key = %worker.key, source = source.name(), "worker joined");
+        tracing::info!(worker = worker.id(), keys = ?worker.keys().collect::<Vec<_>>(), source = source.name(), "worker joined");
         Ok(worker)
     }
 
@@ -252,7 +252,7 @@ impl Lifecycle {
         }
         self.metrics.forget_worker(w.id());
         self.fleet.release(&w);
-        tracing::info!(worker = %id, key = %w.key, in_flight, "worker left");
+        tracing::info!(worker = %id, keys = ?w.keys().collect::<Vec<_>>(), in_flight, "worker left");
         Ok(in_flight)
     }
 

@@ -12,9 +12,11 @@ use prometheus::{
 };
 
 mod config;
+mod data_parallel;
 mod disaggregation;
 
 pub use config::ConfigMetrics;
+pub use data_parallel::DataParallelMetrics;
 pub use disaggregation::DisaggregationMetrics;
 
 /// Buckets for latencies from sub-millisecond to minutes.
@@ -117,6 +119,8 @@ pub struct Metrics {
     pub config: ConfigMetrics,
     /// Disaggregated requests' picks, hand-offs and retries by phase.
     pub disaggregation: DisaggregationMetrics,
+    /// Workers whose data-parallel ranks disagree with their engine's.
+    pub data_parallel: DataParallelMetrics,
 }
 
 impl Metrics {
@@ -138,6 +142,7 @@ impl Metrics {
         forget(&self.prefix_queried_blocks, id);
         forget(&self.kv_stream, id);
         self.disaggregation.forget_worker(id);
+        self.data_parallel.forget_worker(id);
     }
 
     /// Creates and registers every metric.
@@ -410,6 +415,7 @@ impl Metrics {
         register_process_and_build(&registry);
         let config = ConfigMetrics::register(&registry);
         let disaggregation = DisaggregationMetrics::register(&registry);
+        let data_parallel = DataParallelMetrics::register(&registry);
         Metrics {
             registry,
             requests,
@@ -447,6 +453,7 @@ impl Metrics {
             discovery_workers,
             config,
             disaggregation,
+            data_parallel,
         }
     }
 

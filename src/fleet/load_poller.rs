@@ -7,6 +7,9 @@
 //! in SGLang's `srt/metrics/collector.py`). Series of several data-parallel ranks behind one
 //! endpoint add up; repeated series of one rank (tensor-parallel ranks) do not.
 //!
+//! The same exposition tells how many data-parallel ranks the engine has: a worker configured
+//! with another number is warned about ([`super::engine_ranks`]).
+//!
 //! Each reading is stored with this router's own counters at the moment the engine was asked.
 //! A worker that does not answer keeps its last reading until it is [`stale_after`] old, then
 //! loses it: the router falls back to its own counters rather than weigh a queue that is long
@@ -21,6 +24,7 @@ use hyper_util::rt::TokioExecutor;
 use tokio_util::sync::CancellationToken;
 
 use super::capacity::Sample;
+use super::engine_ranks::listed_ranks;
 use super::health::{ProbeClient, get};
 use super::load_view::EngineLoad;
 use super::{Fleet, LoadSnapshot, Worker};
@@ -165,6 +169,10 @@ async fn read_worker(client: &ProbeClient, worker: &Arc<Worker>, interval: Durat
     let text = answer
         .filter(|(status, _)| status.is_success())
         .and_then(|(_, body)| String::from_utf8(body.to_vec()).ok());
+    if let Some(listed) = text.as_deref().and_then(listed_ranks) {
+        let configured = worker.data_parallel_size();
+        worker.engine_ranks.observe(worker.id(), configured, listed);
+    }
     for (r, (own, ended_lately, admitted_before)) in ranks.iter().zip(before) {
         let engine = text.as_deref().and_then(|t| {
             if ranks.len() > 1 {

@@ -7,6 +7,7 @@
 
 pub mod breaker;
 pub mod capacity;
+pub mod engine_ranks;
 pub mod health;
 pub mod load;
 pub mod load_poller;
@@ -22,6 +23,7 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, Weak};
 
 pub use breaker::{Breaker, BreakerConfig, CircuitState};
+pub use engine_ranks::EngineRanks;
 pub use health::HealthConfig;
 pub use load::{Load, LoadGuard};
 pub use load_view::LoadSnapshot;
@@ -117,12 +119,12 @@ impl Fleet {
     }
 
     /// Workers that may take a new request for `model` now (healthy, not draining, circuit
-    /// not open), in fleet order.
+    /// not open), in fleet order (requests ask `routing::eligible`, which also weighs roles).
     pub fn eligible(&self, model: &str) -> Vec<Arc<Worker>> {
         let now = std::time::Instant::now();
         self.workers()
             .iter()
-            .filter(|w| w.is_routable(now) && w.serves(model))
+            .filter(|w| w.takes(Some(model), now))
             .cloned()
             .collect()
     }
@@ -289,10 +291,10 @@ mod tests {
             }
         );
         let b = f.add(spec("b", &["m"])).unwrap();
-        assert_eq!(b.key, WorkerId(1));
+        assert_eq!(b.rank(0).key, WorkerId(1));
         assert!(f.remove("a").is_some());
         let c = f.add(spec("c", &["m"])).unwrap();
-        assert_eq!(c.key, WorkerId(2));
+        assert_eq!(c.rank(0).key, WorkerId(2));
         assert_eq!(f.workers().len(), 2);
         assert!(f.remove("zz").is_none());
     }
@@ -304,14 +306,14 @@ mod tests {
         f.release(&a);
         // Something (an in-flight request) still holds `a`: its number must not be reused.
         let c = f.add(spec("c", &["m"])).unwrap();
-        assert_eq!(c.key, WorkerId(2));
+        assert_eq!(c.rank(0).key, WorkerId(2));
         drop(a);
         let d = f.add(spec("d", &["m"])).unwrap();
-        assert_eq!(d.key, WorkerId(0));
+        assert_eq!(d.rank(0).key, WorkerId(0));
         // A removed but unreleased number (its index entries not yet gone) is not reused.
         let b = f.remove("b").unwrap();
         drop(b);
-        assert_eq!(f.add(spec("e", &["m"])).unwrap().key, WorkerId(3));
+        assert_eq!(f.add(spec("e", &["m"])).unwrap().rank(0).key, WorkerId(3));
     }
 
     #[test]

@@ -16,6 +16,7 @@ pub mod handoff;
 pub mod headers;
 pub mod hops;
 pub mod members;
+pub mod outcome;
 pub mod output_tokens;
 pub mod response_id;
 pub mod retry_budget;
@@ -42,6 +43,7 @@ use crate::telemetry::{self, TARGET as TRACE};
 
 pub use body::{BodyTimeouts, End, ObservedBody, ResponseObserver};
 pub use hops::{HopId, VIA_HEADER};
+pub use outcome::{Outcome, WorkerFault};
 pub use retry_budget::{RetryBudget, RetryBudgetConfig};
 
 /// Proxy settings.
@@ -102,6 +104,19 @@ enum Failure {
     NoResponse(String),
     /// The worker (or a gateway in front of it) answered 502, 503 or 504: it cannot serve now.
     Unavailable(Response<Incoming>),
+}
+
+impl Failure {
+    /// The worker's fault, and what happened (for the log and the client's error).
+    fn fault(&self) -> (WorkerFault, String) {
+        match self {
+            Failure::Connect(e) => (WorkerFault::Connect, e.clone()),
+            Failure::NoResponse(e) => (WorkerFault::NoResponse, e.clone()),
+            Failure::Unavailable(r) => {
+                (WorkerFault::Unavailable, format!("answered {}", r.status()))
+            }
+        }
+    }
 }
 
 /// Whether an answer with `status` is the worker's failure rather than the request's own
@@ -229,35 +244,19 @@ impl Upstream {
                 .await
             {
                 Ok(resp) => {
-                    attempt.worker.record_success(Instant::now());
-                    return Ok((attempt, resp));
-                }
-                Err(Failure::Unavailable(resp)) if last_chance => {
-                    attempt.worker.record_failure(Instant::now());
+                    outcome::account(
+                        &attempt.worker,
+                        Outcome::Answered,
+                        "",
+                        metrics,
+                        Instant::now(),
+                    );
                     return Ok((attempt, resp));
                 }
                 Err(failure) => {
-                    if attempt.worker.record_failure(Instant::now()) {
-                        tracing::warn!(worker = %worker_id, "circuit opened: too many of its recent requests failed");
-                    }
-                    let (kind, message, reason) = match &failure {
-                        Failure::Connect(e) => ("connect", e.clone(), "connect"),
-                        Failure::NoResponse(e) => ("no_response", e.clone(), "no_response"),
-                        Failure::Unavailable(r) => (
-                            "status_5xx",
-                            format!("answered {}", r.status()),
-                            "status_5xx",
-                        ),
-                    };
-                    metrics
-                        .upstream_errors
-                        .with_label_values(&[&worker_id, kind])
-                        .inc();
-                    tracing::warn!(worker = %worker_id, kind, %message, "attempt failed");
-                    if matches!(failure, Failure::Connect(_)) {
-                        // Passive health: the health check brings it back once it answers.
-                        attempt.worker.set_healthy(false);
-                    }
+                    let (fault, message) = failure.fault();
+                    let failed = Outcome::Failed(fault);
+                    outcome::account(&attempt.worker, failed, &message, metrics, Instant::now());
                     last_error = Some(ApiError::new(
                         StatusCode::BAD_GATEWAY,
                         "upstream_error",
@@ -270,7 +269,7 @@ impl Upstream {
                         _ => None,
                     };
                     if !last_chance {
-                        retry_reason = Some(reason);
+                        retry_reason = Some(fault.kind());
                     }
                 }
             }
@@ -303,6 +302,7 @@ impl Upstream {
         let mut headers = headers::upstream_request_headers(client_headers);
         self.hop.stamp(&mut headers);
         let worker_id = attempt.worker.id();
+        let now = Instant::now;
         let failure = match self
             .send(
                 attempt,
@@ -315,25 +315,19 @@ impl Upstream {
             .await
         {
             Ok(resp) => {
-                attempt.worker.record_success(Instant::now());
+                outcome::account(&attempt.worker, Outcome::Answered, "", metrics, now());
                 return Ok(resp);
             }
             Err(f) => f,
         };
-        attempt.worker.record_failure(Instant::now());
-        let (kind, message) = match &failure {
-            Failure::Connect(e) => {
-                attempt.worker.set_healthy(false);
-                ("connect", e.clone())
-            }
-            Failure::NoResponse(e) => ("no_response", e.clone()),
-            Failure::Unavailable(r) => ("status_5xx", format!("answered {}", r.status())),
-        };
-        metrics
-            .upstream_errors
-            .with_label_values(&[worker_id, kind])
-            .inc();
-        tracing::warn!(worker = %worker_id, kind, %message, "attempt failed");
+        let (fault, message) = failure.fault();
+        outcome::account(
+            &attempt.worker,
+            Outcome::Failed(fault),
+            &message,
+            metrics,
+            now(),
+        );
         Err(ApiError::new(
             StatusCode::BAD_GATEWAY,
             "upstream_error",
@@ -352,7 +346,7 @@ impl Upstream {
         body: Bytes,
         first_byte_timeout: Duration,
     ) -> Result<Response<Incoming>, Failure> {
-        let (worker, rank) = (&attempt.worker, attempt.rank);
+        let (worker, rank) = (&attempt.worker, attempt.pinned());
         let mut req = Request::builder()
             .method(method.clone())
             .uri(worker.spec.url.join(path))

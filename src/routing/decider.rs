@@ -138,14 +138,15 @@ impl Decider {
         }
     }
 
-    /// The policy's choice among the routable `targets`, without taking anything (what
-    /// `/debug/route` shows).
+    /// The policy's choice among the routable `targets` serving `side` (all for `None`),
+    /// without taking anything (what `/debug/route` shows, see `routing::explain`).
     pub fn explain<'t, T: Target>(
         &self,
         analysis: &Analysis,
         targets: &'t [T],
+        side: Option<Side>,
     ) -> (Vec<&'t T>, Vec<Candidate>, Option<RouteDecision>) {
-        let (picked, candidates) = self.candidates(analysis, targets, &[]);
+        let (picked, candidates) = self.candidates_on(analysis, targets, &[], side);
         let decision = self.policy.choose(&analysis.request, &candidates);
         (picked, candidates, decision)
     }

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use super::analysis::Analysis;
 use super::decider::Decider;
 use super::session::{Attempt, Attempts};
+use super::target::Target;
 use crate::fleet::{Side, Worker, WorkerId, WorkerRank};
 
 /// The decode picks of one request: each [`DecodeSession::next_attempt`] chooses a
@@ -66,9 +67,9 @@ impl<'d> DecodeSession<'d> {
             .decider
             .admit_decode(&self.analysis, &choice, (self.clock)());
         // As for a whole request: a retry goes to another worker, not another rank of this one.
-        self.tried.extend(target.worker.keys());
+        self.tried.extend(target.siblings());
         Some(Attempt {
-            rank: target.pinned(),
+            rank: target.rank,
             worker: target.worker,
             admitted,
             at: Instant::now(),

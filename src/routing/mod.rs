@@ -20,6 +20,12 @@
 //! ([`Session::on_side`]), its decode worker by [`choose_decode`] among decode-capable ones
 //! ([`DecodeSession`]), each side with its own retries.
 //!
+//! Before any of it, [`eligible`] says which workers may serve a request at all (its model's
+//! routable workers, the sides a disaggregated model needs) or why none may ([`RouteError`]),
+//! and [`request_seed`] what its blocks are hashed with (model, LoRA adapter, cache salt). The
+//! live server, `/debug/route` ([`Decider::explain_plan`]) and the simulator ask these and
+//! keep no copy.
+//!
 //! Time is passed in (the index clock as a `Duration`), never read, so the simulator drives the
 //! same code in virtual time.
 
@@ -27,7 +33,11 @@ mod admitted;
 mod analysis;
 mod decider;
 mod decode_session;
+mod eligibility;
+mod error;
+mod explain;
 mod pair;
+mod seed;
 mod session;
 mod target;
 
@@ -35,8 +45,13 @@ pub use admitted::Admitted;
 pub use analysis::{Analysis, reusable_blocks};
 pub use decider::{Choice, Decider};
 pub use decode_session::DecodeSession;
+pub use eligibility::{Eligible, Needs, eligible, shape};
+pub use error::RouteError;
+pub use explain::{DecodeExplanation, Explanation};
 pub use pair::{
     DecodeCandidate, DecodeChoice, DecodeDecision, MissingSide, Plan, choose_decode, plan,
+    plan_roles,
 };
+pub use seed::{request_seed, tenant_salt};
 pub use session::{Attempt, Attempts, Session};
 pub use target::Target;

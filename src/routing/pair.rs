@@ -44,11 +44,16 @@ pub struct MissingSide(pub Side);
 /// Whether `targets` (a model's eligible workers) serve it whole or as pairs, and whether a
 /// pair can be formed: some worker must serve each side.
 pub fn plan<T: Target>(targets: &[T]) -> Result<Plan, MissingSide> {
-    if targets.iter().all(|t| t.role() == Role::Both) {
+    plan_roles(targets.iter().map(Target::role))
+}
+
+/// [`plan`] of the targets with these `roles`.
+pub fn plan_roles(roles: impl Iterator<Item = Role> + Clone) -> Result<Plan, MissingSide> {
+    if roles.clone().all(|r| r == Role::Both) {
         return Ok(Plan::Whole);
     }
     for side in [Side::Prefill, Side::Decode] {
-        if !targets.iter().any(|t| t.role().serves(side)) {
+        if !roles.clone().any(|r| r.serves(side)) {
             return Err(MissingSide(side));
         }
     }
@@ -153,14 +158,21 @@ impl Decider {
     }
 
     /// The decode pick among the routable decode-capable `targets` without taking anything
-    /// (what `/debug/route` shows).
+    /// (what `/debug/route` shows), for a prompt computed on the targets `prefill`: away from
+    /// them while another decode-capable target is left, as [`Decider::choose_decode`] picks.
     pub fn explain_decode<'t, T: Target>(
         &self,
         analysis: &Analysis,
         targets: &'t [T],
+        prefill: &[WorkerId],
     ) -> (Vec<&'t T>, Vec<DecodeCandidate>, Option<DecodeDecision>) {
+        let tokens = analysis.request.prompt_tokens;
+        let (picked, candidates) = self.decode_candidates(analysis, targets, prefill);
+        if let Some(decision) = choose_decode(tokens, &candidates) {
+            return (picked, candidates, Some(decision));
+        }
         let (picked, candidates) = self.decode_candidates(analysis, targets, &[]);
-        let decision = choose_decode(analysis.request.prompt_tokens, &candidates);
+        let decision = choose_decode(tokens, &candidates);
         (picked, candidates, decision)
     }
 

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use super::admitted::Admitted;
 use super::analysis::Analysis;
 use super::decider::Decider;
+use super::target::Target;
 use crate::fleet::{Side, WorkerId};
 use crate::fleet::{Worker, WorkerRank};
 use crate::metrics::Metrics;
@@ -15,13 +16,28 @@ use crate::metrics::Metrics;
 pub struct Attempt {
     /// The worker.
     pub worker: Arc<Worker>,
-    /// The data-parallel rank to pin the request to (`fleet::DP_RANK_HEADER`); `None` for a
-    /// worker without data parallelism.
-    pub rank: Option<u32>,
+    /// Which of its ranks: with `worker`, the target tried (a plain worker's only rank is 0).
+    pub rank: u32,
     /// The admission (load, prediction) on it; released when dropped.
     pub admitted: Admitted,
     /// When the attempt was routed (its TTFT for calibration counts from here).
     pub at: Instant,
+}
+
+impl Attempt {
+    /// The target tried: the worker's rank, whose key and load the admission holds.
+    pub fn target(&self) -> WorkerRank {
+        WorkerRank {
+            worker: Arc::clone(&self.worker),
+            rank: self.rank,
+        }
+    }
+
+    /// The rank to pin the forwarded request to (`fleet::DP_RANK_HEADER`); `None` for a
+    /// worker without data parallelism (its single engine needs no pin).
+    pub fn pinned(&self) -> Option<u32> {
+        (self.worker.data_parallel_size() > 1).then_some(self.rank)
+    }
 }
 
 /// Where the proxy gets each attempt's worker: a request's [`Session`], or the decode side of a
@@ -93,14 +109,17 @@ impl<'d> Session<'d> {
         self
     }
 
-    /// The same session never choosing any rank of the workers whose first rank is in
-    /// `workers` (a disaggregated request's prefill workers that failed it already).
-    pub fn excluding(mut self, workers: &[WorkerId]) -> Session<'d> {
-        for t in &self.eligible {
-            if workers.contains(&t.worker.key) {
-                self.tried.push(t.state().key);
-            }
+    /// The same session never choosing a target of the workers whose targets (exact rank
+    /// keys) are in `failed`: a disaggregated request's prefill targets that failed it
+    /// already. Every rank of such a worker is left out, as on a retry: they share the
+    /// process and front door that failed.
+    pub fn excluding(mut self, failed: &[WorkerId]) -> Session<'d> {
+        let (eligible, tried) = (&self.eligible, &mut self.tried);
+        for t in eligible.iter().filter(|t| failed.contains(&t.state().key)) {
+            tried.extend(t.siblings());
         }
+        tried.sort_unstable();
+        tried.dedup();
         self
     }
 
@@ -145,14 +164,79 @@ impl<'d> Session<'d> {
                 .inc_by(u64::from(choice.candidate.overlap_blocks.min(blocks)));
         }
         let admitted = self.decider.admit(&self.analysis, &choice, (self.clock)());
-        // A retry goes to another worker, not another rank of the one that failed: its ranks
-        // share the process and the front door that failed.
-        self.tried.extend(target.worker.keys());
+        // A retry goes to another worker, not another rank of the one that failed: the exact
+        // target tried and its siblings, which share the process and the front door that
+        // failed.
+        self.tried.extend(target.siblings());
         Some(Attempt {
-            rank: target.pinned(),
+            rank: target.rank,
             worker: target.worker,
             admitted,
             at: Instant::now(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::{BaseUrl, Fleet, Role, WorkerSpec};
+    use crate::index::{ApproxConfig, ApproxIndex, Holdings, IndexConfig, KvIndex};
+    use crate::policy::{PolicyKind, seeded};
+
+    fn spec(id: &str, ranks: u32) -> WorkerSpec {
+        WorkerSpec {
+            id: id.into(),
+            url: BaseUrl::parse(&format!("http://{id}:1")).unwrap(),
+            models: vec!["m".into()],
+            kv_events: None,
+            kv_replay: None,
+            kv_blocks: None,
+            data_parallel_size: ranks,
+            role: Role::Both,
+            bootstrap_port: None,
+        }
+    }
+
+    /// A failed target is named by its own key, whichever rank it is: every rank of its
+    /// worker is left out (they share its front door), the other worker's are not, and each
+    /// attempt holds the exact rank it was admitted on.
+    #[test]
+    fn excluding_a_rank_leaves_out_its_worker_and_attempts_name_their_rank() {
+        let fleet = Fleet::new(vec![spec("dp", 3), spec("plain", 1)]);
+        let holdings = Arc::new(Holdings::new(
+            KvIndex::new(IndexConfig { max_entries: 1024 }),
+            ApproxIndex::new(ApproxConfig {
+                ttl: Duration::from_secs(60),
+                capacity_per_worker: 1024,
+            }),
+        ));
+        let decider = Decider::new(seeded(PolicyKind::RoundRobin, 1), holdings);
+        let metrics = Metrics::new();
+        let clock = || Duration::ZERO;
+        let workers = fleet.workers().to_vec();
+        let dp = fleet.get("dp").unwrap();
+        let session = |w: Vec<Arc<Worker>>| {
+            Session::new(
+                &decider,
+                &metrics,
+                w,
+                Analysis::load_only(),
+                &clock,
+                Instant::now(),
+            )
+        };
+        let mut s = session(workers.clone()).excluding(&[dp.rank(2).key]);
+        let only = s.next_attempt().unwrap();
+        assert_eq!(only.worker.id(), "plain");
+        assert!(s.next_attempt().is_none(), "no rank of `dp` is tried");
+        // Without exclusions, the attempts hold the exact ranks they were admitted on.
+        let mut s = session(vec![Arc::clone(&dp)]);
+        let a = s.next_attempt().unwrap();
+        assert_eq!(a.admitted.worker(), dp.rank(a.rank).key);
+        assert_eq!(a.target().state().key, a.admitted.worker());
+        assert_eq!(dp.rank(a.rank).load.snapshot().in_flight, 1);
+        assert_eq!(dp.in_flight(), 1, "only that rank holds the request");
+        assert_eq!(a.pinned(), Some(a.rank));
     }
 }

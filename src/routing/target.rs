@@ -4,10 +4,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::fleet::WorkerId;
-use crate::fleet::{Load, Role, Worker, WorkerRank};
+use crate::fleet::{Load, Role, WorkerRank};
 
-/// A worker as the decision sees it. The live fleet's [`Worker`] is one; the simulator has its
-/// own (no circuit breaker, eligibility by engine state), so both feed the same decision.
+/// A target as the decision sees it: one engine core with its own KV cache. The live fleet's
+/// are [`WorkerRank`]s (a worker's data-parallel ranks; a plain worker has one), never a
+/// [`crate::fleet::Worker`] as such, so no decision can route to a worker's first rank by
+/// mistake; the simulator has its own (no circuit breaker, eligibility by engine state), so
+/// both feed the same decision.
 pub trait Target {
     /// The worker's identity in the index, load and policy.
     fn worker(&self) -> WorkerId;
@@ -32,39 +35,11 @@ pub trait Target {
     fn kv_blocks(&self) -> Option<usize> {
         None
     }
-}
-
-impl Target for Arc<Worker> {
-    fn worker(&self) -> WorkerId {
-        self.key
-    }
-
-    fn label(&self) -> &Arc<str> {
-        &self.label
-    }
-
-    fn load(&self) -> &Arc<Load> {
-        &self.load
-    }
-
-    fn routable(&self) -> bool {
-        self.is_routable(Instant::now())
-    }
-
-    fn acquire(&self) -> bool {
-        self.breaker.acquire(Instant::now())
-    }
-
-    fn publishes_events(&self) -> bool {
-        self.has_event_feed()
-    }
-
-    fn role(&self) -> Role {
-        Worker::role(self)
-    }
-
-    fn kv_blocks(&self) -> Option<usize> {
-        Worker::kv_blocks(self)
+    /// The targets sharing its process and front door, itself included (a worker's
+    /// data-parallel ranks): a retry after its failure skips them all, and a prompt it computed
+    /// is not handed off to one of them while another decode target is left.
+    fn siblings(&self) -> Vec<WorkerId> {
+        vec![self.worker()]
     }
 }
 
@@ -101,5 +76,9 @@ impl Target for WorkerRank {
 
     fn kv_blocks(&self) -> Option<usize> {
         self.worker.kv_blocks()
+    }
+
+    fn siblings(&self) -> Vec<WorkerId> {
+        self.worker.keys().collect()
     }
 }

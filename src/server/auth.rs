@@ -19,6 +19,7 @@ use sha2::{Digest, Sha256};
 
 use crate::config::TenantConfig;
 use crate::openai::ApiError;
+use crate::routing::tenant_salt;
 
 /// Header with which the admin asks `/debug/route` to decide as a given tenant would.
 pub const TENANT_HEADER: &str = "x-kvroute-tenant";
@@ -46,19 +47,7 @@ impl Caller {
     pub fn cache_salt(&self, client_salt: Option<&str>) -> Option<String> {
         match self {
             Caller::Anonymous => client_salt.map(str::to_owned),
-            Caller::Tenant(t) => {
-                let mut h = Sha256::new();
-                h.update(b"kvroute-cache-salt\0");
-                h.update(t.api_key_sha256);
-                h.update(t.name.as_bytes());
-                h.update([0]);
-                if let Some(s) = client_salt {
-                    h.update([1]);
-                    h.update(s.as_bytes());
-                }
-                let d = h.finalize();
-                Some(d[..16].iter().map(|b| format!("{b:02x}")).collect())
-            }
+            Caller::Tenant(t) => Some(tenant_salt(&t.api_key_sha256, &t.name, client_salt)),
         }
     }
 }

@@ -1,8 +1,11 @@
 //! `POST /debug/route`: the decision a request would get, without sending it.
 //!
-//! Operators ask "why did this go there?". The answer runs the very code a live request runs
-//! (tokenize, look up, score) and shows every candidate's inputs and predicted time to first
-//! token. Nothing is admitted, recorded or forwarded.
+//! Operators ask "why did this go there?". The answer takes the very steps a live request
+//! takes — its endpoint's body reader (`read`), authorisation, eligibility and analysis
+//! (`decide`), the decision core's explanation (`Decider::explain_plan`) — and shows every
+//! candidate's inputs and predicted time to first token. It fails as the request would (404
+//! for an unknown model, 503 when no worker can take it, …). Nothing is admitted, recorded or
+//! forwarded.
 
 use std::sync::Arc;
 
@@ -10,15 +13,21 @@ use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
 use http::HeaderMap;
+use serde::Deserialize;
+use serde::de::IgnoredAny;
 use serde_json::json;
 
+use super::api::Api;
 use super::auth::{Caller, TENANT_HEADER};
 use super::body::read_limited;
-use super::{AppState, route};
-use crate::fleet::{Side, WorkerRank};
-use crate::openai::{ApiError, Endpoint, RequestView, ResponsesRequest};
-use crate::routing::{Analysis, Plan, plan};
+use super::call::{Call, Prepared, Read, Step};
+use super::decide::{self, Decided};
+use super::{AppState, read};
+use crate::fleet::WorkerRank;
+use crate::openai::{ApiError, Endpoint};
+use crate::routing::{Analysis, DecodeExplanation, Explanation, Plan};
 
 /// `POST /debug/route` with a completion, chat or Responses body (`messages` selects chat,
 /// `input` without `prompt` the Responses API).
@@ -38,8 +47,67 @@ async fn explain(
     body: Body,
 ) -> Result<Response, ApiError> {
     state.keys.admin(headers)?;
-    let caller = match headers.get(TENANT_HEADER).map(|v| v.to_str()) {
-        None => Caller::Anonymous,
+    let caller = caller(state, headers)?;
+    let limits = state.body_limits();
+    let bytes = read_limited(headers, body, limits.max_bytes, limits.read_timeout).await?;
+    let (api, path, how) = endpoint_of(&bytes);
+    let call = Call::post(api, path, headers.clone());
+    let Step::Forward(prepared) = read::prepare(state, &caller, &call, &bytes, how).await? else {
+        return Err(ApiError::invalid(
+            "this body is answered without routing",
+            None,
+        ));
+    };
+    let Prepared {
+        model,
+        routing,
+        salt,
+        ..
+    } = prepared;
+    let client_salt = salt.as_ref().and_then(|s| s.as_deref());
+    let Decided {
+        eligible, analysis, ..
+    } = decide::decide(
+        state,
+        &caller,
+        api,
+        model.as_deref(),
+        client_salt,
+        routing,
+        bytes.len(),
+    )
+    .await?;
+    // Each data-parallel rank is a candidate of its own, as in a live decision.
+    let targets = WorkerRank::all(&eligible.workers);
+    let explained = state
+        .decider
+        .explain_plan(&analysis, &targets, eligible.plan)?;
+    let paired = eligible.plan == Plan::Pair;
+    let disaggregation = match (&model, paired) {
+        (Some(m), true) => Some(state.handoff(m).as_str()),
+        _ => None,
+    };
+    Ok(Json(json!({
+        "worker": explained.chosen().worker.id(),
+        "rank": explained.chosen().pinned(),
+        "target": explained.candidates[explained.decision.chosen].id.as_ref(),
+        "policy": state.policy.name(),
+        "tenant": caller.tenant(),
+        "model": model,
+        "prompt_tokens": analysis.request.prompt_tokens,
+        "block_size": analysis.request.block_size,
+        "blocks": analysis.request.blocks,
+        "candidates": candidates(&analysis, &explained),
+        "disaggregation": disaggregation,
+        "decode": explained.decode.as_ref().map(decode),
+    }))
+    .into_response())
+}
+
+/// The caller the admin asks as: the tenant named by [`TENANT_HEADER`], else anonymous.
+fn caller(state: &AppState, headers: &HeaderMap) -> Result<Caller, ApiError> {
+    match headers.get(TENANT_HEADER).map(|v| v.to_str()) {
+        None => Ok(Caller::Anonymous),
         Some(Ok(name)) => state.keys.tenant_named(name).ok_or_else(|| {
             ApiError::new(
                 http::StatusCode::NOT_FOUND,
@@ -50,59 +118,49 @@ async fn explain(
                     crate::openai::shorten(name, crate::openai::ECHO_MAX)
                 ),
             )
-        })?,
-        Some(Err(_)) => {
-            return Err(ApiError::invalid(
-                format!("`{TENANT_HEADER}` must be a tenant name"),
-                None,
-            ));
-        }
-    };
-    let limits = state.body_limits();
-    let bytes = read_limited(headers, body, limits.max_bytes, limits.read_timeout).await?;
-    let json: serde_json::Value = serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}"), None))?;
-    let view = if json.get("input").is_some() && json.get("prompt").is_none() {
-        // A Responses API body: its prompt is its `instructions` and `input` as a chat.
-        let req = ResponsesRequest::parse(&json)?;
-        let model = super::call::default_model(state, req.model.clone())?.ok_or_else(|| {
-            ApiError::invalid("you must provide a model parameter", Some("model"))
-        })?;
-        req.chat_view(&model)
-    } else {
-        let endpoint = if json.get("messages").is_some() {
-            Endpoint::ChatCompletions
-        } else {
-            Endpoint::Completions
-        };
-        RequestView::parse(endpoint, &json)?
-    };
-    let eligible = state.fleet.eligible(&view.model);
-    if eligible.is_empty() && !state.fleet.knows_model(&view.model) {
-        return Err(ApiError::model_not_found(&view.model));
+        }),
+        Some(Err(_)) => Err(ApiError::invalid(
+            format!("`{TENANT_HEADER}` must be a tenant name"),
+            None,
+        )),
     }
-    let salt = caller.cache_salt(view.cache_salt.as_deref());
-    let (analysis, view) = route::analyse(state, view, salt.as_deref(), bytes.len()).await?;
-    // Each data-parallel rank is a candidate of its own, as in a live decision.
-    let targets = WorkerRank::all(&eligible);
-    // A disaggregated model's prefill pick is the policy's among prefill-capable workers; its
-    // decode pick is shown apart.
-    let paired = matches!(plan(&targets), Ok(Plan::Pair));
-    let side = paired.then_some(Side::Prefill);
-    let (ranks, candidates) = state.decider.candidates_on(&analysis, &targets, &[], side);
-    let decision = state
-        .decider
-        .policy()
-        .choose(&analysis.request, &candidates);
-    let decode = paired.then(|| explain_decode(state, &analysis, &targets));
-    let missing = plan(&targets).err().map(|m| m.to_string());
-    let listed: Vec<_> = candidates
+}
+
+/// The members that tell the endpoints' bodies apart (their values are skipped, not built).
+#[derive(Default, Deserialize)]
+struct Members {
+    messages: Option<IgnoredAny>,
+    input: Option<IgnoredAny>,
+    prompt: Option<IgnoredAny>,
+}
+
+/// The endpoint a body is for, and its reader: `input` without `prompt` is a Responses
+/// request, `messages` a chat, anything else a completion (whose reader says what is wrong
+/// with a body that is none of them).
+fn endpoint_of(bytes: &Bytes) -> (Api, &'static str, Read) {
+    let m: Members = serde_json::from_slice(bytes).unwrap_or_default();
+    if m.input.is_some() && m.prompt.is_none() {
+        (Api::Responses, "/v1/responses", Read::Responses)
+    } else if m.messages.is_some() {
+        let e = Endpoint::ChatCompletions;
+        (Api::Chat, e.path(), Read::Generation(e))
+    } else {
+        let e = Endpoint::Completions;
+        (Api::Completions, e.path(), Read::Generation(e))
+    }
+}
+
+/// Every candidate of the policy's choice with what it weighed.
+fn candidates(analysis: &Analysis, e: &Explanation<'_, WorkerRank>) -> Vec<serde_json::Value> {
+    let d = &e.decision;
+    e.candidates
         .iter()
+        .zip(&e.targets)
         .enumerate()
-        .map(|(i, c)| {
+        .map(|(i, (c, t))| {
             json!({
-                "worker": ranks[i].worker.id(),
-                "rank": ranks[i].pinned(),
+                "worker": t.worker.id(),
+                "rank": t.pinned(),
                 "target": c.id.as_ref(),
                 "overlap_blocks": c.overlap_blocks,
                 "cached_tokens": u64::from(c.overlap_blocks) * u64::from(analysis.request.block_size),
@@ -111,60 +169,41 @@ async fn explain(
                 "unseen_in_flight": c.load.unseen_in_flight,
                 "decoding": c.load.decoding,
                 "active_prompt_tokens": c.load.active_prompt_tokens,
-                "role": ranks[i].worker.role().as_str(),
-                "kv_events": ranks[i].worker.has_event_feed(),
-                "kv_warming": ranks[i].state().is_kv_warming(),
-                "predicted_ttft_s": decision.as_ref().and_then(|d| d.predicted_ttft_s.get(i).copied().flatten()),
-                "cost_s": decision.as_ref().and_then(|d| d.cost.get(i).copied().flatten()),
+                "role": t.worker.role().as_str(),
+                "kv_events": t.worker.has_event_feed(),
+                "kv_warming": t.state().is_kv_warming(),
+                "predicted_ttft_s": d.predicted_ttft_s.get(i).copied().flatten(),
+                "cost_s": d.cost.get(i).copied().flatten(),
             })
         })
-        .collect();
-    Ok(Json(json!({
-        "worker": decision.as_ref().map(|d| ranks[d.chosen].worker.id()),
-        "rank": decision.as_ref().and_then(|d| ranks[d.chosen].pinned()),
-        "target": decision.as_ref().map(|d| candidates[d.chosen].id.as_ref()),
-        "policy": state.policy.name(),
-        "tenant": caller.tenant(),
-        "model": view.model,
-        "prompt_tokens": analysis.request.prompt_tokens,
-        "block_size": analysis.request.block_size,
-        "blocks": analysis.request.blocks,
-        "candidates": listed,
-        "disaggregation": paired.then(|| state.handoff(&view.model).as_str()),
-        "decode": decode,
-        "error": missing,
-    }))
-    .into_response())
+        .collect()
 }
 
 /// The decode pick of a disaggregated request: the worker and every decode-capable candidate
 /// with what the pick weighed (load, KV room).
-fn explain_decode(
-    state: &AppState,
-    analysis: &Analysis,
-    targets: &[WorkerRank],
-) -> serde_json::Value {
-    let (ranks, candidates, decision) = state.decider.explain_decode(analysis, targets);
-    let listed: Vec<_> = candidates
+fn decode(e: &DecodeExplanation<'_, WorkerRank>) -> serde_json::Value {
+    let listed: Vec<_> = e
+        .candidates
         .iter()
+        .zip(&e.targets)
         .enumerate()
-        .map(|(i, c)| {
+        .map(|(i, (c, t))| {
             json!({
-                "worker": ranks[i].worker.id(),
-                "rank": ranks[i].pinned(),
+                "worker": t.worker.id(),
+                "rank": t.pinned(),
                 "target": c.id.as_ref(),
                 "in_flight": c.load.in_flight,
                 "decoding": c.load.decoding,
                 "active_prompt_tokens": c.load.active_prompt_tokens,
                 "kv_tokens": c.kv_tokens,
-                "kv_usage": decision.as_ref().and_then(|d| d.kv_usage.get(i).copied().flatten()),
+                "kv_usage": e.decision.kv_usage.get(i).copied().flatten(),
             })
         })
         .collect();
     json!({
-        "worker": decision.as_ref().map(|d| ranks[d.chosen].worker.id()),
-        "rank": decision.as_ref().and_then(|d| ranks[d.chosen].pinned()),
-        "target": decision.as_ref().map(|d| candidates[d.chosen].id.as_ref()),
+        "worker": e.chosen().worker.id(),
+        "rank": e.chosen().pinned(),
+        "target": e.candidates[e.decision.chosen].id.as_ref(),
         "candidates": listed,
     })
 }

@@ -20,16 +20,16 @@ use tracing::{Instrument, field};
 use super::access_log::AccessLine;
 use super::admission::{BodyClaim, Ticket};
 use super::api::Api;
-use super::auth::{Caller, Keys};
-use super::call::{Call, Prepared, Read, Routing, Step};
+use super::auth::Caller;
+use super::call::{Call, Prepared, Read, Step};
+use super::decide::{self, Decided};
 use super::observer::{Observer, Requester};
 use super::pair::{self, PairRequest};
 use super::trail::Trail;
-use super::{AppState, body, cache_salt, request_id, route};
-use crate::fleet::{Worker, WorkerRank};
+use super::{AppState, body, cache_salt, request_id};
 use crate::openai::{ApiError, Endpoint};
 use crate::proxy::{self, BodyTimeouts, ObservedBody, handoff};
-use crate::routing::{self as decision, Analysis, MissingSide, Plan, Session};
+use crate::routing::{Plan, Session};
 use crate::telemetry::{self, TARGET as TRACE};
 
 /// Header naming the worker that served a response.
@@ -250,28 +250,27 @@ async fn forward(
     if let Some(tenant) = caller.tenant() {
         span.record("tenant", tenant);
     }
-    if let Some(m) = &model {
-        Keys::authorize_model(&caller, m)?;
-    }
     let client_salt = salt.as_ref().and_then(|s| s.as_deref());
-    let salt_value = caller.cache_salt(client_salt);
-    let eligible = match &routing {
-        Routing::Pinned(w) => vec![Arc::clone(w)],
-        _ => eligible(state, model.as_deref())?,
-    };
-    let (eligible, paired) = sides(eligible, &routing, call.api)?;
-    let decision_started = Instant::now();
+    let Decided {
+        eligible,
+        analysis,
+        view,
+        salt: salt_value,
+        client_params,
+        started: decision_started,
+    } = decide::decide(
+        state,
+        &caller,
+        call.api,
+        model.as_deref(),
+        client_salt,
+        routing,
+        bytes.len(),
+    )
+    .await?;
     let body_bytes = bytes.len();
-    // Only a body whose parse saw the member is scanned for it.
-    let client_params = matches!(&routing, Routing::Prompt(view) if view.kv_transfer_params);
-    let (analysis, view) = match routing {
-        Routing::Prompt(view) => {
-            let (analysis, view) =
-                route::analyse(state, *view, salt_value.as_deref(), body_bytes).await?;
-            (analysis, Some(view))
-        }
-        Routing::Load | Routing::Pinned(_) => (Analysis::load_only(), None),
-    };
+    let paired = eligible.plan == Plan::Pair;
+    let eligible = eligible.workers;
     // Only prompts are hashed for the prefix metrics and the recorded trace.
     let mut trail = match view {
         Some(view) => Trail::start(
@@ -352,14 +351,11 @@ async fn forward(
     {
         out_headers.insert(PREFILL_WORKER_HEADER, v);
     }
-    if let Some(rank) = attempt.rank {
+    if let Some(rank) = attempt.pinned() {
         out_headers.insert(RANK_HEADER, HeaderValue::from(rank));
     }
     let sse = proxy::is_event_stream(&parts.headers);
-    trail.routed(WorkerRank {
-        worker: Arc::clone(&attempt.worker),
-        rank: attempt.rank.unwrap_or(0),
-    });
+    trail.routed(attempt.target());
     let model_label = match &model {
         Some(m) if state.fleet.knows_model(m) => m.clone(),
         _ => "-".to_owned(),
@@ -415,86 +411,6 @@ fn tenant_body(
     let salt = salt.filter(|_| state.forwards_salt(model));
     cache_salt::with_cache_salt(&bytes, salt)
         .map_err(|e| ApiError::invalid(format!("cannot set the cache salt: {e}"), None))
-}
-
-/// The workers that may take a request for `model` now (any model: every routable worker):
-/// 404 for a model no worker serves, 503 when every worker that serves it is down, draining or
-/// open-circuited.
-fn eligible(state: &AppState, model: Option<&str>) -> Result<Vec<Arc<Worker>>, ApiError> {
-    let Some(model) = model else {
-        let now = Instant::now();
-        let all: Vec<_> = state
-            .fleet
-            .workers()
-            .iter()
-            .filter(|w| w.is_routable(now))
-            .cloned()
-            .collect();
-        return if all.is_empty() {
-            Err(ApiError::no_worker())
-        } else {
-            Ok(all)
-        };
-    };
-    let eligible = state.fleet.eligible(model);
-    if !eligible.is_empty() {
-        return Ok(eligible);
-    }
-    Err(if state.fleet.knows_model(model) {
-        ApiError::no_worker()
-    } else {
-        ApiError::model_not_found(model)
-    })
-}
-
-/// The workers of each side of the request, and whether it is sent disaggregated: a completion
-/// or chat for a model some of whose workers are prefill-only or decode-only is (503 when no
-/// worker serves one side); any other request goes to the workers that serve whole requests,
-/// or — an endpoint that generates nothing, when none does — to any of them.
-fn sides(
-    eligible: Vec<Arc<Worker>>,
-    routing: &Routing,
-    api: Api,
-) -> Result<(Vec<Arc<Worker>>, bool), ApiError> {
-    let generation = matches!(api, Api::Completions | Api::Chat);
-    match decision::plan(&eligible) {
-        Ok(Plan::Whole) => Ok((eligible, false)),
-        Ok(Plan::Pair) if generation && matches!(routing, Routing::Prompt(_)) => {
-            Ok((eligible, true))
-        }
-        Err(missing) if generation => Err(missing_side(missing)),
-        _ => {
-            let whole: Vec<_> = eligible
-                .iter()
-                .filter(|w| w.role().serves_whole())
-                .cloned()
-                .collect();
-            match (whole.is_empty(), api.generates()) {
-                (false, _) => Ok((whole, false)),
-                (true, false) => Ok((eligible, false)),
-                (true, true) => Err(ApiError::new(
-                    http::StatusCode::SERVICE_UNAVAILABLE,
-                    "service_unavailable",
-                    Some("no_whole_worker"),
-                    "this model is served disaggregated, and only completions and chat \
-                     completions are routed as prefill/decode pairs: this endpoint needs a \
-                     worker with role \"both\"",
-                )),
-            }
-        }
-    }
-}
-
-fn missing_side(missing: MissingSide) -> ApiError {
-    ApiError::new(
-        http::StatusCode::SERVICE_UNAVAILABLE,
-        "service_unavailable",
-        Some(match missing.0 {
-            crate::fleet::Side::Prefill => "no_prefill_worker",
-            crate::fleet::Side::Decode => "no_decode_worker",
-        }),
-        missing.to_string(),
-    )
 }
 
 /// The client's key is the router's credential, not the worker's: never pass it on.

@@ -13,6 +13,7 @@ mod call;
 mod canned;
 mod connection;
 mod debug;
+mod decide;
 mod endpoints;
 mod forward;
 mod hops;
@@ -25,6 +26,7 @@ pub mod reload;
 mod request_id;
 mod responses;
 mod route;
+mod route_error;
 mod tokenize;
 mod trail;
 

@@ -127,6 +127,13 @@ pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
                     .set(i64::try_from(rank.load.view().unseen_in_flight).unwrap_or(i64::MAX));
             }
         }
+        if w.engine_ranks.listed().is_some() {
+            let wrong = w.engine_ranks.disagrees(w.data_parallel_size());
+            m.data_parallel
+                .mismatch
+                .with_label_values(&[w.id()])
+                .set(i64::from(wrong));
+        }
         m.circuit_state
             .with_label_values(&[w.id()])
             .set(w.breaker.state(now).as_metric());

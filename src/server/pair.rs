@@ -21,12 +21,14 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 use super::AppState;
+use super::route_error::is_no_worker;
 use crate::fleet::{DEFAULT_BOOTSTRAP_PORT, Side, Worker};
 use crate::openai::ApiError;
 use crate::proxy::handoff::first_token::{Held, first_token};
 use crate::proxy::handoff::sglang::{Bootstrap, random_room, with_bootstrap};
 use crate::proxy::handoff::{BodyError, Protocol, vllm};
-use crate::routing::{Analysis, Attempt, DecodeSession, Session};
+use crate::proxy::outcome::{self, Outcome, WorkerFault};
+use crate::routing::{Analysis, Attempt, DecodeSession, RouteError, Session};
 
 /// Largest prefill answer read (one token and its `kv_transfer_params`: a few kilobytes).
 const MAX_PREFILL_ANSWER: usize = 4 << 20;
@@ -99,7 +101,7 @@ pub(super) async fn forward(
             Ok(outcome) => outcome,
             // A retry that finds no worker left for a side: the client learns why the pair
             // failed (below), not that no worker was ever available.
-            Err(e) if last.is_some() && e.code == ApiError::no_worker().code => break,
+            Err(e) if last.is_some() && is_no_worker(&e) => break,
             Err(e) => return Err(e),
         };
         match outcome {
@@ -172,7 +174,8 @@ async fn vllm_round(
     {
         Ok(params) => params,
         Err(e) => {
-            p.worker.record_failure(Instant::now());
+            let broken = Outcome::Failed(WorkerFault::BrokenAnswer);
+            outcome::account(&p.worker, broken, &e.to_string(), metrics, Instant::now());
             return Ok(prefill_failed(&p, e.to_string(), metrics));
         }
     };
@@ -195,7 +198,7 @@ async fn vllm_round(
         .upstream
         .forward(req.method, req.target, req.headers, body, metrics, decode)
         .await?;
-    Ok(held_answer(d, answer, wait, Arc::clone(&p.worker)).await)
+    Ok(held_answer(d, answer, wait, Arc::clone(&p.worker), metrics).await)
 }
 
 /// SGLang: one prefill and one decode worker, both sent the request at once with the prefill's
@@ -211,11 +214,11 @@ async fn sglang_round(
     let metrics = &state.metrics;
     let picks = &metrics.disaggregation.picks;
     let Some(p) = prefill.next_attempt() else {
-        return Err(ApiError::no_worker());
+        return Err(RouteError::NoWorker.into());
     };
     decode.prefilled_on(&p.worker);
     let Some(d) = decode.next_attempt() else {
-        return Err(ApiError::no_worker());
+        return Err(RouteError::NoWorker.into());
     };
     picks.with_label_values(&["prefill", p.worker.id()]).inc();
     picks.with_label_values(&["decode", d.worker.id()]).inc();
@@ -288,12 +291,12 @@ async fn sglang_round(
         p.admitted.first_token();
         p.admitted.finish();
     });
-    match decoded.unwrap_or_else(|| Err(ApiError::no_worker())) {
+    match decoded.unwrap_or_else(|| Err(RouteError::NoWorker.into())) {
         Err(e) => Ok(Round::Failed {
             why: e.message,
             prefill: None,
         }),
-        Ok(answer) => Ok(held_answer(d, answer, wait, prefill_worker).await),
+        Ok(answer) => Ok(held_answer(d, answer, wait, prefill_worker, metrics).await),
     }
 }
 
@@ -303,6 +306,7 @@ async fn held_answer(
     answer: Response<Incoming>,
     wait: Duration,
     prefill: Arc<Worker>,
+    metrics: &crate::metrics::Metrics,
 ) -> Round {
     let sse = crate::proxy::is_event_stream(answer.headers());
     match first_token(answer, sse, wait).await {
@@ -313,9 +317,8 @@ async fn held_answer(
             prefill: Some(prefill),
         })),
         Err(why) => {
-            if d.worker.record_failure(Instant::now()) {
-                tracing::warn!(worker = %d.worker.id(), "circuit opened: too many of its recent requests failed");
-            }
+            let broken = Outcome::Failed(WorkerFault::BrokenAnswer);
+            outcome::account(&d.worker, broken, &why.to_string(), metrics, Instant::now());
             Round::Failed {
                 why: format!("decode worker `{}`: {why}", d.worker.id()),
                 prefill: None,
@@ -334,7 +337,7 @@ fn prefill_failed(p: &Attempt, why: String, metrics: &crate::metrics::Metrics) -
         .inc();
     Round::Failed {
         why: format!("prefill worker `{}`: {why}", p.worker.id()),
-        prefill: Some(p.worker.key),
+        prefill: Some(p.admitted.worker()),
     }
 }
 

@@ -14,9 +14,8 @@ use tracing::Instrument;
 use super::AppState;
 use crate::index::Overlaps;
 use crate::openai::{ApiError, Input, Prompt, RequestView, TokenIds};
-use crate::routing::Analysis;
+use crate::routing::{Analysis, request_seed};
 use crate::telemetry::TARGET as TRACE;
-use crate::tokens::model::{adapter_name, hash_seed};
 use crate::tokens::{BlockHash, HashSeed, ModelTokens, TokenError, block_hashes, block_hashes_of};
 
 /// Bodies smaller than this are tokenized on the request's own task: their prompt tokenizes
@@ -126,10 +125,7 @@ fn tokens_and_seed(
 ) -> (Arc<ModelTokens>, HashSeed) {
     let base = state.adapter_base(model);
     let tokens = state.tokens.get(base.as_deref().unwrap_or(model));
-    let seed = match &base {
-        Some(base) => hash_seed(base, Some(adapter_name(model, base)), cache_salt),
-        None => hash_seed(model, None, cache_salt),
-    };
+    let seed = request_seed(model, base.as_deref(), cache_salt);
     (tokens, seed)
 }
 

@@ -16,8 +16,8 @@
 use std::collections::HashSet;
 
 use crate::engine::{AddError, EngineConfig};
+use crate::routing::request_seed;
 use crate::tokens::block_hashes;
-use crate::tokens::model::hash_seed;
 use crate::workload::trace::Trace;
 
 use super::config::SimConfig;
@@ -114,7 +114,7 @@ pub(super) fn reference_run(
 /// The oracle's records for `trace` under `config` (same prompts and engine limits).
 pub fn oracle(trace: &Trace, config: &SimConfig) -> PolicyRun {
     let block_size = config.engine.block_size;
-    let seed = hash_seed(&config.model, None, None);
+    let seed = request_seed(&config.model, None, None);
     let mut seen: HashSet<u64> = HashSet::new();
     reference_run("oracle", trace, config, |_, prompt, _| {
         let hashes = block_hashes(seed, prompt, block_size);

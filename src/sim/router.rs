@@ -18,8 +18,7 @@ use crate::fleet::{EngineLoad, Load, LoadSnapshot, Role, Side};
 use crate::index::{ApproxConfig, ApproxIndex, Holdings, IndexConfig, KvIndex, seeds_for};
 use crate::kv_events::KvEvent;
 use crate::policy::Policy;
-use crate::routing::{Admitted, Analysis, Decider, Target};
-use crate::tokens::model::hash_seed;
+use crate::routing::{Admitted, Analysis, Decider, Target, request_seed};
 use crate::tokens::{BlockHash, HashSeed, block_hashes};
 
 use super::config::IndexMode;
@@ -174,7 +173,7 @@ impl SimRouter {
                 .collect(),
             mode,
             model: model.to_string(),
-            seed: hash_seed(model, None, None),
+            seed: request_seed(model, None, None),
             block_size,
         }
     }
@@ -229,6 +228,14 @@ impl SimRouter {
     /// policies).
     pub fn uses_prefix(&self) -> bool {
         self.decider.uses_prefix()
+    }
+
+    /// The seed of a request for `model` under `cache_salt` (the tenant's namespaced one), as
+    /// the live router seeds it (`routing::request_seed`): a model other than the simulated
+    /// one is a LoRA adapter running on it.
+    pub fn seed_for(&self, model: &str, cache_salt: Option<&str>) -> HashSeed {
+        let base = (model != self.model).then_some(self.model.as_str());
+        request_seed(model, base, cache_salt)
     }
 
     /// kvroute's block hashes of a prompt, as the live router computes them.

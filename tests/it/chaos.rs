@@ -282,7 +282,7 @@ async fn kill_and_restart() {
     let router = start_router(&router_config(PolicyKind::RoundRobin, &workers, "")).await;
     let http = http();
     let url = format!("http://{}/v1/completions", router.addr);
-    let key = |id: &str| router.state.fleet.get(id).unwrap().key;
+    let key = |id: &str| router.state.fleet.get(id).unwrap().rank(0).key;
     let (s0, s1) = (key("e0"), key("e1"));
 
     // Warm both engines directly with a known prompt each and wait for the index to see it.
@@ -382,13 +382,21 @@ async fn kill_and_restart() {
     }
 
     // Every stream's load was released, the broken ones included.
-    let e0_load = router.state.fleet.get("e0").unwrap().load.snapshot();
+    let e0_load = router
+        .state
+        .fleet
+        .get("e0")
+        .unwrap()
+        .rank(0)
+        .load
+        .snapshot();
     assert!(
         wait_for(Duration::from_secs(2), || router
             .state
             .fleet
             .get("e0")
             .unwrap()
+            .rank(0)
             .load
             .snapshot()
             .in_flight
@@ -565,8 +573,8 @@ async fn gap_scenario(replay: bool) {
     let workers = worker_toml("w0", &backend.url(), Some(&endpoint), replay_ep.as_deref())
         + &worker_toml("w1", &backend_1.url(), Some(&other_ep), None);
     let router = start_router(&router_config(PolicyKind::KvAware, &workers, "")).await;
-    let s0 = router.state.fleet.get("w0").unwrap().key;
-    let s1 = router.state.fleet.get("w1").unwrap().key;
+    let s0 = router.state.fleet.get("w0").unwrap().rank(0).key;
+    let s1 = router.state.fleet.get("w1").unwrap().rank(0).key;
     connect(&router, s0, &publisher, 1_000_000).await;
     connect(&router, s1, &other, 2_000_000).await;
     let probe = chain_hashes(&chain(1_000_000, 1));

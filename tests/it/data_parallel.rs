@@ -88,9 +88,12 @@ impl Stack {
     /// The index's overlap (blocks) of `prompt` on each candidate target, by target name.
     async fn overlaps(&self, prompt: &str) -> Vec<(String, u64)> {
         let v = self.explain(prompt).await;
-        v["candidates"]
-            .as_array()
-            .unwrap()
+        // A request no target can take is explained as the error it gets: no candidate.
+        let Some(candidates) = v["candidates"].as_array() else {
+            assert_eq!(v["error"]["code"], "no_worker_available", "{v}");
+            return Vec::new();
+        };
+        candidates
             .iter()
             .map(|c| {
                 (
@@ -419,4 +422,30 @@ async fn a_retry_goes_to_another_worker_not_another_rank_of_the_one_that_failed(
             .all(|a| !a.headers.contains_key("x-data-parallel-rank"))
     );
     r.shutdown().await;
+}
+
+/// A data-parallel server given as a plain worker (no `data_parallel_size`) is routed as one
+/// KV cache: the router reads the ranks from the engine's own metrics and says so (a warning
+/// and `kvroute_worker_data_parallel_mismatch`), and that they agree once configured.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_parallel_server_configured_as_one_cache_is_warned_about() {
+    let engine = SimEngine::start_data_parallel(MODEL, 2).await;
+    let series = "kvroute_worker_data_parallel_mismatch{worker=\"d0\"}";
+    for (ranks, want) in [(1, 1), (2, 0)] {
+        let router = router_over(&engine, ranks, &engine.events, &engine.replay).await;
+        let line = format!("{series} {want}");
+        let mut text = String::new();
+        for _ in 0..100 {
+            text = support::metrics_text(router.addr).await;
+            if text.contains(&line) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(
+            text.contains(&line),
+            "{ranks} configured: no `{line}` in\n{text}"
+        );
+        router.shutdown().await;
+    }
 }

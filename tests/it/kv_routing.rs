@@ -286,13 +286,13 @@ async fn an_overloaded_warm_worker_is_bypassed() {
     assert!(s.wait_overlap(&system, &warm, 45).await >= 45);
     let w = s.router.state.fleet.get(&warm).unwrap();
     // A short queue is worth waiting behind for the prefix.
-    let small = w.load.admit(200, 200);
+    let small = w.rank(0).load.admit(200, 200);
     let (w1, cached) = s.complete(&format!("{system} q1"), 2).await;
     assert_eq!(w1, warm);
     assert!(cached >= 700);
     drop(small);
     // 50,000 tokens of prefill queued on the warm worker cost far more than 800 saved tokens.
-    let backlog = w.load.admit(50_000, 50_000);
+    let backlog = w.rank(0).load.admit(50_000, 50_000);
     let (w2, cached) = s.complete(&format!("{system} q2"), 2).await;
     assert_ne!(w2, warm, "the queue should outweigh the prefix");
     assert_eq!(cached, 0, "the other worker is cold");

@@ -230,7 +230,19 @@ async fn admin_api_adds_drains_and_removes_workers() {
     a.release();
     b.release();
     held.bytes().await.unwrap();
-    assert!(eventually(|| r.state.fleet.get(busy).unwrap().load.snapshot().in_flight == 0).await);
+    assert!(
+        eventually(|| r
+            .state
+            .fleet
+            .get(busy)
+            .unwrap()
+            .rank(0)
+            .load
+            .snapshot()
+            .in_flight
+            == 0)
+        .await
+    );
     let removed = c
         .delete(format!("{admin}/{busy}"))
         .bearer_auth("key-admin")
@@ -427,7 +439,7 @@ async fn a_stalled_stream_ends_with_an_error_event() {
     assert!(text.contains("sent nothing"), "{text}");
     assert!(started.elapsed() < Duration::from_secs(10));
     let w = r.state.fleet.get("w0").unwrap();
-    assert!(eventually(|| w.load.snapshot().in_flight == 0).await);
+    assert!(eventually(|| w.rank(0).load.snapshot().in_flight == 0).await);
     assert!(
         eventually(|| b
             .state
@@ -507,7 +519,7 @@ async fn a_dead_worker_loses_its_index_entries_and_comes_back_cold() {
     let prompt: String = (0..200).map(|i| format!(" w{i}")).collect();
     complete(&c, r.addr, &json!({"model": "m", "prompt": prompt})).await;
     let w = r.state.fleet.get("w0").unwrap();
-    let predicted = || r.state.holdings.approx.len(w.key);
+    let predicted = || r.state.holdings.approx.len(w.rank(0).key);
     assert!(
         predicted() >= 12,
         "routed blocks are predicted on a worker without events"

@@ -350,17 +350,17 @@ async fn client_disconnect_cancels_upstream_and_releases_load() {
     let first = stream.next().await.unwrap().unwrap();
     assert!(std::str::from_utf8(&first).unwrap().contains("tok0"));
     let w = r.state.fleet.get("w0").unwrap();
-    assert_eq!(w.load.snapshot().in_flight, 1);
+    assert_eq!(w.rank(0).load.snapshot().in_flight, 1);
     drop(stream);
     assert!(
         eventually(|| b.state.streams_cancelled.load(Ordering::SeqCst) == 1).await,
         "upstream stream cancelled"
     );
     assert!(
-        eventually(|| w.load.snapshot().in_flight == 0).await,
+        eventually(|| w.rank(0).load.snapshot().in_flight == 0).await,
         "in-flight released"
     );
-    assert_eq!(w.load.snapshot().queued_prefill_tokens, 0);
+    assert_eq!(w.rank(0).load.snapshot().queued_prefill_tokens, 0);
     assert_eq!(b.state.streams_completed.load(Ordering::SeqCst), 0);
     let metrics = metrics_text(r.addr).await;
     assert!(
@@ -454,7 +454,7 @@ async fn a_stream_that_started_is_never_replayed() {
     assert_eq!(flaky.count(), 1);
     assert_eq!(other.count(), 0, "no replay after bytes were sent");
     let w = r.state.fleet.get("w0").unwrap();
-    assert!(eventually(|| w.load.snapshot().in_flight == 0).await);
+    assert!(eventually(|| w.rank(0).load.snapshot().in_flight == 0).await);
     r.shutdown().await;
 }
 

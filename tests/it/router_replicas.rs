@@ -124,7 +124,7 @@ impl Replicas {
             .fleet
             .workers()
             .iter()
-            .map(|w| w.load.view().in_flight)
+            .map(|w| w.rank(0).load.view().in_flight)
             .sum()
     }
 

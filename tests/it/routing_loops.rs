@@ -49,8 +49,10 @@ async fn two_routers_that_route_to_each_other_answer_508_once() {
     assert_eq!(requests_with(&mb, "508"), 3, "{mb}");
     let (sa, sb) = (Arc::clone(&a.state), Arc::clone(&b.state));
     assert!(
-        eventually(|| sa.fleet.workers()[0].load.snapshot().in_flight == 0
-            && sb.fleet.workers()[0].load.snapshot().in_flight == 0)
+        eventually(
+            || sa.fleet.workers()[0].rank(0).load.snapshot().in_flight == 0
+                && sb.fleet.workers()[0].rank(0).load.snapshot().in_flight == 0
+        )
         .await
     );
     a.shutdown().await;

@@ -70,9 +70,11 @@ async fn ten_thousand_workers_come_and_go_and_the_index_returns_to_its_baseline(
     );
     life.start();
     for w in life.fleet().workers().iter() {
-        holdings
-            .exact
-            .apply(w.key, &stored(w.key.0, 1 << 40), &seeds_for("m"));
+        holdings.exact.apply(
+            w.rank(0).key,
+            &stored(w.rank(0).key.0, 1 << 40),
+            &seeds_for("m"),
+        );
     }
     // One warm-up cycle sizes the tables a churning worker uses; memory after it is the
     // baseline every later cycle must come back to.
@@ -85,11 +87,13 @@ async fn ten_thousand_workers_come_and_go_and_the_index_returns_to_its_baseline(
             let w = life
                 .join(spec(&format!("pod-{n}"), n.is_multiple_of(500)))
                 .expect("joins");
-            holdings
-                .exact
-                .apply(w.key, &stored(n % 3, u64::from(n) << 8), &seeds_for("m"));
+            holdings.exact.apply(
+                w.rank(0).key,
+                &stored(n % 3, u64::from(n) << 8),
+                &seeds_for("m"),
+            );
             holdings.approx.record_routed(
-                w.key,
+                w.rank(0).key,
                 &kvroute::tokens::block_hashes(
                     kvroute::tokens::model::hash_seed("m", None, None),
                     &(0..64).collect::<Vec<u32>>(),
@@ -98,7 +102,7 @@ async fn ten_thousand_workers_come_and_go_and_the_index_returns_to_its_baseline(
                 Duration::from_secs(1),
             );
             metrics.prefix_hit_blocks.with_label_values(&[w.id()]).inc();
-            let key = w.key;
+            let key = w.rank(0).key;
             let gone = Arc::downgrade(&w);
             drop(w);
             life.leave(&format!("pod-{n}"), false)

@@ -145,6 +145,18 @@ impl RealRouter {
 
     /// `/debug/route` for `body` (as `tenant` when given, with the admin key).
     pub async fn explain(&self, body: &Value, tenant: Option<&Tenant>) -> Value {
+        let (status, v) = self.explain_or_error(body, tenant).await;
+        assert!(status.is_success(), "/debug/route: {status} {v}");
+        v
+    }
+
+    /// `/debug/route`'s status and answer for `body`: the explanation, or the error the
+    /// request would get (a 503 while no engine can take it).
+    pub async fn explain_or_error(
+        &self,
+        body: &Value,
+        tenant: Option<&Tenant>,
+    ) -> (reqwest::StatusCode, Value) {
         let mut req = self.http.post(self.url("/debug/route")).json(body);
         if let Some((name, _)) = tenant {
             req = req.bearer_auth(ADMIN_KEY).header("x-kvroute-tenant", *name);
@@ -152,8 +164,7 @@ impl RealRouter {
         let resp = req.send().await.expect("/debug/route answers");
         let status = resp.status();
         let v: Value = resp.json().await.expect("/debug/route JSON");
-        assert!(status.is_success(), "/debug/route: {status} {v}");
-        v
+        (status, v)
     }
 
     /// The candidate entry of `worker` in an explanation.

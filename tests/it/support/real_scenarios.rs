@@ -232,9 +232,15 @@ pub async fn kv_aware_beats_round_robin(
     (rr, kv)
 }
 
-/// Blocks of `body` the router's index holds on `worker` (not capped by the last-token rule).
+/// Blocks of `body` the router's index holds on `worker` (not capped by the last-token rule);
+/// none while no engine can take the request (a stopped one: `/debug/route` answers its 503).
 async fn held(router: &RealRouter, body: &Value, worker: &str) -> u64 {
-    let v = router.explain(body, None).await;
+    let (status, v) = router.explain_or_error(body, None).await;
+    if status == reqwest::StatusCode::SERVICE_UNAVAILABLE {
+        assert_eq!(v["error"]["code"], "no_worker_available", "{v}");
+        return 0;
+    }
+    assert!(status.is_success(), "/debug/route: {status} {v}");
     v["candidates"]
         .as_array()
         .and_then(|cs| cs.iter().find(|c| c["worker"] == worker))
