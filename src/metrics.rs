@@ -14,10 +14,12 @@ use prometheus::{
 mod config;
 mod data_parallel;
 mod disaggregation;
+mod prediction;
 
 pub use config::ConfigMetrics;
 pub use data_parallel::DataParallelMetrics;
 pub use disaggregation::DisaggregationMetrics;
+pub use prediction::PredictionMetrics;
 
 /// Buckets for latencies from sub-millisecond to minutes.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -121,6 +123,8 @@ pub struct Metrics {
     pub disaggregation: DisaggregationMetrics,
     /// Workers whose data-parallel ranks disagree with their engine's.
     pub data_parallel: DataParallelMetrics,
+    /// The cost model's TTFT prediction error per worker.
+    pub prediction: PredictionMetrics,
 }
 
 impl Metrics {
@@ -143,6 +147,7 @@ impl Metrics {
         forget(&self.kv_stream, id);
         self.disaggregation.forget_worker(id);
         self.data_parallel.forget_worker(id);
+        self.prediction.forget_worker(id);
     }
 
     /// Creates and registers every metric.
@@ -416,6 +421,7 @@ impl Metrics {
         let config = ConfigMetrics::register(&registry);
         let disaggregation = DisaggregationMetrics::register(&registry);
         let data_parallel = DataParallelMetrics::register(&registry);
+        let prediction = PredictionMetrics::register(&registry);
         Metrics {
             registry,
             requests,
@@ -454,6 +460,7 @@ impl Metrics {
             config,
             disaggregation,
             data_parallel,
+            prediction,
         }
     }
 

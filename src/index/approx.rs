@@ -177,21 +177,8 @@ impl ApproxIndex {
     /// Records that a request with `blocks` was routed to `worker` at `now` (any monotonic
     /// clock, as a duration since its epoch). Also expires old predictions of that worker.
     pub fn record_routed(&self, worker: WorkerId, blocks: &[BlockHash], now: Duration) {
-        self.record_routed_for(worker, blocks, now, self.config.ttl);
-    }
-
-    /// [`Self::record_routed`] for `ttl` instead of the configured one: a worker that publishes
-    /// KV events announces the blocks itself once it computed them, so a prediction there only
-    /// covers the moments before (the request queued or in prefill).
-    pub fn record_routed_for(
-        &self,
-        worker: WorkerId,
-        blocks: &[BlockHash],
-        now: Duration,
-        ttl: Duration,
-    ) {
         let now = nanos(now);
-        let expires = now.saturating_add(nanos(ttl));
+        let expires = now.saturating_add(nanos(self.config.ttl));
         let mut workers = self.write();
         let i = worker.0 as usize;
         let p = workers.get_mut(i);

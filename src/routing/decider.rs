@@ -11,14 +11,6 @@ use crate::index::{Holdings, ReuseCurve};
 use crate::policy::{Candidate, Policy, RouteDecision, WorkingSet};
 use crate::tokens::HashSeed;
 
-/// How long after its predicted first token a request's blocks still count as predicted on a
-/// worker that publishes KV events: the time its events take to arrive and be applied.
-const ANNOUNCE_MARGIN: Duration = Duration::from_secs(2);
-
-/// How long blocks count as predicted on a worker with events when the policy predicts no
-/// first token (load-only and peer policies).
-const UNANNOUNCED_FALLBACK: Duration = Duration::from_secs(5);
-
 /// The policy and the index, shared by every decision of a router (live or simulated).
 pub struct Decider {
     policy: Arc<dyn Policy>,
@@ -213,19 +205,10 @@ impl Decider {
             .get(choice.decision.chosen)
             .copied()
             .flatten();
-        if analysis.request.blocks > 0 {
-            let approx = &self.holdings.approx;
-            if choice.target.publishes_events() {
-                // Until its first token the engine has not announced the prompt's blocks: a
-                // request with the same prefix arriving meanwhile (a burst of siblings) must
-                // see them here, or every sibling looks cold everywhere and they all spread.
-                let ttl = predicted_ttft.map_or(UNANNOUNCED_FALLBACK, |t| {
-                    Duration::from_secs_f64(t.clamp(0.0, 3_600.0))
-                }) + ANNOUNCE_MARGIN;
-                approx.record_routed_for(worker, &analysis.hashes, now, ttl);
-            } else {
-                approx.record_routed(worker, &analysis.hashes, now);
-            }
+        if analysis.request.blocks > 0 && !choice.target.publishes_events() {
+            self.holdings
+                .approx
+                .record_routed(worker, &analysis.hashes, now);
         }
         self.holdings.residency.touch(worker, &analysis.hashes, now);
         let guard = choice

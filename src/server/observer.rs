@@ -142,6 +142,14 @@ impl ResponseObserver for Observer {
                 .with_label_values(&[&self.model, self.attempt.worker.id()])
                 .observe(ttft.as_secs_f64());
             let ttft_s = self.attempt.at.elapsed().as_secs_f64();
+            if let Some(predicted) = self.attempt.admitted.predicted_ttft_s {
+                self.metrics.prediction.observe(
+                    &self.model,
+                    self.attempt.worker.id(),
+                    predicted,
+                    ttft_s,
+                );
+            }
             self.attempt.admitted.observe_ttft(ttft_s);
         }
     }

@@ -504,3 +504,36 @@ async fn metrics_move_with_traffic() {
     );
     r.shutdown().await;
 }
+
+/// The cost model's TTFT prediction is checked against every observed first token, per worker;
+/// a load-only policy predicts nothing and records nothing.
+#[tokio::test]
+async fn the_ttft_prediction_error_is_measured_per_worker() {
+    for (policy, expected) in [(PolicyKind::KvAware, 3), (PolicyKind::RoundRobin, 0)] {
+        let b = Backend::start("a", &["m"]).await;
+        let r = start_router_over(policy, &[&b], "").await;
+        let c = client();
+        for _ in 0..3 {
+            let resp = complete(
+                &c,
+                r.addr,
+                &serde_json::json!({"model":"m","prompt":"x y z"}),
+            )
+            .await;
+            assert_eq!(resp.status(), 200);
+            resp.bytes().await.unwrap();
+        }
+        let text = metrics_text(r.addr).await;
+        let counted: u64 = text
+            .lines()
+            .filter(|l| {
+                l.starts_with("kvroute_ttft_prediction_error_seconds_count{")
+                    && l.contains(r#"model="m""#)
+                    && l.contains(r#"worker="w0""#)
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum();
+        assert_eq!(counted, expected, "{policy:?}:\n{text}");
+        r.shutdown().await;
+    }
+}
