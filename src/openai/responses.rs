@@ -52,6 +52,8 @@ pub struct ResponsesRequest {
     pub add_generation_prompt: bool,
     /// `store` (default true): whether the engine keeps the response for later requests.
     pub store: bool,
+    /// `request_id` (vLLM): the id the client chose for the response, when a string.
+    pub request_id: Option<String>,
 }
 
 fn invalid(message: impl Into<String>, param: &str) -> ApiError {
@@ -161,6 +163,10 @@ impl ResponsesRequest {
             chat_template_kwargs: kwargs,
             add_generation_prompt: !continue_final,
             store: boolean("store")?.unwrap_or(true),
+            request_id: match o.get("request_id") {
+                Some(Value::String(s)) => Some(s.clone()),
+                _ => None,
+            },
         })
     }
 

@@ -11,6 +11,7 @@
 //! router stopping) that has nothing in progress is dropped after [`CLOSE_WAIT`] even if the
 //! peer never answers the HTTP/2 GOAWAY's ping, so an idle client cannot hold shutdown.
 
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -103,11 +104,18 @@ impl Drop for InFlight {
 pub(super) struct Tracked<S> {
     inner: S,
     activity: Arc<Activity>,
+    /// The client's address, given to each request as axum's `ConnectInfo` (the admin API
+    /// opened to loopback clients reads it).
+    peer: SocketAddr,
 }
 
 impl<S> Tracked<S> {
-    pub(super) fn new(inner: S, activity: Arc<Activity>) -> Tracked<S> {
-        Tracked { inner, activity }
+    pub(super) fn new(inner: S, activity: Arc<Activity>, peer: SocketAddr) -> Tracked<S> {
+        Tracked {
+            inner,
+            activity,
+            peer,
+        }
     }
 }
 
@@ -123,7 +131,9 @@ where
     type Error = S::Error;
     type Future = BoxFuture<Result<Self::Response, S::Error>>;
 
-    fn call(&self, req: Request<Incoming>) -> Self::Future {
+    fn call(&self, mut req: Request<Incoming>) -> Self::Future {
+        req.extensions_mut()
+            .insert(axum::extract::ConnectInfo(self.peer));
         let in_flight = self.activity.begin();
         let fut = self.inner.call(req);
         Box::pin(async move {

@@ -242,6 +242,7 @@ async fn forward(
         routing,
         salt,
         affinity,
+        response_id,
     } = prepared;
     let span = tracing::Span::current();
     if let Some(m) = &model {
@@ -289,6 +290,10 @@ async fn forward(
     let bytes = match (&salt, &model) {
         (Some(_), Some(m)) => tenant_body(state, &caller, salt_value.as_deref(), m, bytes)?,
         _ => bytes,
+    };
+    let bytes = match &response_id {
+        Some(id) => super::responses::with_response_id(bytes, id)?,
+        None => bytes,
     };
     // A client's own KV hand-off parameters never reach an engine (see `without_client_params`).
     let bytes = if client_params {

@@ -97,7 +97,11 @@ pub(super) async fn serve_until(
             tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
         }
         let activity = Activity::new();
-        let service = Tracked::new(TowerToHyperService::new(app.clone()), Arc::clone(&activity));
+        let service = Tracked::new(
+            TowerToHyperService::new(app.clone()),
+            Arc::clone(&activity),
+            peer,
+        );
         let (stop, cutoff, metrics) = (stop.clone(), front.cutoff.clone(), Arc::clone(&metrics));
         let builder = builder.clone();
         let tls = front.tls.as_ref().map(|t| t.acceptor());

@@ -22,6 +22,7 @@ mod ops;
 mod pair;
 mod read;
 pub mod reload;
+mod reload_guard;
 mod request_id;
 mod responses;
 mod route;
@@ -138,7 +139,7 @@ impl AppState {
                 config.default_block_size as usize,
             )?,
             holdings,
-            keys: auth::Keys::new(&config.tenants, config.admin_key_sha256),
+            keys: auth::Keys::new(&config.tenants, config.admin),
             admission: admission::Admission::new(config.limits, &config.tenants),
             recorder: recorder(config, &metrics)?,
             models: config.models.clone(),
@@ -369,6 +370,7 @@ pub fn start_with_state(
 ) -> anyhow::Result<RouterHandle> {
     let addr = listener.local_addr()?;
     state.add_own_addr(addr);
+    log_admin_state(&state.keys);
     state.lifecycle.start();
     let stop = CancellationToken::new();
     let health_task = health::spawn(
@@ -460,6 +462,17 @@ pub fn start_with_state(
         stop,
         task,
     })
+}
+
+/// Says at start who may change the fleet through the admin API: a WARN when it is open
+/// without a key (to loopback clients), else INFO.
+fn log_admin_state(keys: &auth::Keys) {
+    let state = keys.admin_state();
+    if keys.admin_open_without_key() {
+        tracing::warn!("{state}");
+    } else {
+        tracing::info!("{state}");
+    }
 }
 
 /// Binds `addr` at once (from a synchronous caller on a Tokio runtime).
