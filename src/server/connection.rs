@@ -9,7 +9,9 @@
 //! request must start within `first_request`; afterwards, with no request in progress (for
 //! HTTP/2, no open stream) for `idle`, it is closed. A connection asked to close (idle, or the
 //! router stopping) that has nothing in progress is dropped after [`CLOSE_WAIT`] even if the
-//! peer never answers the HTTP/2 GOAWAY's ping, so an idle client cannot hold shutdown.
+//! peer never answers the HTTP/2 GOAWAY's ping, so an idle client cannot hold shutdown. A
+//! request in progress whose response the client does not take (it stopped reading, or keeps
+//! an HTTP/2 window of 0) is no reason to stay open either: see [`super::stall`].
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -26,6 +28,7 @@ use hyper_util::server::graceful::GracefulConnection;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::stall::{Verdict, Watch, Watches, WriteLimits};
 use crate::metrics::Metrics;
 
 /// How long a connection asked to close (idle or shutdown) with nothing in progress may take
@@ -53,15 +56,24 @@ pub(super) struct Activity {
     started: AtomicU64,
     /// Milliseconds from `born` to the moment the last request in progress ended.
     last_end_ms: AtomicU64,
+    /// Its responses' waits on the client.
+    watches: Watches,
+    /// How long the router's own answers may wait on the client (the connection's idle
+    /// timeout); proxied responses carry their own [`WriteLimits`].
+    write_idle: Duration,
 }
 
 impl Activity {
-    pub(super) fn new() -> Arc<Activity> {
+    /// The activity of a connection accepted now, whose router answers may wait on their
+    /// client for `write_idle`.
+    pub(super) fn new(write_idle: Duration) -> Arc<Activity> {
         Arc::new(Activity {
             born: Instant::now(),
             in_flight: AtomicUsize::new(0),
             started: AtomicU64::new(0),
             last_end_ms: AtomicU64::new(0),
+            watches: Watches::default(),
+            write_idle,
         })
     }
 
@@ -138,18 +150,32 @@ where
         let fut = self.inner.call(req);
         Box::pin(async move {
             let resp = fut.await?;
+            let activity = &in_flight.0;
+            let limits = resp.extensions().get::<WriteLimits>().copied();
+            let watch = activity
+                .watches
+                .watch(activity.born, limits, activity.write_idle);
             Ok(resp.map(|inner| TrackedBody {
                 inner,
-                _in_flight: in_flight,
+                in_flight,
+                watch,
             }))
         })
     }
 }
 
-/// A response body that keeps its request in progress until hyper drops it.
+/// A response body that keeps its request in progress until hyper drops it, and tells its
+/// connection when it waits on the client ([`super::stall`]).
 pub(super) struct TrackedBody<B> {
     inner: B,
-    _in_flight: InFlight,
+    in_flight: InFlight,
+    watch: Arc<Watch>,
+}
+
+impl<B> Drop for TrackedBody<B> {
+    fn drop(&mut self) {
+        self.in_flight.0.watches.forget(&self.watch);
+    }
 }
 
 impl<B: Body<Data = Bytes> + Unpin> Body for TrackedBody<B> {
@@ -160,7 +186,13 @@ impl<B: Body<Data = Bytes> + Unpin> Body for TrackedBody<B> {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
+        self.watch.taken();
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(_))) = &polled {
+            // Handed over: the client's to take before hyper asks for more.
+            self.watch.waiting(self.in_flight.0.born);
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
@@ -170,6 +202,16 @@ impl<B: Body<Data = Bytes> + Unpin> Body for TrackedBody<B> {
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
     }
+}
+
+/// Counts a connection closed because a response waited on its client too long. Returning
+/// drops the connection and with it the response, which ends its upstream request and frees
+/// its slot.
+fn stalled(metrics: &Metrics) {
+    metrics
+        .connections_closed
+        .with_label_values(&["write_stalled"])
+        .inc();
 }
 
 /// Drives `conn` to its end under `deadlines`; on `stop` asks it to finish what is in progress
@@ -208,11 +250,27 @@ pub(super) async fn drive<C>(
                 let _ = tokio::time::timeout(CUT_FLUSH, conn.as_mut()).await;
                 return;
             }
+            _ = activity.watches.added() => {
+                // A new response: its wait on the client may end before the next check.
+                match activity.watches.check(activity.born, Instant::now()) {
+                    Verdict::Stalled => return stalled(&metrics),
+                    Verdict::CheckBy(Some(at)) if at < deadline.deadline() => {
+                        deadline.as_mut().reset(at);
+                    }
+                    Verdict::CheckBy(_) => {}
+                }
+            }
             _ = deadline.as_mut() => {
                 let now = Instant::now();
                 if activity.in_flight() > 0 {
                     let recheck = if closing { CLOSE_WAIT } else { deadlines.idle };
-                    deadline.as_mut().reset(now + recheck);
+                    match activity.watches.check(activity.born, now) {
+                        Verdict::Stalled => return stalled(&metrics),
+                        Verdict::CheckBy(at) => {
+                            let next = at.map_or(now + recheck, |at| at.min(now + recheck));
+                            deadline.as_mut().reset(next);
+                        }
+                    }
                     continue;
                 }
                 if closing {

@@ -401,6 +401,11 @@ async fn forward(
     let mut resp = Response::new(Body::new(body));
     *resp.status_mut() = parts.status;
     *resp.headers_mut() = out_headers;
+    // Its timeouts hold on the client's side too: a client that stops taking it is cut.
+    resp.extensions_mut().insert(super::stall::WriteLimits {
+        idle: timeouts.idle,
+        total_at: tokio::time::Instant::now() + timeouts.total,
+    });
     Ok(resp)
 }
 

@@ -96,7 +96,7 @@ pub(super) async fn serve_until(
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
         }
-        let activity = Activity::new();
+        let activity = Activity::new(deadlines.idle);
         let service = Tracked::new(
             TowerToHyperService::new(app.clone()),
             Arc::clone(&activity),

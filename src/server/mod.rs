@@ -26,6 +26,7 @@ mod reload_guard;
 mod request_id;
 mod responses;
 mod route;
+mod stall;
 mod tokenize;
 mod trail;
 
