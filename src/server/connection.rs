@@ -39,6 +39,11 @@ pub(super) const CLOSE_WAIT: Duration = Duration::from_secs(1);
 /// ends each cut stream before they are dropped.
 pub(super) const CUT_FLUSH: Duration = Duration::from_secs(2);
 
+/// How long every response of a connection must have waited on its client before the
+/// connection may be evicted at the cap: a client that reads takes a chunk within
+/// milliseconds.
+const EVICTABLE_WAIT: Duration = Duration::from_secs(1);
+
 /// Deadlines of a connection.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Deadlines {
@@ -61,6 +66,8 @@ pub(super) struct Activity {
     /// How long the router's own answers may wait on the client (the connection's idle
     /// timeout); proxied responses carry their own [`WriteLimits`].
     write_idle: Duration,
+    /// Cancelled when the connection is evicted to make room at the cap.
+    evict: CancellationToken,
 }
 
 impl Activity {
@@ -74,7 +81,39 @@ impl Activity {
             last_end_ms: AtomicU64::new(0),
             watches: Watches::default(),
             write_idle,
+            evict: CancellationToken::new(),
         })
+    }
+
+    /// Since when the connection has done nothing, if it does nothing now: no request in
+    /// progress (since accept or since its last request ended), or only responses that have
+    /// waited on their client for at least [`EVICTABLE_WAIT`] (since the latest wait began).
+    pub(super) fn idle_since(&self, now: Instant) -> Option<Instant> {
+        let in_flight = self.in_flight();
+        if in_flight == 0 {
+            if self.started.load(Ordering::Acquire) == 0 {
+                return Some(self.born);
+            }
+            let last_end = Duration::from_millis(self.last_end_ms.load(Ordering::Acquire));
+            return Some(self.born + last_end);
+        }
+        let since = self.watches.all_waiting_since(self.born, in_flight)?;
+        (since + EVICTABLE_WAIT <= now).then_some(since)
+    }
+
+    /// Asks the connection to close at once (its place is given to a new one).
+    pub(super) fn evict(&self) {
+        self.evict.cancel();
+    }
+
+    /// Whether the connection was asked to close to make room.
+    pub(super) fn is_evicted(&self) -> bool {
+        self.evict.is_cancelled()
+    }
+
+    /// Resolves when the connection is evicted.
+    pub(super) async fn evicted(&self) {
+        self.evict.cancelled().await;
     }
 
     /// Requests in progress: from the request's head to its response's last byte (or drop).
@@ -250,6 +289,7 @@ pub(super) async fn drive<C>(
                 let _ = tokio::time::timeout(CUT_FLUSH, conn.as_mut()).await;
                 return;
             }
+            _ = activity.evicted() => return,
             _ = activity.watches.added() => {
                 // A new response: its wait on the client may end before the next check.
                 match activity.watches.check(activity.born, Instant::now()) {

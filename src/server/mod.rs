@@ -18,6 +18,7 @@ mod forward;
 mod hops;
 mod listen;
 mod observer;
+mod open_connections;
 mod ops;
 mod pair;
 mod read;

@@ -130,6 +130,19 @@ impl Watches {
         Verdict::CheckBy(next)
     }
 
+    /// When the latest of the waits began, when there are `in_flight` bodies and every one is
+    /// waiting on its client; `None` otherwise.
+    pub(super) fn all_waiting_since(&self, born: Instant, in_flight: usize) -> Option<Instant> {
+        let bodies = self.lock();
+        if bodies.len() != in_flight {
+            return None;
+        }
+        bodies.iter().try_fold(born, |latest, w| {
+            let since = w.since_ms.load(Ordering::Acquire);
+            (since != NOT_WAITING).then(|| latest.max(born + Duration::from_millis(since)))
+        })
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Watch>>> {
         self.bodies.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -157,8 +170,15 @@ mod tests {
             watches.check(born, born + secs(60)),
             Verdict::CheckBy(Some(born + secs(65)))
         );
+        assert_eq!(watches.all_waiting_since(born, 1), None, "taken");
         // A chunk handed over at 60 s and not taken for the idle limit.
         w.since_ms.store(60_000, Ordering::Release);
+        assert_eq!(watches.all_waiting_since(born, 1), Some(born + secs(60)));
+        assert_eq!(
+            watches.all_waiting_since(born, 2),
+            None,
+            "another request in progress has no response yet"
+        );
         assert_eq!(watches.check(born, born + secs(65)), Verdict::Stalled);
         watches.forget(&w);
         assert_eq!(watches.check(born, born + secs(65)), Verdict::CheckBy(None));
