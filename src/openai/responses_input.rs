@@ -157,52 +157,11 @@ fn add_item(
     };
     let ty = member_string(&o, "type");
     let role = member_string(&o, "role");
-    let prev_assistant = out
-        .last_mut()
-        .filter(|m| m.get("role").and_then(Value::as_str) == Some("assistant"));
     match (ty.as_deref(), role.as_deref()) {
         (Some(k @ ("function_call" | "custom_tool_call")), _) => {
-            let arguments = match k {
-                "function_call" => passed(o.get("arguments")),
-                _ => passed(o.get("input")),
-            };
-            let call = json!({
-                "id": passed(o.get("call_id")).unwrap_or(Value::Null),
-                "function": {
-                    "name": passed(o.get("name")).unwrap_or(Value::Null),
-                    "arguments": arguments.unwrap_or_else(|| Value::String(String::new())),
-                },
-                "type": "function",
-            });
-            match prev_assistant {
-                Some(m) => match m.get_mut("tool_calls") {
-                    Some(Value::Array(calls)) => calls.push(call),
-                    _ => {
-                        m.insert("tool_calls".into(), json!([call]));
-                    }
-                },
-                None => out.push(assistant(None, Some(vec![call]), None)),
-            }
+            add_tool_call(out, &o, k == "function_call");
         }
-        (Some("reasoning"), _) => {
-            let encrypted = o.get("encrypted_content").is_some_and(|v| match kind(v) {
-                Kind::Null => false,
-                Kind::String => string_of(Some(v)).is_some_and(|s| !s.is_empty()),
-                _ => true,
-            });
-            if encrypted {
-                return Err(invalid("Encrypted content is not supported.", "input"));
-            }
-            let text = first_text(o.get("content"))
-                .or_else(|| first_text(o.get("summary")))
-                .unwrap_or_default();
-            match prev_assistant {
-                Some(m) if !m.contains_key("reasoning") => {
-                    m.insert("reasoning".into(), Value::String(text));
-                }
-                _ => out.push(assistant(None, None, Some(text))),
-            }
-        }
+        (Some("reasoning"), _) => add_reasoning(out, &o)?,
         (Some("function_call_output" | "custom_tool_call_output"), _) => {
             let mut m = Map::new();
             m.insert("role".into(), "tool".into());
@@ -214,7 +173,7 @@ fn add_item(
         }
         (_, Some("assistant")) => {
             let text = first_text(o.get("content"));
-            match (prev_assistant, text) {
+            match (last_assistant(out), text) {
                 (Some(m), Some(text)) if !m.contains_key("content") => {
                     m.insert("content".into(), Value::String(text));
                 }
@@ -244,6 +203,58 @@ fn add_item(
         }
     }
     Ok(is_partial_assistant(&o))
+}
+
+/// The last message, when it is the assistant's (a tool call or reasoning joins it).
+fn last_assistant(out: &mut [Map<String, Value>]) -> Option<&mut Map<String, Value>> {
+    out.last_mut()
+        .filter(|m| m.get("role").and_then(Value::as_str) == Some("assistant"))
+}
+
+/// A `function_call` (`arguments`) or `custom_tool_call` (`input`) item: a tool call of the
+/// assistant message before it, or of a new one.
+fn add_tool_call(out: &mut Vec<Map<String, Value>>, o: &Members<'_>, function: bool) {
+    let arguments = passed(o.get(if function { "arguments" } else { "input" }));
+    let call = json!({
+        "id": passed(o.get("call_id")).unwrap_or(Value::Null),
+        "function": {
+            "name": passed(o.get("name")).unwrap_or(Value::Null),
+            "arguments": arguments.unwrap_or_else(|| Value::String(String::new())),
+        },
+        "type": "function",
+    });
+    match last_assistant(out) {
+        Some(m) => match m.get_mut("tool_calls") {
+            Some(Value::Array(calls)) => calls.push(call),
+            _ => {
+                m.insert("tool_calls".into(), json!([call]));
+            }
+        },
+        None => out.push(assistant(None, Some(vec![call]), None)),
+    }
+}
+
+/// A `reasoning` item: the reasoning of the assistant message before it when that has none,
+/// else a new assistant message; encrypted content is refused (vLLM cannot read it).
+fn add_reasoning(out: &mut Vec<Map<String, Value>>, o: &Members<'_>) -> Result<(), ApiError> {
+    let encrypted = o.get("encrypted_content").is_some_and(|v| match kind(v) {
+        Kind::Null => false,
+        Kind::String => string_of(Some(v)).is_some_and(|s| !s.is_empty()),
+        _ => true,
+    });
+    if encrypted {
+        return Err(invalid("Encrypted content is not supported.", "input"));
+    }
+    let text = first_text(o.get("content"))
+        .or_else(|| first_text(o.get("summary")))
+        .unwrap_or_default();
+    match last_assistant(out) {
+        Some(m) if !m.contains_key("reasoning") => {
+            m.insert("reasoning".into(), Value::String(text));
+        }
+        _ => out.push(assistant(None, None, Some(text))),
+    }
+    Ok(())
 }
 
 /// A new assistant message with the parts given.
