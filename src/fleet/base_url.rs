@@ -94,9 +94,16 @@ impl BaseUrl {
             .unwrap_or_else(|_| Uri::from_static("http://invalid/"))
     }
 
-    /// The `Host` header value.
+    /// The URL's authority (with its userinfo, if any).
     pub fn authority(&self) -> &http::uri::Authority {
         &self.authority
+    }
+
+    /// The `Host` header value: `host[:port]`, never the userinfo (a password would reach
+    /// the engine and every proxy's logs on the way).
+    pub fn host_header(&self) -> &str {
+        let a = self.authority.as_str();
+        a.rsplit_once('@').map_or(a, |(_, host)| host)
     }
 
     /// Whether `other` reaches the same server and path: host compared without case, a
@@ -159,6 +166,7 @@ mod tests {
         assert_eq!(url.to_string(), "http://***@10.0.0.1:8000");
         assert!(!format!("{url:?}").contains("s3cret"));
         assert_eq!(url.host_port(), "10.0.0.1:8000");
+        assert_eq!(url.host_header(), "10.0.0.1:8000");
         assert_eq!(
             BaseUrl::parse("http://h:1").unwrap().to_string(),
             "http://h:1"
