@@ -61,7 +61,11 @@ impl OpenConnections {
         }
         self.metrics.open_connections.inc();
         let mut all = self.lock();
-        all.retain(|a| a.strong_count() > 0);
+        // Closed connections' entries are swept once they are as many as the open ones, so
+        // an accept costs a push, not a scan.
+        if all.len() > 2 * self.count() + 16 {
+            all.retain(|a| a.strong_count() > 0);
+        }
         all.push(Arc::downgrade(activity));
         Some(Slot(Arc::clone(self)))
     }
