@@ -203,8 +203,11 @@ async fn receive(
         .admission
         .admit(caller.tenant(), &state.metrics)
         .await?;
-    let mut claim = state.admission.bodies().claim();
     let limits = state.body_limits();
+    let mut claim = state
+        .admission
+        .bodies()
+        .claim(super::peer::current(), limits.max_bytes);
     let bytes = body::read_claimed(
         headers,
         body,

@@ -8,6 +8,7 @@ mod affinity;
 mod api;
 pub mod auth;
 mod body;
+mod body_budget;
 mod cache_salt;
 mod call;
 mod canned;
@@ -21,6 +22,7 @@ mod observer;
 mod open_connections;
 mod ops;
 mod pair;
+mod peer;
 mod read;
 pub mod reload;
 mod reload_guard;
@@ -290,6 +292,7 @@ pub fn app(state: Arc<AppState>, metrics_apart: bool) -> Router {
         .fallback(endpoints::other)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn(request_id::stamp))
+        .layer(axum::middleware::from_fn(peer::scope))
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&state),
             hops::refuse_loops,
