@@ -68,12 +68,15 @@ pub(super) struct Activity {
     write_idle: Duration,
     /// Cancelled when the connection is evicted to make room at the cap.
     evict: CancellationToken,
+    /// The client's address: at the cap, the idle connections of the client holding the most
+    /// are evicted first.
+    peer: std::net::IpAddr,
 }
 
 impl Activity {
-    /// The activity of a connection accepted now, whose router answers may wait on their
-    /// client for `write_idle`.
-    pub(super) fn new(write_idle: Duration) -> Arc<Activity> {
+    /// The activity of a connection from `peer` accepted now, whose router answers may wait on
+    /// their client for `write_idle`.
+    pub(super) fn new(peer: std::net::IpAddr, write_idle: Duration) -> Arc<Activity> {
         Arc::new(Activity {
             born: Instant::now(),
             in_flight: AtomicUsize::new(0),
@@ -82,7 +85,13 @@ impl Activity {
             watches: Watches::default(),
             write_idle,
             evict: CancellationToken::new(),
+            peer: peer.to_canonical(),
         })
+    }
+
+    /// The client's address.
+    pub(super) fn peer(&self) -> std::net::IpAddr {
+        self.peer
     }
 
     /// Since when the connection has done nothing, if it does nothing now: no request in

@@ -86,7 +86,7 @@ pub(super) async fn serve_until(
                 }
             },
         };
-        let activity = Activity::new(deadlines.idle);
+        let activity = Activity::new(peer.ip(), deadlines.idle);
         let Some(slot) = open.take(cap, &activity) else {
             metrics.connections_refused.inc();
             tracing::debug!(%peer, cap, "connection refused: server.max_connections are open");

@@ -4,10 +4,13 @@
 //! At `server.max_connections`, a cap's worth of connections that do nothing — silent ones
 //! waiting out `header_read_timeout_s`, idle keep-alives, or ones whose only requests wait on a
 //! client that takes nothing (an HTTP/2 window of 0) — used to lock every other client out
-//! until they timed out (75 s by default). Now a new connection at the cap evicts the
-//! connection that has been doing nothing the longest, and is refused only when every open
-//! connection has work in progress.
+//! until they timed out (75 s by default). Now a new connection at the cap evicts a connection
+//! that is doing nothing — of the client address holding the most such connections, the one
+//! idle the longest, so one client's idle connections count against it and not against
+//! everyone — and is refused only when every open connection has work in progress.
 
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -70,17 +73,24 @@ impl OpenConnections {
         Some(Slot(Arc::clone(self)))
     }
 
-    /// Evicts the open connection that has done nothing the longest (see
-    /// [`Activity::idle_since`]); `None` when none is idle.
+    /// Evicts an open connection that does nothing (see [`Activity::idle_since`]): of the
+    /// client address with the most of them, the one idle the longest; `None` when none is idle.
     fn evict_one(&self) -> Option<()> {
         let now = Instant::now();
-        let victim = self
+        let idle: Vec<(Instant, Arc<Activity>)> = self
             .lock()
             .iter()
             .filter_map(Weak::upgrade)
             .filter(|a| !a.is_evicted())
             .filter_map(|a| Some((a.idle_since(now)?, a)))
-            .min_by_key(|(since, _)| *since)
+            .collect();
+        let mut per_peer: HashMap<IpAddr, usize> = HashMap::new();
+        for (_, a) in &idle {
+            *per_peer.entry(a.peer()).or_default() += 1;
+        }
+        let victim = idle
+            .into_iter()
+            .max_by_key(|(since, a)| (per_peer[&a.peer()], std::cmp::Reverse(*since)))
             .map(|(_, a)| a)?;
         victim.evict();
         self.metrics

@@ -281,3 +281,45 @@ async fn a_new_client_at_the_cap_takes_the_place_of_a_silent_connection() {
     assert!(closed_by_server(&mut silent[0], Duration::from_secs(10)).await);
     router.shutdown().await;
 }
+
+/// Issue 35 item 1, per client: at the cap, the idle connections of the client holding the
+/// most are evicted first, so a client opening silent connections makes room out of its own,
+/// not out of another client's older keep-alive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_cap_the_client_with_the_most_idle_connections_gives_way() {
+    let backend = Backend::start("b0", &["m"]).await;
+    let router = start_router_over(
+        PolicyKind::RoundRobin,
+        &[&backend],
+        "[server]\nmax_connections = 4\nheader_read_timeout_s = 60.0\nidle_timeout_s = 60.0\n",
+    )
+    .await;
+    let addr = router.addr;
+    let m = router.state.metrics.clone();
+    // A client's keep-alive, idle after its request: the oldest connection.
+    let mut keep_alive = h1_after_one_request(addr).await;
+    // Another client's silent connections fill the cap.
+    let mut silent = Vec::new();
+    for _ in 0..3 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(SocketAddr::from(([127, 0, 0, 7], 0))).unwrap();
+        silent.push(socket.connect(addr).await.unwrap());
+    }
+    assert!(eventually(|| m.open_connections.get() == 4).await);
+    assert!(
+        health_ok(addr).await,
+        "a new client was locked out at the cap"
+    );
+    assert!(
+        !closed_by_server(&mut keep_alive, Duration::from_millis(500)).await,
+        "the other client's keep-alive was evicted"
+    );
+    let mut evicted = 0;
+    for s in &mut silent {
+        if closed_by_server(s, Duration::from_millis(500)).await {
+            evicted += 1;
+        }
+    }
+    assert!(evicted >= 1, "none of the silent connections gave way");
+    router.shutdown().await;
+}
