@@ -110,7 +110,7 @@ pub struct Metrics {
     /// `server.max_connections` were open.
     pub connections_refused: IntCounter,
     /// `kvroute_connections_closed_total{reason}`: client connections the router closed
-    /// (`first_request_timeout`, `idle`).
+    /// (`first_request_timeout`, `idle`, `write_stalled`, `evicted`).
     pub connections_closed: IntCounterVec,
     /// `kvroute_discovery_events_total{source,kind}`: what worker discovery saw and did
     /// (`join`, `join_failed`, `drain`, `undrain`, `leave`, `forced_leave`, `error`, `relist`).
@@ -337,7 +337,10 @@ impl Metrics {
             "kvroute_connections_closed_total",
             "Client connections the router closed: first_request_timeout (no request within \
              server.header_read_timeout_s), idle (no request in progress for \
-             server.idle_timeout_s).",
+             server.idle_timeout_s), write_stalled (a response its client did not take for \
+             proxy.idle_timeout_s, or past proxy.total_timeout_s; the router's own answers: \
+             server.idle_timeout_s), evicted (idle the longest when a new client came at \
+             server.max_connections).",
             &["reason"],
         );
         let tls_reloads = counter(

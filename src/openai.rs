@@ -22,12 +22,15 @@ pub mod model_field;
 pub mod multipart;
 mod prompt;
 pub mod responses;
+mod responses_input;
 pub mod token_ids;
+pub mod top_level;
 mod walk;
 
 pub use model_field::ModelField;
 pub use responses::ResponsesRequest;
 pub use token_ids::TokenIds;
+pub use walk::Scalar;
 
 /// Which OpenAI endpoint a body was sent to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

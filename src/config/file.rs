@@ -24,8 +24,8 @@ pub(super) struct FileConfig {
     pub(super) proxy: FileProxy,
     #[serde(default)]
     pub(super) health: FileHealth,
-    #[serde(default)]
-    pub(super) workers: Vec<FileWorker>,
+    /// `None` when the file has no `[[workers]]`; `Some(empty)` for an explicit `workers = []`.
+    pub(super) workers: Option<Vec<FileWorker>>,
     #[serde(default)]
     pub(super) models: Vec<FileModel>,
     #[serde(default)]
@@ -38,8 +38,8 @@ pub(super) struct FileConfig {
     pub(super) kv_events: super::kv_events::FileKvEvents,
     #[serde(default)]
     pub(super) limits: FileLimits,
-    #[serde(default)]
-    pub(super) tenants: Vec<FileTenant>,
+    /// `None` when the file has no `[[tenants]]`; `Some(empty)` for an explicit `tenants = []`.
+    pub(super) tenants: Option<Vec<FileTenant>>,
     pub(super) admin: Option<FileAdmin>,
     #[serde(default)]
     pub(super) discovery: super::discovery::FileDiscovery,
@@ -197,5 +197,6 @@ pub(super) struct FileTenant {
 #[derive(Deserialize, Debug)]
 #[serde(deny_unknown_fields)]
 pub(super) struct FileAdmin {
-    pub(super) api_key_sha256: String,
+    pub(super) api_key_sha256: Option<String>,
+    pub(super) open_on_loopback: Option<bool>,
 }

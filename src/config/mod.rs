@@ -68,7 +68,7 @@ pub use server::{
     Connections, DEFAULT_BODY_READ_TIMEOUT, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_LISTEN,
     DEFAULT_MAX_BODY_BYTES, DEFAULT_SHUTDOWN_GRACE, Deprecation, MOVED_TO_SERVER,
 };
-pub use tenants::{ANY_MODEL, TenantConfig};
+pub use tenants::{ANY_MODEL, AdminAccess, TenantConfig};
 pub use workers::{
     MAX_WORKER_ID_BYTES, WORKER_FLAG_SYNTAX, WorkerFlagError, WorkerSpecError, check_worker,
     names_own_address, parse_worker_flag,
@@ -141,6 +141,11 @@ pub struct ServeArgs {
     /// `kvroute simulate --trace FILE`. See docs/recording-traffic.md.
     #[arg(long, value_name = "FILE")]
     pub record_trace: Option<PathBuf>,
+    /// Without an admin key, accept the admin API's changes (add, drain, remove workers) from
+    /// loopback clients (`[admin] open_on_loopback`). Without a key and without this, they are
+    /// refused: anyone reaching the listener could add a worker and read others' prompts.
+    #[arg(long)]
+    pub admin_open_on_loopback: bool,
 }
 
 /// The validated configuration of `kvroute serve`.
@@ -195,8 +200,11 @@ pub struct Config {
     pub limits: Limits,
     /// API keys and their tenants; empty means no authentication.
     pub tenants: Vec<TenantConfig>,
-    /// SHA-256 of the admin API key, if the admin API is enabled.
-    pub admin_key_sha256: Option<[u8; 32]>,
+    /// Who may use the admin API: its key, or (without one) loopback clients when opened.
+    pub admin: AdminAccess,
+    /// What the file says explicitly it has none of (`tenants = []`, `workers = []`): a
+    /// reload may remove every tenant or every static worker only when it says so.
+    pub emptied: Emptied,
     /// Deprecated keys the file used (still honoured); see [`Config::warn_deprecations`].
     pub deprecations: Vec<Deprecation>,
     /// Workers found at run time (`[discovery]`).
@@ -282,7 +290,11 @@ impl Config {
         let proxy = proxy::proxy(&file.proxy)?;
         let breaker = proxy::breaker(&file.proxy)?;
         let health = health::health(file.health)?;
-        let workers = workers::workers(file.workers, &args.workers)?;
+        let emptied = Emptied {
+            tenants: file.tenants.as_ref().is_some_and(Vec::is_empty),
+            workers: file.workers.as_ref().is_some_and(Vec::is_empty),
+        };
+        let workers = workers::workers(file.workers.unwrap_or_default(), &args.workers)?;
         let models = models::Models::from_file(&file.tokens, file.models)?;
         let kv_aware = policy::kv_aware(&file.kv_aware)?;
         let index = IndexSettings::from_file(&file.index)?;
@@ -291,8 +303,8 @@ impl Config {
         let recording = recording::recording(&file.recording, args.record_trace.as_deref())?;
         let endpoints = endpoints::endpoints(&file.endpoints)?;
         let limits = Limits::from_file(&file.limits, front.max_body_bytes)?;
-        let tenants = tenants::tenants(file.tenants)?;
-        let admin_key_sha256 = tenants::admin_key(file.admin, &tenants)?;
+        let tenants = tenants::tenants(file.tenants.unwrap_or_default())?;
+        let admin = tenants::admin_access(file.admin, args.admin_open_on_loopback, &tenants)?;
         let own: Vec<SocketAddr> = std::iter::once(front.listen)
             .chain(front.metrics_listen)
             .collect();
@@ -324,7 +336,8 @@ impl Config {
             tls: tls::server_tls(file.server.tls.as_ref())?,
             limits,
             tenants,
-            admin_key_sha256,
+            admin,
+            emptied,
             deprecations,
             discovery,
             recording,
@@ -332,6 +345,16 @@ impl Config {
             tracing: traces::tracing(file.tracing)?,
         })
     }
+}
+
+/// What a config file says explicitly that it has none of, rather than by leaving the tables
+/// out (which a truncated or mistaken file does too).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Emptied {
+    /// `tenants = []`: no tenants, so no authentication, on purpose.
+    pub tenants: bool,
+    /// `workers = []`: no static workers on purpose.
+    pub workers: bool,
 }
 
 /// A validated configuration and the digest of the file it came from.

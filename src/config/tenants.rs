@@ -79,23 +79,58 @@ pub(super) fn tenants(file: Vec<FileTenant>) -> Result<Vec<TenantConfig>, Config
     Ok(tenants)
 }
 
-/// The admin key of `[admin]`, which must not also be a tenant's key (an admin key handed to
-/// a tenant would let it reconfigure the fleet).
-pub(super) fn admin_key(
+/// Who may use the admin API (`[admin]`, `--admin-open-on-loopback`).
+///
+/// Closed by default: without a key, the admin API's changes (adding, draining, removing
+/// workers) are refused, because anyone who reaches the listener could otherwise add a worker
+/// of their own and receive other clients' prompts. `open_on_loopback` opens them, still
+/// without a key, to clients connecting from a loopback address only (a development setup on
+/// one machine); it cannot be combined with a key, which is then required from everyone.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AdminAccess {
+    /// SHA-256 of the admin API key, if one is configured.
+    pub key_sha256: Option<[u8; 32]>,
+    /// Without a key, the admin API's changes are accepted from loopback clients.
+    pub open_on_loopback: bool,
+}
+
+/// The admin access of `[admin]` and the flag: a key must not also be a tenant's key (an admin
+/// key handed to a tenant would let it reconfigure the fleet).
+pub(super) fn admin_access(
     file: Option<FileAdmin>,
+    flag_open_on_loopback: bool,
     tenants: &[TenantConfig],
-) -> Result<Option<[u8; 32]>, ConfigError> {
-    let Some(a) = file else {
-        return Ok(None);
+) -> Result<AdminAccess, ConfigError> {
+    let file = file.unwrap_or(FileAdmin {
+        api_key_sha256: None,
+        open_on_loopback: None,
+    });
+    let open_on_loopback = flag_open_on_loopback || file.open_on_loopback == Some(true);
+    let Some(key) = file.api_key_sha256 else {
+        return Ok(AdminAccess {
+            key_sha256: None,
+            open_on_loopback,
+        });
     };
-    let digest = sha256_hex("admin.api_key_sha256", &a.api_key_sha256)?;
+    let digest = sha256_hex("admin.api_key_sha256", &key)?;
     if tenants.iter().any(|t| t.api_key_sha256 == digest) {
         return Err(invalid(
             "admin.api_key_sha256",
             "the admin key must differ from every tenant key",
         ));
     }
-    Ok(Some(digest))
+    if open_on_loopback {
+        return Err(invalid(
+            "admin.open_on_loopback",
+            "opens the admin API without a key, but `admin.api_key_sha256` is set: with a key \
+             the key is required from every client; remove one of the two (or the \
+             --admin-open-on-loopback flag)",
+        ));
+    }
+    Ok(AdminAccess {
+        key_sha256: Some(digest),
+        open_on_loopback: false,
+    })
 }
 
 /// Decodes a 64-digit hex SHA-256.

@@ -52,13 +52,26 @@ fn spec_error(field: &'static str, message: impl Into<String>) -> WorkerSpecErro
 /// Checks a worker's description: the one check for `[[workers]]`, `--worker` and the admin
 /// API. An id is a metric label, a log field and the path segment the admin API removes it by,
 /// so it must be non-empty, short, and free of spaces and control characters; a model name is a
-/// metric label too.
+/// metric label too. A `/` is refused as well: a data-parallel rank's target is labelled
+/// `id/dpN` (so a worker `dpw/dp1` would share every series of rank 1 of a worker `dpw`), and
+/// the admin API takes the id as one path segment.
 pub fn check_worker(spec: &WorkerSpec) -> Result<(), WorkerSpecError> {
     let id = &spec.id;
     if id.is_empty() || id.chars().any(|c| c.is_control() || c.is_whitespace()) {
         return Err(spec_error(
             "id",
             "must be non-empty, without spaces or control characters",
+        ));
+    }
+    if id.contains('/') {
+        return Err(spec_error(
+            "id",
+            format!(
+                "`{}` contains `/`, which worker ids may not: a data-parallel rank is named \
+                 `<id>/dp<rank>` and the admin API takes the id as one path segment; use `-` \
+                 or `_` instead",
+                crate::openai::shorten(id, crate::openai::ECHO_MAX)
+            ),
         ));
     }
     if id.len() > MAX_WORKER_ID_BYTES {
@@ -115,20 +128,71 @@ fn check_data_parallel(spec: &WorkerSpec) -> Result<(), WorkerSpecError> {
 /// Whether `url` names one of the router's own listen addresses: the same port on a loopback
 /// or unspecified host (`localhost`, `127.x`, `::1`, `0.0.0.0`, `::`) or on the very address
 /// listened on. Such a worker would send every request back to the router, which forwards it
-/// again (a routing loop). Other names of this host (its LAN address while listening on
-/// `0.0.0.0`, a DNS alias) are caught at run time by the hop header instead.
+/// again (a routing loop). The host is compared as the address it resolves to, numeric
+/// spellings included (`127.1`, `2130706433`, `0x7f000001`: the resolver reads IPv4 as
+/// `inet_aton` does, see [`numeric_ipv4`]). Other names of this host (its LAN address while
+/// listening on `0.0.0.0`, a DNS alias) are caught at run time by the hop header instead.
 pub fn names_own_address(url: &BaseUrl, own: &[SocketAddr]) -> bool {
     let authority = url.authority();
-    let port = authority.port_u16().unwrap_or(80);
+    let port = authority
+        .port_u16()
+        .unwrap_or(if url.is_tls() { 443 } else { 80 });
     let host = authority
         .host()
         .trim_start_matches('[')
         .trim_end_matches(']');
-    let ip: Option<IpAddr> = host.parse().ok();
+    let ip: Option<IpAddr> = host
+        .parse()
+        .ok()
+        .or_else(|| numeric_ipv4(host).map(IpAddr::V4));
     let local = host.eq_ignore_ascii_case("localhost")
         || ip.is_some_and(|ip| ip.is_loopback() || ip.is_unspecified());
     own.iter()
         .any(|a| a.port() == port && (local || ip == Some(a.ip())))
+}
+
+/// The IPv4 address a numeric host stands for as the system resolver reads it (glibc's
+/// `getaddrinfo`, hence the workers' connections, take `inet_aton`'s forms): one to four parts
+/// separated by dots, each decimal, octal (leading `0`) or hex (`0x`), the last filling the
+/// remaining bytes — `127.1`, `2130706433`, `0x7f000001`, `0177.0.0.1`. `None` for anything else.
+pub fn numeric_ipv4(host: &str) -> Option<std::net::Ipv4Addr> {
+    let parts: Vec<&str> = host.split('.').collect();
+    if parts.is_empty() || parts.len() > 4 {
+        return None;
+    }
+    let mut values = Vec::with_capacity(parts.len());
+    for part in &parts {
+        let (digits, radix) =
+            if let Some(hex) = part.strip_prefix("0x").or_else(|| part.strip_prefix("0X")) {
+                (hex, 16)
+            } else if part.len() > 1 && part.starts_with('0') {
+                (&part[1..], 8)
+            } else {
+                (*part, 10)
+            };
+        if (digits.is_empty() && radix != 16) || !digits.chars().all(|c| c.is_digit(radix)) {
+            return None;
+        }
+        let value = if digits.is_empty() {
+            0
+        } else {
+            u32::from_str_radix(digits, radix).ok()?
+        };
+        values.push(value);
+    }
+    let (last, leading) = values.split_last()?;
+    if leading.iter().any(|&v| v > 0xff) {
+        return None;
+    }
+    let shift = 8 * (4 - leading.len() as u32);
+    if shift < 32 && *last >= (1 << shift) {
+        return None;
+    }
+    let head = leading
+        .iter()
+        .enumerate()
+        .fold(0u32, |acc, (i, &v)| acc | (v << (24 - 8 * i as u32)));
+    Some(std::net::Ipv4Addr::from(head | last))
 }
 
 /// The workers of `[[workers]]`, then those of `--worker` flags; ids must be unique.
@@ -323,5 +387,49 @@ mod tests {
         spec.kv_replay = None;
         spec.data_parallel_size = 0;
         assert_eq!(check_worker(&spec).unwrap_err().field, "data_parallel_size");
+    }
+
+    /// Issue 35 item 8: `dpw/dp1` was accepted and shared rank 1 of `dpw`'s series.
+    #[test]
+    fn a_slash_in_an_id_is_refused() {
+        let mut spec = parse_worker_flag("http://h:1").unwrap();
+        spec.id = "dpw/dp1".into();
+        let e = check_worker(&spec).unwrap_err();
+        assert_eq!(e.field, "id");
+        assert!(e.message.contains('/'), "{e}");
+        spec.id = "dpw-dp1".into();
+        assert_eq!(check_worker(&spec), Ok(()));
+    }
+
+    /// Issue 35 item 9: numeric spellings of loopback were not recognised as the router itself.
+    #[test]
+    fn numeric_spellings_of_the_own_address_are_recognised() {
+        let own: Vec<SocketAddr> = vec!["0.0.0.0:8000".parse().unwrap()];
+        for host in [
+            "127.0.0.1",
+            "127.1",
+            "2130706433",
+            "0x7f000001",
+            "0177.0.0.1",
+            "127.0.1",
+            "localhost",
+            "[::1]",
+        ] {
+            let url = BaseUrl::parse(&format!("http://{host}:8000")).unwrap();
+            assert!(names_own_address(&url, &own), "{host}");
+        }
+        for host in [
+            "127.0.0.1:8001",
+            "10.0.0.1:8000",
+            "2130706433x:8000",
+            "1.2.3.4.5:8000",
+        ] {
+            let url = BaseUrl::parse(&format!("http://{host}")).unwrap();
+            assert!(!names_own_address(&url, &own), "{host}");
+        }
+        assert_eq!(numeric_ipv4("1.2.3"), Some([1, 2, 0, 3].into()));
+        assert_eq!(numeric_ipv4("256.1"), None);
+        assert_eq!(numeric_ipv4("1.0x1000000"), None);
+        assert_eq!(numeric_ipv4("host"), None);
     }
 }

@@ -8,7 +8,8 @@
 //! The prompt is rendered as vLLM renders it ([`ResponsesRequest`]); a request continuing a
 //! stored response (`previous_response_id`) is prefixed with that response's conversation and
 //! output, its instructions replaced by the new ones. Ids are random (`resp_…`, `msg_…`), so two
-//! engines never hand out the same one. Shapes follow vLLM 0.32 (`responses/protocol.py`):
+//! engines never hand out the same one, unless the client chose the response's (`request_id`,
+//! which vLLM takes as its id: a later response with the same id replaces the stored one). Shapes follow vLLM 0.32 (`responses/protocol.py`):
 //! the response object, and the stream's `response.created`, `response.in_progress`,
 //! `response.output_item.added`, `response.content_part.added`,
 //! `response.output_text.delta`…, `…done`, `response.completed` events (no `[DONE]`).
@@ -164,7 +165,8 @@ async fn create_inner(
     let (stream, max_tokens, _rank) =
         submit(&state, headers, prompt, &view, "max_output_tokens").await?;
     let shape = Shape {
-        id: random_id("resp"),
+        // vLLM: a `request_id` the client chose is the response's id.
+        id: req.request_id.clone().unwrap_or_else(|| random_id("resp")),
         message_id: random_id("msg"),
         created_at: unix_now(),
         model: state.model.clone(),

@@ -5,6 +5,7 @@
 //! routing decision clones one `Arc` and never holds a lock while it scores, and a worker
 //! added or removed at run time cannot tear a decision in half.
 
+mod base_url;
 pub mod breaker;
 pub mod capacity;
 pub mod engine_ranks;
@@ -22,6 +23,7 @@ pub mod worker_rank;
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, Weak};
 
+pub use base_url::{BaseUrl, WorkerUrlError, redact_userinfo};
 pub use breaker::{Breaker, BreakerConfig, CircuitState};
 pub use engine_ranks::EngineRanks;
 pub use health::HealthConfig;
@@ -31,7 +33,7 @@ pub use load_view::{EngineLoad, Reading};
 pub use rank::{DP_RANK_HEADER, MAX_DATA_PARALLEL_SIZE, Rank};
 pub use role::{DEFAULT_BOOTSTRAP_PORT, Role, Side, UnknownRole};
 pub use roster::Roster;
-pub use worker::{BaseUrl, DownHook, ServedModel, Worker, WorkerSpec, WorkerUrlError};
+pub use worker::{DownHook, ServedModel, Worker, WorkerSpec};
 pub use worker_id::WorkerId;
 pub use worker_rank::WorkerRank;
 

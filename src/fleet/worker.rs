@@ -4,9 +4,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, Weak};
 use std::time::Instant;
 
-use http::Uri;
-use thiserror::Error;
-
+use super::base_url::BaseUrl;
 use super::breaker::{Breaker, BreakerConfig};
 use super::engine_ranks::EngineRanks;
 use super::load::Load;
@@ -14,109 +12,6 @@ use super::rank::Rank;
 use super::role::Role;
 use super::roster::Roster;
 use super::worker_id::WorkerId;
-
-/// Why a worker URL was rejected.
-#[derive(Debug, Error, PartialEq)]
-pub enum WorkerUrlError {
-    /// Not a URL at all.
-    #[error("`{0}` is not a valid URL (expected e.g. http://127.0.0.1:8101)")]
-    Invalid(String),
-    /// A scheme the proxy does not speak.
-    #[error("`{0}`: only http:// and https:// workers are supported")]
-    Scheme(String),
-    /// No host.
-    #[error("`{0}` has no host")]
-    NoHost(String),
-}
-
-/// Where a worker listens: `http[s]://host:port` plus an optional path prefix.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct BaseUrl {
-    authority: http::uri::Authority,
-    prefix: String,
-    /// `https://`: reached over TLS (`[proxy.tls]`).
-    tls: bool,
-}
-
-impl BaseUrl {
-    /// Parses `http[s]://host[:port][/prefix]`.
-    ///
-    /// A trailing `/v1` is dropped: it is what an OpenAI client's `base_url` ends with, so
-    /// operators paste it, but kvroute adds `/v1/…` itself and every request would go to
-    /// `/v1/v1/…` and 404. The worker's URL as shown (admin API, logs) says what is used.
-    pub fn parse(s: &str) -> Result<BaseUrl, WorkerUrlError> {
-        let uri: Uri = s.parse().map_err(|_| WorkerUrlError::Invalid(s.into()))?;
-        let tls = match uri.scheme_str() {
-            Some("http") => false,
-            Some("https") => true,
-            Some(_) => return Err(WorkerUrlError::Scheme(s.into())),
-            None => return Err(WorkerUrlError::Invalid(s.into())),
-        };
-        let authority = uri
-            .authority()
-            .cloned()
-            .ok_or_else(|| WorkerUrlError::NoHost(s.into()))?;
-        if authority.host().is_empty() {
-            return Err(WorkerUrlError::NoHost(s.into()));
-        }
-        let path = uri.path().trim_end_matches('/');
-        let prefix = path.strip_suffix("/v1").unwrap_or(path).to_string();
-        Ok(BaseUrl {
-            authority,
-            prefix,
-            tls,
-        })
-    }
-
-    /// `host:port`, the default worker id.
-    pub fn host_port(&self) -> String {
-        match self.authority.port_u16() {
-            Some(p) => format!("{}:{}", self.authority.host(), p),
-            None => format!("{}:{}", self.authority.host(), self.default_port()),
-        }
-    }
-
-    fn default_port(&self) -> u16 {
-        if self.tls { 443 } else { 80 }
-    }
-
-    fn scheme(&self) -> &'static str {
-        if self.tls { "https" } else { "http" }
-    }
-
-    /// Whether the worker is reached over TLS.
-    pub fn is_tls(&self) -> bool {
-        self.tls
-    }
-
-    /// The URI of `path` (which starts with `/`) on this worker.
-    pub fn join(&self, path_and_query: &str) -> Uri {
-        let pq = format!("{}{}", self.prefix, path_and_query);
-        Uri::builder()
-            .scheme(self.scheme())
-            .authority(self.authority.clone())
-            .path_and_query(pq)
-            .build()
-            .unwrap_or_else(|_| Uri::from_static("http://invalid/"))
-    }
-
-    /// The `Host` header value.
-    pub fn authority(&self) -> &http::uri::Authority {
-        &self.authority
-    }
-
-    /// Whether `other` reaches the same server and path: host compared without case, a
-    /// missing port read as the scheme's default.
-    pub fn same_endpoint(&self, other: &BaseUrl) -> bool {
-        self.host_port().eq_ignore_ascii_case(&other.host_port()) && self.prefix == other.prefix
-    }
-}
-
-impl std::fmt::Display for BaseUrl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}://{}{}", self.scheme(), self.authority, self.prefix)
-    }
-}
 
 /// Static description of a worker, from the config file or the command line.
 #[derive(Clone, Debug, PartialEq)]

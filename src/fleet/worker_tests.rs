@@ -1,6 +1,7 @@
 //! Tests of [`super`]: health thresholds, worker URLs, models configured or discovered.
 
 use super::*;
+use crate::fleet::WorkerUrlError;
 
 #[test]
 fn health_flips_after_thresholds_and_down_runs_the_hook() {

@@ -19,13 +19,19 @@
 //! - a final assistant message still `in_progress` or `incomplete` is continued, not answered:
 //!   no generation prompt.
 //!
+//! The body is read without a JSON tree ([`super::top_level`], [`super::responses_input`]):
+//! a 32 MiB body of numbers parsed into a tree cost about 1.2 GB.
+//!
 //! A request that continues a stored response (`previous_response_id`) is prefixed on the
 //! engine by the stored conversation, which the router does not have: such requests go to the
 //! worker that stored it (see the server's response affinity), not by prefix.
 
+use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
-use super::{ApiError, Endpoint, Input, RequestView};
+use super::responses_input::{chat_tools, input_messages, reasoning_effort, string_of};
+use super::top_level::{self, Kind, Members, kind};
+use super::{ApiError, Endpoint, Input, RequestView, Scalar};
 
 /// The fields of a Responses request that routing reads.
 #[derive(Clone, Debug, PartialEq)]
@@ -52,103 +58,117 @@ pub struct ResponsesRequest {
     pub add_generation_prompt: bool,
     /// `store` (default true): whether the engine keeps the response for later requests.
     pub store: bool,
+    /// `request_id` (vLLM): the id the client chose for the response, when a string.
+    pub request_id: Option<String>,
 }
 
 fn invalid(message: impl Into<String>, param: &str) -> ApiError {
     ApiError::invalid(message, Some(param))
 }
 
-impl ResponsesRequest {
-    /// Reads a Responses request body.
-    pub fn from_json(body: &[u8]) -> Result<ResponsesRequest, ApiError> {
-        let value: Value = serde_json::from_slice(body)
-            .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}"), None))?;
-        ResponsesRequest::parse(&value)
-    }
+/// The top-level members a Responses request is read from.
+const KEYS: &[&str] = &[
+    "model",
+    "instructions",
+    "input",
+    "stream",
+    "previous_response_id",
+    "max_output_tokens",
+    "cache_salt",
+    "tools",
+    "tool_choice",
+    "chat_template_kwargs",
+    "reasoning",
+    "store",
+    "request_id",
+];
 
-    /// Reads a parsed Responses request body.
-    pub fn parse(body: &Value) -> Result<ResponsesRequest, ApiError> {
-        let Some(o) = body.as_object() else {
+impl ResponsesRequest {
+    /// Reads a Responses request body from its bytes, without a JSON tree of it: its members
+    /// are found in one pass ([`super::top_level`]) and each read by its own typed reader.
+    pub fn from_json(body: &[u8]) -> Result<ResponsesRequest, ApiError> {
+        let members = top_level::members(body, KEYS)
+            .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}"), None))?;
+        let Some(m) = members else {
             return Err(ApiError::invalid(
                 "request body must be a JSON object",
                 None,
             ));
         };
+        ResponsesRequest::read(&m)
+    }
+
+    /// Reads a parsed Responses request body (the simulated engine, `/debug/route`).
+    pub fn parse(body: &Value) -> Result<ResponsesRequest, ApiError> {
+        let bytes = serde_json::to_vec(body)
+            .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}"), None))?;
+        ResponsesRequest::from_json(&bytes)
+    }
+
+    fn read(m: &Members<'_>) -> Result<ResponsesRequest, ApiError> {
         let string = |key: &str| -> Result<Option<String>, ApiError> {
-            match o.get(key) {
-                None | Some(Value::Null) => Ok(None),
-                Some(Value::String(s)) => Ok(Some(s.clone())),
+            match top_level::scalar(m.get(key)) {
+                None | Some(Scalar::Null) => Ok(None),
+                Some(Scalar::Str(s)) => Ok(Some(s)),
                 Some(_) => Err(invalid(format!("`{key}` must be a string"), key)),
             }
         };
         let boolean = |key: &str| -> Result<Option<bool>, ApiError> {
-            match o.get(key) {
-                None | Some(Value::Null) => Ok(None),
-                Some(Value::Bool(b)) => Ok(Some(*b)),
+            match top_level::scalar(m.get(key)) {
+                None | Some(Scalar::Null) => Ok(None),
+                Some(Scalar::Bool(b)) => Ok(Some(b)),
                 Some(_) => Err(invalid(format!("`{key}` must be a boolean"), key)),
             }
         };
         let model = string("model")?.filter(|m| !m.is_empty());
         let instructions = string("instructions")?;
-        let input = match o.get("input") {
-            None | Some(Value::Null) => return Err(invalid("you must provide `input`", "input")),
-            Some(v) => v,
-        };
-        let mut messages = Vec::new();
-        if let Some(text) = instructions.filter(|s| !s.is_empty()) {
-            messages.push(json!({"role": "system", "content": text}));
-        }
-        let continue_final = match input {
-            Value::String(text) => {
-                messages.push(json!({"role": "user", "content": text}));
-                false
-            }
-            Value::Array(items) => {
-                messages.extend(input_messages(items)?);
-                items.last().is_some_and(is_partial_assistant)
-            }
-            _ => {
-                return Err(invalid(
-                    "`input` must be a string or an array of input items",
-                    "input",
-                ));
-            }
-        };
-        let max_output_tokens = match o.get("max_output_tokens") {
-            None | Some(Value::Null) => None,
-            Some(v) => Some(v.as_u64().ok_or_else(|| {
-                invalid(
-                    "`max_output_tokens` must be a non-negative integer",
-                    "max_output_tokens",
-                )
-            })?),
-        };
-        let tools = match o.get("tools") {
-            None | Some(Value::Null) => None,
-            Some(Value::Array(tools)) => chat_tools(tools),
-            Some(_) => return Err(invalid("`tools` must be an array", "tools")),
-        };
-        let mut kwargs = match o.get("chat_template_kwargs") {
-            None | Some(Value::Null) => None,
-            Some(Value::Object(k)) => Some(k.clone()),
+        let (messages, continue_final) = messages(instructions, m.get("input"))?;
+        let max_output_tokens = match top_level::scalar(m.get("max_output_tokens")) {
+            None | Some(Scalar::Null) => None,
+            Some(Scalar::U64(n)) => Some(n),
             Some(_) => {
                 return Err(invalid(
-                    "`chat_template_kwargs` must be an object",
-                    "chat_template_kwargs",
+                    "`max_output_tokens` must be a non-negative integer",
+                    "max_output_tokens",
                 ));
             }
         };
-        let effort = o
-            .get("reasoning")
-            .and_then(|r| r.get("effort"))
-            .and_then(Value::as_str);
-        if let Some(effort) = effort {
+        let tools = match m.get("tools").map(kind) {
+            None | Some(Kind::Null) => None,
+            Some(Kind::Array) => m.get("tools").and_then(chat_tools),
+            Some(_) => return Err(invalid("`tools` must be an array", "tools")),
+        };
+        let mut kwargs = match m.get("chat_template_kwargs") {
+            None => None,
+            Some(raw) => match kind(raw) {
+                Kind::Null => None,
+                Kind::Object => Some(
+                    serde_json::from_str::<Map<String, Value>>(raw.get()).map_err(|e| {
+                        invalid(
+                            format!("`chat_template_kwargs`: {e}"),
+                            "chat_template_kwargs",
+                        )
+                    })?,
+                ),
+                _ => {
+                    return Err(invalid(
+                        "`chat_template_kwargs` must be an object",
+                        "chat_template_kwargs",
+                    ));
+                }
+            },
+        };
+        if let Some(effort) = reasoning_effort(m.get("reasoning")) {
             let k = kwargs.get_or_insert_with(Map::new);
             if !k.contains_key("enable_thinking") {
                 k.insert("enable_thinking".into(), Value::Bool(effort != "none"));
             }
-            k.insert("reasoning_effort".into(), Value::String(effort.to_owned()));
+            k.insert("reasoning_effort".into(), Value::String(effort));
         }
+        let tool_choice = match m.get("tool_choice") {
+            Some(raw) if kind(raw) != Kind::Null => serde_json::from_str(raw.get()).ok(),
+            _ => None,
+        };
         Ok(ResponsesRequest {
             model,
             messages,
@@ -157,10 +177,11 @@ impl ResponsesRequest {
             max_output_tokens,
             cache_salt: string("cache_salt")?,
             tools,
-            tool_choice: o.get("tool_choice").filter(|v| !v.is_null()).cloned(),
+            tool_choice,
             chat_template_kwargs: kwargs,
             add_generation_prompt: !continue_final,
             store: boolean("store")?.unwrap_or(true),
+            request_id: string_of(m.get("request_id")),
         })
     }
 
@@ -186,220 +207,38 @@ impl ResponsesRequest {
     }
 }
 
-/// Whether an input item is an assistant output message the engine continues (vLLM's
-/// `should_continue_final_message`).
-fn is_partial_assistant(item: &Value) -> bool {
-    let kind = item.get("type").and_then(Value::as_str);
-    let status = item.get("status").and_then(Value::as_str);
-    let partial = matches!(status, Some("in_progress" | "incomplete"));
-    match kind {
-        Some("reasoning") => partial,
-        Some("message") => partial && item.get("role").and_then(Value::as_str) == Some("assistant"),
-        _ => false,
+/// `instructions` and `input` as chat messages, and whether the last input item is an
+/// assistant message to continue.
+fn messages(
+    instructions: Option<String>,
+    input: Option<&RawValue>,
+) -> Result<(Vec<Value>, bool), ApiError> {
+    let mut messages = Vec::new();
+    if let Some(text) = instructions.filter(|s| !s.is_empty()) {
+        messages.push(json!({"role": "system", "content": text}));
     }
-}
-
-/// The text of a content value: a string, or its text parts joined with newlines (vLLM's
-/// "string" content format; `input_text` and `output_text` parts are text).
-fn text_of(content: Option<&Value>) -> String {
-    match content {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => parts
-            .iter()
-            .filter_map(|p| match p {
-                Value::String(s) => Some(s.as_str()),
-                Value::Object(o) => match o.get("type").and_then(Value::as_str) {
-                    Some("text" | "input_text" | "output_text" | "refusal") => {
-                        o.get("text").and_then(Value::as_str)
-                    }
-                    _ => None,
-                },
-                _ => None,
-            })
-            .collect::<Vec<_>>()
-            .join("\n"),
-        _ => String::new(),
-    }
-}
-
-/// The first text part of an assistant item's content (vLLM reads `content[0].text`).
-fn first_text(content: Option<&Value>) -> Option<String> {
-    match content {
-        Some(Value::String(s)) => Some(s.clone()),
-        Some(Value::Array(parts)) => parts
-            .first()?
-            .get("text")
-            .and_then(Value::as_str)
-            .map(str::to_owned),
-        _ => None,
-    }
-}
-
-/// The chat messages of a list of input items.
-fn input_messages(items: &[Value]) -> Result<Vec<Value>, ApiError> {
-    let mut out: Vec<Map<String, Value>> = Vec::new();
-    for (i, item) in items.iter().enumerate() {
-        let Some(o) = item.as_object() else {
-            return Err(invalid(format!("`input[{i}]` must be an object"), "input"));
-        };
-        let kind = o.get("type").and_then(Value::as_str);
-        let role = o.get("role").and_then(Value::as_str);
-        let prev_assistant = out
-            .last_mut()
-            .filter(|m| m.get("role").and_then(Value::as_str) == Some("assistant"));
-        match (kind, role) {
-            (Some("function_call" | "custom_tool_call"), _) => {
-                let arguments = match kind {
-                    Some("function_call") => o.get("arguments").cloned(),
-                    _ => o.get("input").cloned(),
-                };
-                let call = json!({
-                    "id": o.get("call_id").cloned().unwrap_or(Value::Null),
-                    "function": {
-                        "name": o.get("name").cloned().unwrap_or(Value::Null),
-                        "arguments": arguments.unwrap_or_else(|| Value::String(String::new())),
-                    },
-                    "type": "function",
-                });
-                match prev_assistant {
-                    Some(m) => match m.get_mut("tool_calls") {
-                        Some(Value::Array(calls)) => calls.push(call),
-                        _ => {
-                            m.insert("tool_calls".into(), json!([call]));
-                        }
-                    },
-                    None => out.push(assistant(None, Some(vec![call]), None)),
-                }
-            }
-            (Some("reasoning"), _) => {
-                if o.get("encrypted_content")
-                    .is_some_and(|v| !v.is_null() && v != "")
-                {
-                    return Err(invalid("Encrypted content is not supported.", "input"));
-                }
-                let text = first_text(o.get("content"))
-                    .or_else(|| first_text(o.get("summary")))
-                    .unwrap_or_default();
-                match prev_assistant {
-                    Some(m) if !m.contains_key("reasoning") => {
-                        m.insert("reasoning".into(), Value::String(text));
-                    }
-                    _ => out.push(assistant(None, None, Some(text))),
-                }
-            }
-            (Some("function_call_output" | "custom_tool_call_output"), _) => {
-                let mut m = Map::new();
-                m.insert("role".into(), "tool".into());
-                m.insert("content".into(), Value::String(text_of(o.get("output"))));
-                if let Some(id) = o.get("call_id") {
-                    m.insert("tool_call_id".into(), id.clone());
-                }
-                out.push(m);
-            }
-            (_, Some("assistant")) => {
-                let text = first_text(o.get("content"));
-                match (prev_assistant, text) {
-                    (Some(m), Some(text)) if !m.contains_key("content") => {
-                        m.insert("content".into(), Value::String(text));
-                    }
-                    (_, text) => out.push(assistant(text, None, None)),
-                }
-            }
-            (_, Some(role)) => {
-                let mut m = Map::new();
-                m.insert("role".into(), Value::String(role.to_owned()));
-                m.insert("content".into(), Value::String(text_of(o.get("content"))));
-                if let Some(Value::String(name)) = o.get("name") {
-                    m.insert("name".into(), Value::String(name.clone()));
-                }
-                out.push(m);
-            }
-            (kind, None) => {
-                return Err(invalid(
-                    format!(
-                        "Unsupported input item type: {}",
-                        kind.map_or_else(
-                            || "(none)".to_owned(),
-                            |k| super::shorten(k, super::ECHO_MAX)
-                        )
-                    ),
-                    "input",
-                ));
-            }
+    let Some(input) = input.filter(|raw| kind(raw) != Kind::Null) else {
+        return Err(invalid("you must provide `input`", "input"));
+    };
+    let continue_final = match kind(input) {
+        Kind::String => {
+            let text = string_of(Some(input)).unwrap_or_default();
+            messages.push(json!({"role": "user", "content": text}));
+            false
         }
-    }
-    Ok(out.into_iter().map(finish_message).collect())
-}
-
-/// A new assistant message with the parts given.
-fn assistant(
-    content: Option<String>,
-    tool_calls: Option<Vec<Value>>,
-    reasoning: Option<String>,
-) -> Map<String, Value> {
-    let mut m = Map::new();
-    m.insert("role".into(), "assistant".into());
-    if let Some(c) = content {
-        m.insert("content".into(), Value::String(c));
-    }
-    if let Some(calls) = tool_calls {
-        m.insert("tool_calls".into(), Value::Array(calls));
-    }
-    if let Some(r) = reasoning {
-        m.insert("reasoning".into(), Value::String(r));
-    }
-    m
-}
-
-/// A message as vLLM hands it to the template: `role` and string `content` first (empty when
-/// it had none), then the tool calls and the reasoning (also as `reasoning_content`).
-fn finish_message(m: Map<String, Value>) -> Value {
-    let mut out = Map::new();
-    out.insert("role".into(), m.get("role").cloned().unwrap_or(Value::Null));
-    out.insert(
-        "content".into(),
-        m.get("content")
-            .cloned()
-            .unwrap_or_else(|| Value::String(String::new())),
-    );
-    if let Some(calls) = m.get("tool_calls") {
-        out.insert("tool_calls".into(), calls.clone());
-    }
-    if let Some(r) = m.get("reasoning") {
-        out.insert("reasoning".into(), r.clone());
-        out.insert("reasoning_content".into(), r.clone());
-    }
-    for key in ["tool_call_id", "name"] {
-        if let Some(v) = m.get(key) {
-            out.insert(key.into(), v.clone());
+        Kind::Array => {
+            let (items, partial) = input_messages(input)?;
+            messages.extend(items);
+            partial
         }
-    }
-    Value::Object(out)
-}
-
-/// Flat Responses function tools in the chat form vLLM renders (`ChatCompletionToolsParam`
-/// dumped: the function's `name`, `description`, `parameters`, then `strict` and
-/// `defer_loading` when set; a top-level `defer_loading` of null). Other tool types are not
-/// rendered. `None` when no function tool is left.
-fn chat_tools(tools: &[Value]) -> Option<Value> {
-    let rendered: Vec<Value> = tools
-        .iter()
-        .filter(|t| t.get("type").and_then(Value::as_str) == Some("function"))
-        .map(|t| {
-            let field = |k: &str| t.get(k).cloned().unwrap_or(Value::Null);
-            let mut f = Map::new();
-            f.insert("name".into(), field("name"));
-            f.insert("description".into(), field("description"));
-            f.insert("parameters".into(), field("parameters"));
-            for k in ["strict", "defer_loading"] {
-                if !field(k).is_null() {
-                    f.insert(k.into(), field(k));
-                }
-            }
-            json!({"type": "function", "function": f, "defer_loading": null})
-        })
-        .collect();
-    (!rendered.is_empty()).then_some(Value::Array(rendered))
+        _ => {
+            return Err(invalid(
+                "`input` must be a string or an array of input items",
+                "input",
+            ));
+        }
+    };
+    Ok((messages, continue_final))
 }
 
 #[cfg(test)]

@@ -75,11 +75,17 @@ pub(super) fn drain_map<'de, A: MapAccess<'de>>(mut map: A) -> Result<(), A::Err
 }
 
 /// A scalar field's value; containers are walked and reported as `Other`.
-pub(super) enum Scalar {
+#[derive(Debug, PartialEq)]
+pub enum Scalar {
+    /// `null`.
     Null,
+    /// `true` or `false`.
     Bool(bool),
+    /// A non-negative integer.
     U64(u64),
+    /// A string.
     Str(String),
+    /// Anything else: a negative or fractional number, an array, an object.
     Other,
 }
 

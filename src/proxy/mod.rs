@@ -353,7 +353,7 @@ impl Upstream {
             .body(Full::new(body))
             .map_err(|e| Failure::Connect(e.to_string()))?;
         *req.headers_mut() = headers.clone();
-        if let Ok(host) = HeaderValue::from_str(worker.spec.url.authority().as_str()) {
+        if let Ok(host) = HeaderValue::from_str(worker.spec.url.host_header()) {
             req.headers_mut().insert(http::header::HOST, host);
         }
         // The rank is the router's decision: a client's own pin never reaches the engine

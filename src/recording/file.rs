@@ -35,6 +35,18 @@ impl TraceFile {
         })
     }
 
+    /// A trace file over an already open `file` (tests: a device that fails every write).
+    #[cfg(test)]
+    pub(super) fn over(path: PathBuf, file: File, max_bytes: u64) -> TraceFile {
+        TraceFile {
+            path,
+            max_bytes,
+            keep_files: 0,
+            out: BufWriter::new(file),
+            written: 0,
+        }
+    }
+
     /// Appends one line (buffered), then rotates if the file is now past its size.
     pub fn write_line(&mut self, line: &str) -> io::Result<()> {
         self.out.write_all(line.as_bytes())?;

@@ -8,9 +8,11 @@
 //! The request path never waits on the disk: a record goes through a bounded queue to a writer
 //! thread, and when the queue is full (the disk cannot keep up) the record is dropped and
 //! counted (`kvroute_trace_records_dropped_total{reason="queue_full"}`). A record that cannot
-//! be written (disk full) is counted with `reason="write_error"`. The writer flushes whenever
-//! the queue is empty, so a line is on disk moments after its request ended.
+//! be written (disk full) is counted with `reason="write_error"`, and logged at most once a
+//! minute ([`complaints`]). The writer flushes whenever the queue is empty, so a line is on
+//! disk moments after its request ended.
 
+mod complaints;
 mod file;
 mod ids;
 mod line;
@@ -113,13 +115,7 @@ impl Recorder {
                 std::io::Error::new(e.kind(), format!("cannot write the trace {path}: {e}"))
             })?;
         let (tx, rx) = sync_channel(settings.queue.max(1));
-        let writer = Writer {
-            file,
-            ids,
-            seq: 0,
-            metrics: metrics.clone(),
-            path: settings.path.clone(),
-        };
+        let writer = Writer::new(file, ids, metrics, settings.path.clone());
         std::thread::Builder::new()
             .name("kvroute-trace".into())
             .spawn(move || writer.run(rx))?;
@@ -161,12 +157,37 @@ struct Writer {
     seq: u64,
     metrics: Metrics,
     path: PathBuf,
+    complaints: complaints::Complaints,
 }
 
 /// How long the writer waits for a record before checking that it still has senders.
 const IDLE_WAKE: Duration = Duration::from_secs(1);
 
 impl Writer {
+    fn new(file: TraceFile, ids: BlockIds, metrics: &Metrics, path: PathBuf) -> Writer {
+        Writer {
+            file,
+            ids,
+            seq: 0,
+            metrics: metrics.clone(),
+            path,
+            complaints: complaints::Complaints::new(complaints::EVERY),
+        }
+    }
+
+    /// Logs a failure to write the trace, unless one was logged less than a minute ago.
+    fn complain(&mut self, e: &std::io::Error) {
+        if let Some(quiet) = self.complaints.failed(Instant::now()) {
+            tracing::warn!(
+                path = %self.path.display(),
+                error = %e,
+                failures_not_logged = quiet,
+                "cannot write the trace; records are dropped (counted in \
+                 kvroute_trace_records_dropped_total), and this is logged at most once a minute"
+            );
+        }
+    }
+
     fn run(mut self, rx: Receiver<Record>) {
         loop {
             let record = match rx.recv_timeout(IDLE_WAKE) {
@@ -180,7 +201,7 @@ impl Writer {
                 self.write(&r);
             }
             if let Err(e) = self.file.flush() {
-                tracing::warn!(path = %self.path.display(), error = %e, "cannot write the trace");
+                self.complain(&e);
             }
         }
         let _ = self.file.flush();
@@ -196,7 +217,7 @@ impl Writer {
                     .trace_records_dropped
                     .with_label_values(&["write_error"])
                     .inc();
-                tracing::warn!(path = %self.path.display(), error = %e, "cannot write the trace");
+                self.complain(&e);
             }
         }
     }
@@ -204,6 +225,8 @@ impl Writer {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
     use crate::tokens::BlockHash;
 
@@ -253,6 +276,56 @@ mod tests {
         }
         assert_eq!(lines, 6);
         assert!(rotated(&path, 1).exists(), "a 150-byte file rotates");
+    }
+
+    /// A log sink for one test: what the subscriber writes, kept.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Issue 35 item 7: on a full disk every dropped record logged a WARN (1,766 lines).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_full_disk_is_complained_about_once_not_per_record() {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let metrics = Metrics::new();
+        let file = TraceFile::over(PathBuf::from("/dev/full"), full, u64::MAX);
+        let mut writer = Writer::new(file, BlockIds::random(), &metrics, "/dev/full".into());
+        let logs = Captured::default();
+        let sink = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || sink.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            for ms in 0..2000 {
+                writer.write(&record(ms));
+            }
+            let _ = writer.file.flush();
+        });
+        let dropped = metrics
+            .trace_records_dropped
+            .with_label_values(&["write_error"])
+            .get();
+        assert!(dropped > 1000, "the disk is full: {dropped} dropped");
+        let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+        let warnings = text.matches("cannot write the trace").count();
+        assert_eq!(
+            warnings, 1,
+            "{dropped} failures logged {warnings} times:\n{text}"
+        );
     }
 
     #[test]

@@ -12,16 +12,22 @@
 //!   its source would bring it back; forced, it comes back when its endpoint changes or at the
 //!   source's next re-list.
 //!
+//! Reads take the admin key (open when no key at all is configured); changes take the admin
+//! key, or, without one, come from a loopback client with `[admin] open_on_loopback` (see
+//! `auth`): otherwise anyone reaching the listener could add a worker and read others' prompts.
+//! Worker URLs are listed without their userinfo (see `fleet::BaseUrl`'s `Display`).
+//!
 //! A removed worker's KV-event feed stops and its index entries go with it. An added worker is
 //! checked exactly as a `[[workers]]` entry is (`config::check_worker`), and refused when its
 //! URL is another worker's or the router's own listen address.
 
 use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::{ConnectInfo, Path, Query, State};
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use http::{HeaderMap, StatusCode};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -76,6 +82,14 @@ fn describe(state: &AppState, w: &Worker) -> Value {
     })
 }
 
+/// The client's address, as the front door gave it to the request (absent when the app is
+/// served some other way: then the client is not known to be on loopback).
+type Peer = Option<Extension<ConnectInfo<SocketAddr>>>;
+
+fn peer_ip(peer: &Peer) -> Option<IpAddr> {
+    peer.as_ref().map(|Extension(ConnectInfo(a))| a.ip())
+}
+
 fn not_found(id: &str) -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
@@ -117,17 +131,20 @@ pub(super) struct NewWorker {
 /// `POST /admin/workers`
 pub(super) async fn add(
     State(state): State<Arc<AppState>>,
+    peer: Peer,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    match add_worker(&state, &headers, &body) {
+    if let Err(e) = state.keys.admin_change(&headers, peer_ip(&peer)) {
+        return e.into_response();
+    }
+    match add_worker(&state, &body) {
         Ok(v) => (StatusCode::CREATED, Json(v)).into_response(),
         Err(e) => e.into_response(),
     }
 }
 
-fn add_worker(state: &Arc<AppState>, headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
-    state.keys.admin(headers)?;
+fn add_worker(state: &Arc<AppState>, body: &[u8]) -> Result<Value, ApiError> {
     let new: NewWorker = serde_json::from_slice(body)
         .map_err(|e| ApiError::invalid(format!("invalid worker: {e}"), None))?;
     let url =
@@ -174,24 +191,32 @@ fn add_worker(state: &Arc<AppState>, headers: &HeaderMap, body: &[u8]) -> Result
 /// `POST /admin/workers/{id}/drain`
 pub(super) async fn drain(
     State(state): State<Arc<AppState>>,
+    peer: Peer,
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
-    set_draining(&state, &headers, &id, true)
+    set_draining(&state, (&headers, peer_ip(&peer)), &id, true)
 }
 
 /// `POST /admin/workers/{id}/undrain`
 pub(super) async fn undrain(
     State(state): State<Arc<AppState>>,
+    peer: Peer,
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
-    set_draining(&state, &headers, &id, false)
+    set_draining(&state, (&headers, peer_ip(&peer)), &id, false)
 }
 
-/// Drains or undrains worker `id` for the admin, answering with the worker as it now is.
-fn set_draining(state: &AppState, headers: &HeaderMap, id: &str, draining: bool) -> Response {
-    if let Err(e) = state.keys.admin(headers) {
+/// Drains or undrains worker `id` for the admin (its headers and address), answering with the
+/// worker as it now is.
+fn set_draining(
+    state: &AppState,
+    (headers, peer): (&HeaderMap, Option<IpAddr>),
+    id: &str,
+    draining: bool,
+) -> Response {
+    if let Err(e) = state.keys.admin_change(headers, peer) {
         return e.into_response();
     }
     let worker = if draining {
@@ -208,11 +233,12 @@ fn set_draining(state: &AppState, headers: &HeaderMap, id: &str, draining: bool)
 /// `DELETE /admin/workers/{id}[?force=true]`
 pub(super) async fn remove(
     State(state): State<Arc<AppState>>,
+    peer: Peer,
     headers: HeaderMap,
     Path(id): Path<String>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
-    if let Err(e) = state.keys.admin(&headers) {
+    if let Err(e) = state.keys.admin_change(&headers, peer_ip(&peer)) {
         return e.into_response();
     }
     let force = q.get("force").is_some_and(|v| v == "true" || v == "1");

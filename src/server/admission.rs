@@ -19,6 +19,7 @@ use arc_swap::ArcSwap;
 use http::StatusCode;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+pub use super::body_budget::{BodyBudget, BodyClaim};
 use crate::config::{Limits, TenantConfig};
 use crate::metrics::Metrics;
 use crate::openai::ApiError;
@@ -127,7 +128,7 @@ pub struct Admission {
     bodies: BodyBudget,
 }
 
-fn too_many(message: String, reason: &'static str, metrics: &Metrics) -> ApiError {
+pub(super) fn too_many(message: String, reason: &'static str, metrics: &Metrics) -> ApiError {
     metrics.rejected.with_label_values(&[reason]).inc();
     ApiError {
         retry_after_s: Some(1),
@@ -245,86 +246,6 @@ impl Admission {
     }
 }
 
-/// The bytes of request bodies being read and parsed at once, router-wide.
-#[derive(Debug)]
-pub struct BodyBudget {
-    /// Shared with the claims, so that a reload's new limit applies to bodies being read.
-    limit: Arc<AtomicUsize>,
-    in_flight: Arc<AtomicUsize>,
-}
-
-/// One request's share of the [`BodyBudget`], returned when dropped.
-#[derive(Debug)]
-pub struct BodyClaim {
-    limit: Arc<AtomicUsize>,
-    in_flight: Arc<AtomicUsize>,
-    bytes: usize,
-}
-
-impl BodyBudget {
-    /// A budget of `limit` bytes.
-    pub fn new(limit: usize) -> BodyBudget {
-        BodyBudget {
-            limit: Arc::new(AtomicUsize::new(limit)),
-            in_flight: Arc::new(AtomicUsize::new(0)),
-        }
-    }
-
-    /// An empty claim, grown as the body arrives.
-    pub fn claim(&self) -> BodyClaim {
-        BodyClaim {
-            limit: Arc::clone(&self.limit),
-            in_flight: Arc::clone(&self.in_flight),
-            bytes: 0,
-        }
-    }
-
-    /// A new limit (a config reload); bytes already claimed stay claimed.
-    fn set_limit(&self, limit: usize) {
-        self.limit.store(limit, Ordering::Release);
-    }
-
-    /// Bytes claimed now.
-    pub fn in_flight(&self) -> usize {
-        self.in_flight.load(Ordering::Relaxed)
-    }
-}
-
-impl BodyClaim {
-    /// Claims `n` more bytes, or refuses (429, counted as `body_bytes_in_flight`) when the
-    /// budget cannot hold them; a refused claim keeps what it had.
-    pub fn grow(&mut self, n: usize, metrics: &Metrics) -> Result<(), ApiError> {
-        let limit = self.limit.load(Ordering::Acquire);
-        let grown = self
-            .in_flight
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
-                cur.checked_add(n).filter(|&next| next <= limit)
-            });
-        match grown {
-            Ok(_) => {
-                self.bytes += n;
-                Ok(())
-            }
-            Err(_) => Err(too_many(
-                "the router is reading too many large request bodies at once; retry later".into(),
-                "body_bytes_in_flight",
-                metrics,
-            )),
-        }
-    }
-
-    /// Bytes held by this claim.
-    pub fn bytes(&self) -> usize {
-        self.bytes
-    }
-}
-
-impl Drop for BodyClaim {
-    fn drop(&mut self) {
-        self.in_flight.fetch_sub(self.bytes, Ordering::AcqRel);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -436,31 +357,5 @@ mod tests {
         );
         drop((t, more));
         assert!(a.admit(None, &m).await.is_ok());
-    }
-
-    #[test]
-    fn body_claims_share_the_budget_and_return_it() {
-        let m = Metrics::new();
-        let budget = BodyBudget::new(100);
-        let mut a = budget.claim();
-        a.grow(60, &m).unwrap();
-        let mut b = budget.claim();
-        let e = b.grow(41, &m).unwrap_err();
-        assert_eq!(e.status, StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(e.code, Some("body_bytes_in_flight"));
-        assert_eq!(b.bytes(), 0, "a refused claim takes nothing");
-        b.grow(40, &m).unwrap();
-        assert_eq!(budget.in_flight(), 100);
-        drop(a);
-        assert_eq!(budget.in_flight(), 40);
-        b.grow(usize::MAX, &m).unwrap_err();
-        drop(b);
-        assert_eq!(budget.in_flight(), 0);
-        assert_eq!(
-            m.rejected
-                .with_label_values(&["body_bytes_in_flight"])
-                .get(),
-            2
-        );
     }
 }

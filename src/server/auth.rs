@@ -1,9 +1,13 @@
 //! Who is calling: API keys, tenants, the admin key, and each tenant's cache namespace.
 //!
 //! Keys are configured as SHA-256 digests; a presented key is hashed and looked up, so the
-//! router never holds or logs a key in clear. With no keys configured everything is open
-//! (a development setup). With tenants, every OpenAI request needs a tenant key; the admin API
-//! and `/debug/route` take only the admin key, and are off when there is none.
+//! router never holds or logs a key in clear. With no keys configured the OpenAI endpoints and
+//! the admin's reads (`GET /admin/workers`, `/debug/route`) are open (a development setup),
+//! but the admin API's changes are not: a worker added by anyone who reaches the listener
+//! would receive other clients' prompts, so they need the admin key, or, without one, a
+//! loopback client and `[admin] open_on_loopback`. With tenants, every OpenAI request needs a
+//! tenant key; the admin API and `/debug/route` take only the admin key, and are off when
+//! there is none.
 //!
 //! A tenant's prompts are hashed under its own cache salt, derived from its key digest and
 //! name (and the client's `cache_salt`, namespaced underneath): tenants never share index
@@ -11,13 +15,14 @@
 //! routing nor timing can reveal another tenant's prompts.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use http::{HeaderMap, StatusCode};
 use sha2::{Digest, Sha256};
 
-use crate::config::TenantConfig;
+use crate::config::{AdminAccess, TenantConfig};
 use crate::openai::ApiError;
 use crate::routing::tenant_salt;
 
@@ -50,6 +55,28 @@ impl Caller {
             Caller::Tenant(t) => Some(tenant_salt(&t.api_key_sha256, &t.name, client_salt)),
         }
     }
+
+    /// The id a Responses request that chose its own `request_id` (which vLLM makes the
+    /// response's id, in one store for everyone) is sent with: the client's id as is without
+    /// tenants; for a tenant, `resp_` and a digest of the tenant's key, name and the client's
+    /// id, so that no tenant can name, read, continue or overwrite another's response by
+    /// choosing its id. The same tenant choosing the same id gets the same one.
+    pub fn response_id(&self, client_id: &str) -> String {
+        match self {
+            Caller::Anonymous => client_id.to_owned(),
+            Caller::Tenant(t) => {
+                let mut h = Sha256::new();
+                h.update(b"kvroute-response-id\0");
+                h.update(t.api_key_sha256);
+                h.update(t.name.as_bytes());
+                h.update([0]);
+                h.update(client_id.as_bytes());
+                let d = h.finalize();
+                let hex: String = d[..16].iter().map(|b| format!("{b:02x}")).collect();
+                format!("resp_{hex}")
+            }
+        }
+    }
 }
 
 /// The configured keys. A config reload replaces them whole ([`Keys::replace`]): each check
@@ -65,6 +92,8 @@ struct KeySet {
     tenants: HashMap<[u8; 32], Arc<TenantConfig>>,
     by_name: HashMap<String, Arc<TenantConfig>>,
     admin: Option<[u8; 32]>,
+    /// Without an admin key, the admin API's changes are accepted from loopback clients.
+    admin_on_loopback: bool,
 }
 
 fn unauthorized(message: &str) -> ApiError {
@@ -100,7 +129,7 @@ fn presented(headers: &HeaderMap) -> Option<[u8; 32]> {
 }
 
 impl KeySet {
-    fn new(tenants: &[TenantConfig], admin: Option<[u8; 32]>) -> KeySet {
+    fn new(tenants: &[TenantConfig], admin: AdminAccess) -> KeySet {
         let all: Vec<Arc<TenantConfig>> = tenants.iter().cloned().map(Arc::new).collect();
         KeySet {
             tenants: all
@@ -111,7 +140,8 @@ impl KeySet {
                 .iter()
                 .map(|t| (t.name.clone(), Arc::clone(t)))
                 .collect(),
-            admin,
+            admin: admin.key_sha256,
+            admin_on_loopback: admin.open_on_loopback,
         }
     }
 
@@ -122,7 +152,7 @@ impl KeySet {
 
 impl Keys {
     /// Keys from the configuration.
-    pub fn new(tenants: &[TenantConfig], admin: Option<[u8; 32]>) -> Keys {
+    pub fn new(tenants: &[TenantConfig], admin: AdminAccess) -> Keys {
         Keys {
             set: ArcSwap::from_pointee(KeySet::new(tenants, admin)),
         }
@@ -130,7 +160,7 @@ impl Keys {
 
     /// Replaces every key at once (a config reload): requests checked from now on see the
     /// new set; a request already admitted keeps its tenant.
-    pub fn replace(&self, tenants: &[TenantConfig], admin: Option<[u8; 32]>) {
+    pub fn replace(&self, tenants: &[TenantConfig], admin: AdminAccess) {
         self.set.store(Arc::new(KeySet::new(tenants, admin)));
     }
 
@@ -174,10 +204,62 @@ impl Keys {
         }
     }
 
-    /// Admits an admin request: open when no key at all is configured, else the admin key
-    /// only (a tenant key is refused, and without an admin key the admin API is off).
+    /// Admits an admin read (`GET /admin/workers`, `/debug/route`): open when no key at all
+    /// is configured, else the admin key only (a tenant key is refused, and without an admin
+    /// key the admin API is off).
     pub fn admin(&self, headers: &HeaderMap) -> Result<(), ApiError> {
         self.set.load().admin(headers)
+    }
+
+    /// Admits an admin change (adding, draining, undraining, removing a worker) from a client
+    /// at `peer` (`None`: unknown): the admin key only; without one, refused (403) unless the
+    /// admin API is opened to loopback clients and `peer` is one.
+    pub fn admin_change(&self, headers: &HeaderMap, peer: Option<IpAddr>) -> Result<(), ApiError> {
+        let set = self.set.load();
+        if set.admin.is_some() || set.enabled() {
+            return set.admin(headers);
+        }
+        let loopback = peer.is_some_and(|ip| ip.to_canonical().is_loopback());
+        if set.admin_on_loopback && loopback {
+            return Ok(());
+        }
+        Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "permission_error",
+            Some("admin_closed"),
+            if set.admin_on_loopback {
+                "the admin API is open to loopback clients only; configure [admin] \
+                 api_key_sha256 to administer the router from elsewhere"
+            } else {
+                "the admin API is closed: no admin key is configured. Configure [admin] \
+                 api_key_sha256 (and send it as `Authorization: Bearer <admin key>`), or open \
+                 it to loopback clients with [admin] open_on_loopback = true \
+                 (--admin-open-on-loopback)"
+            },
+        ))
+    }
+
+    /// Whether the admin API's changes are accepted without a key (from loopback clients).
+    pub fn admin_open_without_key(&self) -> bool {
+        let set = self.set.load();
+        !set.enabled() && set.admin_on_loopback
+    }
+
+    /// How the admin API stands, for the line logged at start.
+    pub fn admin_state(&self) -> &'static str {
+        let set = self.set.load();
+        match (set.admin.is_some(), set.admin_on_loopback) {
+            (true, _) => "the admin API takes the admin key",
+            (false, _) if !set.tenants.is_empty() => "the admin API is off: no admin key",
+            (false, true) => {
+                "the admin API's changes are open to loopback clients without a key \
+                 ([admin] open_on_loopback)"
+            }
+            (false, false) => {
+                "the admin API's changes are refused: no admin key is configured \
+                 ([admin] api_key_sha256, or open_on_loopback for a single machine)"
+            }
+        }
     }
 
     /// The tenant named `name`, for the admin's `/debug/route` on a tenant's behalf.
@@ -238,6 +320,13 @@ mod tests {
         Sha256::digest(key.as_bytes()).into()
     }
 
+    fn key(digest: [u8; 32]) -> AdminAccess {
+        AdminAccess {
+            key_sha256: Some(digest),
+            open_on_loopback: false,
+        }
+    }
+
     fn keys() -> Keys {
         let t = |name: &str, key: &str, models: &[&str]| TenantConfig {
             name: name.into(),
@@ -247,7 +336,7 @@ mod tests {
         };
         Keys::new(
             &[t("acme", "k-acme", &["*"]), t("bob", "k-bob", &["small"])],
-            Some(digest("k-admin")),
+            key(digest("k-admin")),
         )
     }
 
@@ -298,8 +387,49 @@ mod tests {
             "open without keys"
         );
         let acme = keys().set.load().by_name["acme"].as_ref().clone();
-        let no_admin = Keys::new(&[acme], None);
+        let no_admin = Keys::new(&[acme], AdminAccess::default());
         assert_eq!(no_admin.admin(&bearer("k-acme")).unwrap_err().status, 403);
+    }
+
+    /// Issue 35 item 0: with no key at all, reads stay open but changes were open too (any
+    /// client could add a worker); now they are refused unless opened to loopback clients.
+    #[test]
+    fn admin_changes_need_a_key_or_a_loopback_client_that_was_let_in() {
+        let local: Option<IpAddr> = Some("127.0.0.1".parse().unwrap());
+        let mapped: Option<IpAddr> = Some("::ffff:127.0.0.1".parse().unwrap());
+        let remote: Option<IpAddr> = Some("10.1.2.3".parse().unwrap());
+        let none = HeaderMap::new();
+        let closed = Keys::default();
+        assert!(closed.admin(&none).is_ok(), "reads stay open");
+        for peer in [local, remote, None] {
+            let e = closed.admin_change(&none, peer).unwrap_err();
+            assert_eq!(
+                (e.status, e.code),
+                (StatusCode::FORBIDDEN, Some("admin_closed"))
+            );
+        }
+        let loopback = Keys::new(
+            &[],
+            AdminAccess {
+                key_sha256: None,
+                open_on_loopback: true,
+            },
+        );
+        assert!(loopback.admin_change(&none, local).is_ok());
+        assert!(loopback.admin_change(&none, mapped).is_ok());
+        assert_eq!(
+            loopback.admin_change(&none, remote).unwrap_err().status,
+            403
+        );
+        assert_eq!(loopback.admin_change(&none, None).unwrap_err().status, 403);
+        // With a key, the key is required from loopback clients too.
+        let k = keys();
+        assert_eq!(k.admin_change(&none, local).unwrap_err().status, 401);
+        assert!(k.admin_change(&bearer("k-admin"), remote).is_ok());
+        assert_eq!(
+            k.admin_change(&bearer("k-acme"), local).unwrap_err().status,
+            403
+        );
     }
 
     #[test]
@@ -312,7 +442,7 @@ mod tests {
             models: vec!["*".into()],
             max_concurrency: None,
         };
-        k.replace(std::slice::from_ref(&carol), Some(digest("k-admin2")));
+        k.replace(std::slice::from_ref(&carol), key(digest("k-admin2")));
         assert_eq!(k.caller(&bearer("k-bob")).unwrap_err().status, 401);
         assert_eq!(
             k.caller(&bearer("k-carol")).unwrap().tenant(),
@@ -323,8 +453,25 @@ mod tests {
         assert!(k.tenant_named("bob").is_none());
         // A caller checked before the reload keeps its tenant.
         assert_eq!(bob.tenant(), Some("bob"));
-        k.replace(&[], None);
+        k.replace(&[], AdminAccess::default());
         assert!(!k.enabled(), "no key left: open again");
+    }
+
+    /// Issue 35 item 4: a client-chosen `request_id` became the response id in the engine's
+    /// one store, so another tenant choosing the same id reached the same response.
+    #[test]
+    fn chosen_response_ids_are_namespaced_per_tenant() {
+        let k = keys();
+        let acme = k.caller(&bearer("k-acme")).unwrap();
+        let bob = k.caller(&bearer("k-bob")).unwrap();
+        let a = acme.response_id("resp_chosen");
+        assert_ne!(a, "resp_chosen");
+        assert_ne!(a, bob.response_id("resp_chosen"));
+        assert_eq!(a, acme.response_id("resp_chosen"), "stable for its tenant");
+        // Choosing the namespaced id itself leads elsewhere again.
+        assert_ne!(bob.response_id(&a), a);
+        assert!(a.starts_with("resp_"));
+        assert_eq!(Caller::Anonymous.response_id("x"), "x");
     }
 
     #[test]

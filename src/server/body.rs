@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use axum::body::Body;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use http_body_util::BodyExt;
 
@@ -39,8 +39,10 @@ pub async fn read_limited(
     within(timeout, read_within(headers, body, limit, None)).await
 }
 
-/// [`read_limited`], with the body's bytes claimed from the router's budget as they arrive
-/// (all at once when `Content-Length` is given): past the budget, 429 before reading on.
+/// [`read_limited`], with the body's bytes claimed from the router's budget as they arrive:
+/// past the budget, 429 before reading on. A declared `Content-Length` is not claimed up
+/// front: four request heads declaring 32 MiB each, with nothing behind them, used to hold the
+/// whole default budget (and answer every other body 429) until their read timeout.
 pub async fn read_claimed(
     headers: &HeaderMap,
     body: Body,
@@ -71,8 +73,10 @@ async fn within(
     }
 }
 
-/// Reads frame by frame into one buffer, sized from `Content-Length` when given, so a body
-/// costs its size once (collecting the frames and then joining them would cost it twice).
+/// Reads frame by frame into one buffer. The buffer (and the claim on the budget, which is
+/// its capacity) grows with the bytes that arrived, at most doubling, up to the declared
+/// `Content-Length` (else the limit): a body costs its size about once, no copy of frames
+/// joined at the end, and a client holds at most twice what it actually sent.
 async fn read_within(
     headers: &HeaderMap,
     mut body: Body,
@@ -86,11 +90,10 @@ async fn read_within(
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(too_large(limit));
     }
-    let declared = declared.and_then(|n| usize::try_from(n).ok()).unwrap_or(0);
-    if let Some((claim, metrics)) = claim.as_mut() {
-        claim.grow(declared, metrics)?;
-    }
-    let mut buf = BytesMut::with_capacity(declared);
+    let ceiling = declared
+        .and_then(|n| usize::try_from(n).ok())
+        .unwrap_or(limit);
+    let mut buf: Vec<u8> = Vec::new();
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| {
             ApiError::invalid(format!("could not read the request body: {e}"), None)
@@ -102,14 +105,25 @@ async fn read_within(
         if len > limit {
             return Err(too_large(limit));
         }
-        if let Some((claim, metrics)) = claim.as_mut()
-            && len > claim.bytes()
-        {
-            claim.grow(len - claim.bytes(), metrics)?;
+        if len > buf.capacity() {
+            let room = grown(buf.capacity(), len, ceiling);
+            if let Some((claim, metrics)) = claim.as_mut()
+                && room > claim.bytes()
+            {
+                claim.grow(room - claim.bytes(), metrics)?;
+            }
+            buf.reserve_exact(room - buf.len());
         }
         buf.extend_from_slice(&data);
     }
-    Ok(buf.freeze())
+    Ok(Bytes::from(buf))
+}
+
+/// The next capacity of a body buffer of `capacity` that must hold `needed` bytes: twice the
+/// current one, but never less than needed nor more than the body's `ceiling` (its declared
+/// length, else the limit) unless needed.
+fn grown(capacity: usize, needed: usize, ceiling: usize) -> usize {
+    capacity.saturating_mul(2).min(ceiling).max(needed)
 }
 
 /// The view of a body sent to `endpoint`; large bodies are read on a blocking thread.

@@ -82,6 +82,9 @@ pub(super) struct Prepared {
     pub(super) salt: Option<Option<String>>,
     /// What the answer teaches about stored responses.
     pub(super) affinity: Option<Affinity>,
+    /// `Some(id)`: the body's top-level `request_id` (the client's choice of a Responses
+    /// response's id) is replaced with this one, namespaced to the tenant.
+    pub(super) response_id: Option<String>,
 }
 
 impl Prepared {
@@ -92,6 +95,7 @@ impl Prepared {
             routing: Routing::Load,
             salt: None,
             affinity: None,
+            response_id: None,
         }
     }
 }

@@ -9,8 +9,11 @@
 //! request must start within `first_request`; afterwards, with no request in progress (for
 //! HTTP/2, no open stream) for `idle`, it is closed. A connection asked to close (idle, or the
 //! router stopping) that has nothing in progress is dropped after [`CLOSE_WAIT`] even if the
-//! peer never answers the HTTP/2 GOAWAY's ping, so an idle client cannot hold shutdown.
+//! peer never answers the HTTP/2 GOAWAY's ping, so an idle client cannot hold shutdown. A
+//! request in progress whose response the client does not take (it stopped reading, or keeps
+//! an HTTP/2 window of 0) is no reason to stay open either: see [`super::stall`].
 
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -25,6 +28,7 @@ use hyper_util::server::graceful::GracefulConnection;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::stall::{Verdict, Watch, Watches, WriteLimits};
 use crate::metrics::Metrics;
 
 /// How long a connection asked to close (idle or shutdown) with nothing in progress may take
@@ -34,6 +38,11 @@ pub(super) const CLOSE_WAIT: Duration = Duration::from_secs(1);
 /// How long connections get, once the shutdown grace is over, to deliver the error event that
 /// ends each cut stream before they are dropped.
 pub(super) const CUT_FLUSH: Duration = Duration::from_secs(2);
+
+/// How long every response of a connection must have waited on its client before the
+/// connection may be evicted at the cap: a client that reads takes a chunk within
+/// milliseconds.
+const EVICTABLE_WAIT: Duration = Duration::from_secs(1);
 
 /// Deadlines of a connection.
 #[derive(Clone, Copy, Debug)]
@@ -52,16 +61,68 @@ pub(super) struct Activity {
     started: AtomicU64,
     /// Milliseconds from `born` to the moment the last request in progress ended.
     last_end_ms: AtomicU64,
+    /// Its responses' waits on the client.
+    watches: Watches,
+    /// How long the router's own answers may wait on the client (the connection's idle
+    /// timeout); proxied responses carry their own [`WriteLimits`].
+    write_idle: Duration,
+    /// Cancelled when the connection is evicted to make room at the cap.
+    evict: CancellationToken,
+    /// The client's address: at the cap, the idle connections of the client holding the most
+    /// are evicted first.
+    peer: std::net::IpAddr,
 }
 
 impl Activity {
-    pub(super) fn new() -> Arc<Activity> {
+    /// The activity of a connection from `peer` accepted now, whose router answers may wait on
+    /// their client for `write_idle`.
+    pub(super) fn new(peer: std::net::IpAddr, write_idle: Duration) -> Arc<Activity> {
         Arc::new(Activity {
             born: Instant::now(),
             in_flight: AtomicUsize::new(0),
             started: AtomicU64::new(0),
             last_end_ms: AtomicU64::new(0),
+            watches: Watches::default(),
+            write_idle,
+            evict: CancellationToken::new(),
+            peer: peer.to_canonical(),
         })
+    }
+
+    /// The client's address.
+    pub(super) fn peer(&self) -> std::net::IpAddr {
+        self.peer
+    }
+
+    /// Since when the connection has done nothing, if it does nothing now: no request in
+    /// progress (since accept or since its last request ended), or only responses that have
+    /// waited on their client for at least [`EVICTABLE_WAIT`] (since the latest wait began).
+    pub(super) fn idle_since(&self, now: Instant) -> Option<Instant> {
+        let in_flight = self.in_flight();
+        if in_flight == 0 {
+            if self.started.load(Ordering::Acquire) == 0 {
+                return Some(self.born);
+            }
+            let last_end = Duration::from_millis(self.last_end_ms.load(Ordering::Acquire));
+            return Some(self.born + last_end);
+        }
+        let since = self.watches.all_waiting_since(self.born, in_flight)?;
+        (since + EVICTABLE_WAIT <= now).then_some(since)
+    }
+
+    /// Asks the connection to close at once (its place is given to a new one).
+    pub(super) fn evict(&self) {
+        self.evict.cancel();
+    }
+
+    /// Whether the connection was asked to close to make room.
+    pub(super) fn is_evicted(&self) -> bool {
+        self.evict.is_cancelled()
+    }
+
+    /// Resolves when the connection is evicted.
+    pub(super) async fn evicted(&self) {
+        self.evict.cancelled().await;
     }
 
     /// Requests in progress: from the request's head to its response's last byte (or drop).
@@ -103,11 +164,18 @@ impl Drop for InFlight {
 pub(super) struct Tracked<S> {
     inner: S,
     activity: Arc<Activity>,
+    /// The client's address, given to each request as axum's `ConnectInfo` (the admin API
+    /// opened to loopback clients reads it).
+    peer: SocketAddr,
 }
 
 impl<S> Tracked<S> {
-    pub(super) fn new(inner: S, activity: Arc<Activity>) -> Tracked<S> {
-        Tracked { inner, activity }
+    pub(super) fn new(inner: S, activity: Arc<Activity>, peer: SocketAddr) -> Tracked<S> {
+        Tracked {
+            inner,
+            activity,
+            peer,
+        }
     }
 }
 
@@ -123,23 +191,39 @@ where
     type Error = S::Error;
     type Future = BoxFuture<Result<Self::Response, S::Error>>;
 
-    fn call(&self, req: Request<Incoming>) -> Self::Future {
+    fn call(&self, mut req: Request<Incoming>) -> Self::Future {
+        req.extensions_mut()
+            .insert(axum::extract::ConnectInfo(self.peer));
         let in_flight = self.activity.begin();
         let fut = self.inner.call(req);
         Box::pin(async move {
             let resp = fut.await?;
+            let activity = &in_flight.0;
+            let limits = resp.extensions().get::<WriteLimits>().copied();
+            let watch = activity
+                .watches
+                .watch(activity.born, limits, activity.write_idle);
             Ok(resp.map(|inner| TrackedBody {
                 inner,
-                _in_flight: in_flight,
+                in_flight,
+                watch,
             }))
         })
     }
 }
 
-/// A response body that keeps its request in progress until hyper drops it.
+/// A response body that keeps its request in progress until hyper drops it, and tells its
+/// connection when it waits on the client ([`super::stall`]).
 pub(super) struct TrackedBody<B> {
     inner: B,
-    _in_flight: InFlight,
+    in_flight: InFlight,
+    watch: Arc<Watch>,
+}
+
+impl<B> Drop for TrackedBody<B> {
+    fn drop(&mut self) {
+        self.in_flight.0.watches.forget(&self.watch);
+    }
 }
 
 impl<B: Body<Data = Bytes> + Unpin> Body for TrackedBody<B> {
@@ -150,7 +234,13 @@ impl<B: Body<Data = Bytes> + Unpin> Body for TrackedBody<B> {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
+        self.watch.taken();
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(_))) = &polled {
+            // Handed over: the client's to take before hyper asks for more.
+            self.watch.waiting(self.in_flight.0.born);
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
@@ -160,6 +250,16 @@ impl<B: Body<Data = Bytes> + Unpin> Body for TrackedBody<B> {
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
     }
+}
+
+/// Counts a connection closed because a response waited on its client too long. Returning
+/// drops the connection and with it the response, which ends its upstream request and frees
+/// its slot.
+fn stalled(metrics: &Metrics) {
+    metrics
+        .connections_closed
+        .with_label_values(&["write_stalled"])
+        .inc();
 }
 
 /// Drives `conn` to its end under `deadlines`; on `stop` asks it to finish what is in progress
@@ -198,11 +298,28 @@ pub(super) async fn drive<C>(
                 let _ = tokio::time::timeout(CUT_FLUSH, conn.as_mut()).await;
                 return;
             }
+            _ = activity.evicted() => return,
+            _ = activity.watches.added() => {
+                // A new response: its wait on the client may end before the next check.
+                match activity.watches.check(activity.born, Instant::now()) {
+                    Verdict::Stalled => return stalled(&metrics),
+                    Verdict::CheckBy(Some(at)) if at < deadline.deadline() => {
+                        deadline.as_mut().reset(at);
+                    }
+                    Verdict::CheckBy(_) => {}
+                }
+            }
             _ = deadline.as_mut() => {
                 let now = Instant::now();
                 if activity.in_flight() > 0 {
                     let recheck = if closing { CLOSE_WAIT } else { deadlines.idle };
-                    deadline.as_mut().reset(now + recheck);
+                    match activity.watches.check(activity.born, now) {
+                        Verdict::Stalled => return stalled(&metrics),
+                        Verdict::CheckBy(at) => {
+                            let next = at.map_or(now + recheck, |at| at.min(now + recheck));
+                            deadline.as_mut().reset(next);
+                        }
+                    }
                     continue;
                 }
                 if closing {

@@ -203,8 +203,11 @@ async fn receive(
         .admission
         .admit(caller.tenant(), &state.metrics)
         .await?;
-    let mut claim = state.admission.bodies().claim();
     let limits = state.body_limits();
+    let mut claim = state
+        .admission
+        .bodies()
+        .claim(super::peer::current(), limits.max_bytes);
     let bytes = body::read_claimed(
         headers,
         body,
@@ -242,6 +245,7 @@ async fn forward(
         routing,
         salt,
         affinity,
+        response_id,
     } = prepared;
     let span = tracing::Span::current();
     if let Some(m) = &model {
@@ -288,6 +292,10 @@ async fn forward(
     let bytes = match (&salt, &model) {
         (Some(_), Some(m)) => tenant_body(state, &caller, salt_value.as_deref(), m, bytes)?,
         _ => bytes,
+    };
+    let bytes = match &response_id {
+        Some(id) => super::responses::with_response_id(bytes, id)?,
+        None => bytes,
     };
     // A client's own KV hand-off parameters never reach an engine (see `without_client_params`).
     let bytes = if client_params {
@@ -392,6 +400,11 @@ async fn forward(
     let mut resp = Response::new(Body::new(body));
     *resp.status_mut() = parts.status;
     *resp.headers_mut() = out_headers;
+    // Its timeouts hold on the client's side too: a client that stops taking it is cut.
+    resp.extensions_mut().insert(super::stall::WriteLimits {
+        idle: timeouts.idle,
+        total_at: tokio::time::Instant::now() + timeouts.total,
+    });
     Ok(resp)
 }
 

@@ -10,7 +10,6 @@
 //! SSE error event, see [`crate::proxy::ObservedBody::cut_on`]) and drop what is left.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -18,11 +17,11 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::canned::CannedErrors;
 use super::connection::{self, Activity, CUT_FLUSH, Deadlines, Tracked};
+use super::open_connections::OpenConnections;
 use crate::config::Connections;
 use crate::metrics::Metrics;
 use crate::tls::listener::TlsFront;
@@ -87,7 +86,8 @@ pub(super) async fn serve_until(
                 }
             },
         };
-        let Some(slot) = open.take(cap) else {
+        let activity = Activity::new(peer.ip(), deadlines.idle);
+        let Some(slot) = open.take(cap, &activity) else {
             metrics.connections_refused.inc();
             tracing::debug!(%peer, cap, "connection refused: server.max_connections are open");
             drop(stream);
@@ -96,8 +96,11 @@ pub(super) async fn serve_until(
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
         }
-        let activity = Activity::new();
-        let service = Tracked::new(TowerToHyperService::new(app.clone()), Arc::clone(&activity));
+        let service = Tracked::new(
+            TowerToHyperService::new(app.clone()),
+            Arc::clone(&activity),
+            peer,
+        );
         let (stop, cutoff, metrics) = (stop.clone(), front.cutoff.clone(), Arc::clone(&metrics));
         let builder = builder.clone();
         let tls = front.tls.as_ref().map(|t| t.acceptor());
@@ -114,7 +117,11 @@ pub(super) async fn serve_until(
                     // that never sends a request.
                     let shake =
                         tokio::time::timeout(deadlines.first_request, acceptor.accept(stream));
-                    let stream = match shake.await {
+                    let shake = tokio::select! {
+                        s = shake => s,
+                        _ = activity.evicted() => return,
+                    };
+                    let stream = match shake {
                         Ok(Ok(s)) => s,
                         Ok(Err(e)) => {
                             metrics.tls_handshake_failures.inc();
@@ -170,61 +177,6 @@ fn file_limit() -> Option<usize> {
     match soft {
         "unlimited" => Some(usize::MAX / 2),
         n => n.parse().ok(),
-    }
-}
-
-/// Client connections open now: the cap's count, the gauge, and shutdown's wait for zero.
-struct OpenConnections {
-    count: AtomicUsize,
-    closed: Notify,
-    metrics: Arc<Metrics>,
-}
-
-impl OpenConnections {
-    fn new(metrics: Arc<Metrics>) -> OpenConnections {
-        OpenConnections {
-            count: AtomicUsize::new(0),
-            closed: Notify::new(),
-            metrics,
-        }
-    }
-
-    fn count(&self) -> usize {
-        self.count.load(Ordering::Acquire)
-    }
-
-    /// A slot for one more connection, unless `cap` are open.
-    fn take(self: &Arc<Self>, cap: usize) -> Option<Slot> {
-        self.count
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < cap).then_some(n + 1)
-            })
-            .ok()?;
-        self.metrics.open_connections.inc();
-        Some(Slot(Arc::clone(self)))
-    }
-
-    /// Resolves once no connection is open.
-    async fn all_closed(&self) {
-        loop {
-            let notified = self.closed.notified();
-            if self.count() == 0 {
-                return;
-            }
-            notified.await;
-        }
-    }
-}
-
-/// One open connection's place under the cap; dropping it frees the place.
-struct Slot(Arc<OpenConnections>);
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.0.metrics.open_connections.dec();
-        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.closed.notify_waiters();
-        }
     }
 }
 

@@ -8,6 +8,7 @@ mod affinity;
 mod api;
 pub mod auth;
 mod body;
+mod body_budget;
 mod cache_salt;
 mod call;
 mod canned;
@@ -19,14 +20,18 @@ mod forward;
 mod hops;
 mod listen;
 mod observer;
+mod open_connections;
 mod ops;
 mod pair;
+mod peer;
 mod read;
 pub mod reload;
+mod reload_guard;
 mod request_id;
 mod responses;
 mod route;
 mod route_error;
+mod stall;
 mod tokenize;
 mod trail;
 
@@ -140,7 +145,7 @@ impl AppState {
                 config.default_block_size as usize,
             )?,
             holdings,
-            keys: auth::Keys::new(&config.tenants, config.admin_key_sha256),
+            keys: auth::Keys::new(&config.tenants, config.admin),
             admission: admission::Admission::new(config.limits, &config.tenants),
             recorder: recorder(config, &metrics)?,
             models: config.models.clone(),
@@ -289,6 +294,7 @@ pub fn app(state: Arc<AppState>, metrics_apart: bool) -> Router {
         .fallback(endpoints::other)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn(request_id::stamp))
+        .layer(axum::middleware::from_fn(peer::scope))
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&state),
             hops::refuse_loops,
@@ -371,6 +377,7 @@ pub fn start_with_state(
 ) -> anyhow::Result<RouterHandle> {
     let addr = listener.local_addr()?;
     state.add_own_addr(addr);
+    log_admin_state(&state.keys);
     state.lifecycle.start();
     let stop = CancellationToken::new();
     let health_task = health::spawn(
@@ -462,6 +469,17 @@ pub fn start_with_state(
         stop,
         task,
     })
+}
+
+/// Says at start who may change the fleet through the admin API: a WARN when it is open
+/// without a key (to loopback clients), else INFO.
+fn log_admin_state(keys: &auth::Keys) {
+    let state = keys.admin_state();
+    if keys.admin_open_without_key() {
+        tracing::warn!("{state}");
+    } else {
+        tracing::info!("{state}");
+    }
 }
 
 /// Binds `addr` at once (from a synchronous caller on a Tokio runtime).

@@ -28,6 +28,7 @@ pub(super) async fn prepare(
                 salt: Some(view.cache_salt.clone()),
                 routing: Routing::Prompt(Box::new(view)),
                 affinity: None,
+                response_id: None,
             }))
         }
         Read::Responses => super::responses::prepare(state, caller, bytes).await,

@@ -11,6 +11,11 @@
 //! admitted with: its tenant, its slot (a lowered limit retires slots as their requests end),
 //! its timeouts.
 //!
+//! A reload that would remove every tenant (authentication off) or every static worker is
+//! refused unless the file says so (`tenants = []`, `workers = []`), an empty file is never
+//! applied, and what an applied reload opens (no key needed, new tenants or keys, the admin
+//! API opened) is logged at WARN (see `reload_guard`).
+//!
 //! Reloadable: `[[tenants]]` and `[admin]` (keys), `[limits]`, `[kv_aware]` (the policy's
 //! weights and prior), `[proxy]` timeouts, retries and retry budget, `[server]`
 //! `max_body_bytes` and `body_read_timeout_s`, and `[[workers]]`, whose changes go through the
@@ -26,7 +31,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::{AppState, BodyLimits};
+use super::{AppState, BodyLimits, reload_guard};
 use crate::config::{Config, ConfigError, Loaded, ServeArgs};
 use crate::discovery::Desired;
 use crate::discovery::runner::{self, RunnerContext};
@@ -39,6 +44,9 @@ pub struct Reloader {
     /// The configuration the router started with: keys that need a restart are compared
     /// with it.
     started: Config,
+    /// The configuration applied last: what a new file would remove or open is judged
+    /// against it (see `reload_guard`).
+    running: Mutex<Config>,
     /// The static workers wanted now, for their runner; the lock serialises reloads.
     workers: Mutex<watch::Sender<Desired>>,
     /// SHA-256 of the file as last read by a reload, applied or refused: the change watch
@@ -91,6 +99,7 @@ impl Reloader {
             args,
             state,
             started: config.clone(),
+            running: Mutex::new(config.clone()),
             workers: Mutex::new(tx),
             last_read: Mutex::new(loaded.sha256.clone()),
             settling: Mutex::new(None),
@@ -122,6 +131,7 @@ impl Reloader {
     /// Reads the file again and applies it, or refuses it; logs and counts either way.
     pub fn reload(&self) -> Outcome {
         let workers = self.workers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut empty = false;
         if let Some(text) = self
             .args
             .config
@@ -129,9 +139,17 @@ impl Reloader {
             .and_then(|p| std::fs::read(p).ok())
         {
             *self.last_read.lock().unwrap_or_else(|e| e.into_inner()) = hex_sha256(&text);
+            empty = text.iter().all(u8::is_ascii_whitespace);
         }
         let metrics = &self.state.metrics.config;
-        let loaded = match Config::load_hashed(&self.args) {
+        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        let checked = Config::load_hashed(&self.args).and_then(|l| {
+            match reload_guard::refusal(&running, &l.config, empty) {
+                Some(e) => Err(e),
+                None => Ok(l),
+            }
+        });
+        let loaded = match checked {
             Ok(l) => l,
             Err(e) => {
                 metrics.reloads.with_label_values(&["refused"]).inc();
@@ -140,8 +158,11 @@ impl Reloader {
             }
         };
         let new = &loaded.config;
+        for what in reload_guard::opened(&running, new) {
+            tracing::warn!("configuration reload: {what}");
+        }
         let state = &self.state;
-        state.keys.replace(&new.tenants, new.admin_key_sha256);
+        state.keys.replace(&new.tenants, new.admin);
         state.admission.update(new.limits, &new.tenants);
         state.upstream.retune(&new.proxy);
         state.body_limits.store(Arc::new(BodyLimits::of(new)));
@@ -149,6 +170,7 @@ impl Reloader {
         let relists = workers.borrow().relists + 1;
         workers.send_replace(desired(new, relists));
         let restart_needed = restart_needed(&self.started, new);
+        *running = new.clone();
         // The digest first, the count last. A scrape still may see the count before the digest:
         // the registry gathers metric families in no fixed order, one at a time.
         metrics.loaded(&loaded.sha256);

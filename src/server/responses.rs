@@ -10,6 +10,10 @@
 //! those requests to that worker. An id the router never learned, or whose worker has left,
 //! is answered 404 here rather than sent to a worker that cannot have it; a worker that is down
 //! or draining is a 503 (the response comes back with it).
+//!
+//! vLLM takes a body's `request_id` as the new response's id and keys its store by id alone:
+//! a tenant's chosen id is sent namespaced to the tenant (`auth::Caller::response_id`), so
+//! another tenant who knows or guesses it can neither read, continue nor overwrite it.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -25,6 +29,7 @@ use super::call::{Call, Prepared, Routing, Step, default_model};
 use super::observer::{Affinity, AffinityAction};
 use crate::fleet::Worker;
 use crate::openai::{ApiError, ECHO_MAX, ResponsesRequest, shorten};
+use crate::proxy::members::{self, Edit};
 
 /// Reads a `POST /v1/responses` body: pinned to the worker of its `previous_response_id`, else
 /// routed on its prompt.
@@ -42,12 +47,27 @@ pub(super) async fn prepare(
             None => Routing::Load,
         },
     };
+    // vLLM makes a chosen `request_id` the response's id, in a store shared by every client:
+    // a tenant's is namespaced, so no tenant can reach another's response by choosing its id.
+    let response_id = match caller {
+        Caller::Tenant(_) => req.request_id.as_deref().map(|id| caller.response_id(id)),
+        Caller::Anonymous => None,
+    };
     Ok(Step::Forward(Prepared {
         model,
         routing,
         salt: Some(req.cache_salt),
         affinity: Some(affinity(state, caller, AffinityAction::Learn)),
+        response_id,
     }))
+}
+
+/// The body with its top-level `request_id` members given the value `id`, written into the
+/// bytes as sent (nothing else is re-encoded).
+pub(super) fn with_response_id(body: Bytes, id: &str) -> Result<Bytes, ApiError> {
+    let encoded = serde_json::Value::String(id.to_owned()).to_string();
+    members::edit(&body, &[("request_id", Edit::Replace(encoded.as_bytes()))])
+        .map_err(|e| ApiError::invalid(format!("cannot set the request id: {e}"), None))
 }
 
 /// Reads a request about stored response `id`: pinned to its worker; a `DELETE` that succeeds

@@ -6,6 +6,10 @@
 //! tokenizer, a request using what only the engine renders exactly (a request-supplied chat
 //! template, tools, multimodal content, …), or one the tokenizer or template refuses (the
 //! engine words the error). `[endpoints] local_tokenize = false` forwards everything.
+//!
+//! No body is parsed into a JSON tree: the `model` is read in one pass that keeps nothing
+//! else, and only when the router may answer is the body read again by the form's typed
+//! reader (`tokens` straight into `u32`s, plain messages only).
 
 use std::sync::Arc;
 
@@ -19,7 +23,7 @@ use super::body;
 use super::call::{Prepared, Step, default_model};
 use super::route::INLINE_TOKENIZE_BYTES;
 use crate::openai::ApiError;
-use crate::tokens::tokenize_api::{Detokenize, Parsed, Tokenize};
+use crate::tokens::tokenize_api::{Detokenize, Parsed, Tokenize, named_model};
 use crate::tokens::{ModelTokens, TokenizerSource};
 
 /// Answers a `/tokenize` (or, with `detokenize`, `/detokenize`) body here when possible, else
@@ -30,15 +34,13 @@ pub(super) async fn prepare(
     bytes: &Bytes,
     detokenize: bool,
 ) -> Result<Step, ApiError> {
-    let value: Value = body::parse(bytes, |b| {
-        serde_json::from_slice(b)
+    // The model first (one pass that keeps nothing else); the rest is read only when the
+    // router may answer, with the form's own typed reader: never a tree of the body.
+    let named = body::parse(bytes, |b| {
+        named_model(b)
             .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}"), None))
     })
     .await?;
-    let named = match value.get("model") {
-        Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),
-        _ => None,
-    };
     let model = default_model(state, named)?;
     let Some(model) = model else {
         return Ok(Step::Forward(Prepared::on_load(None)));
@@ -46,14 +48,18 @@ pub(super) async fn prepare(
     Keys::authorize_model(caller, &model)?;
     let answer = match local_tokens(state, &model) {
         None => None,
-        Some((tokens, _)) if detokenize => match Detokenize::parse(&value) {
-            Parsed::Local(d) => d.answer(&tokens),
-            Parsed::Engine => None,
-        },
-        Some((tokens, max_model_len)) => match Tokenize::parse(&value) {
-            Parsed::Local(t) => tokenize_here(t, tokens, max_model_len, bytes.len()).await,
-            Parsed::Engine => None,
-        },
+        Some((tokens, _)) if detokenize => {
+            match body::parse(bytes, |b| Ok(Detokenize::from_json(b))).await? {
+                Parsed::Local(d) => d.answer(&tokens),
+                Parsed::Engine => None,
+            }
+        }
+        Some((tokens, max_model_len)) => {
+            match body::parse(bytes, |b| Ok(Tokenize::from_json(b))).await? {
+                Parsed::Local(t) => tokenize_here(t, tokens, max_model_len, bytes.len()).await,
+                Parsed::Engine => None,
+            }
+        }
     };
     Ok(match answer {
         Some(v) => Step::Answer(axum::Json(v).into_response(), model),

@@ -17,10 +17,17 @@
 //! `chat_template`, no `continue_final_message`, `tools` or multimodal options. Anything else —
 //! including a malformed body, whose error only the engine words exactly — is
 //! [`Parsed::Engine`]: forwarded to a worker.
+//!
+//! Bodies are read without a JSON tree ([`crate::openai::top_level`]): only the members a form
+//! uses are read, each with its own typed reader (`tokens` straight into `u32`s), so a body of
+//! numbers costs its ids, not a `serde_json::Value` per number.
 
+use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
 use super::{ChatRequest, ModelTokens, TokenError};
+use crate::openai::Scalar;
+use crate::openai::top_level::{self, Kind, Members};
 
 /// How a body is to be answered.
 #[derive(Clone, Debug, PartialEq)]
@@ -71,6 +78,7 @@ pub struct Detokenize {
 
 /// Keys of a `/tokenize` body answered here (others, even if vLLM ignores them, go to it).
 const PROMPT_KEYS: [&str; 4] = ["model", "prompt", "add_special_tokens", "return_token_strs"];
+/// Keys of a chat `/tokenize` body answered here.
 const CHAT_KEYS: [&str; 6] = [
     "model",
     "messages",
@@ -79,87 +87,177 @@ const CHAT_KEYS: [&str; 6] = [
     "return_token_strs",
     "chat_template_kwargs",
 ];
+/// Every key either form reads.
+const TOKENIZE_KEYS: &[&str] = &[
+    "model",
+    "prompt",
+    "messages",
+    "add_generation_prompt",
+    "add_special_tokens",
+    "return_token_strs",
+    "chat_template_kwargs",
+];
+/// The keys of a `/detokenize` body answered here.
+const DETOKENIZE_KEYS: &[&str] = &["model", "tokens"];
+/// The keys of a chat message answered here (`role`, string `content`, `name`).
+const MESSAGE_KEYS: &[&str] = &["role", "content", "name"];
 
-/// A `bool` field: absent → `default`, else only a JSON boolean is understood.
-fn flag(o: &Map<String, Value>, key: &str, default: bool) -> Option<bool> {
-    match o.get(key) {
-        None => Some(default),
-        Some(Value::Bool(b)) => Some(*b),
-        Some(_) => None,
-    }
-}
-
-fn model_of(o: &Map<String, Value>) -> Option<Option<String>> {
-    match o.get("model") {
-        None | Some(Value::Null) => Some(None),
-        Some(Value::String(s)) if s.is_empty() => Some(None),
-        Some(Value::String(s)) => Some(Some(s.clone())),
-        Some(_) => None,
-    }
-}
-
-/// Whether a chat message is plain text: a string `role`, a string (or null) `content`, an
-/// optional string `name`, nothing else.
-fn plain_message(m: &Value) -> bool {
-    let Some(o) = m.as_object() else {
-        return false;
+/// The `model` a `/tokenize` or `/detokenize` body names (a non-empty string), read without a
+/// tree of the body; `None` for any other value, or a body that is not an object (the engine
+/// words that error). `Err` only for a body that is not JSON.
+pub fn named_model(body: &[u8]) -> Result<Option<String>, serde_json::Error> {
+    let Some(m) = top_level::members(body, &["model"])? else {
+        return Ok(None);
     };
-    o.get("role").is_some_and(Value::is_string)
-        && o.iter().all(|(k, v)| match k.as_str() {
-            "role" => true,
-            "content" => v.is_string() || v.is_null(),
-            "name" => v.is_string(),
-            _ => false,
-        })
+    Ok(match top_level::scalar(m.get("model")) {
+        Some(Scalar::Str(s)) if !s.is_empty() => Some(s),
+        _ => None,
+    })
+}
+
+/// A `bool` member: absent → `default`, else only a JSON boolean is understood.
+fn flag(m: &Members<'_>, key: &str, default: bool) -> Option<bool> {
+    match top_level::scalar(m.get(key)) {
+        None => Some(default),
+        Some(Scalar::Bool(b)) => Some(b),
+        Some(_) => None,
+    }
+}
+
+fn model_of(m: &Members<'_>) -> Option<Option<String>> {
+    match top_level::scalar(m.get("model")) {
+        None | Some(Scalar::Null) => Some(None),
+        Some(Scalar::Str(s)) if s.is_empty() => Some(None),
+        Some(Scalar::Str(s)) => Some(Some(s)),
+        Some(_) => None,
+    }
+}
+
+/// A plain-text chat message as JSON: a string `role`, a string (or null) `content`, an
+/// optional string `name`, nothing else (the last of duplicate keys judged, as in a tree);
+/// `None` for anything else. Built from those members alone, so a message carrying anything
+/// large is refused without a tree of it.
+fn plain_message(raw: &RawValue) -> Option<Value> {
+    let m = top_level::members_of(raw, MESSAGE_KEYS)?;
+    if m.others {
+        return None;
+    }
+    let role = match top_level::scalar(m.get("role")) {
+        Some(Scalar::Str(s)) => s,
+        _ => return None,
+    };
+    let content = match top_level::scalar(m.get("content")) {
+        None => None,
+        Some(Scalar::Str(s)) => Some(Value::String(s)),
+        Some(Scalar::Null) => Some(Value::Null),
+        Some(_) => return None,
+    };
+    let name = match top_level::scalar(m.get("name")) {
+        None => None,
+        Some(Scalar::Str(s)) => Some(s),
+        Some(_) => return None,
+    };
+    // The members in the body's order, as a tree (with `preserve_order`) keeps them.
+    let mut out = Map::new();
+    for key in m.keys() {
+        match key {
+            "role" => out.insert(key.into(), Value::String(role.clone())),
+            "content" => out.insert(key.into(), content.clone().unwrap_or(Value::Null)),
+            _ => out.insert(key.into(), name.clone().map_or(Value::Null, Value::String)),
+        };
+    }
+    Some(Value::Object(out))
+}
+
+/// The messages of a chat `/tokenize`: a non-empty array of plain messages, else `None`.
+/// Reading stops at the first message that is not plain.
+fn plain_messages(raw: &RawValue) -> Option<Vec<Value>> {
+    if top_level::kind(raw) != Kind::Array {
+        return None;
+    }
+    let mut out = Vec::new();
+    let mut plain = true;
+    top_level::for_each_element(raw, |_, item| match plain_message(item) {
+        Some(m) => {
+            out.push(m);
+            true
+        }
+        None => {
+            plain = false;
+            false
+        }
+    });
+    (plain && !out.is_empty()).then_some(out)
 }
 
 impl Tokenize {
     /// Reads a `/tokenize` body.
     pub fn parse(body: &Value) -> Parsed<Tokenize> {
-        Tokenize::read(body).map_or(Parsed::Engine, Parsed::Local)
+        Tokenize::from_json(&serde_json::to_vec(body).unwrap_or_default())
     }
 
-    fn read(body: &Value) -> Option<Tokenize> {
-        let o = body.as_object()?;
-        let model = model_of(o)?;
-        let return_token_strs = match o.get("return_token_strs") {
-            None | Some(Value::Null) => false,
-            Some(Value::Bool(b)) => *b,
+    /// Reads a `/tokenize` body's bytes, without a tree of the body.
+    pub fn from_json(body: &[u8]) -> Parsed<Tokenize> {
+        let read = top_level::members(body, TOKENIZE_KEYS)
+            .ok()
+            .flatten()
+            .and_then(|m| Tokenize::read(&m));
+        read.map_or(Parsed::Engine, Parsed::Local)
+    }
+
+    fn read(m: &Members<'_>) -> Option<Tokenize> {
+        let model = model_of(m)?;
+        let return_token_strs = match top_level::scalar(m.get("return_token_strs")) {
+            None | Some(Scalar::Null) => false,
+            Some(Scalar::Bool(b)) => b,
             Some(_) => return None,
         };
-        match (o.get("prompt"), o.get("messages")) {
-            (Some(Value::String(p)), None) => {
-                if !o.keys().all(|k| PROMPT_KEYS.contains(&k.as_str())) {
+        let only = |keys: &[&str]| {
+            !m.others && TOKENIZE_KEYS.iter().all(|k| keys.contains(k) || !m.has(k))
+        };
+        match (m.get("prompt"), m.get("messages")) {
+            (Some(prompt), None) => {
+                let Some(Scalar::Str(p)) = top_level::scalar(Some(prompt)) else {
+                    return None;
+                };
+                if !only(&PROMPT_KEYS) {
                     return None;
                 }
                 Some(Tokenize {
                     model,
-                    input: TokenizeInput::Prompt(p.clone()),
-                    add_special_tokens: flag(o, "add_special_tokens", true)?,
+                    input: TokenizeInput::Prompt(p),
+                    add_special_tokens: flag(m, "add_special_tokens", true)?,
                     return_token_strs,
                 })
             }
-            (None, Some(Value::Array(messages))) => {
-                if !o.keys().all(|k| CHAT_KEYS.contains(&k.as_str()))
-                    || messages.is_empty()
-                    || !messages.iter().all(plain_message)
-                {
+            (None, Some(messages)) => {
+                if !only(&CHAT_KEYS) {
                     return None;
                 }
-                let kwargs = match o.get("chat_template_kwargs") {
-                    None | Some(Value::Null) => None,
-                    // A template given through the kwargs is the engine's to judge.
-                    Some(Value::Object(k)) if !k.contains_key("chat_template") => Some(k.clone()),
-                    Some(_) => return None,
+                let messages = plain_messages(messages)?;
+                let kwargs = match m.get("chat_template_kwargs") {
+                    None => None,
+                    Some(raw) => match top_level::kind(raw) {
+                        Kind::Null => None,
+                        Kind::Object => {
+                            // A template given through the kwargs is the engine's to judge.
+                            let k: Map<String, Value> = serde_json::from_str(raw.get()).ok()?;
+                            if k.contains_key("chat_template") {
+                                return None;
+                            }
+                            Some(k)
+                        }
+                        _ => return None,
+                    },
                 };
                 Some(Tokenize {
                     model,
                     input: TokenizeInput::Chat {
-                        messages: messages.clone(),
-                        add_generation_prompt: flag(o, "add_generation_prompt", true)?,
+                        messages,
+                        add_generation_prompt: flag(m, "add_generation_prompt", true)?,
                         kwargs,
                     },
-                    add_special_tokens: flag(o, "add_special_tokens", false)?,
+                    add_special_tokens: flag(m, "add_special_tokens", false)?,
                     return_token_strs,
                 })
             }
@@ -209,21 +307,24 @@ impl Tokenize {
 impl Detokenize {
     /// Reads a `/detokenize` body.
     pub fn parse(body: &Value) -> Parsed<Detokenize> {
-        Detokenize::read(body).map_or(Parsed::Engine, Parsed::Local)
+        Detokenize::from_json(&serde_json::to_vec(body).unwrap_or_default())
     }
 
-    fn read(body: &Value) -> Option<Detokenize> {
-        let o = body.as_object()?;
-        if !o.keys().all(|k| k == "model" || k == "tokens") {
+    /// Reads a `/detokenize` body's bytes: its ids go straight into `u32`s, with no tree.
+    pub fn from_json(body: &[u8]) -> Parsed<Detokenize> {
+        let read = top_level::members(body, DETOKENIZE_KEYS)
+            .ok()
+            .flatten()
+            .and_then(|m| Detokenize::read(&m));
+        read.map_or(Parsed::Engine, Parsed::Local)
+    }
+
+    fn read(m: &Members<'_>) -> Option<Detokenize> {
+        if m.others {
             return None;
         }
-        let model = model_of(o)?;
-        let tokens = o
-            .get("tokens")?
-            .as_array()?
-            .iter()
-            .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
-            .collect::<Option<Vec<u32>>>()?;
+        let model = model_of(m)?;
+        let tokens: Vec<u32> = serde_json::from_str(m.get("tokens")?.get()).ok()?;
         Some(Detokenize { model, tokens })
     }
 
@@ -264,6 +365,49 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    /// Read from the bytes as a tree read them: members in the body's order, the last of
+    /// duplicate keys judged, ids straight into `u32`s.
+    #[test]
+    fn bodies_read_without_a_tree_as_a_tree_read_them() {
+        let body =
+            br#"{"messages":[{"content":null,"role":"x","role":"user","name":"n"}],"model":""}"#;
+        let Parsed::Local(t) = Tokenize::from_json(body) else {
+            panic!("local");
+        };
+        assert_eq!(t.model, None);
+        let TokenizeInput::Chat { messages, .. } = t.input else {
+            panic!("chat");
+        };
+        assert_eq!(
+            serde_json::to_string(&messages).unwrap(),
+            r#"[{"content":null,"role":"user","name":"n"}]"#
+        );
+        let d = Detokenize::from_json(br#"{"tokens":[1, 2 ,3],"model":"m"}"#);
+        assert_eq!(
+            d,
+            Parsed::Local(Detokenize {
+                model: Some("m".into()),
+                tokens: vec![1, 2, 3]
+            })
+        );
+        // A message with anything else, however large, is the engine's; so is bad JSON.
+        let big = format!(
+            r#"{{"messages":[{{"role":"user","content":"x","extra":[{}0]}}]}}"#,
+            "1,".repeat(1000)
+        );
+        assert_eq!(Tokenize::from_json(big.as_bytes()), Parsed::Engine);
+        assert_eq!(Tokenize::from_json(b"{\"prompt\":"), Parsed::Engine);
+        assert_eq!(
+            named_model(br#"{"model":"m","x":[1,2]}"#)
+                .unwrap()
+                .as_deref(),
+            Some("m")
+        );
+        assert_eq!(named_model(br#"{"model":7}"#).unwrap(), None);
+        assert_eq!(named_model(b"[1]").unwrap(), None);
+        assert!(named_model(b"{").is_err());
     }
 
     #[test]

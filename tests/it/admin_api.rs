@@ -1,5 +1,7 @@
 //! The admin API checks a worker exactly as the config does (one shared check), refuses a URL
-//! listed twice or the router's own address, and undoes a drain.
+//! listed twice or the router's own address, and undoes a drain. Without an admin key its
+//! changes are refused unless opened to loopback clients, and worker URLs are listed without
+//! their userinfo.
 
 use std::path::Path;
 
@@ -31,6 +33,8 @@ fn bad_workers() -> Vec<(Value, &'static str, &'static str)> {
         (json!({"id": "has space"}), "id = \"has space\"", "id"),
         (json!({"id": "bell\u{7}"}), "id = \"bell\\u0007\"", "id"),
         (json!({"id": "new\nline"}), "id = \"new\\nline\"", "id"),
+        // A rank's target is `id/dpN`: `dpw/dp1` would be rank 1 of a worker `dpw`.
+        (json!({"id": "dpw/dp1"}), "id = \"dpw/dp1\"", "id"),
         (
             json!({"id": "x".repeat(200)}),
             // Filled in below: TOML cannot repeat.
@@ -94,7 +98,7 @@ fn bad_workers() -> Vec<(Value, &'static str, &'static str)> {
 #[tokio::test]
 async fn the_admin_api_refuses_every_worker_the_config_refuses() {
     let a = Backend::start("a", &["m"]).await;
-    let r = start_router_over(PolicyKind::RoundRobin, &[&a], "").await;
+    let r = start_router_over(PolicyKind::RoundRobin, &[&a], ADMIN_ON_LOOPBACK).await;
     let c = client();
     let long_id = format!("id = \"{}\"", "x".repeat(200));
     for (extra, toml_line, field) in bad_workers() {
@@ -129,7 +133,7 @@ async fn the_admin_api_refuses_every_worker_the_config_refuses() {
 #[tokio::test]
 async fn a_url_already_in_the_fleet_is_refused_by_admin_and_config() {
     let a = Backend::start("a", &["m"]).await;
-    let r = start_router_over(PolicyKind::RoundRobin, &[&a], "").await;
+    let r = start_router_over(PolicyKind::RoundRobin, &[&a], ADMIN_ON_LOOPBACK).await;
     let c = client();
     // The same replica under another id, spelt with a trailing slash.
     let same = format!("http://{}/", a.addr);
@@ -166,10 +170,20 @@ async fn a_url_already_in_the_fleet_is_refused_by_admin_and_config() {
 #[tokio::test]
 async fn the_router_itself_is_refused_as_a_worker() {
     let a = Backend::start("a", &["m"]).await;
-    let r = start_router_over(PolicyKind::RoundRobin, &[&a], "").await;
+    let r = start_router_over(PolicyKind::RoundRobin, &[&a], ADMIN_ON_LOOPBACK).await;
     let c = client();
     let port = r.addr.port();
-    for host in ["127.0.0.1", "localhost", "0.0.0.0", "[::1]", "127.0.0.2"] {
+    // Numeric spellings of loopback too (`inet_aton`'s forms, which the resolver takes).
+    for host in [
+        "127.0.0.1",
+        "localhost",
+        "0.0.0.0",
+        "[::1]",
+        "127.0.0.2",
+        "127.1",
+        "2130706433",
+        "0x7f000001",
+    ] {
         let url = format!("http://{host}:{port}");
         let e = assert_openai_error(
             add(&c, r.addr, json!({"id": "me", "url": url, "models": ["m"]})).await,
@@ -191,7 +205,7 @@ async fn the_router_itself_is_refused_as_a_worker() {
 async fn undrain_puts_a_drained_worker_back_in_rotation() {
     let a = Backend::start("a", &["m"]).await;
     let b = Backend::start("b", &["m"]).await;
-    let r = start_router_over(PolicyKind::RoundRobin, &[&a, &b], "").await;
+    let r = start_router_over(PolicyKind::RoundRobin, &[&a, &b], ADMIN_ON_LOOPBACK).await;
     let c = client();
     let admin = format!("http://{}/admin/workers", r.addr);
     let send = || async {
@@ -230,4 +244,76 @@ async fn undrain_puts_a_drained_worker_back_in_rotation() {
     .await;
     assert_eq!(e["code"], "worker_not_found");
     r.shutdown().await;
+}
+
+/// Issue 35 item 0: with no `[admin]` key, an unauthenticated `POST /admin/workers` answered 201
+/// and the worker joined (anyone reaching the listener could receive others' prompts), and
+/// `GET /admin/workers` echoed a worker URL's password.
+#[tokio::test]
+async fn without_a_key_admin_changes_are_refused_and_urls_are_shown_without_userinfo() {
+    let a = Backend::start("a", &["m"]).await;
+    let with_password = format!("http://alice:s3cret@{}", a.addr);
+    let workers = [(with_password, vec!["m"])];
+    let r = start_router(&router_config(PolicyKind::RoundRobin, &workers, "")).await;
+    let c = client();
+    let admin = format!("http://{}/admin/workers", r.addr);
+    let e = assert_openai_error(
+        add(
+            &c,
+            r.addr,
+            json!({"id": "evil", "url": "http://127.0.0.1:1", "models": ["m"]}),
+        )
+        .await,
+        403,
+    )
+    .await;
+    assert_eq!(e["code"], "admin_closed", "{e}");
+    assert!(
+        e["message"].as_str().unwrap().contains("open_on_loopback"),
+        "{e}"
+    );
+    for (method, path) in [
+        (reqwest::Method::POST, "/w0/drain"),
+        (reqwest::Method::POST, "/w0/undrain"),
+        (reqwest::Method::DELETE, "/w0"),
+    ] {
+        let resp = c
+            .request(method, format!("{admin}{path}"))
+            .send()
+            .await
+            .unwrap();
+        assert_openai_error(resp, 403).await;
+    }
+    assert_eq!(r.state.fleet.workers().len(), 1, "nothing joined or left");
+    assert!(!r.state.fleet.workers()[0].is_draining());
+    // Reads stay open without keys, and never show the password.
+    let listed = c.get(&admin).send().await.unwrap();
+    assert_eq!(listed.status(), 200);
+    let text = listed.text().await.unwrap();
+    assert!(
+        !text.contains("s3cret") && !text.contains("alice"),
+        "{text}"
+    );
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["workers"][0]["url"], format!("http://***@{}", a.addr));
+    r.shutdown().await;
+
+    // Opened to loopback clients (the tests' own address), the same request joins.
+    let r = start_router_over(PolicyKind::RoundRobin, &[&a], ADMIN_ON_LOOPBACK).await;
+    let b = Backend::start("b", &["m"]).await;
+    let resp = add(
+        &c,
+        r.addr,
+        json!({"id": "b", "url": b.url(), "models": ["m"]}),
+    )
+    .await;
+    assert_eq!(resp.status(), 201);
+    assert_eq!(r.state.fleet.workers().len(), 2);
+    r.shutdown().await;
+    // A key and the loopback opening together are refused: with a key, the key is required.
+    let msg = config_error(&format!(
+        "[admin]\napi_key_sha256 = \"{}\"\nopen_on_loopback = true\n",
+        "0".repeat(64)
+    ));
+    assert!(msg.contains("admin.open_on_loopback"), "{msg}");
 }

@@ -13,7 +13,7 @@ use kvroute::server::auth::Caller;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::TcpSocket;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
 fn sha(key: &str) -> [u8; 32] {
@@ -34,7 +34,20 @@ struct Upload {
 impl Upload {
     /// Sends the head of a `POST` to `path`, declaring `length` body bytes (`None`: chunked).
     async fn start(addr: SocketAddr, path: &str, key: Option<&str>, length: Option<usize>) -> Self {
-        let stream = TcpStream::connect(addr).await.unwrap();
+        Upload::start_from([127, 0, 0, 1], addr, path, key, length).await
+    }
+
+    /// As [`Upload::start`], from the loopback address `from` (another client address).
+    async fn start_from(
+        from: [u8; 4],
+        addr: SocketAddr,
+        path: &str,
+        key: Option<&str>,
+        length: Option<usize>,
+    ) -> Self {
+        let socket = TcpSocket::new_v4().unwrap();
+        socket.bind(SocketAddr::from((from, 0))).unwrap();
+        let stream = socket.connect(addr).await.unwrap();
         let (rd, mut wr) = stream.into_split();
         let auth = key
             .map(|k| format!("authorization: Bearer {k}\r\n"))
@@ -192,23 +205,27 @@ async fn bodies_beyond_the_byte_budget_are_refused_and_the_budget_comes_back() {
     )
     .await;
     let body = body_of(mib);
-    // Two bodies being sent take the whole budget (claimed from their Content-Length)...
+    // Two bodies all but sent, from two clients, take the whole budget (claimed as their bytes
+    // arrive; one client may hold half of it)...
     let mut first = Upload::start(r.addr, "/v1/completions", None, Some(mib)).await;
-    let mut second = Upload::start(r.addr, "/v1/completions", None, Some(mib)).await;
-    assert!(first.send(&body[..1024]).await);
-    assert!(second.send(&body[..1024]).await);
+    let path = "/v1/completions";
+    let mut second = Upload::start_from([127, 0, 0, 2], r.addr, path, None, Some(mib)).await;
+    let sent = mib - 16;
+    assert!(first.send(&body[..sent]).await);
+    assert!(second.send(&body[..sent]).await);
     let budget = || r.state.admission.bodies().in_flight();
-    assert!(eventually(|| budget() == 2 * mib).await, "{}", budget());
+    assert!(eventually(|| budget() >= 2 * sent).await, "{}", budget());
     // ...so a third, with or without a Content-Length, is refused at once.
-    let small = br#"{"model":"m","prompt":"x"}"#;
-    let mut third = Upload::start(r.addr, "/v1/completions", None, Some(small.len())).await;
+    let small = body_of(128);
+    let small = small.as_slice();
+    let mut third = Upload::start_from([127, 0, 0, 3], r.addr, path, None, Some(small.len())).await;
     assert!(third.send(small).await);
     let (status, e) = third.response().await.expect("an answer");
     assert_eq!(
         (status, &e["error"]["code"]),
         (429, &json!("body_bytes_in_flight"))
     );
-    let mut chunked = Upload::start(r.addr, "/v1/completions", None, None).await;
+    let mut chunked = Upload::start_from([127, 0, 0, 3], r.addr, path, None, None).await;
     assert!(
         chunked
             .send(format!("{:x}\r\n", small.len()).as_bytes())
@@ -225,11 +242,15 @@ async fn bodies_beyond_the_byte_budget_are_refused_and_the_budget_comes_back() {
     assert_eq!(b.count(), 0);
 
     // The first body ends: it is forwarded whole, and its bytes return to the budget.
-    assert!(first.send(&body[1024..]).await);
+    assert!(first.send(&body[sent..]).await);
     let (status, e) = first.response().await.expect("an answer");
     assert_eq!(status, 200, "{e}");
     assert_eq!(b.received()[0].body.len(), mib);
-    assert!(eventually(|| budget() == mib).await, "{}", budget());
+    assert!(
+        eventually(|| (sent..=mib).contains(&budget())).await,
+        "{}",
+        budget()
+    );
     // The second client goes away: its claim is returned too.
     drop(second);
     assert!(eventually(|| budget() == 0).await, "{}", budget());
@@ -322,5 +343,91 @@ async fn a_tenant_body_reaches_the_engine_byte_for_byte_but_for_its_salt() {
         let got = &b.received()[i].body;
         assert_eq!(String::from_utf8_lossy(got), *want, "sent {sent}");
     }
+    r.shutdown().await;
+}
+
+/// Issue 35 item 2: a request claimed its declared `Content-Length` from the budget before a
+/// byte of its body arrived, so four heads declaring 32 MiB each (about 800 bytes sent) held
+/// the whole default budget (4 × 32 MiB) and every other body, from anyone, was answered 429
+/// `body_bytes_in_flight` until their read timeout. Bytes are now claimed as they arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_heads_declaring_large_bodies_do_not_hold_the_budget() {
+    let b = Backend::start("a", &["m"]).await;
+    // The defaults: 32 MiB bodies, a budget of four of them.
+    let r = start_router_over(PolicyKind::RoundRobin, &[&b], "").await;
+    let size = 32 << 20;
+    let start = body_of(size);
+    let mut heads = Vec::new();
+    for _ in 0..4 {
+        let mut u = Upload::start(r.addr, "/v1/completions", None, Some(size)).await;
+        assert!(u.send(&start[..64]).await);
+        heads.push(u);
+    }
+    let budget = || r.state.admission.bodies().in_flight();
+    // All four are being read once their first bytes are claimed.
+    assert!(eventually(|| budget() >= 4 * 64).await, "{}", budget());
+    println!(
+        "four heads declaring {size} bytes each hold {} bytes of the body budget",
+        budget()
+    );
+    // Another client's body is read and forwarded (it was a 429 before).
+    let resp = client()
+        .post(format!("http://{}/v1/completions", r.addr))
+        .json(&json!({"model": "m", "prompt": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200, "{:?}", resp.text().await);
+    assert!(budget() <= 4 * 1024, "the heads hold {} bytes", budget());
+    assert_eq!(rejected(&r, "body_bytes_in_flight"), 0);
+    drop(heads);
+    assert!(eventually(|| budget() == 0).await, "{}", budget());
+    r.shutdown().await;
+}
+
+/// Issue 35 item 2, the other half: one client could still hold the whole budget by sending
+/// bodies' bytes and then stalling. A client address holds at most half of it (at least one
+/// largest body); others are read meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_cannot_take_the_whole_budget() {
+    let b = Backend::start("a", &["m"]).await;
+    let mib = 1 << 20;
+    let r = start_router_over(
+        PolicyKind::RoundRobin,
+        &[&b],
+        &format!(
+            "max_body_bytes = {mib}\n[limits]\nmax_body_bytes_in_flight = {}\n",
+            4 * mib
+        ),
+    )
+    .await;
+    let body = body_of(mib);
+    let sent = mib - 16;
+    let path = "/v1/completions";
+    let greedy = [127, 0, 0, 5];
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut u = Upload::start_from(greedy, r.addr, path, None, Some(mib)).await;
+        assert!(u.send(&body[..sent]).await);
+        held.push(u);
+    }
+    let budget = || r.state.admission.bodies().in_flight();
+    assert!(eventually(|| budget() >= 2 * sent).await, "{}", budget());
+    // Its third body is refused once its bytes arrive: the client holds its half.
+    let mut third = Upload::start_from(greedy, r.addr, path, None, Some(mib)).await;
+    assert!(third.send(&body[..64 << 10]).await);
+    let (status, e) = third.response().await.expect("an answer");
+    assert_eq!(
+        (status, &e["error"]["code"]),
+        (429, &json!("body_bytes_per_client")),
+        "{e}"
+    );
+    // Another client's large body is read and forwarded meanwhile.
+    let mut other = Upload::start_from([127, 0, 0, 6], r.addr, path, None, Some(mib)).await;
+    assert!(other.send(&body).await);
+    let (status, e) = other.response().await.expect("an answer");
+    assert_eq!(status, 200, "{e}");
+    drop(held);
+    assert!(eventually(|| budget() == 0).await, "{}", budget());
     r.shutdown().await;
 }

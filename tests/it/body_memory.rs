@@ -118,3 +118,76 @@ async fn a_tenants_large_body_of_one_digit_ids_costs_at_most_three_times_its_siz
         "peak RSS rose {rise:.2}× the body size (target ≤ 3×)"
     );
 }
+
+/// A body of about `size` bytes: `head`, then a JSON array of one-digit numbers (the most
+/// values a body of this size can hold), then `}`.
+fn numbers_body(head: &str, size: usize) -> Vec<u8> {
+    let mut body = head.as_bytes().to_vec();
+    body.push(b'[');
+    let mut i = 0u64;
+    while body.len() + 4 < size {
+        if i > 0 {
+            body.push(b',');
+        }
+        body.push(b'0' + (i % 10) as u8);
+        i += 1;
+    }
+    body.extend_from_slice(b"]}");
+    body
+}
+
+/// How much a `BODY_BYTES` body of numbers sent to `path` raised a real `kvroute serve`
+/// process's peak resident memory, as a multiple of its size (forwarded to a worker: the
+/// router has no tokenizer of its own for `m`).
+async fn endpoint_peak_rise(path: &str, head: &str) -> f64 {
+    let backend = Backend::start("w0", &["m"]).await;
+    let config = format!(
+        "[server]\nmax_body_bytes = {}\n\n[[workers]]\nurl = \"{}\"\nmodels = [\"m\"]\n",
+        2 * BODY_BYTES,
+        backend.url()
+    );
+    let (router, _file) = RouterProcess::start(&config).await;
+    let http = client();
+    let url = format!("http://{}{path}", router.addr);
+    let send = |body: Vec<u8>| {
+        http.post(&url)
+            .header("content-type", "application/json")
+            .body(body)
+            .timeout(Duration::from_secs(120))
+            .send()
+    };
+    let small = send(numbers_body(head, 256)).await.unwrap();
+    assert_eq!(small.status(), 200, "{path}: {:?}", small.text().await);
+    let (before, _) = rss_mib(Some(router.pid()));
+    let body = numbers_body(head, BODY_BYTES);
+    let sent = body.len();
+    let resp = send(body).await.unwrap();
+    assert_eq!(resp.status(), 200, "{path}: {:?}", resp.text().await);
+    let (after, _) = rss_mib(Some(router.pid()));
+    assert_eq!(backend.received().len(), 2, "{path}: both forwarded");
+    let rise = (after - before) * 1024.0 * 1024.0 / sent as f64;
+    println!("{path}: peak RSS {before:.1} → {after:.1} MiB: +{rise:.2}× the {sent}-byte body");
+    rise
+}
+
+/// Issue 35 item 3: `/v1/responses`, `/tokenize` and `/detokenize` parsed the whole body into a
+/// `serde_json::Value` — a 32 MiB body of numbers cost about +1.2 GB (about 38× its size). Each
+/// now reads only its members, each with a typed reader: the body costs about its own size.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_tokenize_and_detokenize_bodies_of_numbers_cost_about_their_size() {
+    for (path, head) in [
+        (
+            "/v1/responses",
+            r#"{"model":"m","input":"hi","metadata_blob":"#,
+        ),
+        ("/tokenize", r#"{"model":"m","prompt":"hi","extra":"#),
+        ("/detokenize", r#"{"model":"m","tokens":"#),
+    ] {
+        let rise = endpoint_peak_rise(path, head).await;
+        assert!(
+            rise <= 2.0,
+            "{path}: peak RSS rose {rise:.2}× the body size (target ≤ 2×)"
+        );
+    }
+}

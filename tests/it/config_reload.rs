@@ -314,3 +314,63 @@ async fn a_changed_file_is_reloaded_without_a_signal_when_watched() {
     assert_eq!(complete_as(addr, "k-bob").await.status(), 200);
     assert_eq!(complete_as(addr, "k-carol").await.status(), 401);
 }
+
+/// Issue 35 item 6: a reload of a file without `[[tenants]]` was applied with an INFO line
+/// (keyless requests then got 200), and with `config_reload_interval_s` a file truncated to 0
+/// bytes was applied (no tenants, no workers). Both are refused now unless the file says so.
+#[tokio::test]
+async fn a_reload_switches_keys_off_or_empties_the_fleet_only_when_the_file_says_so() {
+    let a = Backend::start("a", &["m"]).await;
+    let watched = "[server]\nconfig_reload_interval_s = 0.05\n";
+    let workers = [("w0", a.url())];
+    let v1 = config(&[("alice", "k-alice")], &workers, watched);
+    let (router, file) = RouterProcess::start(&v1).await;
+    let addr = router.addr;
+    let write = |text: &str| std::fs::write(file.path(), text).unwrap();
+    let with_listen = |text: &str| format!("listen = \"{addr}\"\n{text}");
+    let keyless = || async {
+        client()
+            .post(format!("http://{addr}/v1/completions"))
+            .json(&json!({"model": "m", "prompt": "hi"}))
+            .send()
+            .await
+            .unwrap()
+            .status()
+    };
+    assert_eq!(keyless().await, 401);
+    let refused = "kvroute_config_reloads_total{result=\"refused\"}";
+    // No [[tenants]]: refused, authentication stays on.
+    write(&with_listen(&config(&[], &workers, watched)));
+    wait_metric(addr, refused, 1.0).await;
+    assert_eq!(keyless().await, 401);
+    assert_eq!(complete_as(addr, "k-alice").await.status(), 200);
+    // Truncated to nothing: refused, never applied; the worker stays.
+    write("");
+    wait_metric(addr, refused, 2.0).await;
+    assert_eq!(keyless().await, 401);
+    assert_eq!(workers_of(addr).await, ["w0"]);
+    // No [[workers]]: refused too.
+    write(&with_listen(&config(&[("alice", "k-alice")], &[], watched)));
+    wait_metric(addr, refused, 3.0).await;
+    assert_eq!(workers_of(addr).await, ["w0"]);
+    // Said explicitly, it applies.
+    write(&with_listen(&format!(
+        "tenants = []\n{}",
+        config(&[], &workers, watched)
+    )));
+    wait_metric(
+        addr,
+        "kvroute_config_reloads_total{result=\"applied\"}",
+        1.0,
+    )
+    .await;
+    assert_eq!(keyless().await, 200);
+}
+
+async fn workers_of(addr: std::net::SocketAddr) -> Vec<String> {
+    workers(addr)
+        .await
+        .iter()
+        .map(|w| w["id"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}

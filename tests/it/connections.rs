@@ -151,9 +151,20 @@ async fn connections_without_work_are_closed() {
     router.shutdown().await;
 }
 
+/// A connection with a request in progress: a streaming completion its worker holds.
+async fn busy(addr: SocketAddr) -> TcpStream {
+    let body = br#"{"model":"m","prompt":"x","stream":true}"#;
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    connect(addr, &[head.as_bytes(), body].concat()).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_over_the_cap_are_closed_and_counted() {
     let backend = Backend::start("b0", &["m"]).await;
+    backend.set(|b| b.hold_last_chunk = true);
     let router = start_router_over(
         PolicyKind::RoundRobin,
         &[&backend],
@@ -163,10 +174,13 @@ async fn connections_over_the_cap_are_closed_and_counted() {
     let addr = router.addr;
     let m = router.state.metrics.clone();
 
+    // Four connections with work in progress: none can make room (idle ones would be evicted).
     let mut held = Vec::new();
     for _ in 0..4 {
-        held.push(connect(addr, b"").await);
+        held.push(busy(addr).await);
     }
+    let w = router.state.fleet.workers()[0].clone();
+    assert!(eventually(|| w.in_flight() == 4).await, "{}", w.in_flight());
     assert!(
         eventually(|| m.open_connections.get() == 4).await,
         "gauge {}",
@@ -184,6 +198,7 @@ async fn connections_over_the_cap_are_closed_and_counted() {
     assert_eq!(m.open_connections.get(), 4);
 
     // Room again once the held ones go.
+    backend.release();
     drop(held);
     assert!(eventually(|| m.open_connections.get() == 0).await);
     assert!(health_ok(addr).await);
@@ -228,4 +243,83 @@ async fn idle_clients_do_not_hold_shutdown() {
         stopped.is_ok(),
         "shutdown waited for idle connections (grace 60 s)"
     );
+}
+
+/// Issue 35 item 1: at `max_connections`, a cap's worth of silent connections locked every
+/// other client out until `header_read_timeout_s` (75 s by default). A new client now takes
+/// the place of the connection that has done nothing the longest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_client_at_the_cap_takes_the_place_of_a_silent_connection() {
+    let backend = Backend::start("b0", &["m"]).await;
+    let router = start_router_over(
+        PolicyKind::RoundRobin,
+        &[&backend],
+        "[server]\nmax_connections = 4\nheader_read_timeout_s = 60.0\n",
+    )
+    .await;
+    let addr = router.addr;
+    let m = router.state.metrics.clone();
+    let mut silent = Vec::new();
+    for _ in 0..4 {
+        silent.push(connect(addr, b"").await);
+    }
+    assert!(
+        eventually(|| m.open_connections.get() == 4).await,
+        "gauge {}",
+        m.open_connections.get()
+    );
+    for i in 0..3 {
+        assert!(
+            health_ok(addr).await,
+            "client {i} was locked out at the cap"
+        );
+    }
+    let evicted = m.connections_closed.with_label_values(&["evicted"]).get();
+    assert!(evicted >= 1, "{evicted}");
+    assert_eq!(m.connections_refused.get(), 0);
+    // The oldest silent one went first.
+    assert!(closed_by_server(&mut silent[0], Duration::from_secs(10)).await);
+    router.shutdown().await;
+}
+
+/// Issue 35 item 1, per client: at the cap, the idle connections of the client holding the
+/// most are evicted first, so a client opening silent connections makes room out of its own,
+/// not out of another client's older keep-alive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_cap_the_client_with_the_most_idle_connections_gives_way() {
+    let backend = Backend::start("b0", &["m"]).await;
+    let router = start_router_over(
+        PolicyKind::RoundRobin,
+        &[&backend],
+        "[server]\nmax_connections = 4\nheader_read_timeout_s = 60.0\nidle_timeout_s = 60.0\n",
+    )
+    .await;
+    let addr = router.addr;
+    let m = router.state.metrics.clone();
+    // A client's keep-alive, idle after its request: the oldest connection.
+    let mut keep_alive = h1_after_one_request(addr).await;
+    // Another client's silent connections fill the cap.
+    let mut silent = Vec::new();
+    for _ in 0..3 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(SocketAddr::from(([127, 0, 0, 7], 0))).unwrap();
+        silent.push(socket.connect(addr).await.unwrap());
+    }
+    assert!(eventually(|| m.open_connections.get() == 4).await);
+    assert!(
+        health_ok(addr).await,
+        "a new client was locked out at the cap"
+    );
+    assert!(
+        !closed_by_server(&mut keep_alive, Duration::from_millis(500)).await,
+        "the other client's keep-alive was evicted"
+    );
+    let mut evicted = 0;
+    for s in &mut silent {
+        if closed_by_server(s, Duration::from_millis(500)).await {
+            evicted += 1;
+        }
+    }
+    assert!(evicted >= 1, "none of the silent connections gave way");
+    router.shutdown().await;
 }

@@ -12,7 +12,7 @@ use kvroute::server::RouterHandle;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
-use crate::support::{self, SimEngine, eventually};
+use crate::support::{self, ADMIN_ON_LOOPBACK, SimEngine, eventually};
 
 const MODEL: &str = "sim";
 
@@ -29,7 +29,8 @@ async fn router_over(engine: &SimEngine, ranks: u32, events: &str, replay: &str)
         "policy = \"kv_aware\"\nshutdown_grace_s = 1.0\n[health]\ninterval_s = 0.2\n\
          [[models]]\nname = \"{MODEL}\"\nblock_size = 16\n[kv_aware]\ncalibrate = false\n\
          [[workers]]\nid = \"d0\"\nurl = \"{}\"\nmodels = [\"{MODEL}\"]\n\
-         kv_events = \"{events}\"\nkv_replay = \"{replay}\"\ndata_parallel_size = {ranks}\n",
+         kv_events = \"{events}\"\nkv_replay = \"{replay}\"\ndata_parallel_size = {ranks}\n\
+         {ADMIN_ON_LOOPBACK}",
         engine.url()
     );
     let config = Config::from_toml(&text, Path::new("test")).unwrap();

@@ -59,7 +59,7 @@ fn a_half_disaggregated_model_and_bad_roles_are_config_errors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_api_takes_roles_and_a_model_without_a_prefill_worker_is_a_503() {
     let b = Backend::start("b", &[MODEL, "other"]).await;
-    let r = router("vllm", &[backend("b0", &b, "both")], "").await;
+    let r = router("vllm", &[backend("b0", &b, "both")], ADMIN_ON_LOOPBACK).await;
     let c = client();
     let add = |body: Value| {
         let c = c.clone();

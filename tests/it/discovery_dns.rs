@@ -25,7 +25,9 @@ async fn a_resolved_name_is_a_worker_that_the_admin_api_keeps_unless_forced() {
     let listed = Backend::start("listed", &["m"]).await;
     let added = Backend::start("added", &["m"]).await;
     let port = found.addr.port();
-    let extra = format!("[discovery.dns]\nname = \"localhost\"\nport = {port}\ninterval_s = 0.2\n");
+    let extra = format!(
+        "[discovery.dns]\nname = \"localhost\"\nport = {port}\ninterval_s = 0.2\n{ADMIN_ON_LOOPBACK}"
+    );
     let router = start_router_over(PolicyKind::RoundRobin, &[&listed], &extra).await;
     let r = router.addr;
     let c = client();

@@ -152,7 +152,8 @@ async fn pods_come_and_go_while_traffic_flows_and_nothing_is_lost() {
     let kubeconfig = api.kubeconfig(dir.path());
     let config = "shutdown_grace_s = 1.0\n[health]\ninterval_s = 0.5\n\
                   [discovery]\ndrain_timeout_s = 30\n\
-                  [discovery.kubernetes]\nlabel_selector = \"app=engine\"\n";
+                  [discovery.kubernetes]\nlabel_selector = \"app=engine\"\n\
+                  [admin]\nopen_on_loopback = true\n";
     let (router, _file) = RouterProcess::start_env(
         config,
         &[],

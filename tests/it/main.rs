@@ -64,6 +64,7 @@ mod serve_cli;
 mod sim_disaggregated;
 mod sim_results;
 mod sim_routing;
+mod stalled_clients;
 mod stream_endings;
 mod tls;
 mod tokenize;

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 
-use crate::support::{self, SimEngine, assert_openai_error};
+use crate::support::{self, ADMIN_ON_LOOPBACK, SimEngine, assert_openai_error};
 
 const MODEL: &str = "sim";
 
@@ -157,7 +157,7 @@ fn events(text: &str) -> Vec<Value> {
 
 #[tokio::test]
 async fn stored_responses_are_reached_on_the_worker_that_stored_them() {
-    let s = Stack::start("").await;
+    let s = Stack::start(ADMIN_ON_LOOPBACK).await;
     let first = json!({"model": MODEL, "instructions": "Answer briefly.",
                        "input": document(300), "max_output_tokens": 3});
     // The router renders the prompt as the engine does: its token count is the engine's.
@@ -289,7 +289,7 @@ async fn stored_responses_are_reached_on_the_worker_that_stored_them() {
 
 #[tokio::test]
 async fn a_draining_or_departed_holder_is_an_error_not_a_guess() {
-    let s = Stack::start("").await;
+    let s = Stack::start(ADMIN_ON_LOOPBACK).await;
     let (home, v) = s
         .create(
             json!({"model": MODEL, "input": "hello", "max_output_tokens": 2}),
@@ -372,5 +372,50 @@ async fn one_tenant_cannot_address_anothers_responses() {
         .unwrap();
     assert_openai_error(steal, 404).await;
     assert_openai_error(s.get(&id, None).await, 401).await;
+    s.router.shutdown().await;
+}
+
+/// Issue 35 item 4: vLLM takes a body's `request_id` as the response's id and keys its store
+/// by id alone. The router forwarded a tenant's chosen id as is, so another tenant choosing the
+/// same id got the same response id (and, on the same engine, read, continued or overwrote the
+/// first tenant's response). A tenant's chosen id is now namespaced to it.
+#[tokio::test]
+async fn a_chosen_request_id_cannot_reach_another_tenants_response() {
+    let extra = format!(
+        "[[tenants]]\nname = \"acme\"\napi_key_sha256 = \"{}\"\n\
+         [[tenants]]\nname = \"bob\"\napi_key_sha256 = \"{}\"\n",
+        hex_sha("key-acme"),
+        hex_sha("key-bob")
+    );
+    let s = Stack::start(&extra).await;
+    let body = |who: &str, id: &str| {
+        json!({"model": MODEL, "input": format!("{who}'s secret"), "instructions": who,
+               "max_output_tokens": 2, "request_id": id})
+    };
+    let (_, a) = s
+        .create(body("acme", "resp_chosen"), Some("key-acme"))
+        .await;
+    let acme_id = a["id"].as_str().unwrap().to_owned();
+    let (_, b) = s.create(body("bob", "resp_chosen"), Some("key-bob")).await;
+    let bob_id = b["id"].as_str().unwrap().to_owned();
+    assert_ne!(
+        acme_id, bob_id,
+        "two tenants chose one id and got one response id"
+    );
+    // Bob choosing acme's actual id gets another one too, and acme's response is intact.
+    for _ in 0..2 {
+        let (_, b) = s.create(body("bob", &acme_id), Some("key-bob")).await;
+        assert_ne!(b["id"], acme_id.as_str());
+    }
+    let mine = s.get(&acme_id, Some("key-acme")).await;
+    assert_eq!(mine.status(), 200);
+    let v: Value = mine.json().await.unwrap();
+    assert_eq!(v["instructions"], "acme", "{v}");
+    assert_openai_error(s.get(&acme_id, Some("key-bob")).await, 404).await;
+    // The same tenant choosing the same id again reaches its own response's id.
+    let (_, again) = s
+        .create(body("acme", "resp_chosen"), Some("key-acme"))
+        .await;
+    assert_eq!(again["id"], acme_id.as_str());
     s.router.shutdown().await;
 }

@@ -69,7 +69,7 @@ async fn metrics_listen_moves_metrics_off_the_main_listener() {
     let r = start_router_over(
         PolicyKind::RoundRobin,
         &[&b],
-        "[server]\nmetrics_listen = \"127.0.0.1:0\"\n",
+        &format!("[server]\nmetrics_listen = \"127.0.0.1:0\"\n{ADMIN_ON_LOOPBACK}"),
     )
     .await;
     let metrics_addr = r.metrics_addr.expect("a metrics listener");

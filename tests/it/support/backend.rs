@@ -373,6 +373,10 @@ fn async_stream(
     futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|x| (x, rx)) })
 }
 
+/// Extra TOML that opens the admin API's changes to loopback clients without a key (the
+/// tests' requests come from 127.0.0.1): without a key they are refused otherwise.
+pub const ADMIN_ON_LOOPBACK: &str = "[admin]\nopen_on_loopback = true\n";
+
 /// Config for a router in front of `workers` (`(url, models)`), plus extra TOML.
 pub fn router_config(policy: PolicyKind, workers: &[(String, Vec<&str>)], extra: &str) -> Config {
     let grace = if extra.contains("shutdown_grace_s") {
