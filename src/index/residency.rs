@@ -311,20 +311,29 @@ impl Residency {
         self.record(&evidence);
     }
 
-    /// `worker`'s followed blocks at `now` (touched within the horizon).
-    pub fn live_blocks(&self, worker: WorkerId, now: Duration) -> u64 {
-        let Some(set) = self.set(worker) else {
-            return 0;
-        };
+    /// Runs `f` on `worker`'s set once its expired batches are forgotten at `now` (`None`
+    /// when nothing was ever touched there).
+    fn expired<R>(
+        &self,
+        worker: WorkerId,
+        now: Duration,
+        f: impl FnOnce(&WorkerSet) -> R,
+    ) -> Option<R> {
+        let set = self.set(worker)?;
         let (cutoff, max) = self.limits(now);
         let mut evidence = ReuseCurve::default();
-        let live = {
+        let out = {
             let mut s = lock(&set);
             s.expire(cutoff, max, &mut evidence);
-            s.live
+            f(&s)
         };
         self.record(&evidence);
-        live
+        Some(out)
+    }
+
+    /// `worker`'s followed blocks at `now` (touched within the horizon).
+    pub fn live_blocks(&self, worker: WorkerId, now: Duration) -> u64 {
+        self.expired(worker, now, |s| s.live).unwrap_or(0)
     }
 
     /// How many of the blocks that writing `new_blocks` on `worker` (a cache of `capacity`
@@ -339,18 +348,10 @@ impl Residency {
         now: Duration,
         curve: &ReuseCurve,
     ) -> f64 {
-        let Some(set) = self.set(worker) else {
-            return 0.0;
-        };
-        let (cutoff, max) = self.limits(now);
-        let mut evidence = ReuseCurve::default();
-        let returning = {
-            let mut s = lock(&set);
-            s.expire(cutoff, max, &mut evidence);
+        self.expired(worker, now, |s| {
             s.returning_evictions(capacity, new_blocks, own, now, curve)
-        };
-        self.record(&evidence);
-        returning
+        })
+        .unwrap_or(0.0)
     }
 
     /// Forgets `worker`'s working set: it restarted with an empty cache, or left.

@@ -16,13 +16,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
-use http::StatusCode;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 pub use super::body_budget::{BodyBudget, BodyClaim};
 use crate::config::{Limits, TenantConfig};
 use crate::metrics::Metrics;
 use crate::openai::ApiError;
+
+use super::refusal::too_many;
 
 /// A running request's claim on capacity; dropping it frees the slot (or, after a reload
 /// lowered a limit, retires it: see [`Pool`]).
@@ -126,19 +127,6 @@ pub struct Admission {
     /// Serialises reloads (the tenant pools are read, resized and swapped as one step).
     reload: Mutex<()>,
     bodies: BodyBudget,
-}
-
-pub(super) fn too_many(message: String, reason: &'static str, metrics: &Metrics) -> ApiError {
-    metrics.rejected.with_label_values(&[reason]).inc();
-    ApiError {
-        retry_after_s: Some(1),
-        ..ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "rate_limit_error",
-            Some(reason),
-            message,
-        )
-    }
 }
 
 impl Admission {
@@ -251,6 +239,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use http::StatusCode;
 
     fn tenant(name: &str, max: Option<usize>) -> TenantConfig {
         TenantConfig {

@@ -12,7 +12,7 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::admission::too_many;
+use super::refusal::too_many;
 use crate::metrics::Metrics;
 use crate::openai::ApiError;
 

@@ -25,6 +25,7 @@ mod ops;
 mod pair;
 mod peer;
 mod read;
+mod refusal;
 pub mod reload;
 mod reload_guard;
 mod request_id;

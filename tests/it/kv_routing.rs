@@ -190,9 +190,17 @@ async fn same_prefix_requests_concentrate_on_the_warm_worker() {
         "queued_tokens",
         "in_flight",
         "predicted_ttft_s",
+        "returning_evictions",
     ] {
         assert!(warm_row.get(key).is_some(), "{key} missing: {warm_row}");
     }
+    // The warm worker's working set holds the system prompt's blocks, touched by nine
+    // admissions; a worker that was never chosen has none.
+    assert!(
+        warm_row["live_blocks"].as_u64().unwrap() >= 100,
+        "{warm_row}"
+    );
+    assert_eq!(cold_row["live_blocks"], 0, "{cold_row}");
     let metrics = s.metrics().await;
     assert!(
         metrics.contains(&format!(
