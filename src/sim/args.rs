@@ -522,6 +522,63 @@ mod tests {
     }
 
     #[test]
+    fn capacity_flags_need_capacity_and_refuse_what_it_cannot_size() {
+        use clap::error::ErrorKind;
+        let try_parse = |flags: &[&str]| {
+            Cli::try_parse_from(std::iter::once("simulate").chain(flags.iter().copied()))
+                .map(|c| c.args)
+                .map_err(|e| e.kind())
+        };
+        let a = parse(&[
+            "--capacity",
+            "--capacity-attainment",
+            "0.95",
+            "--capacity-precision",
+            "0.05",
+        ]);
+        let spec = a.capacity.spec().unwrap();
+        assert_eq!(
+            (spec.attainment, spec.precision, spec.max_multiplier),
+            (0.95, 0.05, 1024.0)
+        );
+        assert_eq!(spec.max_workers, 256);
+        assert!(!parse(&[]).capacity.capacity);
+        assert!(parse(&[]).capacity.spec().is_ok(), "the defaults are valid");
+        assert_eq!(
+            try_parse(&["--capacity-attainment", "0.9"]).err(),
+            Some(ErrorKind::MissingRequiredArgument)
+        );
+        for other in [
+            &["--scenario", "baseline"][..],
+            &["--join-at", "3"],
+            &["--restart-at", "0@3"],
+            &["--prefill-workers", "1", "--decode-workers", "1"],
+        ] {
+            let mut flags = vec!["--capacity"];
+            flags.extend_from_slice(other);
+            assert_eq!(
+                try_parse(&flags).err(),
+                Some(ErrorKind::ArgumentConflict),
+                "{other:?}"
+            );
+        }
+        for (flag, bad) in [
+            ("--capacity-attainment", "0"),
+            ("--capacity-attainment", "1.5"),
+            ("--capacity-attainment", "NaN"),
+            ("--capacity-precision", "0"),
+            ("--capacity-max-multiplier", "0.5"),
+            ("--capacity-max-workers", "0"),
+        ] {
+            let err = parse(&["--capacity", flag, bad])
+                .capacity
+                .spec()
+                .unwrap_err();
+            assert!(err.to_string().contains(flag), "{flag} {bad}: {err}");
+        }
+    }
+
+    #[test]
     fn old_spellings_still_mean_what_they_meant() {
         // `simulate --speedup` always sped up the engine, `--speedup-trace` the trace.
         let old = parse(&[

@@ -253,7 +253,8 @@ pub fn run_capacity(args: &SimulateArgs) -> anyhow::Result<Capacity> {
             .ok_or_else(|| anyhow::anyhow!("no run for {}", p.policy))?;
         let attainment = PolicyResult::from_run(run, p.config.slo, None).slo_attainment;
         eprintln!(
-            "    at ×{:.4} on {} workers: SLO attainment {:.2} %",
+            "    {} at ×{:.4} on {} workers: SLO attainment {:.2} %",
+            p.policy,
             p.multiplier,
             p.config.workers,
             attainment * 100.0

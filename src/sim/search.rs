@@ -71,6 +71,17 @@ struct Log<X, F> {
     probes: Vec<Probe<X>>,
 }
 
+impl<F> Log<f64, F> {
+    /// The lowest multiplier above `x` measured failing.
+    fn lowest_failure_above(&self, x: f64) -> Option<f64> {
+        self.probes
+            .iter()
+            .filter(|p| !p.passed && p.at > x)
+            .map(|p| p.at)
+            .min_by(f64::total_cmp)
+    }
+}
+
 impl<X: Copy, E, F: FnMut(X) -> Result<f64, E>> Log<X, F> {
     fn passes(&mut self, at: X) -> Result<bool, E> {
         let attainment = (self.probe)(at)?;
@@ -88,7 +99,7 @@ impl<X: Copy, E, F: FnMut(X) -> Result<f64, E>> Log<X, F> {
 /// the bounds), doubles while it passes or halves while it fails to bracket the boundary,
 /// bisects the bracket geometrically to `spec.precision`, then re-checks `spec.confirm` above
 /// the failing end; a pass there means the failure was a blip, and the search climbs on from
-/// it. Terminates: each round either ends or raises the passing end by at least `spec.confirm`,
+/// it (up to the lowest failure measured above, or doubling when none is). Terminates: each round either ends or raises the passing end by at least `spec.confirm`,
 /// and it never exceeds `spec.max`.
 pub fn max_multiplier<E>(
     spec: &RateSearch,
@@ -122,7 +133,8 @@ pub fn max_multiplier<E>(
         if spec.confirm <= 1.0 || check <= fail || !log.passes(check)? {
             return Ok(found(Some(pass), Some(fail), log));
         }
-        (lo, hi) = (check, None);
+        // Climb on from the pass, bracketed by a failure already measured above it if any.
+        (lo, hi) = (check, log.lowest_failure_above(check));
     }
 }
 
