@@ -33,7 +33,6 @@ fn bench(c: &mut Criterion) {
         prompt_tokens: 8000,
         blocks: 500,
         block_size: 16,
-        ..Default::default()
     };
     let mut group = c.benchmark_group("decision_16_workers");
     for kind in PolicyKind::ALL {

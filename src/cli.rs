@@ -43,7 +43,7 @@ pub enum Job {
     Bench(crate::bench::BenchCli),
     #[cfg(feature = "lab")]
     /// Simulate a trace in virtual time against N engine models, for every policy.
-    Simulate(crate::sim::SimulateArgs),
+    Simulate(Box<crate::sim::SimulateArgs>),
 }
 
 /// The prefix of every variable.

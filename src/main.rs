@@ -39,7 +39,7 @@ fn main() -> std::process::ExitCode {
                 #[cfg(feature = "lab")]
                 Command::Simulate(args) => {
                     let _logs = telemetry::init(kvroute::config::LogFormat::Text, None)?;
-                    let ran = tokio::task::spawn_blocking(move || kvroute::sim::run(args)).await?;
+                    let ran = tokio::task::spawn_blocking(move || kvroute::sim::run(*args)).await?;
                     Ok((ran, None))
                 }
                 #[cfg(feature = "lab")]

@@ -107,7 +107,6 @@ mod tests {
             prompt_tokens: 1600,
             blocks: 100,
             block_size: 16,
-            ..Default::default()
         }
     }
 

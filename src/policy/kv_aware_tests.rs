@@ -8,7 +8,6 @@ fn req(tokens: u64) -> RouteRequest {
         prompt_tokens: tokens,
         blocks: (tokens / 16) as u32,
         block_size: 16,
-        ..Default::default()
     }
 }
 

@@ -304,7 +304,7 @@ mod tests {
         let s = spec(0.02);
         let f = rate(&s, step(0.3));
         let (best, _) = check_bracket(&f, &s);
-        assert!(best <= 0.3 && best >= 0.3 / 1.02, "{best}");
+        assert!((0.3 / 1.02..=0.3).contains(&best), "{best}");
         assert_eq!(f.probes[0].at, 1.0);
         assert!(!f.probes[0].passed);
     }
@@ -323,7 +323,7 @@ mod tests {
         };
         let f = rate(&s, blip);
         let (best, _) = check_bracket(&f, &s);
-        assert!(best <= 6.0 && best >= 6.0 / 1.02, "{best}: {f:?}");
+        assert!((6.0 / 1.02..=6.0).contains(&best), "{best}: {f:?}");
         // The blip was measured failing and then passed over.
         assert!(f.probes.iter().any(|p| p.at == 4.0 && !p.passed));
         // Without the re-check the search would stop under the blip.
