@@ -18,6 +18,7 @@ use crate::report::SloArgs;
 use crate::workload::synthetic::SyntheticSpec;
 use crate::workload::{Naming, SyntheticChoice, Trace, WorkloadArgs};
 
+use super::capacity::{CapacitySpec, Workload};
 use super::config::{FleetChange, IndexMode, PdSplit, SimConfig};
 
 /// How the index is fed, on the command line.
@@ -162,6 +163,80 @@ pub struct SimulateArgs {
     /// Policies simulated in parallel threads (results do not depend on it).
     #[arg(long, default_value_t = 1)]
     pub jobs: usize,
+    /// Capacity at the SLO instead of one run per policy.
+    #[command(flatten)]
+    pub capacity: CapacityArgs,
+}
+
+/// `kvroute simulate --capacity`: how much traffic a fleet carries at the SLO, and how many
+/// workers a trace needs (see `sim::capacity`).
+#[derive(Args, Clone, Copy, Debug, PartialEq)]
+pub struct CapacityArgs {
+    /// Search each policy's capacity at the SLO instead of simulating once: the highest
+    /// arrival-rate multiplier (as --trace-speedup, times any given) at which
+    /// --capacity-attainment of requests meet --slo-ttft/--slo-e2e on --workers workers, and
+    /// the fewest workers that meet it at the trace's own rate. Prints a table; with --out,
+    /// writes capacity.md, capacity.json and capacity.svg (attainment vs multiplier).
+    #[arg(
+        long,
+        conflicts_with_all = ["scenario", "prefill_workers", "join_at", "restart_at", "records"]
+    )]
+    pub capacity: bool,
+    /// With --capacity: the fraction of requests that must meet the SLO.
+    #[arg(
+        long,
+        default_value_t = 0.9,
+        value_name = "FRACTION",
+        requires = "capacity"
+    )]
+    pub capacity_attainment: f64,
+    /// With --capacity: the rate search stops when its passing and failing multipliers are
+    /// this close, relative (0.02 = 2 %).
+    #[arg(
+        long,
+        default_value_t = 0.02,
+        value_name = "FRACTION",
+        requires = "capacity"
+    )]
+    pub capacity_precision: f64,
+    /// With --capacity: the highest multiplier probed (and 1/X the lowest).
+    #[arg(
+        long,
+        default_value_t = 1024.0,
+        value_name = "X",
+        requires = "capacity"
+    )]
+    pub capacity_max_multiplier: f64,
+    /// With --capacity: the most workers probed.
+    #[arg(long, default_value_t = 256, value_name = "N", requires = "capacity")]
+    pub capacity_max_workers: u32,
+}
+
+impl CapacityArgs {
+    /// The search targets of these flags (validated).
+    pub fn spec(&self) -> anyhow::Result<CapacitySpec> {
+        let a = self.capacity_attainment;
+        if !(a > 0.0 && a <= 1.0) {
+            bail!("--capacity-attainment must be a fraction in (0, 1], not {a}");
+        }
+        let p = self.capacity_precision;
+        if !(p.is_finite() && p > 0.0) {
+            bail!("--capacity-precision must be a positive fraction, not {p}");
+        }
+        let m = self.capacity_max_multiplier;
+        if !(m.is_finite() && m >= 1.0) {
+            bail!("--capacity-max-multiplier must be at least 1, not {m}");
+        }
+        if self.capacity_max_workers == 0 {
+            bail!("--capacity-max-workers must be at least 1");
+        }
+        Ok(CapacitySpec {
+            attainment: a,
+            precision: p,
+            max_multiplier: m,
+            max_workers: self.capacity_max_workers,
+        })
+    }
 }
 
 fn parse_restart(s: &str) -> Result<(u32, f64), String> {
@@ -202,6 +277,27 @@ impl SimulateArgs {
             bail!("give a workload: --trace FILE, --synthetic KIND or --scenario NAME")
         }
         self.workload.load(self.seed, Naming::Short)
+    }
+
+    /// The workload of a capacity study: as read, with the transforms still to apply, so each
+    /// probe applies them with its own rate multiplier.
+    pub fn capacity_workload(&self) -> anyhow::Result<Workload> {
+        if self.workload.is_empty() {
+            bail!("give a workload: --trace FILE or --synthetic KIND")
+        }
+        let untransformed = WorkloadArgs {
+            window: None,
+            max_requests: None,
+            trace_speedup: None,
+            max_input_tokens: None,
+            arrival_jitter: None,
+            ..self.workload.clone()
+        };
+        let (raw, _) = untransformed.load(self.seed, Naming::Short)?;
+        Ok(Workload {
+            raw,
+            transforms: self.workload.transforms(self.seed),
+        })
     }
 
     /// The synthetic spec of these flags for `kind`.
@@ -423,6 +519,63 @@ mod tests {
                 .to_string()
                 .contains("--slo-itl")
         );
+    }
+
+    #[test]
+    fn capacity_flags_need_capacity_and_refuse_what_it_cannot_size() {
+        use clap::error::ErrorKind;
+        let try_parse = |flags: &[&str]| {
+            Cli::try_parse_from(std::iter::once("simulate").chain(flags.iter().copied()))
+                .map(|c| c.args)
+                .map_err(|e| e.kind())
+        };
+        let a = parse(&[
+            "--capacity",
+            "--capacity-attainment",
+            "0.95",
+            "--capacity-precision",
+            "0.05",
+        ]);
+        let spec = a.capacity.spec().unwrap();
+        assert_eq!(
+            (spec.attainment, spec.precision, spec.max_multiplier),
+            (0.95, 0.05, 1024.0)
+        );
+        assert_eq!(spec.max_workers, 256);
+        assert!(!parse(&[]).capacity.capacity);
+        assert!(parse(&[]).capacity.spec().is_ok(), "the defaults are valid");
+        assert_eq!(
+            try_parse(&["--capacity-attainment", "0.9"]).err(),
+            Some(ErrorKind::MissingRequiredArgument)
+        );
+        for other in [
+            &["--scenario", "baseline"][..],
+            &["--join-at", "3"],
+            &["--restart-at", "0@3"],
+            &["--prefill-workers", "1", "--decode-workers", "1"],
+        ] {
+            let mut flags = vec!["--capacity"];
+            flags.extend_from_slice(other);
+            assert_eq!(
+                try_parse(&flags).err(),
+                Some(ErrorKind::ArgumentConflict),
+                "{other:?}"
+            );
+        }
+        for (flag, bad) in [
+            ("--capacity-attainment", "0"),
+            ("--capacity-attainment", "1.5"),
+            ("--capacity-attainment", "NaN"),
+            ("--capacity-precision", "0"),
+            ("--capacity-max-multiplier", "0.5"),
+            ("--capacity-max-workers", "0"),
+        ] {
+            let err = parse(&["--capacity", flag, bad])
+                .capacity
+                .spec()
+                .unwrap_err();
+            assert!(err.to_string().contains(flag), "{flag} {bad}: {err}");
+        }
     }
 
     #[test]

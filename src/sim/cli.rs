@@ -11,11 +11,12 @@ use anyhow::bail;
 use crate::workload::trace::Trace;
 
 use super::args::SimulateArgs;
+use super::capacity::{Capacity, ProbeRequest, study};
 use super::config::SimConfig;
 use super::oracle::oracle;
-use super::output::{summary_table, write_all, write_records};
+use super::output::{summary_table, write_all, write_capacity, write_records};
 use super::pooled::pooled_cache;
-use super::results::Results;
+use super::results::{PolicyResult, Results};
 use super::scenario::Scenario;
 use super::simulation::{PolicyRun, Simulation};
 use crate::policy::PolicyKind;
@@ -31,6 +32,9 @@ pub struct Outcome {
 
 /// Runs `kvroute simulate …`.
 pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
+    if args.capacity.capacity {
+        return run_capacity(&args).map(|_| ());
+    }
     if args.pd_split().is_some() {
         return super::pd_compare::run(&args);
     }
@@ -211,4 +215,57 @@ pub fn simulate_all(
         }
     }
     Ok(out)
+}
+
+/// Runs `kvroute simulate --capacity`: both capacity searches for every policy of `args`, each
+/// probe one simulation through [`simulate_all`]; prints the table and, with `--out`, writes
+/// the study's files.
+pub fn run_capacity(args: &SimulateArgs) -> anyhow::Result<Capacity> {
+    let spec = args.capacity.spec()?;
+    let config = args.sim_config()?;
+    if config.slo.ttft_s.is_none() && config.slo.e2e_s.is_none() {
+        bail!("--capacity needs a target to attain: give --slo-ttft and/or --slo-e2e");
+    }
+    if !config.changes.is_empty() || config.pd.is_some() {
+        bail!(
+            "--capacity sizes a fixed aggregated fleet: no --join-at, --restart-at or --prefill-workers"
+        );
+    }
+    let names = args.policy_kinds()?;
+    let workload = args.capacity_workload()?;
+    let (trace, label) = args.workload()?;
+    if trace.is_empty() {
+        bail!("the workload has no request (check --window and --max-requests)");
+    }
+    let header = format!(
+        "# kvroute simulate --capacity: {label}\n\n{}- capacity: SLO attainment ≥ {} %; rate multiplier on {} workers to {} % (up to ×{}), workers at ×1 (up to {})\n",
+        describe(args, &trace),
+        spec.attainment * 100.0,
+        config.workers,
+        spec.precision * 100.0,
+        spec.max_multiplier,
+        spec.max_workers,
+    );
+    let probe = |p: ProbeRequest<'_>| -> anyhow::Result<f64> {
+        let runs = simulate_all(p.trace, p.config, &[p.policy], 1)?;
+        let (run, _) = runs
+            .first()
+            .ok_or_else(|| anyhow::anyhow!("no run for {}", p.policy))?;
+        let attainment = PolicyResult::from_run(run, p.config.slo, None).slo_attainment;
+        eprintln!(
+            "    {} at ×{:.4} on {} workers: SLO attainment {:.2} %",
+            p.policy,
+            p.multiplier,
+            p.config.workers,
+            attainment * 100.0
+        );
+        Ok(attainment)
+    };
+    let capacity = study(&workload, &config, &names, &spec, args.jobs, probe)?;
+    println!("{header}\n{}", capacity.table());
+    if let Some(dir) = &args.out {
+        write_capacity(dir, &header, &capacity)?;
+        eprintln!("wrote {}", dir.display());
+    }
+    Ok(capacity)
 }

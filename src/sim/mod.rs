@@ -15,9 +15,12 @@
 //! - [`config`], [`args`], [`scenario`]: what to simulate, from code, flags or the suite.
 //! - [`record`], [`results`], [`output`]: per-request records, per-policy numbers, files.
 //! - [`pd_compare`]: a disaggregated fleet against an aggregated one of the same size.
+//! - [`capacity`], [`search`]: capacity at an SLO (the highest arrival rate a fleet carries,
+//!   the fewest workers a trace needs), by bracketing searches over whole simulations.
 //! - [`cli`]: `kvroute simulate`.
 
 pub mod args;
+pub mod capacity;
 pub mod cli;
 pub mod config;
 pub mod oracle;
@@ -29,9 +32,11 @@ pub mod record;
 pub mod results;
 pub mod router;
 pub mod scenario;
+pub mod search;
 pub mod simulation;
 
-pub use args::{IndexChoice, SimulateArgs};
+pub use args::{CapacityArgs, IndexChoice, SimulateArgs};
+pub use capacity::{Capacity, CapacitySpec, PolicyCapacity};
 pub use cli::run;
 pub use config::{FleetChange, IndexMode, PdSplit, SimConfig, dynamo_mocker_engine};
 pub use oracle::oracle;

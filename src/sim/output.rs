@@ -1,5 +1,6 @@
 //! Writing a run's evidence: `results.json`, `summary.md`, `ttft_cdf.svg` and one
-//! `load_<policy>.svg` per policy, with the charts `report::plot` draws for real-time runs.
+//! `load_<policy>.svg` per policy, with the charts `report::plot` draws for real-time runs;
+//! for `--capacity`, `capacity.md`, `capacity.json` and `capacity.svg`.
 
 use std::path::Path;
 
@@ -9,6 +10,7 @@ use crate::report::plot::{
     ChartSpec, Series, cdf_points, in_flight_over_time, line_chart, load_chart,
 };
 
+use super::capacity::Capacity;
 use super::results::{PolicyResult, Results};
 use super::simulation::PolicyRun;
 
@@ -136,5 +138,28 @@ pub fn write_all(
             &load_series(run, 300),
         )?;
     }
+    Ok(())
+}
+
+/// Writes a capacity study into `dir` (created if missing): `capacity.md` (`header` and the
+/// table), `capacity.json`, and `capacity.svg`, SLO attainment against the rate multiplier.
+pub fn write_capacity(dir: &Path, header: &str, capacity: &Capacity) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let json = dir.join("capacity.json");
+    std::fs::write(&json, capacity.to_json())
+        .with_context(|| format!("cannot write {}", json.display()))?;
+    let md = dir.join("capacity.md");
+    std::fs::write(&md, format!("{header}\n{}", capacity.table()))
+        .with_context(|| format!("cannot write {}", md.display()))?;
+    let spec = ChartSpec {
+        title: "SLO attainment vs arrival rate",
+        x_label: "arrival-rate multiplier (× the trace's rate)",
+        y_label: "fraction of requests within the SLO",
+    };
+    line_chart(
+        &dir.join("capacity.svg"),
+        &spec,
+        &capacity.attainment_series(),
+    )?;
     Ok(())
 }

@@ -61,6 +61,7 @@ mod router_replicas;
 mod routing_loops;
 mod routing_parity;
 mod serve_cli;
+mod sim_capacity;
 mod sim_disaggregated;
 mod sim_results;
 mod sim_routing;
