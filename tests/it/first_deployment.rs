@@ -125,3 +125,98 @@ fn the_log_names_the_variable_over_the_file_and_the_builtin_tokenizer() {
         "{builtin}"
     );
 }
+
+/// The workers as `GET /admin/workers` lists them (no admin key: reads are open).
+async fn admin_workers(addr: std::net::SocketAddr) -> Vec<serde_json::Value> {
+    let v: serde_json::Value = client()
+        .get(format!("http://{addr}/admin/workers"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["workers"].as_array().unwrap().clone()
+}
+
+fn router_over(workers: &str) -> kvroute::config::Config {
+    let text = format!(
+        "policy = \"round_robin\"\nshutdown_grace_s = 1.0\n[health]\ninterval_s = 0.05\n\
+         timeout_s = 0.5\n{workers}"
+    );
+    kvroute::config::Config::from_toml(&text, std::path::Path::new("test")).unwrap()
+}
+
+/// A failed health check says why, in the admin API and in `/ready`'s 503: the status a
+/// worker answered, or the connection error of one where nothing listens.
+#[tokio::test]
+async fn a_failed_health_check_says_why() {
+    let b = Backend::start("a", &["m"]).await;
+    b.set(|x| x.health_status = 503);
+    let nobody = quiet_port();
+    let r = start_router(&router_over(&format!(
+        "[[workers]]\nid = \"answers\"\nurl = \"{}\"\nmodels = [\"m\"]\n\
+         [[workers]]\nid = \"nobody\"\nurl = \"http://127.0.0.1:{nobody}\"\nmodels = [\"m\"]\n",
+        b.url()
+    )))
+    .await;
+    let fleet = std::sync::Arc::clone(&r.state.fleet);
+    assert!(
+        eventually(|| fleet.workers().iter().all(|w| w.health_error().is_some())).await,
+        "both checks failed with a reason"
+    );
+    let workers = admin_workers(r.addr).await;
+    let error = |id: &str| {
+        let w = workers.iter().find(|w| w["id"] == id).unwrap();
+        w["health_error"].as_str().unwrap_or_default().to_owned()
+    };
+    assert!(error("answers").contains("503"), "{workers:?}");
+    assert!(
+        error("nobody").to_ascii_lowercase().contains("refused"),
+        "{workers:?}"
+    );
+    let ready = client()
+        .get(format!("http://{}/ready", r.addr))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 503);
+    let body = ready.text().await.unwrap();
+    assert!(body.contains("`answers`") && body.contains("503"), "{body}");
+    r.shutdown().await;
+}
+
+/// `kv_events_connected` is true only once something arrived from the engine: a SUB socket
+/// "connects" to a port where nothing listens without an error.
+#[tokio::test]
+async fn kv_events_connected_means_the_engine_was_heard_from() {
+    let engine = SimEngine::start("m", 1, 100.0).await;
+    let silent = quiet_port();
+    let r = start_router(&router_over(&format!(
+        "[[workers]]\nid = \"silent\"\nurl = \"http://127.0.0.1:{}\"\nmodels = [\"m\"]\n\
+         kv_events = \"tcp://127.0.0.1:{silent}\"\n\
+         [[workers]]\nid = \"engine\"\nurl = \"{}\"\nmodels = [\"m\"]\n\
+         kv_events = \"{}\"\nkv_replay = \"{}\"\n",
+        quiet_port(),
+        engine.url(),
+        engine.events,
+        engine.replay
+    )))
+    .await;
+    let mut connected = false;
+    for _ in 0..200 {
+        let workers = admin_workers(r.addr).await;
+        let engine = workers.iter().find(|w| w["id"] == "engine").unwrap();
+        if engine["kv_events_connected"] == true {
+            connected = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(connected, "the engine's replay answer was never seen");
+    let workers = admin_workers(r.addr).await;
+    let silent = workers.iter().find(|w| w["id"] == "silent").unwrap();
+    assert_eq!(silent["kv_events_subscribed"], true, "{silent}");
+    assert_eq!(silent["kv_events_connected"], false, "{silent}");
+    r.shutdown().await;
+}
