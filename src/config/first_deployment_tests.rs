@@ -129,6 +129,14 @@ fn kv_events_under_the_builtin_tokenizer_are_warned_about() {
     let c = build("", &worker_flag("http://h:8000@tcp://h:5557")).unwrap();
     let warnings = c.builtin_tokenizer_warnings();
     assert!(warnings[0].contains("worker `h:8000`"), "{warnings:?}");
+    // Discovered workers publishing events, the only model builtin (the shipped overlay's
+    // case before issue 34).
+    let file = "[[models]]\nname = \"llama\"\ntokenizer = \"builtin\"\n\
+                [discovery.dns]\nname = \"vllm.svc\"\nport = 8000\nkv_events_port = 5557\n";
+    let warnings = build(file, &ServeArgs::default())
+        .unwrap()
+        .builtin_tokenizer_warnings();
+    assert!(warnings[0].contains("[discovery.dns]"), "{warnings:?}");
     // No events, or a real tokenizer: nothing to say.
     let c = build("", &worker_flag("http://h:8000=m")).unwrap();
     assert!(c.builtin_tokenizer_warnings().is_empty());

@@ -4,8 +4,6 @@
 //! as if it had no index, and said nothing about it (issue 34). Logged at start and at each
 //! reload; not refused, because the simulated engines of the lab do use the builtin tokenizer.
 
-use crate::fleet::WorkerSpec;
-
 use super::{Config, ModelConfig, TokenizerSource};
 
 /// The fix, written once for every warning.
@@ -33,7 +31,18 @@ impl Config {
                 }
             }
             if w.models.is_empty() && !self.any_real_tokenizer() {
-                out.push(unlisted(w));
+                out.push(unlisted(&format!("worker `{}`", w.id)));
+            }
+        }
+        if !self.any_real_tokenizer() {
+            let d = &self.discovery;
+            if d.kubernetes.is_some() {
+                out.push(unlisted(
+                    "the pods of [discovery.kubernetes] (kv_events_port)",
+                ));
+            }
+            if d.dns.as_ref().is_some_and(|d| d.kv_events_port.is_some()) {
+                out.push(unlisted("the workers of [discovery.dns] (kv_events_port)"));
             }
         }
         out
@@ -60,11 +69,10 @@ impl Config {
     }
 }
 
-fn unlisted(w: &WorkerSpec) -> String {
+/// The warning for workers whose models are learnt at run time, `who` naming them.
+fn unlisted(who: &str) -> String {
     format!(
-        "worker `{}` publishes KV events but no model has a tokenizer configured, so the \
-         models it serves are tokenized by the builtin tokenizer: no prefix will ever match; \
-         {FIX}",
-        w.id
+        "{who} publish KV events but no model has a tokenizer configured, so the models they \
+         serve are tokenized by the builtin tokenizer: no prefix will ever match; {FIX}"
     )
 }
