@@ -18,7 +18,7 @@ use crate::config::ServeArgs;
 #[derive(Parser, Debug)]
 #[command(
     name = "kvroute",
-    version,
+    version = crate::metrics::LONG_VERSION,
     about = "A KV-cache-aware router for LLM serving"
 )]
 pub struct Cli {
@@ -159,6 +159,25 @@ mod tests {
             if let Some((p, other)) = seen.insert(env.clone(), (path.clone(), id.clone())) {
                 panic!("{env:?} names both `{p} {other}` and `{path} {id}`");
             }
+        }
+    }
+
+    /// Issue 34: `--version` showed no commit, so a binary could not be traced to its source.
+    #[test]
+    fn the_version_names_the_commit() {
+        let shown = command().render_version();
+        assert!(
+            shown.contains(&format!("(commit {})", crate::metrics::COMMIT)),
+            "{shown}"
+        );
+        // Built from a checkout: the commit is known (git's, or the one the build was given).
+        let in_git = std::process::Command::new("git")
+            .args(["rev-parse", "HEAD"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if in_git {
+            assert_ne!(crate::metrics::COMMIT, "unknown", "{shown}");
         }
     }
 

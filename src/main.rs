@@ -26,6 +26,8 @@ fn main() -> std::process::ExitCode {
                     let telemetry =
                         telemetry::init(loaded.config.log_format, Some(&loaded.config.tracing))?;
                     loaded.config.warn_deprecations();
+                    loaded.config.log_overrides();
+                    loaded.config.warn_builtin_tokenizers();
                     let served = kvroute::server::run(loaded, args).await;
                     Ok((served, Some(telemetry)))
                 }

@@ -484,13 +484,19 @@ impl Default for Metrics {
     }
 }
 
-/// The version this binary was built from: the crate version, and the commit when the build
-/// was given one (`KVROUTE_COMMIT`, set by the Dockerfile's build argument).
+/// The version this binary was built from: the crate version, and the commit (`build.rs`:
+/// the `KVROUTE_COMMIT` the build was given, as the Dockerfile's build argument does, else the
+/// checkout's `git rev-parse`, else `unknown`).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
-const COMMIT: &str = match option_env!("KVROUTE_COMMIT") {
-    Some(c) => c,
-    None => "unknown",
-};
+/// The commit this binary was built from (see [`VERSION`]).
+pub const COMMIT: &str = env!("KVROUTE_COMMIT");
+/// What `kvroute --version` prints after the name: `0.1.0 (commit 0123456789ab)`.
+pub const LONG_VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("KVROUTE_COMMIT"),
+    ")"
+);
 
 /// Registers the standard `process_*` metrics (CPU seconds, resident memory, open and maximum
 /// file descriptors, threads, start time: what an operator alerts on first, e.g. descriptors

@@ -148,6 +148,22 @@ pub(super) struct FileModel {
     pub(super) disaggregation: Option<String>,
 }
 
+impl FileModel {
+    /// A model given by `--tokenizer MODEL=PATH` alone: its tokenizer, defaults otherwise.
+    pub(super) fn named(name: String, tokenizer: String) -> FileModel {
+        FileModel {
+            name,
+            tokenizer: Some(tokenizer),
+            block_size: None,
+            forward_cache_salt: None,
+            base_model: None,
+            engine: None,
+            max_model_len: None,
+            disaggregation: None,
+        }
+    }
+}
+
 #[derive(Deserialize, Debug, Default)]
 #[serde(deny_unknown_fields)]
 pub(super) struct FileTokens {

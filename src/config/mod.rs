@@ -21,6 +21,7 @@ mod index;
 mod kv_events;
 mod limits;
 mod models;
+mod overrides;
 mod policy;
 mod proxy;
 mod recording;
@@ -28,8 +29,10 @@ mod role;
 mod server;
 mod tenants;
 mod tls;
+mod tokenizer_warnings;
 mod traces;
 mod values;
+mod worker_mistakes;
 mod workers;
 
 use std::net::SocketAddr;
@@ -62,6 +65,7 @@ pub use models::{
     DEFAULT_BLOCK_SIZE, DEFAULT_FORWARD_CACHE_SALT, DEFAULT_TOKEN_CACHE_MB, ModelConfig,
     TokenizerSource,
 };
+pub use overrides::Override;
 pub use policy::{DEFAULT_POLICY, DEFAULT_SEED};
 pub use role::{RoleError, bootstrap_port, check_role, worker_role};
 pub use server::{
@@ -146,6 +150,18 @@ pub struct ServeArgs {
     /// refused: anyone reaching the listener could add a worker and read others' prompts.
     #[arg(long)]
     pub admin_open_on_loopback: bool,
+    /// A model's tokenizer: MODEL=PATH, PATH a directory holding the engine's tokenizer.json
+    /// (or the file itself). Without one, a model is tokenized by the builtin tokenizer, whose
+    /// blocks match nothing a real engine computes. Replaces the model's `[[models]]
+    /// tokenizer`, or lists the model. Repeat for more models; in `KVROUTE_TOKENIZER`,
+    /// separate them with spaces. (A Hugging Face id is not fetched: give a local path.)
+    #[arg(long = "tokenizer", value_name = "MODEL=PATH", value_delimiter = ' ')]
+    pub tokenizers: Vec<String>,
+    /// KV block size of the engines (vLLM `--block-size`, SGLang `--page-size`) for models
+    /// without their own `[[models]] block_size`; replaces `[tokens] default_block_size`
+    /// (default 16).
+    #[arg(long)]
+    pub block_size: Option<u32>,
 }
 
 /// The validated configuration of `kvroute serve`.
@@ -207,6 +223,8 @@ pub struct Config {
     pub emptied: Emptied,
     /// Deprecated keys the file used (still honoured); see [`Config::warn_deprecations`].
     pub deprecations: Vec<Deprecation>,
+    /// File values a flag or its variable replaced; see [`Config::log_overrides`].
+    pub overrides: Vec<Override>,
     /// Workers found at run time (`[discovery]`).
     pub discovery: DiscoveryConfig,
     /// The recorded trace of routed requests (`[recording]`), when one is named.
@@ -243,6 +261,14 @@ impl Config {
     pub fn warn_deprecations(&self) {
         for d in &self.deprecations {
             tracing::warn!(old = d.old, new = d.new, "{d}");
+        }
+    }
+
+    /// Logs at INFO each file value a flag or its `KVROUTE_*` variable replaced, naming the
+    /// variable: an environment beating the file is otherwise invisible.
+    pub fn log_overrides(&self) {
+        for o in &self.overrides {
+            o.log();
         }
     }
 
@@ -285,6 +311,7 @@ impl Config {
     fn build(file: FileConfig, args: &ServeArgs) -> Result<Config, ConfigError> {
         let mut deprecations = server::deprecations(&file);
         deprecations.extend(proxy::deprecations(&file.proxy));
+        let mut overrides = overrides::overrides(&file, args);
         let front = server::FrontDoor::from_file(&file, args.listen.as_deref())?;
         let policy = policy::policy(args.policy, file.policy)?;
         let proxy = proxy::proxy(&file.proxy)?;
@@ -295,7 +322,12 @@ impl Config {
             workers: file.workers.as_ref().is_some_and(Vec::is_empty),
         };
         let workers = workers::workers(file.workers.unwrap_or_default(), &args.workers)?;
-        let models = models::Models::from_file(&file.tokens, file.models)?;
+        let model_flags = models::ModelFlags {
+            tokenizers: &args.tokenizers,
+            block_size: args.block_size,
+        };
+        let models =
+            models::Models::from_file(&file.tokens, file.models, &model_flags, &mut overrides)?;
         let kv_aware = policy::kv_aware(&file.kv_aware)?;
         let index = IndexSettings::from_file(&file.index)?;
         let replay_limits = kv_events::replay_limits(&file.kv_events)?;
@@ -339,6 +371,7 @@ impl Config {
             admin,
             emptied,
             deprecations,
+            overrides,
             discovery,
             recording,
             endpoints,
@@ -373,5 +406,7 @@ fn parse_file(text: &str, path: &Path) -> Result<FileConfig, ConfigError> {
     })
 }
 
+#[cfg(test)]
+mod first_deployment_tests;
 #[cfg(test)]
 mod tests;

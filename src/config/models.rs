@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use super::file::{FileModel, FileTokens};
+use super::overrides::Override;
 use super::{ConfigError, invalid};
 use crate::proxy::handoff::Protocol;
 pub use crate::tokens::TokenizerSource;
@@ -92,16 +93,49 @@ pub(super) struct Models {
 }
 
 impl Models {
-    /// The settings of `[tokens]` and `[[models]]`.
+    /// The settings of `[tokens]` and `[[models]]`, then of `--block-size` (which replaces
+    /// `tokens.default_block_size`) and `--tokenizer MODEL=PATH` (which replaces a listed
+    /// model's tokenizer, or lists the model). Replaced file values are added to `overrides`.
     pub(super) fn from_file(
         tokens: &FileTokens,
-        file: Vec<FileModel>,
+        mut file: Vec<FileModel>,
+        flags: &ModelFlags<'_>,
+        overrides: &mut Vec<Override>,
     ) -> Result<Models, ConfigError> {
-        let default_block_size = tokens.default_block_size.unwrap_or(DEFAULT_BLOCK_SIZE);
-        block_size_ok("tokens.default_block_size", default_block_size)?;
+        let default_block_size = flags
+            .block_size
+            .or(tokens.default_block_size)
+            .unwrap_or(DEFAULT_BLOCK_SIZE);
+        let key = match flags.block_size {
+            Some(_) => "block_size",
+            None => "tokens.default_block_size",
+        };
+        block_size_ok(key, default_block_size)?;
+        let listed = file.len();
+        for (k, flag) in flags.tokenizers.iter().enumerate() {
+            let (name, path) = tokenizer_flag(flag)
+                .map_err(|message| invalid(format!("--tokenizer #{}", k + 1), message))?;
+            match file.iter().position(|m| m.name == name) {
+                Some(i) => {
+                    if file[i].tokenizer.is_some() {
+                        overrides.push(Override {
+                            flag: "tokenizer",
+                            key: format!("models[{i}].tokenizer"),
+                        });
+                    }
+                    file[i].tokenizer = Some(path);
+                }
+                None => file.push(FileModel::named(name, path)),
+            }
+        }
         let mut models = Vec::new();
         for (i, m) in file.into_iter().enumerate() {
-            let model = model(&format!("models[{i}]"), m, default_block_size, &models)?;
+            let key = if i < listed {
+                format!("models[{i}]")
+            } else {
+                format!("--tokenizer {}", m.name)
+            };
+            let model = model(&key, m, default_block_size, &models)?;
             models.push(model);
         }
         Ok(Models {
@@ -109,6 +143,30 @@ impl Models {
             models,
             token_cache_bytes: tokens.cache_mb.unwrap_or(DEFAULT_TOKEN_CACHE_MB) << 20,
         })
+    }
+}
+
+/// The `serve` flags that configure models.
+#[derive(Default)]
+pub(super) struct ModelFlags<'a> {
+    /// `--tokenizer MODEL=PATH`, each.
+    pub(super) tokenizers: &'a [String],
+    /// `--block-size`.
+    pub(super) block_size: Option<u32>,
+}
+
+/// `MODEL=PATH`: the model's name and its tokenizer (a directory with `tokenizer.json`, the
+/// file itself, or `builtin`). A Hugging Face id is not fetched: the path must exist.
+fn tokenizer_flag(flag: &str) -> Result<(String, String), String> {
+    match flag.split_once('=') {
+        Some((name, path)) if !name.trim().is_empty() && !path.trim().is_empty() => {
+            Ok((name.trim().to_owned(), path.trim().to_owned()))
+        }
+        _ => Err(format!(
+            "`{flag}` is not MODEL=PATH; write e.g. \
+             `--tokenizer meta-llama/Llama-3.1-8B-Instruct=/models/llama/tokenizer.json` \
+             (a directory with tokenizer.json, or the file)"
+        )),
     }
 }
 

@@ -105,6 +105,13 @@ pub fn check_worker(spec: &WorkerSpec) -> Result<(), WorkerSpecError> {
             ));
         }
     }
+    if let Some((field, message)) = super::worker_mistakes::find(
+        &spec.models,
+        spec.kv_events.as_deref(),
+        spec.kv_replay.as_deref(),
+    ) {
+        return Err(spec_error(field, message));
+    }
     if spec.kv_blocks == Some(0) {
         return Err(spec_error(
             "kv_blocks",
@@ -368,7 +375,7 @@ mod tests {
             let e = data_parallel_size(Some(bad)).unwrap_err();
             assert_eq!(e.field, "data_parallel_size", "{bad}");
         }
-        let mut spec = parse_worker_flag("http://h:1@tcp://*:5557@tcp://h:5567").unwrap();
+        let mut spec = parse_worker_flag("http://h:1@tcp://h:5557@tcp://h:5567").unwrap();
         spec.data_parallel_size = 4;
         assert_eq!(check_worker(&spec), Ok(()));
         // Rank 1's events would be rank 0's replay port.

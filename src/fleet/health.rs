@@ -99,10 +99,16 @@ pub async fn check_worker(
     worker: &Arc<Worker>,
     config: &HealthConfig,
 ) -> bool {
-    let ok = matches!(
-        get(client, worker, &config.path, config.timeout).await,
-        Some((status, _)) if status.is_success()
-    );
+    let failure = match probe(client, worker, &config.path, config.timeout).await {
+        Ok((status, _)) if status.is_success() => None,
+        Ok((status, _)) => Some(format!("GET {} answered {status}", config.path)),
+        Err(e) => Some(format!("GET {}: {e}", config.path)),
+    };
+    let ok = failure.is_none();
+    if let Some(reason) = &failure {
+        tracing::debug!(worker = worker.id(), %reason, "health check failed");
+    }
+    worker.set_health_error(failure.clone());
     if ok
         && worker.spec.models.is_empty()
         && let Some((status, body)) = get(client, worker, "/v1/models", config.timeout).await
@@ -125,6 +131,7 @@ pub async fn check_worker(
         } else {
             tracing::warn!(
                 worker = worker.id(),
+                reason = failure.as_deref().unwrap_or("unknown"),
                 "worker failed its health checks; marked down"
             );
         }
@@ -173,20 +180,59 @@ pub(super) async fn get(
     path: &str,
     timeout: Duration,
 ) -> Option<(http::StatusCode, Bytes)> {
+    probe(client, worker, path, timeout).await.ok()
+}
+
+/// Why a probe got no answer: what a failed health check reports.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// No connection or no complete answer (refused, reset, TLS, DNS, ...).
+    #[error("{0}")]
+    Connect(String),
+    /// No answer within the timeout.
+    #[error("no answer within {0:?} (`[health] timeout_s`)")]
+    Timeout(Duration),
+    /// The request could not be built from the worker's URL.
+    #[error("cannot build the request: {0}")]
+    Request(String),
+}
+
+/// GETs `path` on `worker` with a 4 MiB limit on the body, or says why not.
+pub(super) async fn probe(
+    client: &ProbeClient,
+    worker: &Worker,
+    path: &str,
+    timeout: Duration,
+) -> Result<(http::StatusCode, Bytes), ProbeError> {
     let req = http::Request::get(worker.spec.url.join(path))
         .body(Empty::new())
-        .ok()?;
+        .map_err(|e| ProbeError::Request(e.to_string()))?;
     let fut = async {
-        let resp = client.request(req).await.ok()?;
+        let resp = client.request(req).await.map_err(connect_error)?;
         let status = resp.status();
         let body = http_body_util::Limited::new(resp.into_body(), 4 << 20)
             .collect()
             .await
-            .ok()?
+            .map_err(|e| ProbeError::Connect(format!("reading the body: {e}")))?
             .to_bytes();
-        Some((status, body))
+        Ok((status, body))
     };
-    tokio::time::timeout(timeout, fut).await.ok().flatten()
+    tokio::time::timeout(timeout, fut)
+        .await
+        .unwrap_or(Err(ProbeError::Timeout(timeout)))
+}
+
+/// The client's error with its causes (hyper-util's own message is just "client error
+/// (Connect)"; the cause says "Connection refused").
+fn connect_error(e: hyper_util::client::legacy::Error) -> ProbeError {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    ProbeError::Connect(text)
 }
 
 /// The models of an OpenAI `GET /v1/models` answer. vLLM lists each LoRA adapter as a model

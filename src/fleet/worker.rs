@@ -85,6 +85,9 @@ pub struct Worker {
     verified: AtomicBool,
     draining: AtomicBool,
     event_feed: AtomicBool,
+    /// Why its last health check failed (`None` after one passed): shown by the admin API,
+    /// `/ready` and the log, since "marked down" alone sent operators guessing.
+    health_error: RwLock<Option<String>>,
     /// Consecutive health checks that disagreed with the current state.
     streak: AtomicU32,
     /// KV cache capacity read from the engine's metrics (0: not read yet).
@@ -144,6 +147,7 @@ impl Worker {
             verified: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             event_feed: AtomicBool::new(false),
+            health_error: RwLock::new(None),
             streak: AtomicU32::new(0),
             discovered_kv_blocks: AtomicUsize::new(0),
             on_down,
@@ -255,6 +259,19 @@ impl Worker {
     /// Whether it may receive new requests.
     pub fn is_healthy(&self) -> bool {
         self.healthy.load(Ordering::Relaxed)
+    }
+
+    /// Why its last health check failed, or `None` when it passed (or none ran yet).
+    pub fn health_error(&self) -> Option<String> {
+        self.health_error
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Records the outcome of a health check: why it failed, or `None` when it passed.
+    pub fn set_health_error(&self, error: Option<String>) {
+        *self.health_error.write().unwrap_or_else(|e| e.into_inner()) = error;
     }
 
     /// Whether a health check of this worker has ever passed.

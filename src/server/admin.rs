@@ -65,13 +65,20 @@ fn describe(state: &AppState, w: &Worker) -> Value {
         "url": w.spec.url.to_string(),
         "models": w.models(),
         "healthy": w.is_healthy(),
+        "health_error": w.health_error(),
         "draining": w.is_draining(),
         "circuit": w.breaker.state(std::time::Instant::now()).name(),
         "in_flight": total(|l| l.in_flight),
         "queued_tokens": total(|l| l.queued_prefill_tokens),
         "decoding": total(|l| l.decoding),
         "kv_events": w.spec.kv_events,
-        "kv_events_connected": w.has_event_feed(),
+        // Subscribed: a feed is open, so routing trusts the engine's events over predictions.
+        // Connected: something arrived on it (a batch or a replay answer). A ZeroMQ SUB
+        // "connects" to a port where nothing listens without an error, so being subscribed
+        // proves nothing; an idle engine without a replay endpoint stays unconnected until
+        // it publishes its first batch.
+        "kv_events_subscribed": w.has_event_feed(),
+        "kv_events_connected": heard_from(state, w),
         "kv_warming": w.is_kv_warming(),
         "kv_blocks": w.kv_blocks(),
         "predicted_blocks": w.keys().map(|k| state.holdings.approx.len(k)).sum::<usize>(),
@@ -79,6 +86,16 @@ fn describe(state: &AppState, w: &Worker) -> Value {
         "ranks": ranks,
         "role": w.role().as_str(),
         "bootstrap_port": w.spec.bootstrap_port,
+    })
+}
+
+/// Whether any of the worker's KV-event feeds delivered a batch or a replay answer.
+fn heard_from(state: &AppState, w: &Worker) -> bool {
+    let keys: Vec<_> = w.keys().collect();
+    state.lifecycle.feed_stats().iter().any(|(key, stats)| {
+        use std::sync::atomic::Ordering::Relaxed;
+        keys.contains(key)
+            && (stats.batches.load(Relaxed) > 0 || stats.replays_ok.load(Relaxed) > 0)
     })
 }
 

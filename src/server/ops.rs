@@ -27,10 +27,30 @@ pub(super) async fn ready(State(state): State<Arc<AppState>>) -> Response {
             StatusCode::SERVICE_UNAVAILABLE,
             "service_unavailable",
             Some("not_ready"),
-            "no worker serving a model has passed a health check and can take requests",
+            not_ready_message(&state.fleet),
         )
         .into_response()
     }
+}
+
+/// Why no worker is ready: the last health-check failure of the first few workers, so the
+/// probe's answer (and `kubectl describe`) says what to fix.
+fn not_ready_message(fleet: &crate::fleet::Fleet) -> String {
+    /// Workers whose failure is named; the admin API lists them all.
+    const NAMED: usize = 4;
+    let mut message =
+        String::from("no worker serving a model has passed a health check and can take requests");
+    let failures: Vec<String> = fleet
+        .workers()
+        .iter()
+        .filter_map(|w| w.health_error().map(|e| format!("`{}`: {e}", w.id())))
+        .take(NAMED)
+        .collect();
+    if !failures.is_empty() {
+        message.push_str("; last health checks: ");
+        message.push_str(&failures.join("; "));
+    }
+    message
 }
 
 /// `GET /metrics`: Prometheus text. Fleet gauges are read from the live counters at scrape

@@ -158,6 +158,7 @@ impl Reloader {
             }
         };
         let new = &loaded.config;
+        new.warn_builtin_tokenizers();
         for what in reload_guard::opened(&running, new) {
             tracing::warn!("configuration reload: {what}");
         }

@@ -30,6 +30,7 @@ mod engine_events;
 mod engine_http;
 mod error_bodies;
 mod failure_classes;
+mod first_deployment;
 mod hostile_input;
 mod index_exact;
 mod index_model;
