@@ -21,6 +21,7 @@
 
 pub mod args;
 pub mod capacity;
+pub mod capacity_args;
 pub mod cli;
 pub mod config;
 pub mod oracle;
@@ -35,8 +36,9 @@ pub mod scenario;
 pub mod search;
 pub mod simulation;
 
-pub use args::{CapacityArgs, IndexChoice, SimulateArgs};
+pub use args::{IndexChoice, SimulateArgs};
 pub use capacity::{Capacity, CapacitySpec, PolicyCapacity};
+pub use capacity_args::CapacityArgs;
 pub use cli::run;
 pub use config::{FleetChange, IndexMode, PdSplit, SimConfig, dynamo_mocker_engine};
 pub use oracle::oracle;
