@@ -46,7 +46,7 @@ impl Default for ResidencyConfig {
     fn default() -> Self {
         ResidencyConfig {
             horizon: Duration::from_secs(900),
-            max_blocks_per_worker: 1 << 20,
+            max_blocks_per_worker: 1 << 18,
         }
     }
 }
@@ -294,12 +294,23 @@ impl Residency {
     }
 
     /// `blocks` of a request admitted on `worker` at `now`: reused or written there, they are
-    /// now the worker's most recently used blocks.
-    pub fn touch(&self, worker: WorkerId, blocks: &[BlockHash], now: Duration) {
+    /// now the worker's most recently used blocks. A worker whose KV cache holds
+    /// `capacity_blocks` is followed for at most twice that (the oldest beyond its capacity are
+    /// gone from the engine anyway), so memory follows the fleet's caches, not the traffic.
+    pub fn touch(
+        &self,
+        worker: WorkerId,
+        blocks: &[BlockHash],
+        now: Duration,
+        capacity_blocks: Option<u64>,
+    ) {
         if blocks.is_empty() {
             return;
         }
-        let (cutoff, max) = self.limits(now);
+        let (cutoff, configured) = self.limits(now);
+        let max = capacity_blocks.map_or(configured, |c| {
+            configured.min(c.saturating_mul(2).saturating_add(blocks.len() as u64))
+        });
         let set = self.set_or_insert(worker);
         let mut evidence = ReuseCurve::default();
         {

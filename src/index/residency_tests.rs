@@ -23,8 +23,8 @@ fn residency(horizon: u64, max: usize) -> Residency {
 fn live_blocks_count_distinct_touches_within_the_horizon() {
     let r = residency(10, 1_000);
     let w = WorkerId(1);
-    r.touch(w, &blocks(0..4), s(0));
-    r.touch(w, &blocks(0..6), s(5));
+    r.touch(w, &blocks(0..4), s(0), None);
+    r.touch(w, &blocks(0..6), s(5), None);
     assert_eq!(r.live_blocks(w, s(5)), 6);
     assert_eq!(r.live_blocks(WorkerId(2), s(5)), 0);
     // Blocks 0..4 were touched again at 5 s: all six are followed until 15 s.
@@ -38,10 +38,10 @@ fn the_curve_is_the_share_of_idle_periods_that_ended_in_a_touch() {
     let w = WorkerId(0);
     assert_eq!(r.curve().returning(0.0), 0.0);
     // A session of 8 blocks comes back after 3 s, then after 40 s; 8 unique blocks never do.
-    r.touch(w, &blocks(0..8), s(0));
-    r.touch(w, &blocks(0..8), s(3));
-    r.touch(w, &blocks(100..108), s(4));
-    r.touch(w, &blocks(0..8), s(43));
+    r.touch(w, &blocks(0..8), s(0), None);
+    r.touch(w, &blocks(0..8), s(3), None);
+    r.touch(w, &blocks(100..108), s(4), None);
+    r.touch(w, &blocks(0..8), s(43), None);
     assert_eq!(r.curve().returning(0.0), 1.0);
     r.live_blocks(w, s(1_000));
     let c = r.curve();
@@ -53,7 +53,7 @@ fn the_curve_is_the_share_of_idle_periods_that_ended_in_a_touch() {
     // Unique traffic only: nothing ever comes back.
     let u = Residency::default();
     for i in 0..50 {
-        u.touch(w, &blocks(i * 10..i * 10 + 10), s(i * 1_000));
+        u.touch(w, &blocks(i * 10..i * 10 + 10), s(i * 1_000), None);
     }
     assert_eq!(u.curve().returning(0.0), 0.0);
 }
@@ -71,8 +71,8 @@ fn returning_evictions_walk_the_oldest_blocks_first() {
     assert_eq!(curve.returning(1.0), 0.5);
     let mut always = ReuseCurve::default();
     always.returned[BINS - 1] = 1.0;
-    r.touch(w, &blocks(0..40), s(0)); // old session
-    r.touch(w, &blocks(100..140), s(95)); // recent session
+    r.touch(w, &blocks(0..40), s(0), None); // old session
+    r.touch(w, &blocks(100..140), s(95), None); // recent session
     assert_eq!(r.live_blocks(w, s(100)), 80);
     // Room for 20 more blocks: writing 20 evicts nothing.
     assert_eq!(r.returning_evictions(w, 100, 20, &[], s(100), &always), 0.0);
@@ -105,11 +105,11 @@ fn the_set_is_bounded_oldest_first_and_clears() {
     let r = residency(1_000, 100);
     let w = WorkerId(3);
     for i in 0..10 {
-        r.touch(w, &blocks(i * 50..i * 50 + 50), s(i));
+        r.touch(w, &blocks(i * 50..i * 50 + 50), s(i), None);
     }
     assert_eq!(r.live_blocks(w, s(10)), 100);
     // The newest blocks stayed: touching them again moves them, it adds none.
-    r.touch(w, &blocks(450..500), s(11));
+    r.touch(w, &blocks(450..500), s(11), None);
     assert_eq!(r.live_blocks(w, s(11)), 100);
     r.clear_worker(w);
     assert_eq!(r.live_blocks(w, s(11)), 0);
@@ -120,7 +120,7 @@ fn forgotten_blocks_leave_the_table() {
     let r = residency(10, 1 << 20);
     let w = WorkerId(0);
     for i in 0..100 {
-        r.touch(w, &blocks(i * 1_000..i * 1_000 + 1_000), s(i * 20));
+        r.touch(w, &blocks(i * 1_000..i * 1_000 + 1_000), s(i * 20), None);
     }
     let set = r.set(w).unwrap();
     let s = lock(&set);
@@ -130,4 +130,17 @@ fn forgotten_blocks_leave_the_table() {
         "{}",
         s.batch_of.len()
     );
+}
+
+/// A worker with a known KV capacity is followed for at most twice its capacity.
+#[test]
+fn a_worker_is_followed_for_twice_its_capacity() {
+    let r = residency(1_000, 1 << 20);
+    let w = WorkerId(0);
+    for i in 0..10 {
+        r.touch(w, &blocks(i * 100..i * 100 + 100), s(i), Some(200));
+    }
+    assert_eq!(r.live_blocks(w, s(10)), 500);
+    r.touch(WorkerId(1), &blocks(0..1_000), s(0), None);
+    assert_eq!(r.live_blocks(WorkerId(1), s(1)), 1_000);
 }

@@ -210,7 +210,12 @@ impl Decider {
                 .approx
                 .record_routed(worker, &analysis.hashes, now);
         }
-        self.holdings.residency.touch(worker, &analysis.hashes, now);
+        self.holdings.residency.touch(
+            worker,
+            &analysis.hashes,
+            now,
+            choice.target.kv_blocks().map(|b| b as u64),
+        );
         let guard = choice
             .target
             .load()
