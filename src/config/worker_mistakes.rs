@@ -9,7 +9,9 @@
 //! - A model name ending in `@` and a port (`m@5557`): an endpoint written without its
 //!   `tcp://HOST:` prefix, which the `--worker` syntax read as part of the model name.
 
-use super::workers::WORKER_FLAG_SYNTAX;
+/// The `--worker` syntax, for help texts and errors (here, beside the mistakes it names, so
+/// `workers` only imports from this file).
+pub const WORKER_FLAG_SYNTAX: &str = "URL[=MODEL,…][@EVENTS_ENDPOINT[@REPLAY_ENDPOINT]]";
 
 /// A mistake: the field at fault and what to write instead.
 pub(super) type Mistake = (&'static str, String);

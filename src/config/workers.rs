@@ -12,8 +12,7 @@ use super::role::{bootstrap_port, check_role, worker_role};
 use super::{ConfigError, invalid};
 use crate::fleet::{BaseUrl, WorkerSpec};
 
-/// The `--worker` syntax, for help texts and errors.
-pub const WORKER_FLAG_SYNTAX: &str = "URL[=MODEL,…][@EVENTS_ENDPOINT[@REPLAY_ENDPOINT]]";
+pub use super::worker_mistakes::WORKER_FLAG_SYNTAX;
 
 /// Why a `--worker` flag was refused.
 #[derive(Debug, Error, PartialEq)]

@@ -217,7 +217,7 @@ impl WorkerSet {
 
 /// The fleet's working sets and its measured reuse curve.
 pub struct Residency {
-    config: RwLock<ResidencyConfig>,
+    config: ResidencyConfig,
     workers: RwLock<HashMap<WorkerId, Arc<Mutex<WorkerSet>>>>,
     curve: Mutex<ReuseCurve>,
 }
@@ -245,7 +245,7 @@ impl Residency {
     /// Empty working sets with `config`.
     pub fn new(config: ResidencyConfig) -> Residency {
         Residency {
-            config: RwLock::new(config),
+            config,
             workers: RwLock::new(HashMap::new()),
             curve: Mutex::new(ReuseCurve::default()),
         }
@@ -253,12 +253,7 @@ impl Residency {
 
     /// The settings now.
     pub fn config(&self) -> ResidencyConfig {
-        *self.config.read().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Takes new settings (a config reload); what was touched is kept.
-    pub fn set_config(&self, config: ResidencyConfig) {
-        *self.config.write().unwrap_or_else(PoisonError::into_inner) = config;
+        self.config
     }
 
     /// The reuse curve measured so far.
