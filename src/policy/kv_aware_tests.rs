@@ -368,6 +368,10 @@ fn a_session_home_wins_ties_but_is_never_a_pin() {
     for _ in 0..20 {
         assert_eq!(p.choose(&req(160), &c).unwrap().chosen, 2);
     }
+    // Among ties, the worker with fewer requests in flight still comes first.
+    c[2].load.in_flight = 1;
+    assert_ne!(p.choose(&req(160), &c).unwrap().chosen, 2);
+    c[2].load.in_flight = 0;
     // The home with a queue that costs more than the tie window loses to an idle worker.
     c[2].load.queued_prefill_tokens = 4_000;
     assert_ne!(p.choose(&req(160), &c).unwrap().chosen, 2);
