@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::config::{Config, ConfigError, Loaded, LogFormat, ServeArgs};
+use crate::config::{
+    Config, ConfigError, InferencePoolRef, Loaded, LogFormat, ServeArgs, is_namespace,
+};
 use crate::policy::PolicyKind;
 use crate::tls::ServerTls;
 
@@ -34,6 +36,14 @@ pub struct EppArgs {
     /// Log format.
     #[arg(long, value_enum)]
     pub log_format: Option<LogFormat>,
+    /// The `InferencePool` whose pods are the workers (its selector and `targetPorts`, one
+    /// per data-parallel rank); KV-event ports and annotations as `[discovery.kubernetes]`
+    /// says (or its defaults).
+    #[arg(long)]
+    pub pool_name: Option<String>,
+    /// The pool's namespace (default: the picker's own, or `[discovery.kubernetes] namespace`).
+    #[arg(long, requires = "pool_name")]
+    pub pool_namespace: Option<String>,
     /// The ext_proc gRPC listener (GIE's convention: port 9002).
     #[arg(long, default_value = "0.0.0.0:9002")]
     pub grpc_listen: SocketAddr,
@@ -67,6 +77,9 @@ impl EppArgs {
             block_size: self.block_size,
         };
         let mut loaded = Config::load_hashed(&serve)?;
+        if let Some(name) = &self.pool_name {
+            loaded.config.discovery.inference_pool = Some(self.pool(name)?);
+        }
         if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
             loaded.config.tls = Some(ServerTls {
                 cert_file: cert.clone(),
@@ -76,6 +89,31 @@ impl EppArgs {
             });
         }
         Ok(loaded)
+    }
+
+    fn pool(&self, name: &str) -> Result<InferencePoolRef, ConfigError> {
+        let bad = |key: &str, what: &str| ConfigError::Invalid {
+            key: key.into(),
+            message: format!("`{what}` is not a Kubernetes object name"),
+        };
+        if !name.split('.').all(is_namespace) || name.len() > 253 {
+            return Err(bad("--pool-name", name));
+        }
+        if let Some(ns) = self.pool_namespace.as_deref().filter(|ns| !is_namespace(ns)) {
+            return Err(bad("--pool-namespace", ns));
+        }
+        if !cfg!(feature = "kubernetes") {
+            return Err(ConfigError::Invalid {
+                key: "--pool-name".into(),
+                message: "this kvroute was built without Kubernetes discovery (cargo feature \
+                          `kubernetes`)"
+                    .into(),
+            });
+        }
+        Ok(InferencePoolRef {
+            name: name.to_owned(),
+            namespace: self.pool_namespace.clone(),
+        })
     }
 }
 

@@ -15,6 +15,8 @@ use crate::server::AppState;
 const LIVENESS: &str = "liveness";
 const READINESS: &str = "readiness";
 const EXT_PROC: &str = "envoy.service.ext_proc.v3.ExternalProcessor";
+/// The name llm-d's single-replica probes ask about (ready as `readiness`).
+const INFERENCE_EXTENSION: &str = "inference-extension";
 
 /// How often readiness is re-evaluated.
 const EVERY: Duration = Duration::from_secs(1);
@@ -35,7 +37,7 @@ pub async fn report(state: Arc<AppState>, reporter: HealthReporter, stop: Cancel
             } else {
                 ServingStatus::NotServing
             };
-            for service in [READINESS, EXT_PROC, ""] {
+            for service in [READINESS, EXT_PROC, INFERENCE_EXTENSION, ""] {
                 reporter.set_service_status(service, status).await;
             }
             tracing::info!(ready, "endpoint picker readiness");
@@ -46,7 +48,7 @@ pub async fn report(state: Arc<AppState>, reporter: HealthReporter, stop: Cancel
             _ = tokio::time::sleep(EVERY) => {}
         }
     }
-    for service in [LIVENESS, READINESS, EXT_PROC, ""] {
+    for service in [LIVENESS, READINESS, EXT_PROC, INFERENCE_EXTENSION, ""] {
         reporter.set_service_status(service, ServingStatus::NotServing).await;
     }
 }

@@ -88,7 +88,7 @@ pub(super) async fn phase(
         .unwrap_or(StatusCode::OK);
     let sse = crate::proxy::is_event_stream(&headers.map);
     let worker = picked.attempt.worker.id().to_owned();
-    let mut watch = Watch {
+    let watch = Watch {
         served: picked.observe(status, sse),
         detector: sse.then(FirstTokenDetector::default),
         first_token: false,

@@ -28,6 +28,10 @@ mod discovery_kubernetes;
 mod endpoints;
 mod engine_events;
 mod engine_http;
+#[cfg(feature = "epp")]
+mod epp;
+#[cfg(all(feature = "epp", feature = "kubernetes"))]
+mod epp_pool;
 mod error_bodies;
 mod failure_classes;
 mod first_deployment;
