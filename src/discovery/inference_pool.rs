@@ -61,7 +61,11 @@ pub fn pod_discovery(
 ) -> Result<KubernetesDiscovery, PoolError> {
     let labels: BTreeMap<&str, &str> = spec["selector"]["matchLabels"]
         .as_object()
-        .map(|m| m.iter().filter_map(|(k, v)| Some((k.as_str(), v.as_str()?))).collect())
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.as_str(), v.as_str()?)))
+                .collect()
+        })
         .unwrap_or_default();
     if labels.is_empty() {
         return Err(PoolError::NoSelector);
@@ -210,7 +214,10 @@ mod tests {
     #[test]
     fn a_pool_without_selector_or_with_scattered_ports_is_refused() {
         let no_labels = json!({"selector": {"matchLabels": {}}, "targetPorts": [{"number": 1}]});
-        assert_eq!(pod_discovery(&no_labels, &base()), Err(PoolError::NoSelector));
+        assert_eq!(
+            pod_discovery(&no_labels, &base()),
+            Err(PoolError::NoSelector)
+        );
         let scattered = json!({
             "selector": {"matchLabels": {"app": "x"}},
             "targetPorts": [{"number": 8000}, {"number": 9000}],
@@ -219,7 +226,8 @@ mod tests {
             pod_discovery(&scattered, &base()),
             Err(PoolError::NotConsecutive(_))
         ));
-        let zero = json!({"selector": {"matchLabels": {"app": "x"}}, "targetPorts": [{"number": 0}]});
+        let zero =
+            json!({"selector": {"matchLabels": {"app": "x"}}, "targetPorts": [{"number": 0}]});
         assert_eq!(pod_discovery(&zero, &base()), Err(PoolError::BadPort(0)));
         let none = json!({"selector": {"matchLabels": {"app": "x"}}, "targetPorts": []});
         assert_eq!(pod_discovery(&none, &base()), Err(PoolError::NoPorts));

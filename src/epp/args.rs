@@ -99,7 +99,11 @@ impl EppArgs {
         if !name.split('.').all(is_namespace) || name.len() > 253 {
             return Err(bad("--pool-name", name));
         }
-        if let Some(ns) = self.pool_namespace.as_deref().filter(|ns| !is_namespace(ns)) {
+        if let Some(ns) = self
+            .pool_namespace
+            .as_deref()
+            .filter(|ns| !is_namespace(ns))
+        {
             return Err(bad("--pool-namespace", ns));
         }
         if !cfg!(feature = "kubernetes") {
@@ -116,4 +120,3 @@ impl EppArgs {
         })
     }
 }
-

@@ -23,7 +23,9 @@ const EVERY: Duration = Duration::from_secs(1);
 
 /// Keeps the health services' statuses current until `stop`.
 pub async fn report(state: Arc<AppState>, reporter: HealthReporter, stop: CancellationToken) {
-    reporter.set_service_status(LIVENESS, ServingStatus::Serving).await;
+    reporter
+        .set_service_status(LIVENESS, ServingStatus::Serving)
+        .await;
     let mut last = None;
     loop {
         let ready = state
@@ -49,6 +51,8 @@ pub async fn report(state: Arc<AppState>, reporter: HealthReporter, stop: Cancel
         }
     }
     for service in [LIVENESS, READINESS, EXT_PROC, INFERENCE_EXTENSION, ""] {
-        reporter.set_service_status(service, ServingStatus::NotServing).await;
+        reporter
+            .set_service_status(service, ServingStatus::NotServing)
+            .await;
     }
 }

@@ -42,9 +42,10 @@ impl Headers {
                 }
                 k if k.starts_with(':') => {}
                 k => {
-                    if let (Ok(name), Ok(v)) =
-                        (HeaderName::from_bytes(k.as_bytes()), HeaderValue::from_bytes(value))
-                    {
+                    if let (Ok(name), Ok(v)) = (
+                        HeaderName::from_bytes(k.as_bytes()),
+                        HeaderValue::from_bytes(value),
+                    ) {
                         out.map.append(name, v);
                     }
                 }

@@ -100,7 +100,14 @@ pub fn start_with_state(
     let (reporter, health_service) = tonic_health::server::health_reporter();
     let health_app = tonic::service::Routes::new(health_service).into_axum_router();
     let tasks = vec![
-        server::serve_router(&state, config, listeners.grpc, grpc, config.tls.as_ref(), &stop)?,
+        server::serve_router(
+            &state,
+            config,
+            listeners.grpc,
+            grpc,
+            config.tls.as_ref(),
+            &stop,
+        )?,
         server::serve_router(&state, config, listeners.health, health_app, None, &stop)?,
         server::serve_router(
             &state,

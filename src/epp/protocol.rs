@@ -15,13 +15,13 @@
 
 use envoy_types::pb::envoy::config::core::v3::header_value_option::HeaderAppendAction;
 use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption};
-use envoy_types::pb::envoy::r#type::v3::HttpStatus;
 use envoy_types::pb::envoy::service::ext_proc::v3::body_mutation::Mutation;
 use envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
-    BodyMutation, BodyResponse, CommonResponse, HeaderMutation, HeadersResponse,
-    ImmediateResponse, ProcessingResponse, StreamedBodyResponse, TrailersResponse,
+    BodyMutation, BodyResponse, CommonResponse, HeaderMutation, HeadersResponse, ImmediateResponse,
+    ProcessingResponse, StreamedBodyResponse, TrailersResponse,
 };
+use envoy_types::pb::envoy::r#type::v3::HttpStatus;
 use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
 
 use crate::openai::ApiError;
@@ -88,7 +88,11 @@ fn string_value(s: &str) -> Value {
 
 /// The request-headers answer carrying the pick: `set` (the destination first) replaces what
 /// the request has, `remove` goes.
-pub fn pick(endpoints: &str, set: Vec<HeaderValueOption>, remove: Vec<String>) -> ProcessingResponse {
+pub fn pick(
+    endpoints: &str,
+    set: Vec<HeaderValueOption>,
+    remove: Vec<String>,
+) -> ProcessingResponse {
     ProcessingResponse {
         response: Some(Response::RequestHeaders(HeadersResponse {
             response: Some(CommonResponse {
@@ -243,7 +247,11 @@ mod tests {
 
     #[test]
     fn the_pick_is_the_same_in_the_header_and_the_metadata() {
-        let r = pick("10.0.0.1:8000", vec![header(DESTINATION, b"10.0.0.1:8000")], vec![]);
+        let r = pick(
+            "10.0.0.1:8000",
+            vec![header(DESTINATION, b"10.0.0.1:8000")],
+            vec![],
+        );
         let Some(Response::RequestHeaders(h)) = &r.response else {
             panic!("{r:?}");
         };
@@ -265,7 +273,12 @@ mod tests {
     fn a_shed_request_is_a_429_with_retry_after_and_an_openai_body() {
         let e = ApiError {
             retry_after_s: Some(1),
-            ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit", Some("busy"), "x")
+            ..ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit",
+                Some("busy"),
+                "x",
+            )
         };
         let Some(Response::ImmediateResponse(i)) = immediate(&e).response else {
             panic!()

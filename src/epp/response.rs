@@ -123,7 +123,9 @@ async fn body(
         };
         match request {
             Some(Request::ResponseBody(HttpBody {
-                body, end_of_stream, ..
+                body,
+                end_of_stream,
+                ..
             })) => {
                 watch.chunk(&body);
                 let answers = if modes.response_full_duplex {
@@ -149,7 +151,9 @@ async fn body(
             }
             _ => {
                 watch.cancelled();
-                return Err(Status::invalid_argument("expected the response body or trailers"));
+                return Err(Status::invalid_argument(
+                    "expected the response body or trailers",
+                ));
             }
         }
     }

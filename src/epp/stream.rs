@@ -66,9 +66,11 @@ impl ExternalProcessor for Picker {
                 let _ = out.0.send(Err(status)).await;
             }
         });
-        let answers = futures_util::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|m| (m, rx))
-        });
+        let answers =
+            futures_util::stream::unfold(
+                rx,
+                |mut rx| async move { rx.recv().await.map(|m| (m, rx)) },
+            );
         Ok(tonic::Response::new(Box::pin(answers)))
     }
 }
@@ -91,12 +93,13 @@ pub(super) struct Modes {
 }
 
 fn modes(first: &ProcessingRequest) -> Result<Modes, Status> {
-    let (request, response) = first
-        .protocol_config
-        .as_ref()
-        .map_or((BodySendMode::FullDuplexStreamed as i32, BodySendMode::None as i32), |p| {
-            (p.request_body_mode, p.response_body_mode)
-        });
+    let (request, response) = first.protocol_config.as_ref().map_or(
+        (
+            BodySendMode::FullDuplexStreamed as i32,
+            BodySendMode::None as i32,
+        ),
+        |p| (p.request_body_mode, p.response_body_mode),
+    );
     let duplex = BodySendMode::FullDuplexStreamed as i32;
     if request != duplex && request != BodySendMode::None as i32 {
         return Err(Status::failed_precondition(
@@ -121,7 +124,9 @@ async fn converse(
     let modes = modes(&first)?;
     let subset = metadata::subset(first.metadata_context.as_ref());
     let Some(Request::RequestHeaders(head)) = first.request else {
-        return Err(Status::invalid_argument("a stream must begin with the request headers"));
+        return Err(Status::invalid_argument(
+            "a stream must begin with the request headers",
+        ));
     };
     let Some((picked, ending)) = request_phase(&state, head, subset, &mut inbound, out).await?
     else {
@@ -229,7 +234,11 @@ async fn answer_early(
         Ok(Err(e)) => e,
         Err(e) => return Err(Status::internal(format!("the pick failed: {e}"))),
     };
-    tracing::debug!(status = error.status.as_u16(), code = error.code, "answered by the picker");
+    tracing::debug!(
+        status = error.status.as_u16(),
+        code = error.code,
+        "answered by the picker"
+    );
     out.send(protocol::immediate(&error)).await;
     Ok(None)
 }

@@ -116,7 +116,10 @@ pub async fn pick(
         Step::Answer(..) => return Err(ApiError::no_worker()),
     };
     let Prepared {
-        model, routing, salt, ..
+        model,
+        routing,
+        salt,
+        ..
     } = prepared;
     let client_salt = salt.as_ref().and_then(|s| s.as_deref());
     let decided = decide::decide(
@@ -142,12 +145,20 @@ pub async fn pick(
         return Err(ApiError::no_worker());
     }
     let trail = match view {
-        Some(view) => Trail::start(state, &analysis, (view, bytes.len()), salt_value.clone(), started),
+        Some(view) => Trail::start(
+            state,
+            &analysis,
+            (view, bytes.len()),
+            salt_value.clone(),
+            started,
+        ),
         None => Trail::Off,
     };
     let original = (bytes.as_ptr(), bytes.len());
     let bytes = match (&salt, &model) {
-        (Some(_), Some(m)) => forward::tenant_body(state, &caller, salt_value.as_deref(), m, bytes)?,
+        (Some(_), Some(m)) => {
+            forward::tenant_body(state, &caller, salt_value.as_deref(), m, bytes)?
+        }
         _ => bytes,
     };
     let bytes = if client_params {
@@ -157,7 +168,13 @@ pub async fn pick(
     };
     drop(claim);
     let edited = (bytes.as_ptr(), bytes.len()) != original;
-    let (attempt, prefill) = choose(state, eligible.plan, eligible.workers, &analysis, decision_started)?;
+    let (attempt, prefill) = choose(
+        state,
+        eligible.plan,
+        eligible.workers,
+        &analysis,
+        decision_started,
+    )?;
     let model_label = match &model {
         Some(m) if state.fleet.knows_model(m) => m.clone(),
         _ => "-".to_owned(),
@@ -207,7 +224,10 @@ fn choose(
     );
     if plan != Plan::Pair {
         let mut session = session;
-        return session.next_attempt().map(|a| (a, None)).ok_or_else(ApiError::no_worker);
+        return session
+            .next_attempt()
+            .map(|a| (a, None))
+            .ok_or_else(ApiError::no_worker);
     }
     let prefill = session
         .on_side(Side::Prefill)
@@ -266,13 +286,19 @@ impl Picked {
             started,
         } = self.pending;
         let result = match status {
-            StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT => {
-                Outcome::Failed(WorkerFault::Unavailable)
-            }
+            StatusCode::BAD_GATEWAY
+            | StatusCode::SERVICE_UNAVAILABLE
+            | StatusCode::GATEWAY_TIMEOUT => Outcome::Failed(WorkerFault::Unavailable),
             _ => Outcome::Answered,
         };
         let detail = "the gateway reports an unavailable status";
-        outcome::account(&self.attempt.worker, result, detail, &state.metrics, Instant::now());
+        outcome::account(
+            &self.attempt.worker,
+            result,
+            detail,
+            &state.metrics,
+            Instant::now(),
+        );
         trail.routed(self.attempt.target());
         let prefill_worker = self.prefill.as_ref().map(|p| Arc::clone(&p.worker));
         let observer = Observer::new(

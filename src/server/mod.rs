@@ -515,7 +515,13 @@ pub fn serve_router(
         cutoff: state.cutoff.clone(),
         tls,
     };
-    let serve = listen::serve_until(listener, app, stop.clone(), front, Arc::clone(&state.metrics));
+    let serve = listen::serve_until(
+        listener,
+        app,
+        stop.clone(),
+        front,
+        Arc::clone(&state.metrics),
+    );
     Ok(tokio::spawn(serve))
 }
 

@@ -64,11 +64,24 @@ async fn a_request_goes_where_the_picker_says_with_every_byte() {
     let epp = start_epp(&config).await;
     let gateway = Gateway::connect(epp.grpc_addr).await;
     let body = chat(&"the same long prompt ".repeat(40));
-    let answer = gateway.request(Call::post("/v1/chat/completions", &body)).await;
-    assert_eq!(answer.status, 200, "{}", String::from_utf8_lossy(&answer.body));
+    let answer = gateway
+        .request(Call::post("/v1/chat/completions", &body))
+        .await;
+    assert_eq!(
+        answer.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
     let destination = answer.destination.clone().unwrap();
-    assert!(pool.iter().any(|b| endpoint(b) == destination), "{destination}");
-    assert_eq!(answer.sent_body, body, "the body reaches the engine unchanged");
+    assert!(
+        pool.iter().any(|b| endpoint(b) == destination),
+        "{destination}"
+    );
+    assert_eq!(
+        answer.sent_body, body,
+        "the body reaches the engine unchanged"
+    );
     let served: serde_json::Value = serde_json::from_slice(&answer.body).unwrap();
     assert!(served["choices"].is_array(), "{served}");
     let worker = &answer.headers["x-kvroute-worker"];
@@ -109,11 +122,19 @@ async fn the_subset_hint_is_obeyed_and_refusals_are_immediate_answers() {
     let e: serde_json::Value = serde_json::from_slice(&refused.body).unwrap();
     assert_eq!(e["error"]["code"], "no_worker_available", "{e}");
     let unknown = serde_json::to_vec(&json!({"model": "nope", "prompt": "x"})).unwrap();
-    let refused = gateway.request(Call::post("/v1/completions", &unknown)).await;
+    let refused = gateway
+        .request(Call::post("/v1/completions", &unknown))
+        .await;
     assert_eq!(refused.status, 404);
-    let bad = gateway.request(Call::post("/v1/completions", b"{not json")).await;
+    let bad = gateway
+        .request(Call::post("/v1/completions", b"{not json"))
+        .await;
     assert_eq!(bad.status, 400);
-    assert_eq!(pool.iter().map(Backend::count).sum::<usize>(), 6, "no refused request went on");
+    assert_eq!(
+        pool.iter().map(Backend::count).sum::<usize>(),
+        6,
+        "no refused request went on"
+    );
     epp.shutdown().await;
 }
 
@@ -128,23 +149,36 @@ async fn shed_requests_get_429_with_retry_after_and_large_bodies_413() {
     let gateway = Gateway::connect(epp.grpc_addr).await;
     // A stream that sent its head holds the only slot while its body is awaited.
     let body = chat("held");
-    let held = gateway.open(&Call::post("/v1/chat/completions", &body)).await;
+    let held = gateway
+        .open(&Call::post("/v1/chat/completions", &body))
+        .await;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let shed = gateway.request(Call::post("/v1/chat/completions", &body)).await;
+    let shed = gateway
+        .request(Call::post("/v1/chat/completions", &body))
+        .await;
     assert_eq!(shed.status, 429);
-    assert_eq!(shed.headers.get("retry-after").map(String::as_str), Some("1"));
+    assert_eq!(
+        shed.headers.get("retry-after").map(String::as_str),
+        Some("1")
+    );
     drop(held);
     let big = chat(&"x".repeat(8192));
     let mut too_large = None;
     for _ in 0..50 {
-        let answer = gateway.request(Call::post("/v1/chat/completions", &big)).await;
+        let answer = gateway
+            .request(Call::post("/v1/chat/completions", &big))
+            .await;
         if answer.status != 429 {
             too_large = Some(answer.status);
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(too_large, Some(413), "the slot comes back when the stream resets");
+    assert_eq!(
+        too_large,
+        Some(413),
+        "the slot comes back when the stream resets"
+    );
     assert_eq!(pool[0].count(), 0);
     epp.shutdown().await;
 }
@@ -158,7 +192,9 @@ async fn a_reset_stream_releases_its_load() {
     let epp = start_epp(&config).await;
     let gateway = Gateway::connect(epp.grpc_addr).await;
     let body = chat("reset me");
-    let mut stream = gateway.open(&Call::post("/v1/chat/completions", &body)).await;
+    let mut stream = gateway
+        .open(&Call::post("/v1/chat/completions", &body))
+        .await;
     gateway.send_body(&stream, &body).await;
     let _pick = stream.next().await;
     let fleet = Arc::clone(&epp.state.fleet);
@@ -166,7 +202,9 @@ async fn a_reset_stream_releases_its_load() {
     assert_eq!(total(), 1, "the pick holds its load");
     drop(stream);
     assert!(eventually(|| total() == 0).await, "the reset released it");
-    let answer = gateway.request(Call::post("/v1/chat/completions", &body)).await;
+    let answer = gateway
+        .request(Call::post("/v1/chat/completions", &body))
+        .await;
     assert_eq!(answer.status, 200);
     epp.shutdown().await;
 }
@@ -189,7 +227,9 @@ async fn two_thousand_concurrent_streams_lose_nothing() {
         let gateway = gateways[i % gateways.len()].clone();
         tasks.push(tokio::spawn(async move {
             let body = chat(&format!("session {} turn {i}", i % 50));
-            let answer = gateway.request(Call::post("/v1/chat/completions", &body)).await;
+            let answer = gateway
+                .request(Call::post("/v1/chat/completions", &body))
+                .await;
             (answer.status, answer.destination, answer.sent_body == body)
         }));
     }
@@ -201,25 +241,31 @@ async fn two_thousand_concurrent_streams_lose_nothing() {
         if status == 200 {
             ok += 1;
         }
-        *by_endpoint.entry(destination.unwrap_or_default()).or_default() += 1;
+        *by_endpoint
+            .entry(destination.unwrap_or_default())
+            .or_default() += 1;
     }
     assert_eq!(ok, N, "{by_endpoint:?}");
     let received: usize = pool.iter().map(Backend::count).sum();
     assert_eq!(received, N, "each request reached exactly one engine once");
     for b in &pool {
-        assert_eq!(by_endpoint.get(&endpoint(b)).copied().unwrap_or(0), b.count());
+        assert_eq!(
+            by_endpoint.get(&endpoint(b)).copied().unwrap_or(0),
+            b.count()
+        );
     }
     epp.shutdown().await;
 }
 
 /// `epp` and `serve` make the same decisions on one script of arrivals: the same
-/// configuration (kv_aware, approximate index, one seed) over the same engines, the same
-/// prompts one after the other (groups sharing long prefixes), alternating between the two
-/// faces; every request goes to the worker of the same index.
+/// configuration (kv_aware without timing calibration, approximate index, one seed) over the
+/// same engines, the same prompts one after the other (groups sharing long prefixes),
+/// alternating between the two faces, each with its own index and loads; every request goes
+/// to the worker of the same index.
 #[tokio::test]
 async fn epp_and_serve_decide_alike_on_one_script() {
     let pool = backends(3).await;
-    let extra = "seed = 7\n";
+    let extra = "seed = 7\n[kv_aware]\ncalibrate = false\n";
     let config = router_config(PolicyKind::KvAware, &workers(&pool), extra);
     let router = start_router(&config).await;
     let epp = start_epp(&config).await;
@@ -242,14 +288,24 @@ async fn epp_and_serve_decide_alike_on_one_script() {
             .send()
             .await
             .unwrap();
-        via_serve.push(resp.headers()["x-kvroute-worker"].to_str().unwrap().to_owned());
+        via_serve.push(
+            resp.headers()["x-kvroute-worker"]
+                .to_str()
+                .unwrap()
+                .to_owned(),
+        );
         resp.bytes().await.unwrap();
-        let answer = gateway.request(Call::post("/v1/chat/completions", &body)).await;
+        let answer = gateway
+            .request(Call::post("/v1/chat/completions", &body))
+            .await;
         via_epp.push(index_of[&answer.destination.unwrap()].clone());
     }
     assert_eq!(via_epp, via_serve);
     let distinct: std::collections::HashSet<_> = via_serve.iter().collect();
-    assert!(distinct.len() > 1, "the script spreads over the pool: {via_serve:?}");
+    assert!(
+        distinct.len() > 1,
+        "the script spreads over the pool: {via_serve:?}"
+    );
     router.shutdown().await;
     epp.shutdown().await;
 }
@@ -288,18 +344,33 @@ async fn a_tenants_body_gets_its_salt_and_its_key_stays_with_the_picker() {
     assert_eq!(resp.status(), 200);
     let via_serve = pool[0].received().last().unwrap().body.clone();
     let mut call = Call::post("/v1/chat/completions", &body);
-    call.headers.push(("authorization", "Bearer key-acme".into()));
+    call.headers
+        .push(("authorization", "Bearer key-acme".into()));
     let answer = gateway.request(call).await;
     assert_eq!(answer.status, 200);
-    assert_eq!(answer.sent_body, via_serve.to_vec(), "the same salted bytes as serve sends");
+    assert_eq!(
+        answer.sent_body,
+        via_serve.to_vec(),
+        "the same salted bytes as serve sends"
+    );
     assert_ne!(answer.sent_body, body);
     assert_eq!(
         answer.sent_headers.get("content-length"),
         Some(&answer.sent_body.len().to_string())
     );
     assert!(!answer.sent_headers.contains_key("authorization"));
-    assert!(pool[0].received().last().unwrap().headers.get("authorization").is_none());
-    let refused = gateway.request(Call::post("/v1/chat/completions", &body)).await;
+    assert!(
+        pool[0]
+            .received()
+            .last()
+            .unwrap()
+            .headers
+            .get("authorization")
+            .is_none()
+    );
+    let refused = gateway
+        .request(Call::post("/v1/chat/completions", &body))
+        .await;
     assert_eq!(refused.status, 401);
     router.shutdown().await;
     epp.shutdown().await;
@@ -323,7 +394,8 @@ async fn a_disaggregated_request_goes_to_its_decode_with_the_prefill_in_a_header
     let gateway = Gateway::connect(epp.grpc_addr).await;
     let body = chat("split me");
     let mut call = Call::post("/v1/chat/completions", &body);
-    call.headers.push(("x-prefiller-host-port", "10.6.6.6:1".into()));
+    call.headers
+        .push(("x-prefiller-host-port", "10.6.6.6:1".into()));
     let answer = gateway.request(call).await;
     assert_eq!(answer.status, 200);
     assert_eq!(answer.destination, Some(endpoint(&pool[1])));
@@ -334,6 +406,10 @@ async fn a_disaggregated_request_goes_to_its_decode_with_the_prefill_in_a_header
     let received = pool[1].received();
     let prefiller = received[0].headers.get("x-prefiller-host-port").unwrap();
     assert_eq!(prefiller.to_str().unwrap(), endpoint(&pool[0]));
-    assert_eq!(pool[0].count(), 0, "the sidecar, not the picker, sends the prefill");
+    assert_eq!(
+        pool[0].count(),
+        0,
+        "the sidecar, not the picker, sends the prefill"
+    );
     epp.shutdown().await;
 }

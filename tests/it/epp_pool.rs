@@ -58,7 +58,12 @@ fn spawn_epp(config: &std::path::Path, kubeconfig: &std::path::Path) -> EppProce
 
 /// The status of `service` on the health port (`None` while it does not answer).
 async fn health(addr: SocketAddr, service: &str) -> Option<ServingStatus> {
-    let mut client = HealthClient::connect(format!("http://{addr}")).await.ok()?;
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .ok()?
+        .connect()
+        .await
+        .ok()?;
+    let mut client = HealthClient::new(channel);
     let request = HealthCheckRequest {
         service: service.into(),
     };
@@ -103,29 +108,47 @@ async fn epp_routes_an_inference_pools_pods_one_endpoint_per_target_port() {
     // Until all four ranks have joined, some are not picked yet: wait until each is.
     let mut seen = std::collections::HashSet::new();
     for i in 0..400 {
-        let body = serde_json::to_vec(&serde_json::json!({"model": "m", "prompt": format!("p{i}")})).unwrap();
+        let body =
+            serde_json::to_vec(&serde_json::json!({"model": "m", "prompt": format!("p{i}")}))
+                .unwrap();
         let answer = gateway.request(Call::post("/v1/completions", &body)).await;
         assert_eq!(answer.status, 200);
         let d = answer.destination.unwrap();
-        assert!(pods.iter().any(|b| endpoint(b) == d), "{d} is not a pool endpoint");
+        assert!(
+            pods.iter().any(|b| endpoint(b) == d),
+            "{d} is not a pool endpoint"
+        );
         seen.insert(d);
         if seen.len() == 4 {
             break;
         }
     }
-    assert_eq!(seen.len(), 4, "every pod's every target port is an endpoint: {seen:?}");
+    assert_eq!(
+        seen.len(),
+        4,
+        "every pod's every target port is an endpoint: {seen:?}"
+    );
     let queries = api.stats().queries.lock().unwrap().clone();
     assert!(
-        queries.iter().any(|q| q.contains("fieldSelector=metadata.name%3Dpool")),
+        queries
+            .iter()
+            .any(|q| q.contains("fieldSelector=metadata.name%3Dpool")),
         "{queries:?}"
     );
-    assert!(queries.iter().any(|q| q.contains("labelSelector=app%3Dengine")), "{queries:?}");
+    assert!(
+        queries
+            .iter()
+            .any(|q| q.contains("labelSelector=app%3Dengine")),
+        "{queries:?}"
+    );
     // pod-b goes: its two endpoints stop being picked.
     api.delete("pod-b");
     let gone: Vec<String> = pods[2..].iter().map(endpoint).collect();
     let mut clean_streak = 0;
     for i in 0..400 {
-        let body = serde_json::to_vec(&serde_json::json!({"model": "m", "prompt": format!("q{i}")})).unwrap();
+        let body =
+            serde_json::to_vec(&serde_json::json!({"model": "m", "prompt": format!("q{i}")}))
+                .unwrap();
         let answer = gateway.request(Call::post("/v1/completions", &body)).await;
         assert_eq!(answer.status, 200);
         if gone.contains(&answer.destination.unwrap()) {
@@ -138,5 +161,8 @@ async fn epp_routes_an_inference_pools_pods_one_endpoint_per_target_port() {
             }
         }
     }
-    assert_eq!(clean_streak, 20, "the deleted pod's endpoints are no longer picked");
+    assert_eq!(
+        clean_streak, 20,
+        "the deleted pod's endpoints are no longer picked"
+    );
 }

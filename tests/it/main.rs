@@ -54,6 +54,8 @@ mod real_sglang;
 mod real_vllm;
 mod real_vllm_dp;
 mod real_vllm_endpoints;
+#[cfg(feature = "epp")]
+mod real_vllm_epp;
 mod real_vllm_lifecycle;
 mod real_vllm_pd;
 mod real_vllm_routing;

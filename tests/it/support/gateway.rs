@@ -110,13 +110,19 @@ impl Stream {
         self.tx.send(m).await.expect("the stream is open");
     }
 
+    /// Sends `m` unless the picker has ended the stream (it answered early, as with an
+    /// immediate response before the body's end: Envoy then stops sending); whether it went.
+    pub async fn try_send(&self, m: ProcessingRequest) -> bool {
+        self.tx.send(m).await.is_ok()
+    }
+
     /// The picker's next answer.
     pub async fn next(&mut self) -> ProcessingResponse {
-        self.rx
-            .message()
-            .await
-            .expect("a good stream")
-            .expect("an answer")
+        match self.rx.message().await {
+            Ok(Some(m)) => m,
+            Ok(None) => panic!("the picker ended the stream without an answer"),
+            Err(status) => panic!("the picker failed the stream: {status:?}"),
+        }
     }
 }
 
@@ -137,9 +143,10 @@ impl Gateway {
     /// Opens a stream and sends the request headers.
     pub async fn open(&self, call: &Call<'_>) -> Stream {
         let (tx, rx) = mpsc::channel(64);
-        let outbound = futures_util::stream::unfold(rx, |mut rx: mpsc::Receiver<ProcessingRequest>| async move {
-            rx.recv().await.map(|m| (m, rx))
-        });
+        let outbound = futures_util::stream::unfold(
+            rx,
+            |mut rx: mpsc::Receiver<ProcessingRequest>| async move { rx.recv().await.map(|m| (m, rx)) },
+        );
         let rx = self
             .picker
             .clone()
@@ -165,7 +172,11 @@ impl Gateway {
             let list = Value {
                 kind: Some(Kind::ListValue(ListValue { values })),
             };
-            lb("envoy.lb.subset_hint", "x-gateway-destination-endpoint-subset", list)
+            lb(
+                "envoy.lb.subset_hint",
+                "x-gateway-destination-endpoint-subset",
+                list,
+            )
         });
         let duplex = BodySendMode::FullDuplexStreamed as i32;
         let mut first = message(
@@ -188,7 +199,7 @@ impl Gateway {
         stream
     }
 
-    /// Sends the body in chunks, the last one ending it.
+    /// Sends the body in chunks, the last one ending it, until the picker ends the stream.
     pub async fn send_body(&self, stream: &Stream, body: &[u8]) {
         let chunks: Vec<&[u8]> = body.chunks(self.chunk.max(1)).collect();
         for (i, c) in chunks.iter().enumerate() {
@@ -197,7 +208,12 @@ impl Gateway {
                 end_of_stream: i + 1 == chunks.len(),
                 ..HttpBody::default()
             };
-            stream.send(message(Request::RequestBody(part), None)).await;
+            if !stream
+                .try_send(message(Request::RequestBody(part), None))
+                .await
+            {
+                return;
+            }
         }
     }
 
@@ -210,7 +226,9 @@ impl Gateway {
         let first = stream.next().await;
         let (destination, set, remove) = match first.response {
             Some(Response::ImmediateResponse(i)) => return immediate(i),
-            Some(Response::RequestHeaders(h)) => pick_of(&first.dynamic_metadata, h.response.unwrap()),
+            Some(Response::RequestHeaders(h)) => {
+                pick_of(&first.dynamic_metadata, h.response.unwrap())
+            }
             other => panic!("expected the headers answer, got {other:?}"),
         };
         let mut sent_body = Vec::new();
@@ -232,8 +250,14 @@ impl Gateway {
             sent_headers.remove(r);
         }
         sent_headers.extend(set);
-        self.forward(&mut stream, call.path, &destination, sent_headers, sent_body)
-            .await
+        self.forward(
+            &mut stream,
+            call.path,
+            &destination,
+            sent_headers,
+            sent_body,
+        )
+        .await
     }
 
     async fn forward(
@@ -250,7 +274,11 @@ impl Gateway {
                 req = req.header(k, v);
             }
         }
-        let resp = req.body(sent_body.clone()).send().await.expect("the pod answers");
+        let resp = req
+            .body(sent_body.clone())
+            .send()
+            .await
+            .expect("the pod answers");
         let status = resp.status().as_u16();
         let mut headers: Vec<HeaderValue> = vec![hv(":status", &status.to_string())];
         for (k, v) in resp.headers() {
@@ -280,7 +308,10 @@ impl Gateway {
             .collect();
         match stream.next().await.response {
             Some(Response::ResponseHeaders(h)) => {
-                let set = h.response.and_then(|c| c.header_mutation).map(|m| m.set_headers);
+                let set = h
+                    .response
+                    .and_then(|c| c.header_mutation)
+                    .map(|m| m.set_headers);
                 for o in set.unwrap_or_default() {
                     let h = o.header.unwrap();
                     client_headers.insert(h.key, String::from_utf8(h.raw_value).unwrap());
@@ -296,7 +327,9 @@ impl Gateway {
                 body: chunk.to_vec(),
                 ..HttpBody::default()
             };
-            stream.send(message(Request::ResponseBody(part), None)).await;
+            stream
+                .send(message(Request::ResponseBody(part), None))
+                .await;
             let (bytes, _) = streamed(stream.next().await, false);
             body.extend_from_slice(&bytes);
         }
@@ -304,7 +337,9 @@ impl Gateway {
             end_of_stream: true,
             ..HttpBody::default()
         };
-        stream.send(message(Request::ResponseBody(last), None)).await;
+        stream
+            .send(message(Request::ResponseBody(last), None))
+            .await;
         let (bytes, end) = streamed(stream.next().await, false);
         assert!(end, "the last chunk ends the body");
         body.extend_from_slice(&bytes);
@@ -369,7 +404,11 @@ pub fn streamed(r: ProcessingResponse, request: bool) -> (Vec<u8>, bool) {
         (Some(Response::RequestBody(b)), true) | (Some(Response::ResponseBody(b)), false) => b,
         (other, _) => panic!("expected a body answer, got {other:?}"),
     };
-    match body.response.and_then(|c| c.body_mutation).and_then(|m| m.mutation) {
+    match body
+        .response
+        .and_then(|c| c.body_mutation)
+        .and_then(|m| m.mutation)
+    {
         Some(Mutation::StreamedResponse(s)) => (s.body, s.end_of_stream),
         other => panic!("expected a streamed body, got {other:?}"),
     }

@@ -153,7 +153,10 @@ impl FakeKube {
         if pod["kind"].is_null() {
             pod["kind"] = json!("Pod");
         }
-        let name = key(pod["kind"].as_str().unwrap(), pod["metadata"]["name"].as_str().unwrap());
+        let name = key(
+            pod["kind"].as_str().unwrap(),
+            pod["metadata"]["name"].as_str().unwrap(),
+        );
         let mut p = self.state.pods.lock().unwrap();
         p.rv += 1;
         pod["metadata"]["resourceVersion"] = json!(p.rv.to_string());
