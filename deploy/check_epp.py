@@ -97,6 +97,9 @@ def wiring(docs, check):
     check(cports == {"grpc": 9002, "grpc-health": 9003, "metrics": 9090}, f"container ports {cports}")
     target = svc_ports.get(ref.get("port", {}).get("number"), {}).get("targetPort")
     check(target == "grpc", "the picker Service targets the gRPC port")
+    targets = [p.get("targetPort") for p in svc_ports.values()]
+    check(all(t in cports or t in cports.values() for t in targets),
+          f"every Service port {targets} targets a container port")
     for probe, service in (("livenessProbe", "liveness"), ("readinessProbe", "readiness")):
         p = main.get(probe, {})
         check(set(p) & {"httpGet", "tcpSocket", "exec"} == set() and p.get("grpc") == {"port": 9003, "service": service},
