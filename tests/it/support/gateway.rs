@@ -181,10 +181,7 @@ impl Gateway {
         let duplex = BodySendMode::FullDuplexStreamed as i32;
         let mut first = message(
             Request::RequestHeaders(HttpHeaders {
-                headers: Some(HeaderMap {
-                    headers,
-                    ..HeaderMap::default()
-                }),
+                headers: Some(HeaderMap { headers }),
                 end_of_stream: call.body.is_empty(),
                 ..HttpHeaders::default()
             }),
@@ -292,10 +289,7 @@ impl Gateway {
             },
         );
         let head = HttpHeaders {
-            headers: Some(HeaderMap {
-                headers,
-                ..HeaderMap::default()
-            }),
+            headers: Some(HeaderMap { headers }),
             ..HttpHeaders::default()
         };
         stream
