@@ -125,7 +125,7 @@ pub async fn pick(
     let decided = decide::decide(
         state,
         &caller,
-        api,
+        &call,
         model.as_deref(),
         client_salt,
         routing,
@@ -139,6 +139,7 @@ pub async fn pick(
         salt: salt_value,
         client_params,
         started: decision_started,
+        ..
     } = decided;
     eligible.workers.retain(|w| allowed(w));
     if eligible.workers.is_empty() {
