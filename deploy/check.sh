@@ -81,7 +81,7 @@ case "$kvroute" in */debug/*) debug_flag=(--debug-build) ;; esac
 
 status=0
 echo "-- Kubernetes manifests"
-k8s=("$venv/bin/python" deploy/check_kubernetes.py --kubectl "$kubectl"
+k8s=("$venv/bin/python" deploy/check_kubernetes.py --kubectl "$kubectl" --promtool "$(command -v promtool)"
     --validator "$venv/bin/kubernetes-validate" --kvroute "$kvroute" --dockerfile Dockerfile)
 if unshare -n true 2>/dev/null && command -v ip >/dev/null; then
     # No network but loopback: proves the rendering and validation offline, and keeps the
@@ -91,6 +91,11 @@ else
     echo "(no network namespace here; running with the machine's network)"
     "${k8s[@]}" || status=1
 fi
+
+# --- issue 34: files generated from the alert rules (PrometheusRule, the Helm chart's copy) ---
+echo "-- Generated from deploy/prometheus/kvroute-alerts.yml"
+"$venv/bin/python" deploy/generate.py --check || status=1
+# --- end issue 34 ---
 
 echo "-- Grafana dashboard and Prometheus alert rules against a real Prometheus"
 "$venv/bin/python" deploy/check_monitoring.py --kvroute "$kvroute" "${debug_flag[@]}" \
