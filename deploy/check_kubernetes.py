@@ -43,6 +43,9 @@ DEPLOY = Path(__file__).resolve().parent
 KUSTOMIZATIONS = [DEPLOY / "kubernetes/base"] + sorted(
     p for p in (DEPLOY / "kubernetes/overlays").iterdir() if (p / "kustomization.yaml").exists()
 )
+CHART = DEPLOY / "helm/kvroute"
+# The chart's renderings: its defaults, and every option on.
+HELM_VALUES = [None, CHART / "ci/full-values.yaml"]
 # Oldest Kubernetes the manifests must be valid for, and the validator's newest.
 K8S_VERSIONS = ["1.29.0", None]
 UID = 10001
@@ -65,6 +68,25 @@ def render(kubectl: str, path: Path) -> list[dict]:
         return []
     check(True, f"kubectl kustomize {path.relative_to(DEPLOY.parent)} renders without warnings")
     return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+def render_helm(helm: str, chart: Path, values: Path | None) -> list[dict]:
+    """`helm lint` and `helm template` of the chart (as release "kvroute" in llm-serving)."""
+    what = f"helm template {chart.relative_to(DEPLOY.parent)}" + (f" -f {values.name}" if values else "")
+    extra = ["-f", str(values)] if values else []
+    lint = subprocess.run([helm, "lint", "--strict", str(chart)] + extra, capture_output=True, text=True)
+    if not check(lint.returncode == 0, f"helm lint --strict {chart.name}" + (f" -f {values.name}" if values else "")):
+        print(lint.stdout + lint.stderr, file=sys.stderr)
+    proc = subprocess.run([helm, "template", "kvroute", str(chart), "--namespace", "llm-serving"] + extra,
+                          capture_output=True, text=True)
+    if not check(proc.returncode == 0 and not proc.stderr.strip(), f"{what} renders without warnings"):
+        print(proc.stderr, file=sys.stderr)
+        return []
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+def router_kinds(docs: list[dict]) -> set[str]:
+    return {d["kind"] for d in docs if d["metadata"].get("labels", {}).get("app.kubernetes.io/name") == "kvroute"}
 
 
 def validate(validator: str, docs: list[dict], name: str) -> None:
@@ -403,20 +425,31 @@ def main() -> int:
     ap.add_argument("--validator", required=True)
     ap.add_argument("--kvroute", required=True)
     ap.add_argument("--dockerfile", type=Path)
+    ap.add_argument("--helm", help="helm binary: also render and check deploy/helm/kvroute")
     args = ap.parse_args()
-    for path in KUSTOMIZATIONS:
-        name = str(path.relative_to(DEPLOY.parent))
+    renders = [(str(p.relative_to(DEPLOY.parent)), "overlays" in p.parts, lambda p=p: render(args.kubectl, p))
+               for p in KUSTOMIZATIONS]
+    if args.helm:
+        renders += [(f"{CHART.relative_to(DEPLOY.parent)}{' -f ' + v.name if v else ''}", True,
+                     lambda v=v: render_helm(args.helm, CHART, v)) for v in HELM_VALUES]
+    kinds = {}
+    for name, overlay, make in renders:
         print(f"{name}:")
-        docs = render(args.kubectl, path)
+        docs = make()
         if not docs:
             continue
+        kinds[name] = router_kinds(docs)
         validate(args.validator, docs, name)
-        parts = semantics(docs, name, overlay="overlays" in path.parts)
+        parts = semantics(docs, name, overlay=overlay)
         if parts:
             companions(check, docs, parts["template"], parts["config"], args.promtool)
             if args.dockerfile:
                 dockerfile(args.dockerfile, parts)
             run_config(args.kvroute, parts, name)
+    if args.helm:
+        # The chart with every option on renders the router objects the example overlay does.
+        example, full = kinds.get("deploy/kubernetes/overlays/example"), kinds.get(f"{CHART.relative_to(DEPLOY.parent)} -f full-values.yaml")
+        check(example is not None and example == full, f"the chart renders the example overlay's router kinds ({sorted(full or [])})")
     if failures:
         print(f"kubernetes: {len(failures)} checks FAILED:")
         for f in failures:
