@@ -40,8 +40,12 @@ import yaml
 from check_companions import MONITORING, companions
 
 DEPLOY = Path(__file__).resolve().parent
+# The endpoint picker's overlay (`kvroute epp`) is checked by check_epp.py: its pod serves
+# gRPC, not the router's HTTP.
+EPP = DEPLOY / "kubernetes/overlays/epp"
 KUSTOMIZATIONS = [DEPLOY / "kubernetes/base"] + sorted(
-    p for p in (DEPLOY / "kubernetes/overlays").iterdir() if (p / "kustomization.yaml").exists()
+    p for p in (DEPLOY / "kubernetes/overlays").iterdir()
+    if (p / "kustomization.yaml").exists() and p != EPP
 )
 CHART = DEPLOY / "helm/kvroute"
 # The chart's renderings: its defaults, and every option on.
@@ -450,6 +454,9 @@ def main() -> int:
         # The chart with every option on renders the router objects the example overlay does.
         example, full = kinds.get("deploy/kubernetes/overlays/example"), kinds.get(f"{CHART.relative_to(DEPLOY.parent)} -f full-values.yaml")
         check(example is not None and example == full, f"the chart renders the example overlay's router kinds ({sorted(full or [])})")
+    import check_epp
+
+    check_epp.run(args.kubectl, args.validator, args.kvroute, render, validate, check)
     if failures:
         print(f"kubernetes: {len(failures)} checks FAILED:")
         for f in failures:

@@ -4,49 +4,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::super::testing::TestTarget as T;
 use super::*;
-use crate::fleet::{Load, Role};
 use crate::index::{ApproxConfig, ApproxIndex, IndexConfig, KvIndex, SessionKey};
 use crate::policy::{PolicyKind, seeded};
 use crate::tokens::HashSeed;
 
-struct T {
-    key: WorkerId,
-    label: Arc<str>,
-    load: Arc<Load>,
-    events: bool,
-}
-
-impl Target for T {
-    fn worker(&self) -> WorkerId {
-        self.key
-    }
-    fn label(&self) -> &Arc<str> {
-        &self.label
-    }
-    fn load(&self) -> &Arc<Load> {
-        &self.load
-    }
-    fn routable(&self) -> bool {
-        true
-    }
-    fn publishes_events(&self) -> bool {
-        self.events
-    }
-    fn role(&self) -> Role {
-        Role::Both
-    }
-}
-
 fn fleet(n: u32, events: bool) -> Vec<T> {
-    (0..n)
-        .map(|i| T {
-            key: WorkerId(i),
-            label: format!("t{i}").into(),
-            load: Arc::new(Load::default()),
-            events,
-        })
-        .collect()
+    T::fleet(n, events)
 }
 
 /// A decider whose predictions of routed prompts expire after one second.
