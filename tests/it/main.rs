@@ -46,6 +46,7 @@ mod kv_replay;
 mod kv_routing;
 mod load_only_hits;
 mod lora_routing;
+mod manual_cli;
 mod mixed_block_sizes;
 mod openai_sdk;
 mod proptest_parsers;
