@@ -15,11 +15,13 @@ mod config;
 mod data_parallel;
 mod disaggregation;
 mod prediction;
+mod shaping;
 
 pub use config::ConfigMetrics;
 pub use data_parallel::DataParallelMetrics;
 pub use disaggregation::DisaggregationMetrics;
 pub use prediction::PredictionMetrics;
+pub use shaping::ShapingMetrics;
 
 /// Buckets for latencies from sub-millisecond to minutes.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -125,6 +127,8 @@ pub struct Metrics {
     pub data_parallel: DataParallelMetrics,
     /// The cost model's TTFT prediction error per worker.
     pub prediction: PredictionMetrics,
+    /// The admission queue: waits, depth, saturation.
+    pub shaping: ShapingMetrics,
 }
 
 impl Metrics {
@@ -425,6 +429,7 @@ impl Metrics {
         let disaggregation = DisaggregationMetrics::register(&registry);
         let data_parallel = DataParallelMetrics::register(&registry);
         let prediction = PredictionMetrics::register(&registry);
+        let shaping = ShapingMetrics::register(&registry);
         Metrics {
             registry,
             requests,
@@ -464,6 +469,7 @@ impl Metrics {
             disaggregation,
             data_parallel,
             prediction,
+            shaping,
         }
     }
 

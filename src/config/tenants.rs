@@ -5,6 +5,7 @@
 
 use super::file::{FileAdmin, FileTenant};
 use super::{ConfigError, invalid};
+use crate::shaping::{Priorities, TenantPriority};
 
 /// The model list that allows every model; also a tenant's default.
 pub const ANY_MODEL: &str = "*";
@@ -20,6 +21,26 @@ pub struct TenantConfig {
     pub models: Vec<String>,
     /// Its own concurrency limit, within the router's.
     pub max_concurrency: Option<usize>,
+    /// Its place in the admission queue: priority and fair share.
+    pub shaping: TenantShaping,
+}
+
+/// A tenant's place in the admission queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TenantShaping {
+    /// Its requests' band, the highest band they may ask for, and whether they are sheddable.
+    pub priority: TenantPriority,
+    /// Its share of its band's slots while other tenants wait there too (default 1).
+    pub weight: u32,
+}
+
+impl Default for TenantShaping {
+    fn default() -> Self {
+        TenantShaping {
+            priority: TenantPriority::default(),
+            weight: 1,
+        }
+    }
 }
 
 impl TenantConfig {
@@ -30,7 +51,10 @@ impl TenantConfig {
 }
 
 /// The tenants of `[[tenants]]`: unique names, unique keys.
-pub(super) fn tenants(file: Vec<FileTenant>) -> Result<Vec<TenantConfig>, ConfigError> {
+pub(super) fn tenants(
+    file: Vec<FileTenant>,
+    priorities: &Priorities,
+) -> Result<Vec<TenantConfig>, ConfigError> {
     let mut tenants: Vec<TenantConfig> = Vec::new();
     for (i, t) in file.into_iter().enumerate() {
         let key = format!("tenants[{i}]");
@@ -69,14 +93,60 @@ pub(super) fn tenants(file: Vec<FileTenant>) -> Result<Vec<TenantConfig>, Config
                 "model names must not be empty",
             ));
         }
+        let shaping = shaping(&key, &t, priorities)?;
         tenants.push(TenantConfig {
             name: t.name,
             api_key_sha256: digest,
             models: t.models.unwrap_or_else(|| vec![ANY_MODEL.into()]),
             max_concurrency: t.max_concurrency,
+            shaping,
         });
     }
     Ok(tenants)
+}
+
+/// A tenant's priority and weight, its bands named in `[priority] bands`.
+fn shaping(
+    key: &str,
+    t: &FileTenant,
+    priorities: &Priorities,
+) -> Result<TenantShaping, ConfigError> {
+    let band = |field: &str, name: &Option<String>| {
+        name.as_deref()
+            .map(|n| {
+                priorities.band(n).ok_or_else(|| {
+                    invalid(
+                        format!("{key}.{field}"),
+                        format!(
+                            "`{n}` is not one of priority.bands ({})",
+                            priorities.bands.join(", ")
+                        ),
+                    )
+                })
+            })
+            .transpose()
+    };
+    let own = band("priority", &t.priority)?;
+    let max_band = band("max_priority", &t.max_priority)?;
+    if let Some(max) = max_band
+        && max > own.unwrap_or(priorities.default_band)
+    {
+        return Err(invalid(
+            format!("{key}.max_priority"),
+            "is below the tenant's own priority; it names the highest band its requests may ask for",
+        ));
+    }
+    if t.weight == Some(0) {
+        return Err(invalid(format!("{key}.weight"), "must be at least 1"));
+    }
+    Ok(TenantShaping {
+        priority: TenantPriority {
+            band: own,
+            max_band,
+            sheddable: t.sheddable,
+        },
+        weight: t.weight.unwrap_or(1),
+    })
 }
 
 /// Who may use the admin API (`[admin]`, `--admin-open-on-loopback`).

@@ -201,7 +201,7 @@ async fn receive(
     let caller = state.keys.caller(headers)?;
     let ticket = state
         .admission
-        .admit(caller.tenant(), &state.metrics)
+        .admit_caller(&caller, headers, &state.metrics)
         .await?;
     let limits = state.body_limits();
     let mut claim = state

@@ -17,6 +17,7 @@ mod debug;
 mod decide;
 mod endpoints;
 mod forward;
+mod gate;
 mod hops;
 mod listen;
 mod observer;
@@ -147,7 +148,12 @@ impl AppState {
             )?,
             holdings,
             keys: auth::Keys::new(&config.tenants, config.admin),
-            admission: admission::Admission::new(config.limits, &config.tenants),
+            admission: admission::Admission::new(
+                config.limits,
+                &config.tenants,
+                &config.priorities,
+                &metrics,
+            ),
             recorder: recorder(config, &metrics)?,
             models: config.models.clone(),
             started: Instant::now(),

@@ -76,5 +76,6 @@ mod tokens_jinja_parity;
 mod tokens_segments;
 mod trace_recording;
 mod tracing_otlp;
+mod traffic_shaping;
 mod unauthenticated_reads;
 mod worker_churn;
