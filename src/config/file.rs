@@ -214,6 +214,8 @@ pub(super) struct FileTenant {
     pub(super) max_priority: Option<String>,
     pub(super) sheddable: Option<bool>,
     pub(super) weight: Option<u32>,
+    pub(super) tokens_per_minute: Option<u64>,
+    pub(super) requests_per_minute: Option<u64>,
 }
 
 #[derive(Deserialize, Debug)]

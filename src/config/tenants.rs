@@ -25,13 +25,17 @@ pub struct TenantConfig {
     pub shaping: TenantShaping,
 }
 
-/// A tenant's place in the admission queue.
+/// A tenant's place in the admission queue and its rate limits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TenantShaping {
     /// Its requests' band, the highest band they may ask for, and whether they are sheddable.
     pub priority: TenantPriority,
     /// Its share of its band's slots while other tenants wait there too (default 1).
     pub weight: u32,
+    /// Prompt plus output tokens it may spend per minute (per router replica).
+    pub tokens_per_minute: Option<u64>,
+    /// Requests it may send per minute (per router replica).
+    pub requests_per_minute: Option<u64>,
 }
 
 impl Default for TenantShaping {
@@ -39,6 +43,8 @@ impl Default for TenantShaping {
         TenantShaping {
             priority: TenantPriority::default(),
             weight: 1,
+            tokens_per_minute: None,
+            requests_per_minute: None,
         }
     }
 }
@@ -136,8 +142,14 @@ fn shaping(
             "is below the tenant's own priority; it names the highest band its requests may ask for",
         ));
     }
-    if t.weight == Some(0) {
-        return Err(invalid(format!("{key}.weight"), "must be at least 1"));
+    for (field, v) in [
+        ("weight", t.weight.map(u64::from)),
+        ("tokens_per_minute", t.tokens_per_minute),
+        ("requests_per_minute", t.requests_per_minute),
+    ] {
+        if v == Some(0) {
+            return Err(invalid(format!("{key}.{field}"), "must be at least 1"));
+        }
     }
     Ok(TenantShaping {
         priority: TenantPriority {
@@ -146,6 +158,8 @@ fn shaping(
             sheddable: t.sheddable,
         },
         weight: t.weight.unwrap_or(1),
+        tokens_per_minute: t.tokens_per_minute,
+        requests_per_minute: t.requests_per_minute,
     })
 }
 

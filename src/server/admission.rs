@@ -24,6 +24,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use super::auth::Caller;
 pub use super::body_budget::{BodyBudget, BodyClaim};
 use super::gate::{Denied, Entry, Gate, GateSlot};
+use super::rate_limit::RateLimits;
+pub use super::rate_limit::Reservation;
 use crate::config::{Limits, TenantConfig};
 use crate::metrics::Metrics;
 use crate::openai::ApiError;
@@ -135,6 +137,8 @@ pub struct Admission {
     router: Arc<Gate>,
     /// The bands and the headers naming them (fixed until a restart: the queue has its bands).
     priorities: Priorities,
+    /// Tenants' tokens and requests per minute.
+    rates: Arc<RateLimits>,
     tenants: ArcSwap<HashMap<String, Arc<Pool>>>,
     /// Serialises reloads (the tenant pools are read, resized and swapped as one step).
     reload: Mutex<()>,
@@ -158,6 +162,7 @@ impl Admission {
                 metrics.shaping.clone(),
             ),
             priorities: priorities.clone(),
+            rates: RateLimits::new(tenants),
             tenants: ArcSwap::from_pointee(
                 tenants
                     .iter()
@@ -177,6 +182,7 @@ impl Admission {
     pub fn update(&self, limits: Limits, tenants: &[TenantConfig]) {
         let _serial = self.reload.lock().unwrap_or_else(|e| e.into_inner());
         self.router.resize(limits.max_concurrency, limits.max_queue);
+        self.rates.update(tenants);
         self.bodies.set_limit(limits.max_body_bytes_in_flight);
         let old = self.tenants.load();
         let pools: HashMap<String, Arc<Pool>> = tenants
@@ -304,6 +310,26 @@ impl Admission {
     /// Requests waiting for a slot now.
     pub fn waiting(&self) -> usize {
         self.router.waiting()
+    }
+
+    /// Whether `tenant`'s requests are limited in tokens (their prompts must be counted).
+    pub fn limits_tokens(&self, tenant: Option<&str>) -> bool {
+        tenant.is_some_and(|t| self.rates.limits_tokens(t))
+    }
+
+    /// Reserves a routed request's `tokens` (prompt plus requested output) and one request in
+    /// its tenant's per-minute limits, or refuses it with 429; `None` for a tenant without
+    /// limits.
+    pub fn reserve(
+        &self,
+        tenant: Option<&str>,
+        tokens: u64,
+        metrics: &Metrics,
+    ) -> Result<Option<Reservation>, ApiError> {
+        match tenant {
+            Some(t) => self.rates.reserve(t, tokens, metrics),
+            None => Ok(None),
+        }
     }
 }
 

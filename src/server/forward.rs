@@ -272,6 +272,13 @@ async fn forward(
         bytes.len(),
     )
     .await?;
+    let reservation = super::reserve::reserve(
+        state,
+        &caller,
+        &analysis,
+        view.as_ref(),
+        salt_value.as_deref(),
+    )?;
     let body_bytes = bytes.len();
     let paired = eligible.plan == Plan::Pair;
     let eligible = eligible.workers;
@@ -385,6 +392,7 @@ async fn forward(
         model_label,
     )
     .with_affinity(affinity)
+    .with_reservation(reservation)
     .with_trail(trail, sse)
     .with_prefill(prefill);
     let timeouts = BodyTimeouts {

@@ -6,13 +6,14 @@ use std::time::{Duration, Instant};
 use std::sync::Arc;
 
 use super::access_log::AccessLine;
-use super::admission::Ticket;
+use super::admission::{Reservation, Ticket};
 use super::affinity::ResponseAffinity;
 use super::api::Api;
 use super::trail::Trail;
 use crate::metrics::Metrics;
 use crate::proxy::outcome::{self, Outcome, WorkerFault};
 use crate::proxy::output_tokens::OutputTokens;
+use crate::proxy::usage::UsageScan;
 use crate::proxy::{End, ResponseObserver};
 use crate::routing::Attempt;
 use crate::telemetry::TARGET as TRACE;
@@ -73,6 +74,10 @@ pub(super) struct Observer {
     request_span: tracing::Span,
     /// The prefill worker of a disaggregated request (the attempt is its decode).
     prefill: Option<Arc<crate::fleet::Worker>>,
+    /// The engine's reported usage, read as the body passes.
+    usage: UsageScan,
+    /// The tokens reserved in the tenant's rate limit, settled at the end.
+    reservation: Option<Reservation>,
 }
 
 impl Observer {
@@ -106,7 +111,15 @@ impl Observer {
             ),
             request_span: tracing::Span::current(),
             prefill: None,
+            usage: UsageScan::new(),
+            reservation: None,
         }
+    }
+
+    /// Settles `reservation` with the engine's reported usage at the end.
+    pub(super) fn with_reservation(mut self, reservation: Option<Reservation>) -> Observer {
+        self.reservation = reservation;
+        self
     }
 
     /// Names the prefill worker of a disaggregated request in the access log.
@@ -158,10 +171,21 @@ impl ResponseObserver for Observer {
         if let Some(o) = self.output.as_mut() {
             o.feed(chunk);
         }
+        self.usage.feed(chunk);
     }
 
     fn end(&mut self, end: End, bytes: u64) {
         self.attempt.admitted.finish();
+        if let Some(r) = self.reservation.take() {
+            // Without a reported usage the reservation stands (a stream whose client did not
+            // ask for `include_usage`); a failed answer spent nothing.
+            let spent = if self.status.is_success() {
+                self.usage.usage().total()
+            } else {
+                Some(0)
+            };
+            r.settle(spent);
+        }
         let output = self.output.as_ref().and_then(OutputTokens::count);
         self.trail.end(self.status.is_success(), output);
         if end == End::UpstreamError {

@@ -8,6 +8,7 @@
 
 pub mod priority;
 pub mod queue;
+pub mod rate;
 
 pub use priority::{Placement, Priorities, PriorityError, TenantPriority};
 pub use queue::{Arrival, FairQueue, Queued, Refusal, Waiter};

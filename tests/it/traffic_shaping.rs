@@ -43,10 +43,15 @@ impl Shaped {
     /// A router with 2 slots and a queue of `max_queue` over one engine; tenants `a`, `b`
     /// (plain), `h` (may ask for `high`) and `s` (sheddable).
     async fn start(max_queue: usize) -> Shaped {
+        Shaped::start_with(max_queue, "").await
+    }
+
+    /// [`Shaped::start`] with more tenants (`extra`, TOML).
+    async fn start_with(max_queue: usize, extra: &str) -> Shaped {
         let engine = SimEngine::start(MODEL, 0, 1.0).await;
         let text = format!(
             "shutdown_grace_s = 1.0\n[limits]\nmax_concurrency = 2\nmax_queue = {max_queue}\n\
-             queue_timeout_s = 120\n{}{}{}{}",
+             queue_timeout_s = 120\n{extra}{}{}{}{}",
             tenant("a", ""),
             tenant("b", ""),
             tenant("h", "max_priority = \"high\""),
@@ -86,13 +91,24 @@ impl Shaped {
         log: &Arc<Mutex<Vec<String>>>,
         tag: String,
     ) -> tokio::task::JoinHandle<(u16, Option<String>)> {
+        self.send_body(tenant, headers, log, tag, 24)
+    }
+
+    /// [`Shaped::send`] asking for `max_tokens`.
+    fn send_body(
+        &self,
+        tenant: &str,
+        headers: &[(&str, &str)],
+        log: &Arc<Mutex<Vec<String>>>,
+        tag: String,
+        max_tokens: u64,
+    ) -> tokio::task::JoinHandle<(u16, Option<String>)> {
+        let body = json!({"model": MODEL, "prompt": format!("{tag} hello there"), "max_tokens": max_tokens});
         let mut req = self
             .http
             .post(format!("http://{}/v1/completions", self.router.addr))
             .bearer_auth(format!("key-{tenant}"))
-            .json(
-                &json!({"model": MODEL, "prompt": format!("{tag} hello there"), "max_tokens": 24}),
-            );
+            .json(&body);
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
@@ -258,5 +274,72 @@ async fn a_priority_the_key_may_not_use_is_refused_with_400() {
     );
     let lower = s.send("a", &[("x-kvroute-priority", "low")], &log, "z".into());
     assert_eq!(lower.await.unwrap(), (200, None));
+    s.shutdown().await;
+}
+
+/// Issue 33, part 2: a tenant's tokens and requests per minute. A request reserves its prompt
+/// plus `max_tokens`; past the limit it is refused with 429, a `Retry-After` and
+/// `rate_limit_exceeded`; a request larger than the limit itself is refused too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_are_held_to_their_tokens_and_requests_per_minute() {
+    let extra = format!(
+        "{}{}",
+        tenant("tpm", "tokens_per_minute = 200"),
+        tenant("rpm", "requests_per_minute = 3")
+    );
+    let s = Shaped::start_with(8, &extra).await;
+    let log = Arc::new(Mutex::new(Vec::new()));
+    // Each reserves its 4-token prompt ("tN hello there" in the builtin tokenizer) + 40.
+    let mut answers = Vec::new();
+    for i in 0..6 {
+        answers.push(
+            s.send_body("tpm", &[], &log, format!("t{i}"), 40)
+                .await
+                .unwrap(),
+        );
+    }
+    let ok = answers.iter().filter(|a| a.0 == 200).count();
+    assert_eq!(ok, 4, "{answers:?}");
+    for a in &answers[4..] {
+        assert_eq!(a, &(429, Some("rate_limit_exceeded".into())));
+    }
+    let big = s
+        .send_body("tpm", &[], &log, "big".into(), 500)
+        .await
+        .unwrap();
+    assert_eq!(big, (429, Some("rate_limit_exceeded".into())));
+    let resp = s
+        .http
+        .post(format!("http://{}/v1/completions", s.router.addr))
+        .bearer_auth("key-tpm")
+        .json(&json!({"model": MODEL, "prompt": "x", "max_tokens": 40}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 429);
+    let retry: u64 = resp.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&retry), "Retry-After {retry}");
+    for i in 0..3 {
+        let a = s.send("rpm", &[], &log, format!("r{i}")).await.unwrap();
+        assert_eq!(a, (200, None));
+    }
+    let over = s.send("rpm", &[], &log, "r3".into()).await.unwrap();
+    assert_eq!(over, (429, Some("rate_limit_exceeded".into())));
+    // Other tenants are not limited.
+    assert_eq!(
+        s.send("a", &[], &log, "free".into()).await.unwrap(),
+        (200, None)
+    );
+    let metrics = s.metrics().await;
+    assert!(
+        metrics.contains("kvroute_rejected_total{reason=\"tokens_per_minute\"} 4"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("kvroute_rejected_total{reason=\"requests_per_minute\"} 1"));
+    assert_eq!(s.engine_successes().await, 8);
     s.shutdown().await;
 }
