@@ -216,6 +216,8 @@ pub(super) struct FileTenant {
     pub(super) weight: Option<u32>,
     pub(super) tokens_per_minute: Option<u64>,
     pub(super) requests_per_minute: Option<u64>,
+    pub(super) ttft_target_ms: Option<f64>,
+    pub(super) itl_target_ms: Option<f64>,
 }
 
 #[derive(Deserialize, Debug)]

@@ -25,8 +25,8 @@ pub struct TenantConfig {
     pub shaping: TenantShaping,
 }
 
-/// A tenant's place in the admission queue and its rate limits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A tenant's place in the admission queue, its rate limits and latency targets.
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TenantShaping {
     /// Its requests' band, the highest band they may ask for, and whether they are sheddable.
     pub priority: TenantPriority,
@@ -36,6 +36,10 @@ pub struct TenantShaping {
     pub tokens_per_minute: Option<u64>,
     /// Requests it may send per minute (per router replica).
     pub requests_per_minute: Option<u64>,
+    /// Its requests' time-to-first-token target, seconds, unless a request names its own.
+    pub ttft_target_s: Option<f64>,
+    /// Its requests' inter-token latency target, seconds, unless a request names its own.
+    pub itl_target_s: Option<f64>,
 }
 
 impl Default for TenantShaping {
@@ -45,6 +49,8 @@ impl Default for TenantShaping {
             weight: 1,
             tokens_per_minute: None,
             requests_per_minute: None,
+            ttft_target_s: None,
+            itl_target_s: None,
         }
     }
 }
@@ -160,7 +166,20 @@ fn shaping(
         weight: t.weight.unwrap_or(1),
         tokens_per_minute: t.tokens_per_minute,
         requests_per_minute: t.requests_per_minute,
+        ttft_target_s: target_s(key, "ttft_target_ms", t.ttft_target_ms)?,
+        itl_target_s: target_s(key, "itl_target_ms", t.itl_target_ms)?,
     })
+}
+
+/// A latency target in milliseconds, as seconds: positive and finite.
+fn target_s(key: &str, field: &str, ms: Option<f64>) -> Result<Option<f64>, ConfigError> {
+    match ms {
+        Some(v) if !(v.is_finite() && v > 0.0) => Err(invalid(
+            format!("{key}.{field}"),
+            "must be a positive number of milliseconds",
+        )),
+        v => Ok(v.map(|ms| ms / 1000.0)),
+    }
 }
 
 /// Who may use the admin API (`[admin]`, `--admin-open-on-loopback`).

@@ -17,6 +17,8 @@ pub struct Analysis {
     pub overlaps: Overlaps,
     /// When it was analysed, on the index clock (working sets are counted at this time).
     pub at: Duration,
+    /// The request's time-to-first-token target in seconds, if it has one (`slo`).
+    pub ttft_target_s: Option<f64>,
 }
 
 impl Analysis {
@@ -68,6 +70,7 @@ impl Analysis {
             hashes,
             overlaps,
             at: now,
+            ttft_target_s: None,
         }
     }
 

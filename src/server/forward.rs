@@ -257,7 +257,7 @@ async fn forward(
     let client_salt = salt.as_ref().and_then(|s| s.as_deref());
     let Decided {
         eligible,
-        analysis,
+        mut analysis,
         view,
         salt: salt_value,
         client_params,
@@ -272,6 +272,7 @@ async fn forward(
         bytes.len(),
     )
     .await?;
+    let slo = super::slo::apply(state, &caller, &call.headers, &mut analysis, &eligible)?;
     let reservation = super::reserve::reserve(
         state,
         &caller,
@@ -393,6 +394,7 @@ async fn forward(
     )
     .with_affinity(affinity)
     .with_reservation(reservation)
+    .with_slo(slo)
     .with_trail(trail, sse)
     .with_prefill(prefill);
     let timeouts = BodyTimeouts {

@@ -35,6 +35,7 @@ mod reserve;
 mod responses;
 mod route;
 mod route_error;
+mod slo;
 mod stall;
 mod tokenize;
 mod trail;
