@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::index::{Holdings, Overlaps};
+use crate::index::{Holdings, Overlaps, SessionKey};
 use crate::policy::RouteRequest;
 use crate::tokens::{BlockHash, HashSeed, block_hashes};
 
@@ -19,6 +19,11 @@ pub struct Analysis {
     pub at: Duration,
     /// The request's time-to-first-token target in seconds, if it has one (`slo`).
     pub ttft_target_s: Option<f64>,
+    /// The session the client named (an affinity hint), if any.
+    pub session: Option<SessionKey>,
+    /// The engine will not read its prefix cache for this request (prompt logprobs): no reuse
+    /// is predicted anywhere, not even from a hint.
+    pub no_reuse: bool,
 }
 
 impl Analysis {
@@ -71,6 +76,8 @@ impl Analysis {
             overlaps,
             at: now,
             ttft_target_s: None,
+            session: None,
+            no_reuse: false,
         }
     }
 

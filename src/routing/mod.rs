@@ -41,6 +41,8 @@ mod seed;
 mod session;
 pub mod slo;
 mod target;
+#[cfg(test)]
+mod testing;
 
 pub use admitted::Admitted;
 pub use analysis::{Analysis, reusable_blocks};

@@ -100,6 +100,8 @@ impl Trail {
                         overlaps: Default::default(),
                         at: analysis.at,
                         ttft_target_s: None,
+                        session: None,
+                        no_reuse: false,
                     },
                 })),
                 None => Trail::Off,
