@@ -344,6 +344,12 @@ impl Config {
         let sessions = sessions::sessions(&file.sessions)?;
         let limits = Limits::from_file(&file.limits, front.max_body_bytes)?;
         let priorities = priority::priorities(&file.priority)?;
+        if priorities.headroom >= limits.max_concurrency {
+            return Err(invalid(
+                "priority.headroom",
+                "must be below limits.max_concurrency, or only the highest band could run",
+            ));
+        }
         let tenants = tenants::tenants(file.tenants.unwrap_or_default(), &priorities)?;
         let admin = tenants::admin_access(file.admin, args.admin_open_on_loopback, &tenants)?;
         let own: Vec<SocketAddr> = std::iter::once(front.listen)

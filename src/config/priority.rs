@@ -17,6 +17,7 @@ pub(super) struct FilePriority {
     pub(super) sheddable: Option<Vec<String>>,
     pub(super) header: Option<String>,
     pub(super) sheddable_header: Option<String>,
+    pub(super) headroom: Option<usize>,
 }
 
 /// Most bands: each is scanned in turn for the next request to admit.
@@ -82,6 +83,7 @@ pub(super) fn priorities(file: &FilePriority) -> Result<Priorities, ConfigError>
         bands,
         default_band,
         sheddable,
+        headroom: file.headroom.unwrap_or(0),
     })
 }
 

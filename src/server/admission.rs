@@ -401,6 +401,39 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn headroom_keeps_slots_for_the_highest_band() {
+        let m = Metrics::new();
+        let limits = Limits {
+            max_concurrency: 3,
+            max_queue: 0,
+            ..Limits::default()
+        };
+        let priorities = Priorities {
+            headroom: 2,
+            ..Priorities::default()
+        };
+        let a = Admission::new(limits, &[], &priorities, &m);
+        let high = |band| Place {
+            placement: Placement {
+                band,
+                sheddable: false,
+            },
+            ..at(None)
+        };
+        let normal = a.admit(&at(None), &m).await.unwrap();
+        assert_eq!(
+            a.admit(&at(None), &m).await.unwrap_err().code,
+            Some("queue_full"),
+            "the last two slots are the highest band's"
+        );
+        let h1 = a.admit(&high(0), &m).await.unwrap();
+        let h2 = a.admit(&high(0), &m).await.unwrap();
+        assert!(a.admit(&high(0), &m).await.is_err(), "all three taken");
+        drop((normal, h1, h2));
+        assert!(a.admit(&at(None), &m).await.is_ok());
+    }
+
+    #[tokio::test]
     async fn tenant_limits_are_separate() {
         let m = Metrics::new();
         let a = admission(

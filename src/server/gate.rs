@@ -47,9 +47,20 @@ pub(super) struct Entry {
 
 struct State {
     limit: usize,
+    /// Slots only band 0 may take.
+    headroom: usize,
     in_use: usize,
     max_queue: usize,
     queue: FairQueue<oneshot::Sender<Grant>>,
+}
+
+impl State {
+    /// Whether a request of `band` may take a slot now: one is free, beyond the headroom kept
+    /// for band 0 unless it is band 0.
+    fn room(&self, band: usize) -> bool {
+        let reserve = if band == 0 { 0 } else { self.headroom };
+        self.in_use + reserve < self.limit
+    }
 }
 
 /// The router-wide slots and their queue.
@@ -113,6 +124,7 @@ impl Gate {
         Arc::new(Gate {
             state: Mutex::new(State {
                 limit,
+                headroom: priorities.headroom,
                 in_use: 0,
                 max_queue,
                 queue: FairQueue::new(priorities.bands.len(), max_queue),
@@ -152,7 +164,8 @@ impl Gate {
         let band_label = self.bands.get(entry.band).map_or("-", String::as_str);
         let (id, mut rx) = {
             let mut st = self.lock();
-            if st.in_use < st.limit && st.queue.is_empty() {
+            // Nobody of its band or above waits, and a slot is free for its band.
+            if st.room(entry.band) && st.queue.peek_band().is_none_or(|b| b > entry.band) {
                 st.in_use += 1;
                 self.saturation(&st);
                 self.metrics
@@ -224,7 +237,10 @@ impl Gate {
             let _ = late.item.send(Grant::Expired);
             self.depth(st, late.arrival.band, &late.arrival.flow);
         }
-        while st.in_use < st.limit {
+        while let Some(band) = st.queue.peek_band() {
+            if !st.room(band) {
+                break;
+            }
             let Some(next) = st.queue.pop() else { break };
             // A waiter whose client left no longer listens: the slot goes to the next one.
             if next.item.send(Grant::Slot).is_ok() {

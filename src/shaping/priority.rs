@@ -29,6 +29,9 @@ pub struct Priorities {
     pub header: String,
     /// The header marking a request sheddable (lower case).
     pub sheddable_header: String,
+    /// Router slots only the highest band may take: a request of another band waits while
+    /// fewer than this many are free, so one of the highest band finds a slot at once.
+    pub headroom: usize,
 }
 
 impl Default for Priorities {
@@ -39,6 +42,7 @@ impl Default for Priorities {
             sheddable: vec![false, false, false],
             header: DEFAULT_HEADER.into(),
             sheddable_header: DEFAULT_SHEDDABLE_HEADER.into(),
+            headroom: 0,
         }
     }
 }

@@ -152,6 +152,11 @@ impl<T> FairQueue<T> {
         self.len == 0
     }
 
+    /// The highest band with a waiting request.
+    pub fn peek_band(&self) -> Option<usize> {
+        self.bands.iter().position(|b| !b.ring.is_empty())
+    }
+
     /// Requests of `flow` waiting in `band`.
     pub fn depth(&self, band: usize, flow: &str) -> usize {
         self.bands

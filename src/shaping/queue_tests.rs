@@ -25,7 +25,9 @@ fn bands_are_strict() {
     q.push(at(1), arrival(1, "a", 1, false), "mid").unwrap();
     q.push(at(2), arrival(0, "b", 1, false), "high").unwrap();
     q.push(at(3), arrival(1, "b", 1, false), "mid2").unwrap();
+    assert_eq!(q.peek_band(), Some(0));
     assert_eq!(drain(&mut q), ["high", "mid", "mid2", "low"]);
+    assert_eq!(q.peek_band(), None);
     assert!(q.is_empty());
 }
 

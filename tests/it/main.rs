@@ -63,6 +63,7 @@ mod routing_loops;
 mod routing_parity;
 mod serve_cli;
 mod session_hints;
+mod shaping_bench;
 mod shaping_signals;
 mod sim_capacity;
 mod sim_disaggregated;
