@@ -309,10 +309,7 @@ fn parse_mooncake_line(text: &str, line_no: usize) -> Result<TraceRequest, Trace
         output_tokens: parsed.output_length,
         hash_ids: parsed.hash_ids,
         block_tokens: parsed.block_size.unwrap_or(MOONCAKE_BLOCK_TOKENS),
-        session: parsed
-            .session_id
-            .as_ref()
-            .and_then(session_number),
+        session: parsed.session_id.as_ref().and_then(session_number),
     })
 }
 
