@@ -53,6 +53,7 @@ HELM_VALUES = [None, CHART / "ci/full-values.yaml"]
 # Oldest Kubernetes the manifests must be valid for, and the validator's newest.
 K8S_VERSIONS = ["1.29.0", None]
 UID = 10001
+KEDA = DEPLOY / "kubernetes/keda/scaledobject.yaml"
 
 failures: list[str] = []
 
@@ -422,6 +423,37 @@ def dockerfile(path: Path, parts: dict) -> None:
           "image ENTRYPOINT kvroute + container args [serve]")
 
 
+def keda(path: Path, namespace: str | None) -> None:
+    """The KEDA ScaledObject example: a CRD no schema here knows, so its shape is checked (its
+    queries are evaluated by check_monitoring.py against a real Prometheus)."""
+    name = str(path.relative_to(DEPLOY.parent))
+    print(f"{name}:")
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    if not check(len(docs) == 1, "one document"):
+        return
+    so = docs[0]
+    check(so.get("apiVersion") == "keda.sh/v1alpha1" and so.get("kind") == "ScaledObject", "a keda.sh/v1alpha1 ScaledObject")
+    check(namespace is None or so["metadata"].get("namespace") == namespace, f"in the example overlay's namespace ({namespace})")
+    spec = so.get("spec", {})
+    check(bool(spec.get("scaleTargetRef", {}).get("name")), "names its scale target")
+    lo, hi = spec.get("minReplicaCount", 0), spec.get("maxReplicaCount", 100)
+    check(isinstance(lo, int) and isinstance(hi, int) and 0 <= lo <= hi, f"replicas {lo}..{hi}")
+    triggers = spec.get("triggers", [])
+    check(bool(triggers), "has triggers")
+    for t in triggers:
+        md = t.get("metadata", {})
+        tname = t.get("name", "?")
+        check(t.get("type") == "prometheus", f"trigger {tname}: prometheus")
+        check(t.get("metricType", "AverageValue") in ("AverageValue", "Value", "Utilization"), f"trigger {tname}: metricType")
+        check(md.get("serverAddress", "").startswith("http"), f"trigger {tname}: serverAddress")
+        check("kvroute_" in md.get("query", ""), f"trigger {tname}: queries a kvroute metric")
+        try:
+            ok = float(md.get("threshold", "")) > 0 and float(md.get("activationThreshold", "0")) >= 0
+        except ValueError:
+            ok = False
+        check(ok and isinstance(md.get("threshold"), str), f"trigger {tname}: threshold a positive number, quoted")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--promtool")
@@ -454,6 +486,12 @@ def main() -> int:
         # The chart with every option on renders the router objects the example overlay does.
         example, full = kinds.get("deploy/kubernetes/overlays/example"), kinds.get(f"{CHART.relative_to(DEPLOY.parent)} -f full-values.yaml")
         check(example is not None and example == full, f"the chart renders the example overlay's router kinds ({sorted(full or [])})")
+    overlay_ns = next(
+        (d["metadata"]["name"] for p in KUSTOMIZATIONS if "overlays" in p.parts
+         for d in render(args.kubectl, p) if d["kind"] == "Namespace"),
+        None,
+    )
+    keda(KEDA, overlay_ns)
     import check_epp
 
     check_epp.run(args.kubectl, args.validator, args.kvroute, render, validate, check)

@@ -41,6 +41,7 @@ DEPLOY = Path(__file__).resolve().parent
 DASHBOARD = DEPLOY / "grafana/kvroute.json"
 RULES = DEPLOY / "prometheus/kvroute-alerts.yml"
 RULES_TEST = DEPLOY / "prometheus/kvroute-alerts.test.yml"
+KEDA = DEPLOY / "kubernetes/keda/scaledobject.yaml"
 MODEL = "kvroute/sim"
 ENGINES = 3
 
@@ -50,6 +51,8 @@ MAY_BE_EMPTY = {
     ("Retries and rejections", "retry: {{reason}}"): "no worker fails in the demo, so nothing is retried",
     ("Retries and rejections", "429: {{reason}}"): "the demo's limits are never reached",
     ("Upstream errors by worker", "{{worker}} {{kind}}"): "no worker fails in the demo",
+    ("Saturation and queue", "queued {{band}} {{tenant}}"): "the demo's limits are never reached, so nothing waits",
+    ("Latency targets", "{{target}} {{outcome}}"): "the demo's requests carry no latency targets",
 }
 # Metrics alert rules read that the healthy demo does not export (created on first event).
 NOT_IN_DEMO = {"kvroute_rejected_total": "no request is refused at admission in the demo"}
@@ -246,6 +249,16 @@ def check_dashboard_live(prom: Prom, dash: dict, targets: list, rate_interval: s
         check(r.get("status") == "success" and bool(values), f"variable ${v['name']}: {sorted(values)[:4]}")
 
 
+def check_keda_live(prom: Prom) -> None:
+    """Each KEDA trigger's query must parse and answer one finite number (KEDA takes one)."""
+    so = yaml.safe_load(KEDA.read_text())
+    for t in so["spec"]["triggers"]:
+        q = t["metadata"]["query"]
+        r = prom.query(q)
+        result = r.get("data", {}).get("result", [])
+        check(r.get("status") == "success" and len(result) == 1 and finite(result), f"KEDA trigger {t.get('name')}: {q} -> {result}")
+
+
 def metric_names(expr: str) -> set[str]:
     names = set(re.findall(r"\b(?:kvroute|process)_\w+", expr))
     return names | ({"up"} if re.search(r"\bup\{", expr) else set())
@@ -366,6 +379,7 @@ def main() -> int:
         shown |= {re.sub(r"_bucket$", "", n) for n in shown}
         print(f"  info: exported by kvroute but not on the dashboard: {sorted(exported - shown) or 'none'}")
         check_alerts_live(prom, alerts, args.debug_build)
+        check_keda_live(prom)
         if demo.poll() is not None or prom_proc.poll() is not None:
             check(False, "kvroute demo and Prometheus still running at the end")
     finally:

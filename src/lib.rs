@@ -28,6 +28,7 @@ pub mod recording;
 pub mod report;
 pub mod routing;
 pub mod server;
+pub mod shaping;
 #[cfg(feature = "lab")]
 pub mod sim;
 pub mod telemetry;

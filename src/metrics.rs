@@ -11,15 +11,23 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+mod cache_prediction;
 mod config;
 mod data_parallel;
 mod disaggregation;
 mod prediction;
+mod shaping;
+mod slo;
+mod tokens;
 
+pub use cache_prediction::CachePredictionMetrics;
 pub use config::ConfigMetrics;
 pub use data_parallel::DataParallelMetrics;
 pub use disaggregation::DisaggregationMetrics;
 pub use prediction::PredictionMetrics;
+pub use shaping::ShapingMetrics;
+pub use slo::SloMetrics;
+pub use tokens::TokenMetrics;
 
 /// Buckets for latencies from sub-millisecond to minutes.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -125,6 +133,14 @@ pub struct Metrics {
     pub data_parallel: DataParallelMetrics,
     /// The cost model's TTFT prediction error per worker.
     pub prediction: PredictionMetrics,
+    /// The admission queue: waits, depth, saturation.
+    pub shaping: ShapingMetrics,
+    /// How requests with latency targets fared.
+    pub slo: SloMetrics,
+    /// Prompt, completion and cached tokens; inter-token latency and time per output token.
+    pub tokens: TokenMetrics,
+    /// The predicted cached tokens against the engines' reports.
+    pub cache_prediction: CachePredictionMetrics,
 }
 
 impl Metrics {
@@ -148,6 +164,8 @@ impl Metrics {
         self.disaggregation.forget_worker(id);
         self.data_parallel.forget_worker(id);
         self.prediction.forget_worker(id);
+        self.tokens.forget_worker(id);
+        self.cache_prediction.forget_worker(id);
     }
 
     /// Creates and registers every metric.
@@ -425,6 +443,10 @@ impl Metrics {
         let disaggregation = DisaggregationMetrics::register(&registry);
         let data_parallel = DataParallelMetrics::register(&registry);
         let prediction = PredictionMetrics::register(&registry);
+        let shaping = ShapingMetrics::register(&registry);
+        let slo = SloMetrics::register(&registry);
+        let tokens = TokenMetrics::register(&registry);
+        let cache_prediction = CachePredictionMetrics::register(&registry);
         Metrics {
             registry,
             requests,
@@ -464,6 +486,10 @@ impl Metrics {
             disaggregation,
             data_parallel,
             prediction,
+            shaping,
+            slo,
+            tokens,
+            cache_prediction,
         }
     }
 

@@ -38,6 +38,8 @@ pub(super) struct FileConfig {
     pub(super) kv_events: super::kv_events::FileKvEvents,
     #[serde(default)]
     pub(super) limits: FileLimits,
+    #[serde(default)]
+    pub(super) priority: super::priority::FilePriority,
     /// `None` when the file has no `[[tenants]]`; `Some(empty)` for an explicit `tenants = []`.
     pub(super) tenants: Option<Vec<FileTenant>>,
     pub(super) admin: Option<FileAdmin>,
@@ -210,6 +212,14 @@ pub(super) struct FileTenant {
     pub(super) api_key_sha256: String,
     pub(super) models: Option<Vec<String>>,
     pub(super) max_concurrency: Option<usize>,
+    pub(super) priority: Option<String>,
+    pub(super) max_priority: Option<String>,
+    pub(super) sheddable: Option<bool>,
+    pub(super) weight: Option<u32>,
+    pub(super) tokens_per_minute: Option<u64>,
+    pub(super) requests_per_minute: Option<u64>,
+    pub(super) ttft_target_ms: Option<f64>,
+    pub(super) itl_target_ms: Option<f64>,
 }
 
 #[derive(Deserialize, Debug)]

@@ -23,6 +23,7 @@ mod limits;
 mod models;
 mod overrides;
 mod policy;
+mod priority;
 mod proxy;
 mod recording;
 mod role;
@@ -74,7 +75,7 @@ pub use server::{
     DEFAULT_MAX_BODY_BYTES, DEFAULT_SHUTDOWN_GRACE, Deprecation, MOVED_TO_SERVER,
 };
 pub use sessions::{DEFAULT_SESSION_HEADER, SessionField, SessionsConfig};
-pub use tenants::{ANY_MODEL, AdminAccess, TenantConfig};
+pub use tenants::{ANY_MODEL, AdminAccess, TenantConfig, TenantShaping};
 pub use workers::{
     MAX_WORKER_ID_BYTES, WORKER_FLAG_SYNTAX, WorkerFlagError, WorkerSpecError, check_worker,
     names_own_address, parse_worker_flag,
@@ -216,6 +217,8 @@ pub struct Config {
     pub tls: Option<crate::tls::ServerTls>,
     /// Admission limits.
     pub limits: Limits,
+    /// The admission queue's priority bands (`[priority]`).
+    pub priorities: crate::shaping::Priorities,
     /// API keys and their tenants; empty means no authentication.
     pub tenants: Vec<TenantConfig>,
     /// Who may use the admin API: its key, or (without one) loopback clients when opened.
@@ -340,7 +343,14 @@ impl Config {
         let endpoints = endpoints::endpoints(&file.endpoints)?;
         let sessions = sessions::sessions(&file.sessions)?;
         let limits = Limits::from_file(&file.limits, front.max_body_bytes)?;
-        let tenants = tenants::tenants(file.tenants.unwrap_or_default())?;
+        let priorities = priority::priorities(&file.priority)?;
+        if priorities.headroom >= limits.max_concurrency {
+            return Err(invalid(
+                "priority.headroom",
+                "must be below limits.max_concurrency, or only the highest band could run",
+            ));
+        }
+        let tenants = tenants::tenants(file.tenants.unwrap_or_default(), &priorities)?;
         let admin = tenants::admin_access(file.admin, args.admin_open_on_loopback, &tenants)?;
         let own: Vec<SocketAddr> = std::iter::once(front.listen)
             .chain(front.metrics_listen)
@@ -372,6 +382,7 @@ impl Config {
             connections: front.connections,
             tls: tls::server_tls(file.server.tls.as_ref())?,
             limits,
+            priorities,
             tenants,
             admin,
             emptied,

@@ -5,6 +5,7 @@
 
 use super::file::{FileAdmin, FileTenant};
 use super::{ConfigError, invalid};
+use crate::shaping::{Priorities, TenantPriority};
 
 /// The model list that allows every model; also a tenant's default.
 pub const ANY_MODEL: &str = "*";
@@ -20,6 +21,38 @@ pub struct TenantConfig {
     pub models: Vec<String>,
     /// Its own concurrency limit, within the router's.
     pub max_concurrency: Option<usize>,
+    /// Its place in the admission queue: priority and fair share.
+    pub shaping: TenantShaping,
+}
+
+/// A tenant's place in the admission queue, its rate limits and latency targets.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TenantShaping {
+    /// Its requests' band, the highest band they may ask for, and whether they are sheddable.
+    pub priority: TenantPriority,
+    /// Its share of its band's slots while other tenants wait there too (default 1).
+    pub weight: u32,
+    /// Prompt plus output tokens it may spend per minute (per router replica).
+    pub tokens_per_minute: Option<u64>,
+    /// Requests it may send per minute (per router replica).
+    pub requests_per_minute: Option<u64>,
+    /// Its requests' time-to-first-token target, seconds, unless a request names its own.
+    pub ttft_target_s: Option<f64>,
+    /// Its requests' inter-token latency target, seconds, unless a request names its own.
+    pub itl_target_s: Option<f64>,
+}
+
+impl Default for TenantShaping {
+    fn default() -> Self {
+        TenantShaping {
+            priority: TenantPriority::default(),
+            weight: 1,
+            tokens_per_minute: None,
+            requests_per_minute: None,
+            ttft_target_s: None,
+            itl_target_s: None,
+        }
+    }
 }
 
 impl TenantConfig {
@@ -30,7 +63,10 @@ impl TenantConfig {
 }
 
 /// The tenants of `[[tenants]]`: unique names, unique keys.
-pub(super) fn tenants(file: Vec<FileTenant>) -> Result<Vec<TenantConfig>, ConfigError> {
+pub(super) fn tenants(
+    file: Vec<FileTenant>,
+    priorities: &Priorities,
+) -> Result<Vec<TenantConfig>, ConfigError> {
     let mut tenants: Vec<TenantConfig> = Vec::new();
     for (i, t) in file.into_iter().enumerate() {
         let key = format!("tenants[{i}]");
@@ -69,14 +105,81 @@ pub(super) fn tenants(file: Vec<FileTenant>) -> Result<Vec<TenantConfig>, Config
                 "model names must not be empty",
             ));
         }
+        let shaping = shaping(&key, &t, priorities)?;
         tenants.push(TenantConfig {
             name: t.name,
             api_key_sha256: digest,
             models: t.models.unwrap_or_else(|| vec![ANY_MODEL.into()]),
             max_concurrency: t.max_concurrency,
+            shaping,
         });
     }
     Ok(tenants)
+}
+
+/// A tenant's priority and weight, its bands named in `[priority] bands`.
+fn shaping(
+    key: &str,
+    t: &FileTenant,
+    priorities: &Priorities,
+) -> Result<TenantShaping, ConfigError> {
+    let band = |field: &str, name: &Option<String>| {
+        name.as_deref()
+            .map(|n| {
+                priorities.band(n).ok_or_else(|| {
+                    invalid(
+                        format!("{key}.{field}"),
+                        format!(
+                            "`{n}` is not one of priority.bands ({})",
+                            priorities.bands.join(", ")
+                        ),
+                    )
+                })
+            })
+            .transpose()
+    };
+    let own = band("priority", &t.priority)?;
+    let max_band = band("max_priority", &t.max_priority)?;
+    if let Some(max) = max_band
+        && max > own.unwrap_or(priorities.default_band)
+    {
+        return Err(invalid(
+            format!("{key}.max_priority"),
+            "is below the tenant's own priority; it names the highest band its requests may ask for",
+        ));
+    }
+    for (field, v) in [
+        ("weight", t.weight.map(u64::from)),
+        ("tokens_per_minute", t.tokens_per_minute),
+        ("requests_per_minute", t.requests_per_minute),
+    ] {
+        if v == Some(0) {
+            return Err(invalid(format!("{key}.{field}"), "must be at least 1"));
+        }
+    }
+    Ok(TenantShaping {
+        priority: TenantPriority {
+            band: own,
+            max_band,
+            sheddable: t.sheddable,
+        },
+        weight: t.weight.unwrap_or(1),
+        tokens_per_minute: t.tokens_per_minute,
+        requests_per_minute: t.requests_per_minute,
+        ttft_target_s: target_s(key, "ttft_target_ms", t.ttft_target_ms)?,
+        itl_target_s: target_s(key, "itl_target_ms", t.itl_target_ms)?,
+    })
+}
+
+/// A latency target in milliseconds, as seconds: positive and finite.
+fn target_s(key: &str, field: &str, ms: Option<f64>) -> Result<Option<f64>, ConfigError> {
+    match ms {
+        Some(v) if !(v.is_finite() && v > 0.0) => Err(invalid(
+            format!("{key}.{field}"),
+            "must be a positive number of milliseconds",
+        )),
+        v => Ok(v.map(|ms| ms / 1000.0)),
+    }
 }
 
 /// Who may use the admin API (`[admin]`, `--admin-open-on-loopback`).

@@ -96,6 +96,23 @@ fn example_config_loads() {
     assert_eq!(c.workers[1].kv_blocks, None);
 }
 
+/// The example's `[priority]` block is commented out (the defaults), but uncommented it loads
+/// as documented.
+#[test]
+fn the_example_priority_block_loads_when_uncommented() {
+    let text = include_str!("../../config/kvroute.example.toml");
+    let start = text.find("# [priority]\n").unwrap();
+    let end = start + text[start..].find("\n\n").unwrap();
+    let block: String = text[start..end]
+        .lines()
+        .map(|l| l.strip_prefix("# ").unwrap_or(l.trim_start_matches('#')))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let p = load(&block).unwrap().priorities;
+    assert_eq!(p.bands, ["high", "normal", "low"]);
+    assert_eq!((p.default_band, p.sheddable), (1, vec![false, false, true]));
+}
+
 /// The example's `[discovery]` block is commented out (the example must not watch anything),
 /// but uncommented it loads as documented.
 #[cfg(feature = "kubernetes")]

@@ -20,6 +20,7 @@ pub mod outcome;
 pub mod output_tokens;
 pub mod response_id;
 pub mod retry_budget;
+pub mod usage;
 
 use crate::tls::upstream::WorkerConnector;
 use crate::tls::{self, TlsError, UpstreamTls};

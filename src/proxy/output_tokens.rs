@@ -143,13 +143,13 @@ fn last_usage(buf: &[u8]) -> Option<u64> {
     found
 }
 
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+pub(super) fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
 
 /// `: N` (spaces allowed) with N followed by a non-digit: a number cut by the chunk's end is
 /// not taken (it is seen whole with the next chunk).
-fn number_after_colon(s: &[u8]) -> Option<u64> {
+pub(super) fn number_after_colon(s: &[u8]) -> Option<u64> {
     let s = s.trim_ascii_start().strip_prefix(b":")?.trim_ascii_start();
     let digits = s.iter().take_while(|b| b.is_ascii_digit()).count();
     if digits == 0 || digits == s.len() {

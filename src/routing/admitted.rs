@@ -31,6 +31,18 @@ pub struct Admitted {
     pub prompt_tokens: u64,
     /// The time to first token the policy predicted on this worker, if it predicts one.
     pub predicted_ttft_s: Option<f64>,
+    /// The prompt tokens the router predicted the engine would find cached (its believed
+    /// overlap in tokens; what the engine reports as `cached_tokens` when the index is right).
+    /// `None` when the prompt was not analysed (load-only policies).
+    pub predicted_cached_tokens: Option<u64>,
+}
+
+/// `overlap_blocks` of `analysis`'s prompt in tokens, if it was analysed.
+fn cached_tokens(analysis: &Analysis, overlap_blocks: u32) -> Option<u64> {
+    (analysis.request.prompt_tokens > 0).then(|| {
+        u64::from(overlap_blocks.min(analysis.request.blocks))
+            * u64::from(analysis.request.block_size)
+    })
 }
 
 impl std::fmt::Debug for Admitted {
@@ -67,6 +79,7 @@ impl Admitted {
             blocks: analysis.request.blocks,
             prompt_tokens: analysis.request.prompt_tokens,
             predicted_ttft_s,
+            predicted_cached_tokens: cached_tokens(analysis, chosen.overlap_blocks),
         }
     }
 
@@ -89,6 +102,7 @@ impl Admitted {
             blocks: analysis.request.blocks,
             prompt_tokens: analysis.request.prompt_tokens,
             predicted_ttft_s: None,
+            predicted_cached_tokens: cached_tokens(analysis, overlap_blocks),
         }
     }
 

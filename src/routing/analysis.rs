@@ -17,6 +17,8 @@ pub struct Analysis {
     pub overlaps: Overlaps,
     /// When it was analysed, on the index clock (working sets are counted at this time).
     pub at: Duration,
+    /// The request's time-to-first-token target in seconds, if it has one (`slo`).
+    pub ttft_target_s: Option<f64>,
     /// The session the client named (an affinity hint), if any.
     pub session: Option<SessionKey>,
     /// The engine will not read its prefix cache for this request (prompt logprobs): no reuse
@@ -73,6 +75,7 @@ impl Analysis {
             hashes,
             overlaps,
             at: now,
+            ttft_target_s: None,
             session: None,
             no_reuse: false,
         }

@@ -11,6 +11,15 @@ use crate::index::{Holdings, ReuseCurve, SessionHome};
 use crate::policy::{Candidate, Policy, RouteDecision, WorkingSet};
 use crate::tokens::HashSeed;
 
+/// `decision` moved to a candidate predicted to meet the request's TTFT target, if it has one
+/// (see `routing::slo`).
+fn slo_preferred(mut decision: RouteDecision, analysis: &Analysis) -> RouteDecision {
+    if let Some(target) = analysis.ttft_target_s {
+        super::slo::prefer(&mut decision, target);
+    }
+    decision
+}
+
 /// The policy and the index, shared by every decision of a router (live or simulated).
 pub struct Decider {
     policy: Arc<dyn Policy>,
@@ -161,6 +170,7 @@ impl Decider {
     ) -> (Vec<&'t T>, Vec<Candidate>, Option<RouteDecision>) {
         let (picked, candidates) = self.candidates_on(analysis, targets, &[], side);
         let decision = self.policy.choose(&analysis.request, &candidates);
+        let decision = decision.map(|d| slo_preferred(d, analysis));
         (picked, candidates, decision)
     }
 
@@ -188,6 +198,7 @@ impl Decider {
         loop {
             let (picked, mut candidates) = self.candidates_on(analysis, targets, skip, side);
             let decision = self.policy.choose(&analysis.request, &candidates)?;
+            let decision = slo_preferred(decision, analysis);
             let target = *picked.get(decision.chosen)?;
             if target.acquire() {
                 let candidate = candidates.swap_remove(decision.chosen);

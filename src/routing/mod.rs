@@ -39,6 +39,7 @@ mod explain;
 mod pair;
 mod seed;
 mod session;
+pub mod slo;
 mod target;
 #[cfg(test)]
 mod testing;

@@ -1,7 +1,9 @@
 //! Admission control: how many requests run at once, router-wide and per tenant.
 //!
-//! Past the limit a request waits in a bounded queue for a bounded time; past those it is
-//! refused at once with 429 and `Retry-After`. Refusing early is kinder than accepting work
+//! Past the limit a request waits in a bounded queue for a bounded time, in its priority band
+//! and sharing the band fairly with other tenants (`gate`, over `shaping::queue`); past those
+//! it is refused with 429 and `Retry-After` (503 for a sheddable request displaced to make room
+//! for one that is not). Refusing early is kinder than accepting work
 //! the fleet cannot finish: clients back off, and the requests already running keep their
 //! latency. The slot (a semaphore permit) is held until the response body ends, so a long
 //! stream counts for as long as it runs.
@@ -16,20 +18,39 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
+use http::HeaderMap;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use super::auth::Caller;
 pub use super::body_budget::{BodyBudget, BodyClaim};
+use super::gate::{Denied, Entry, Gate, GateSlot};
+use super::rate_limit::RateLimits;
+pub use super::rate_limit::Reservation;
 use crate::config::{Limits, TenantConfig};
 use crate::metrics::Metrics;
 use crate::openai::ApiError;
+use crate::shaping::{Placement, Priorities};
 
-use super::refusal::too_many;
+use super::refusal::{overloaded, too_many};
 
+/// The flow (tenant label) of requests without a tenant.
+const NO_TENANT: &str = "-";
+
+/// Where a request stands in line: its tenant, band, sheddability and share.
+#[derive(Clone, Debug)]
+pub struct Place<'a> {
+    /// Its tenant, if any.
+    pub tenant: Option<&'a str>,
+    /// Its band and sheddability.
+    pub placement: Placement,
+    /// Its tenant's weight within the band.
+    pub weight: u32,
+}
 /// A running request's claim on capacity; dropping it frees the slot (or, after a reload
 /// lowered a limit, retires it: see [`Pool`]).
 #[derive(Debug)]
 pub struct Ticket {
-    _router: Slot,
+    _router: GateSlot,
     _tenant: Option<Slot>,
 }
 
@@ -106,14 +127,6 @@ impl Pool {
             pool: Arc::clone(self),
         })
     }
-
-    async fn slot(self: &Arc<Self>) -> Option<Slot> {
-        let permit = Arc::clone(&self.sem).acquire_owned().await.ok()?;
-        Some(Slot {
-            permit: Some(permit),
-            pool: Arc::clone(self),
-        })
-    }
 }
 
 /// The router's and each tenant's slots.
@@ -121,8 +134,11 @@ impl Pool {
 pub struct Admission {
     /// The queue's bounds (`max_queue`, `queue_timeout`), read once per request.
     limits: ArcSwap<Limits>,
-    router: Arc<Pool>,
-    waiting: AtomicUsize,
+    router: Arc<Gate>,
+    /// The bands and the headers naming them (fixed until a restart: the queue has its bands).
+    priorities: Priorities,
+    /// Tenants' tokens and requests per minute.
+    rates: Arc<RateLimits>,
     tenants: ArcSwap<HashMap<String, Arc<Pool>>>,
     /// Serialises reloads (the tenant pools are read, resized and swapped as one step).
     reload: Mutex<()>,
@@ -130,12 +146,23 @@ pub struct Admission {
 }
 
 impl Admission {
-    /// Slots for `limits` and each tenant's own limit.
-    pub fn new(limits: Limits, tenants: &[TenantConfig]) -> Admission {
+    /// Slots for `limits` and each tenant's own limit, queued in the bands of `priorities`.
+    pub fn new(
+        limits: Limits,
+        tenants: &[TenantConfig],
+        priorities: &Priorities,
+        metrics: &Metrics,
+    ) -> Admission {
         Admission {
             limits: ArcSwap::from_pointee(limits),
-            router: Pool::new(limits.max_concurrency),
-            waiting: AtomicUsize::new(0),
+            router: Gate::new(
+                limits.max_concurrency,
+                limits.max_queue,
+                priorities,
+                metrics.shaping.clone(),
+            ),
+            priorities: priorities.clone(),
+            rates: RateLimits::new(tenants),
             tenants: ArcSwap::from_pointee(
                 tenants
                     .iter()
@@ -154,7 +181,8 @@ impl Admission {
     /// left has no pool any more.
     pub fn update(&self, limits: Limits, tenants: &[TenantConfig]) {
         let _serial = self.reload.lock().unwrap_or_else(|e| e.into_inner());
-        self.router.resize(limits.max_concurrency);
+        self.router.resize(limits.max_concurrency, limits.max_queue);
+        self.rates.update(tenants);
         self.bodies.set_limit(limits.max_body_bytes_in_flight);
         let old = self.tenants.load();
         let pools: HashMap<String, Arc<Pool>> = tenants
@@ -180,10 +208,55 @@ impl Admission {
         &self.bodies
     }
 
-    /// Waits for a slot for a request of `tenant` (if any), or refuses with 429.
-    pub async fn admit(&self, tenant: Option<&str>, metrics: &Metrics) -> Result<Ticket, ApiError> {
+    /// Where `caller`'s request stands: the band its header asks for (`[priority] header`)
+    /// if its tenant may use it, else its tenant's; 400 for a band that does not exist or is
+    /// above the tenant's.
+    pub fn place<'c>(
+        &self,
+        caller: &'c Caller,
+        headers: &HeaderMap,
+    ) -> Result<Place<'c>, ApiError> {
+        let header = |name: &str| headers.get(name).map(|v| v.to_str().unwrap_or("\u{fffd}"));
+        let tenant = match caller {
+            Caller::Tenant(t) => Some(&**t),
+            Caller::Anonymous => None,
+        };
+        let placement = self
+            .priorities
+            .place(
+                header(&self.priorities.header),
+                header(&self.priorities.sheddable_header),
+                tenant.map(|t| &t.shaping.priority),
+            )
+            .map_err(|e| ApiError {
+                code: Some("invalid_priority"),
+                ..ApiError::invalid(e.to_string(), None)
+            })?;
+        Ok(Place {
+            tenant: tenant.map(|t| t.name.as_str()),
+            placement,
+            weight: tenant.map_or(1, |t| t.shaping.weight),
+        })
+    }
+
+    /// Places `caller`'s request ([`Self::place`]) and waits for its slot ([`Self::admit`]).
+    pub async fn admit_caller(
+        &self,
+        caller: &Caller,
+        headers: &HeaderMap,
+        metrics: &Metrics,
+    ) -> Result<Ticket, ApiError> {
+        let place = self.place(caller, headers)?;
+        self.admit(&place, metrics).await
+    }
+
+    /// Waits for a slot for a request at `place`, or refuses it: 429 when its tenant is at its
+    /// own limit, the queue is full or its wait ran out; 503 when it was sheddable and shed.
+    pub async fn admit(&self, place: &Place<'_>, metrics: &Metrics) -> Result<Ticket, ApiError> {
         let limits = **self.limits.load();
-        let tenant_pool = tenant.and_then(|t| self.tenants.load().get(t).cloned());
+        let tenant_pool = place
+            .tenant
+            .and_then(|t| self.tenants.load().get(t).cloned());
         let tenant_slot = match tenant_pool {
             // A tenant over its own limit is refused at once: waiting would hold a router
             // slot's place in the queue that other tenants could use.
@@ -196,28 +269,34 @@ impl Admission {
             })?),
             None => None,
         };
-        if let Some(slot) = self.router.try_slot() {
-            return Ok(Ticket {
-                _router: slot,
-                _tenant: tenant_slot,
-            });
-        }
-        if self.waiting.fetch_add(1, Ordering::AcqRel) >= limits.max_queue {
-            self.waiting.fetch_sub(1, Ordering::AcqRel);
-            return Err(too_many(
-                "the router is at capacity and its queue is full; retry later".into(),
-                "queue_full",
-                metrics,
-            ));
-        }
-        let waited = tokio::time::timeout(limits.queue_timeout, self.router.slot()).await;
-        self.waiting.fetch_sub(1, Ordering::AcqRel);
-        match waited {
-            Ok(Some(slot)) => Ok(Ticket {
+        let entry = Entry {
+            band: place.placement.band,
+            flow: Arc::from(place.tenant.unwrap_or(NO_TENANT)),
+            weight: place.weight,
+            sheddable: place.placement.sheddable,
+            wait: limits.queue_timeout,
+        };
+        match self.router.enter(entry).await {
+            Ok(slot) => Ok(Ticket {
                 _router: slot,
                 _tenant: tenant_slot,
             }),
-            _ => Err(too_many(
+            Err(Denied::Full) if place.placement.sheddable => Err(overloaded(
+                "the router is saturated and sheddable requests are not queued; retry later".into(),
+                metrics,
+            )),
+            Err(Denied::Full) => Err(too_many(
+                "the router is at capacity and its queue is full; retry later".into(),
+                "queue_full",
+                metrics,
+            )),
+            Err(Denied::Shed) => Err(overloaded(
+                "the router is saturated and this sheddable request gave its place to one that \
+                 is not; retry later"
+                    .into(),
+                metrics,
+            )),
+            Err(Denied::Timeout) => Err(too_many(
                 format!(
                     "no capacity became free within {:?}; retry later",
                     limits.queue_timeout
@@ -230,7 +309,27 @@ impl Admission {
 
     /// Requests waiting for a slot now.
     pub fn waiting(&self) -> usize {
-        self.waiting.load(Ordering::Relaxed)
+        self.router.waiting()
+    }
+
+    /// Whether `tenant`'s requests are limited in tokens (their prompts must be counted).
+    pub fn limits_tokens(&self, tenant: Option<&str>) -> bool {
+        tenant.is_some_and(|t| self.rates.limits_tokens(t))
+    }
+
+    /// Reserves a routed request's `tokens` (prompt plus requested output) and one request in
+    /// its tenant's per-minute limits, or refuses it with 429; `None` for a tenant without
+    /// limits.
+    pub fn reserve(
+        &self,
+        tenant: Option<&str>,
+        tokens: u64,
+        metrics: &Metrics,
+    ) -> Result<Option<Reservation>, ApiError> {
+        match tenant {
+            Some(t) => self.rates.reserve(t, tokens, metrics),
+            None => Ok(None),
+        }
     }
 }
 
@@ -247,13 +346,29 @@ mod tests {
             api_key_sha256: [0; 32],
             models: vec!["*".into()],
             max_concurrency: max,
+            shaping: Default::default(),
         }
+    }
+
+    fn at(tenant: Option<&str>) -> Place<'_> {
+        Place {
+            tenant,
+            placement: Placement {
+                band: 1,
+                sheddable: false,
+            },
+            weight: 1,
+        }
+    }
+
+    fn admission(limits: Limits, tenants: &[TenantConfig], m: &Metrics) -> Admission {
+        Admission::new(limits, tenants, &Priorities::default(), m)
     }
 
     #[tokio::test]
     async fn queue_then_refuse() {
         let m = Metrics::new();
-        let a = Arc::new(Admission::new(
+        let a = Arc::new(admission(
             Limits {
                 max_concurrency: 1,
                 max_queue: 1,
@@ -261,14 +376,15 @@ mod tests {
                 ..Limits::default()
             },
             &[],
+            &m,
         ));
-        let first = a.admit(None, &m).await.unwrap();
+        let first = a.admit(&at(None), &m).await.unwrap();
         // The second waits; the third finds the queue full.
         let a2 = Arc::clone(&a);
         let m2 = m.clone();
-        let second = tokio::spawn(async move { a2.admit(None, &m2).await.map(|_| ()) });
+        let second = tokio::spawn(async move { a2.admit(&at(None), &m2).await.map(|_| ()) });
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let third = a.admit(None, &m).await.unwrap_err();
+        let third = a.admit(&at(None), &m).await.unwrap_err();
         assert_eq!(third.status, StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(third.code, Some("queue_full"));
         assert_eq!(third.retry_after_s, Some(1));
@@ -278,25 +394,59 @@ mod tests {
             "the waiter got the freed slot"
         );
         // Now nothing frees the slot held by... nobody: a waiter times out only when full.
-        let held = a.admit(None, &m).await.unwrap();
-        let late = a.admit(None, &m).await.unwrap_err();
+        let held = a.admit(&at(None), &m).await.unwrap();
+        let late = a.admit(&at(None), &m).await.unwrap_err();
         assert_eq!(late.code, Some("queue_timeout"));
         drop(held);
     }
 
     #[tokio::test]
+    async fn headroom_keeps_slots_for_the_highest_band() {
+        let m = Metrics::new();
+        let limits = Limits {
+            max_concurrency: 3,
+            max_queue: 0,
+            ..Limits::default()
+        };
+        let priorities = Priorities {
+            headroom: 2,
+            ..Priorities::default()
+        };
+        let a = Admission::new(limits, &[], &priorities, &m);
+        let high = |band| Place {
+            placement: Placement {
+                band,
+                sheddable: false,
+            },
+            ..at(None)
+        };
+        let normal = a.admit(&at(None), &m).await.unwrap();
+        assert_eq!(
+            a.admit(&at(None), &m).await.unwrap_err().code,
+            Some("queue_full"),
+            "the last two slots are the highest band's"
+        );
+        let h1 = a.admit(&high(0), &m).await.unwrap();
+        let h2 = a.admit(&high(0), &m).await.unwrap();
+        assert!(a.admit(&high(0), &m).await.is_err(), "all three taken");
+        drop((normal, h1, h2));
+        assert!(a.admit(&at(None), &m).await.is_ok());
+    }
+
+    #[tokio::test]
     async fn tenant_limits_are_separate() {
         let m = Metrics::new();
-        let a = Admission::new(
+        let a = admission(
             Limits::default(),
             &[tenant("a", Some(1)), tenant("b", None)],
+            &m,
         );
-        let t1 = a.admit(Some("a"), &m).await.unwrap();
-        let e = a.admit(Some("a"), &m).await.unwrap_err();
+        let t1 = a.admit(&at(Some("a")), &m).await.unwrap();
+        let e = a.admit(&at(Some("a")), &m).await.unwrap_err();
         assert_eq!(e.code, Some("tenant_concurrency"));
-        let _b = a.admit(Some("b"), &m).await.unwrap();
+        let _b = a.admit(&at(Some("b")), &m).await.unwrap();
         drop(t1);
-        assert!(a.admit(Some("a"), &m).await.is_ok());
+        assert!(a.admit(&at(Some("a")), &m).await.is_ok());
     }
 
     #[tokio::test]
@@ -307,44 +457,44 @@ mod tests {
             max_queue: 0,
             ..Limits::default()
         };
-        let a = Admission::new(limits(3), &[tenant("t", Some(2))]);
+        let a = admission(limits(3), &[tenant("t", Some(2))], &m);
         let held: Vec<Ticket> = vec![
-            a.admit(Some("t"), &m).await.unwrap(),
-            a.admit(Some("t"), &m).await.unwrap(),
-            a.admit(None, &m).await.unwrap(),
+            a.admit(&at(Some("t")), &m).await.unwrap(),
+            a.admit(&at(Some("t")), &m).await.unwrap(),
+            a.admit(&at(None), &m).await.unwrap(),
         ];
         // Lowered below what is held: the held slots stay, nothing new is admitted until
         // enough of them end.
         a.update(limits(1), &[tenant("t", Some(1))]);
         assert_eq!(
-            a.admit(None, &m).await.unwrap_err().code,
+            a.admit(&at(None), &m).await.unwrap_err().code,
             Some("queue_full")
         );
         let mut held = held.into_iter();
         drop(held.next());
         drop(held.next());
         assert_eq!(
-            a.admit(None, &m).await.unwrap_err().code,
+            a.admit(&at(None), &m).await.unwrap_err().code,
             Some("queue_full"),
             "one slot still held against a limit of one"
         );
         drop(held.next());
-        let t = a.admit(Some("t"), &m).await.unwrap();
+        let t = a.admit(&at(Some("t")), &m).await.unwrap();
         assert_eq!(
-            a.admit(Some("t"), &m).await.unwrap_err().code,
+            a.admit(&at(Some("t")), &m).await.unwrap_err().code,
             Some("tenant_concurrency")
         );
         // Raised: new slots at once; the tenant that lost its limit has none of its own.
         a.update(limits(3), &[tenant("t", None)]);
         let more = [
-            a.admit(Some("t"), &m).await.unwrap(),
-            a.admit(Some("t"), &m).await.unwrap(),
+            a.admit(&at(Some("t")), &m).await.unwrap(),
+            a.admit(&at(Some("t")), &m).await.unwrap(),
         ];
         assert_eq!(
-            a.admit(None, &m).await.unwrap_err().code,
+            a.admit(&at(None), &m).await.unwrap_err().code,
             Some("queue_full")
         );
         drop((t, more));
-        assert!(a.admit(None, &m).await.is_ok());
+        assert!(a.admit(&at(None), &m).await.is_ok());
     }
 }

@@ -333,6 +333,7 @@ mod tests {
             api_key_sha256: digest(key),
             models: models.iter().map(|m| m.to_string()).collect(),
             max_concurrency: None,
+            shaping: Default::default(),
         };
         Keys::new(
             &[t("acme", "k-acme", &["*"]), t("bob", "k-bob", &["small"])],
@@ -441,6 +442,7 @@ mod tests {
             api_key_sha256: digest("k-carol"),
             models: vec!["*".into()],
             max_concurrency: None,
+            shaping: Default::default(),
         };
         k.replace(std::slice::from_ref(&carol), key(digest("k-admin2")));
         assert_eq!(k.caller(&bearer("k-bob")).unwrap_err().status, 401);

@@ -201,7 +201,7 @@ pub(super) async fn receive(
     let caller = state.keys.caller(headers)?;
     let ticket = state
         .admission
-        .admit(caller.tenant(), &state.metrics)
+        .admit_caller(&caller, headers, &state.metrics)
         .await?;
     let limits = state.body_limits();
     let mut claim = state
@@ -257,7 +257,7 @@ async fn forward(
     let client_salt = salt.as_ref().and_then(|s| s.as_deref());
     let Decided {
         eligible,
-        analysis,
+        mut analysis,
         view,
         salt: salt_value,
         client_params,
@@ -273,6 +273,14 @@ async fn forward(
         bytes.len(),
     )
     .await?;
+    let slo = super::slo::apply(state, &caller, &call.headers, &mut analysis, &eligible)?;
+    let reservation = super::reserve::reserve(
+        state,
+        &caller,
+        &analysis,
+        view.as_ref(),
+        salt_value.as_deref(),
+    )?;
     let body_bytes = bytes.len();
     let paired = eligible.plan == Plan::Pair;
     let eligible = eligible.workers;
@@ -386,6 +394,8 @@ async fn forward(
         model_label,
     )
     .with_affinity(affinity)
+    .with_reservation(reservation)
+    .with_slo(slo)
     .with_trail(trail, sse)
     .with_prefill(prefill);
     let timeouts = BodyTimeouts {

@@ -17,6 +17,7 @@ mod debug;
 mod decide;
 mod endpoints;
 mod forward;
+mod gate;
 #[cfg(feature = "epp")]
 pub mod gateway;
 mod hops;
@@ -26,15 +27,18 @@ mod open_connections;
 mod ops;
 mod pair;
 mod peer;
+mod rate_limit;
 mod read;
 mod refusal;
 pub mod reload;
 mod reload_guard;
 mod request_id;
+mod reserve;
 mod responses;
 mod route;
 mod route_error;
 mod session_hint;
+mod slo;
 mod stall;
 mod tokenize;
 mod trail;
@@ -157,7 +161,12 @@ impl AppState {
             )?,
             holdings,
             keys: auth::Keys::new(&config.tenants, config.admin),
-            admission: admission::Admission::new(config.limits, &config.tenants),
+            admission: admission::Admission::new(
+                config.limits,
+                &config.tenants,
+                &config.priorities,
+                &metrics,
+            ),
             recorder: recorder(config, &metrics)?,
             models: config.models.clone(),
             started: Instant::now(),

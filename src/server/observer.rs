@@ -6,13 +6,15 @@ use std::time::{Duration, Instant};
 use std::sync::Arc;
 
 use super::access_log::AccessLine;
-use super::admission::Ticket;
+use super::admission::{Reservation, Ticket};
 use super::affinity::ResponseAffinity;
 use super::api::Api;
+use super::slo::Hints;
 use super::trail::Trail;
 use crate::metrics::Metrics;
 use crate::proxy::outcome::{self, Outcome, WorkerFault};
 use crate::proxy::output_tokens::OutputTokens;
+use crate::proxy::usage::UsageScan;
 use crate::proxy::{End, ResponseObserver};
 use crate::routing::Attempt;
 use crate::telemetry::TARGET as TRACE;
@@ -73,6 +75,16 @@ pub(super) struct Observer {
     request_span: tracing::Span,
     /// The prefill worker of a disaggregated request (the attempt is its decode).
     prefill: Option<Arc<crate::fleet::Worker>>,
+    /// The engine's reported usage, read as the body passes.
+    usage: UsageScan,
+    /// The tokens reserved in the tenant's rate limit, settled at the end.
+    reservation: Option<Reservation>,
+    /// The request's latency targets, counted against what happens.
+    slo: Hints,
+    /// When the first token arrived, and the last chunk after it (inter-token latency).
+    first_token_at: Option<Instant>,
+    last_chunk_at: Option<Instant>,
+    sse: bool,
 }
 
 impl Observer {
@@ -106,7 +118,36 @@ impl Observer {
             ),
             request_span: tracing::Span::current(),
             prefill: None,
+            usage: UsageScan::new(),
+            reservation: None,
+            slo: Hints::default(),
+            first_token_at: None,
+            last_chunk_at: None,
+            sse: false,
         }
+    }
+
+    /// Counts the request against its latency targets: the prediction now, the observed
+    /// TTFT at the first token, the time per output token at the end.
+    pub(super) fn with_slo(mut self, slo: Hints) -> Observer {
+        if let (Some(target), Some(predicted)) =
+            (slo.ttft_s, self.attempt.admitted.predicted_ttft_s)
+        {
+            let outcome = if predicted <= target {
+                "predicted_met"
+            } else {
+                "predicted_missed"
+            };
+            self.metrics.slo.count("ttft", outcome);
+        }
+        self.slo = slo;
+        self
+    }
+
+    /// Settles `reservation` with the engine's reported usage at the end.
+    pub(super) fn with_reservation(mut self, reservation: Option<Reservation>) -> Observer {
+        self.reservation = reservation;
+        self
     }
 
     /// Names the prefill worker of a disaggregated request in the access log.
@@ -118,6 +159,7 @@ impl Observer {
     /// Hands the request's `trail` its end; the output tokens of a response (a stream when
     /// `sse`) are counted if it records a trace.
     pub(super) fn with_trail(mut self, trail: Trail, sse: bool) -> Observer {
+        self.sse = sse;
         self.output = trail.records().then(|| OutputTokens::new(sse));
         self.trail = trail;
         self
@@ -151,6 +193,17 @@ impl ResponseObserver for Observer {
                 );
             }
             self.attempt.admitted.observe_ttft(ttft_s);
+            if let Some(target) = self.slo.ttft_s {
+                let outcome = if ttft.as_secs_f64() <= target {
+                    "met"
+                } else {
+                    "missed"
+                };
+                self.metrics.slo.count("ttft", outcome);
+            }
+            let now = Instant::now();
+            self.first_token_at = Some(now);
+            self.last_chunk_at = Some(now);
         }
     }
 
@@ -158,10 +211,39 @@ impl ResponseObserver for Observer {
         if let Some(o) = self.output.as_mut() {
             o.feed(chunk);
         }
+        self.usage.feed(chunk);
+        if self.sse
+            && let Some(last) = self.last_chunk_at
+        {
+            let now = Instant::now();
+            // The chunk carrying the first token arrives just before `first_token`: the first
+            // gap is measured from it, never to it.
+            if now > last {
+                self.metrics
+                    .tokens
+                    .itl
+                    .with_label_values(&[&self.model, self.attempt.worker.id()])
+                    .observe((now - last).as_secs_f64());
+            }
+            self.last_chunk_at = Some(now);
+        }
     }
 
     fn end(&mut self, end: End, bytes: u64) {
         self.attempt.admitted.finish();
+        if end == End::Complete && self.status.is_success() {
+            self.account_tokens();
+        }
+        if let Some(r) = self.reservation.take() {
+            // Without a reported usage the reservation stands (a stream whose client did not
+            // ask for `include_usage`); a failed answer spent nothing.
+            let spent = if self.status.is_success() {
+                self.usage.usage().total()
+            } else {
+                Some(0)
+            };
+            r.settle(spent);
+        }
         let output = self.output.as_ref().and_then(OutputTokens::count);
         self.trail.end(self.status.is_success(), output);
         if end == End::UpstreamError {
@@ -225,6 +307,49 @@ impl ResponseObserver for Observer {
     }
 
     fn response_id(&mut self, id: String) {
+        self.learn_response_id(id);
+    }
+}
+
+impl Observer {
+    /// A complete answer's reported usage: token counters, time per output token (and its
+    /// target), and the cached tokens against the prediction.
+    fn account_tokens(&self) {
+        let usage = self.usage.usage();
+        let worker = self.attempt.worker.id();
+        let labels = [self.model.as_str(), worker];
+        let t = &self.metrics.tokens;
+        if let Some(n) = usage.prompt {
+            t.prompt.with_label_values(&labels).inc_by(n);
+        }
+        if let Some(n) = usage.completion {
+            t.completion.with_label_values(&labels).inc_by(n);
+        }
+        if let Some(n) = usage.cached {
+            t.cached.with_label_values(&labels).inc_by(n);
+        }
+        if let (Some(first), Some(n)) = (self.first_token_at, usage.completion)
+            && n > 1
+        {
+            let tpot = first.elapsed().as_secs_f64() / (n - 1) as f64;
+            t.tpot.with_label_values(&labels).observe(tpot);
+            if let Some(target) = self.slo.itl_s {
+                let outcome = if tpot <= target { "met" } else { "missed" };
+                self.metrics.slo.count("itl", outcome);
+            }
+        }
+        // A disaggregated request's prompt was computed on its prefill worker, not here.
+        if self.prefill.is_none()
+            && let (Some(predicted), Some(reported)) =
+                (self.attempt.admitted.predicted_cached_tokens, usage.cached)
+        {
+            self.metrics
+                .cache_prediction
+                .observe(worker, predicted, reported);
+        }
+    }
+
+    fn learn_response_id(&mut self, id: String) {
         if !self.status.is_success() {
             return;
         }

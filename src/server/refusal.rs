@@ -19,3 +19,18 @@ pub(super) fn too_many(message: String, reason: &'static str, metrics: &Metrics)
         )
     }
 }
+
+/// The 503 of a sheddable request refused or displaced under saturation (reason `shed` of
+/// `kvroute_rejected_total`): the router, not the client, is short of room.
+pub(super) fn overloaded(message: String, metrics: &Metrics) -> ApiError {
+    metrics.rejected.with_label_values(&["shed"]).inc();
+    ApiError {
+        retry_after_s: Some(1),
+        ..ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "service_unavailable",
+            Some("shed"),
+            message,
+        )
+    }
+}

@@ -322,6 +322,7 @@ fn restart_needed(running: &Config, new: &Config) -> Vec<&'static str> {
         ),
         ("server.tls", differs(&a.tls, &b.tls)),
         ("policy", differs(&a.policy, &b.policy)),
+        ("priority", differs(&a.priorities, &b.priorities)),
         ("seed", differs(&a.seed, &b.seed)),
         ("log_format", differs(&a.log_format, &b.log_format)),
         (

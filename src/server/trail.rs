@@ -99,6 +99,7 @@ impl Trail {
                         hashes: analysis.hashes.clone(),
                         overlaps: Default::default(),
                         at: analysis.at,
+                        ttft_target_s: None,
                         session: None,
                         no_reuse: false,
                     },

@@ -271,6 +271,7 @@ fn acme_salt(client_salt: Option<&str>) -> String {
         api_key_sha256: sha("key-acme"),
         models: vec!["*".into()],
         max_concurrency: None,
+        shaping: Default::default(),
     }))
     .cache_salt(client_salt)
     .unwrap()

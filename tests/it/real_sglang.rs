@@ -22,7 +22,7 @@ use crate::support::real_engine::{EngineProc, metric_sum};
 use crate::support::real_router::{Exactness, RealRouter, router_config};
 use crate::support::real_scenarios::{
     engine_restart, evicting_cache, kv_aware_beats_round_robin, router_restart, tenant_salts,
-    the_official_openai_python_sdk_streams,
+    the_official_openai_python_sdk_streams, wrong_block_size_mismatches,
 };
 use crate::support::request_kinds::{client_salt_requests, common_request_kinds};
 use crate::support::sglang::{SglangEngine, SglangOptions, SglangSetup};
@@ -54,8 +54,10 @@ async fn predicted_reuse_equals_sglang_cached_tokens_for_every_request_kind_rout
     common_request_kinds(&router, &mut table, &choices, true).await;
     client_salt_requests(&router, &mut table).await;
     the_official_openai_python_sdk_streams(&setup.python, &router).await;
+    router.assert_no_cached_token_mismatch().await;
     router.shutdown().await;
     tenant_salts(&setup, &engines, &mut table).await;
+    wrong_block_size_mismatches(&setup, &engines).await;
     table.print("request kinds, 2 SGLang engines");
 
     // Fresh documents: what the engines already hold does not help either policy.

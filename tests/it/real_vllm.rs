@@ -13,6 +13,7 @@ use serde_json::json;
 use crate::support::real_router::{Exactness, RealRouter, completion, router_config};
 use crate::support::real_scenarios::{
     evicting_cache, tenant_salts, the_official_openai_python_sdk_streams,
+    wrong_block_size_mismatches,
 };
 use crate::support::request_kinds::{
     client_salt_requests, common_request_kinds, document, lora_requests,
@@ -40,8 +41,10 @@ async fn predicted_reuse_equals_vllm_cached_tokens_for_every_request_kind() {
     client_salt_requests(&router, &mut table).await;
     prompt_logprobs_read_nothing_from_the_cache(&router, &mut table).await;
     the_official_openai_python_sdk_streams(&setup.python, &router).await;
+    router.assert_no_cached_token_mismatch().await;
     router.shutdown().await;
     tenant_salts(&setup, &engines, &mut table).await;
+    wrong_block_size_mismatches(&setup, &engines).await;
     table.print("request kinds, 2 engines");
     table.assert_all_exact();
 }

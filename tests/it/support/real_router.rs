@@ -256,6 +256,34 @@ impl RealRouter {
             .unwrap_or(0.0)
     }
 
+    /// `kvroute_cached_tokens_compared_total` and `_mismatch_total`, summed over workers: the
+    /// router's own count of requests whose engine-reported cached tokens it could compare with
+    /// its prediction, and of those that differed (issue 33).
+    pub async fn cached_token_mismatches(&self) -> (f64, f64) {
+        let text = super::metrics_text(self.handle.addr).await;
+        let sum = |name: &str| -> f64 {
+            text.lines()
+                .filter(|l| l.starts_with(&format!("{name}{{")))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        };
+        (
+            sum("kvroute_cached_tokens_compared_total"),
+            sum("kvroute_cached_tokens_mismatch_total"),
+        )
+    }
+
+    /// The router's own mismatch counter is 0 after requests it could compare (the exactness
+    /// table, seen from the metrics an operator alerts on).
+    pub async fn assert_no_cached_token_mismatch(&self) {
+        let (compared, mismatched) = self.cached_token_mismatches().await;
+        assert!(compared > 0.0, "no request's cached tokens were compared");
+        assert_eq!(
+            mismatched, 0.0,
+            "kvroute_cached_tokens_mismatch_total counted {mismatched} of {compared} requests"
+        );
+    }
+
     pub async fn shutdown(self) {
         self.handle.shutdown().await;
     }

@@ -63,6 +63,36 @@ pub async fn evicting_cache(
     );
 }
 
+/// A router told twice the engines' block size (issue 33): it refuses their events (their
+/// blocks are of another size), so it predicts nothing cached, and every request the engine
+/// then serves from its prefix cache is counted in `kvroute_cached_tokens_mismatch_total` —
+/// exactly those, no more.
+pub async fn wrong_block_size_mismatches(setup: &impl RouterModel, engines: &[EngineProc]) {
+    let mut config = router_config(setup, &engines[..1], "kv_aware", &[]);
+    for m in config.models.iter_mut().filter(|m| m.name == MODEL) {
+        m.block_size *= 2;
+    }
+    let router = RealRouter::start(&config).await;
+    router.wait_ready().await;
+    let body = completion(document("a wrongly sized cache", 300), 4);
+    let mut served_from_cache = 0;
+    for _ in 0..5 {
+        let (_, answer) = router.send(&body, None).await;
+        let cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or(0);
+        if cached > 0 {
+            served_from_cache += 1;
+        }
+    }
+    let (compared, mismatched) = router.cached_token_mismatches().await;
+    router.shutdown().await;
+    println!("wrong block size: {mismatched} of {compared} compared requests mismatched");
+    assert!(served_from_cache >= 4, "the repeats were not cache hits");
+    assert_eq!(compared, 5.0);
+    assert_eq!(mismatched, f64::from(served_from_cache));
+}
+
 /// Tenants: a tenant's salt reaches the engine, and another tenant's identical prompt is cold
 /// in the engine itself (its `cached_tokens` is 0, not merely the router's prediction).
 pub async fn tenant_salts(setup: &impl RouterModel, engines: &[EngineProc], table: &mut Exactness) {

@@ -1,0 +1,277 @@
+//! The router's slots and the queue in front of them: a request takes a free slot at once, or
+//! waits in the [`FairQueue`] (priority bands, fair share among tenants, sheddable requests
+//! displaced first) until a slot is handed to it, its wait runs out, or it is shed.
+//!
+//! The discipline is `shaping::queue`'s (pure); this is its I/O: a lock, the waiting, and the
+//! hand-over of a freed slot to the next waiter (the slot never goes back to a pool in
+//! between, so no newcomer can overtake the queue).
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+use crate::metrics::ShapingMetrics;
+use crate::shaping::{Arrival, FairQueue, Priorities, Refusal};
+
+/// What a waiter is told.
+#[derive(Debug)]
+enum Grant {
+    /// A slot is its own now.
+    Slot,
+    /// It was dropped to make room for a request that may not be (it was sheddable).
+    Shed,
+    /// Its wait ran out.
+    Expired,
+}
+
+/// Why a request got no slot.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Denied {
+    /// The queue is full (of requests it may not displace).
+    Full,
+    /// Its wait ran out.
+    Timeout,
+    /// It waited, and was displaced by a request that may not be shed.
+    Shed,
+}
+
+/// A request's place in line: band, tenant, weight, sheddability, longest wait.
+pub(super) struct Entry {
+    pub(super) band: usize,
+    pub(super) flow: Arc<str>,
+    pub(super) weight: u32,
+    pub(super) sheddable: bool,
+    pub(super) wait: Duration,
+}
+
+struct State {
+    limit: usize,
+    /// Slots only band 0 may take.
+    headroom: usize,
+    in_use: usize,
+    max_queue: usize,
+    queue: FairQueue<oneshot::Sender<Grant>>,
+}
+
+impl State {
+    /// Whether a request of `band` may take a slot now: one is free, beyond the headroom kept
+    /// for band 0 unless it is band 0.
+    fn room(&self, band: usize) -> bool {
+        let reserve = if band == 0 { 0 } else { self.headroom };
+        self.in_use + reserve < self.limit
+    }
+}
+
+/// The router-wide slots and their queue.
+pub(super) struct Gate {
+    state: Mutex<State>,
+    /// Origin of the queue's clock.
+    origin: Instant,
+    bands: Vec<String>,
+    metrics: ShapingMetrics,
+}
+
+impl std::fmt::Debug for Gate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gate").finish_non_exhaustive()
+    }
+}
+
+/// A slot of the [`Gate`], handed to the next waiter (or freed) when dropped.
+#[derive(Debug)]
+pub(super) struct GateSlot {
+    gate: Arc<Gate>,
+}
+
+impl Drop for GateSlot {
+    fn drop(&mut self) {
+        let mut st = self.gate.lock();
+        st.in_use -= 1;
+        self.gate.pump(&mut st);
+    }
+}
+
+/// Takes a waiter out of the queue if its future is dropped (the client went away) while it
+/// still waits, so it neither counts in the depth nor is handed a slot no one takes.
+struct Waiting<'g> {
+    gate: &'g Arc<Gate>,
+    id: u64,
+    band: usize,
+    flow: Arc<str>,
+    armed: bool,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let mut st = self.gate.lock();
+            if st.queue.remove(self.id).is_some() {
+                self.gate.depth(&st, self.band, &self.flow);
+            }
+        }
+    }
+}
+
+impl Gate {
+    /// `limit` slots, at most `max_queue` waiting, in the bands of `priorities`.
+    pub(super) fn new(
+        limit: usize,
+        max_queue: usize,
+        priorities: &Priorities,
+        metrics: ShapingMetrics,
+    ) -> Arc<Gate> {
+        Arc::new(Gate {
+            state: Mutex::new(State {
+                limit,
+                headroom: priorities.headroom,
+                in_use: 0,
+                max_queue,
+                queue: FairQueue::new(priorities.bands.len(), max_queue),
+            }),
+            origin: Instant::now(),
+            bands: priorities.bands.clone(),
+            metrics,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn now(&self) -> Duration {
+        self.origin.elapsed()
+    }
+
+    /// New limits: more slots are handed to waiters at once; fewer take effect as held slots
+    /// are returned (the requests running keep theirs).
+    pub(super) fn resize(&self, limit: usize, max_queue: usize) {
+        let mut st = self.lock();
+        st.limit = limit;
+        st.max_queue = max_queue;
+        st.queue.set_capacity(max_queue);
+        self.pump(&mut st);
+    }
+
+    /// Requests waiting now.
+    pub(super) fn waiting(&self) -> usize {
+        self.lock().queue.len()
+    }
+
+    /// A slot for `entry`: at once if one is free and nobody waits, else after waiting in line.
+    pub(super) async fn enter(self: &Arc<Self>, entry: Entry) -> Result<GateSlot, Denied> {
+        let started = Instant::now();
+        let band_label = self.bands.get(entry.band).map_or("-", String::as_str);
+        let (id, mut rx) = {
+            let mut st = self.lock();
+            // Nobody of its band or above waits, and a slot is free for its band.
+            if st.room(entry.band) && st.queue.peek_band().is_none_or(|b| b > entry.band) {
+                st.in_use += 1;
+                self.saturation(&st);
+                self.metrics
+                    .queue_time
+                    .with_label_values(&[band_label])
+                    .observe(0.0);
+                return Ok(GateSlot {
+                    gate: Arc::clone(self),
+                });
+            }
+            let (tx, rx) = oneshot::channel();
+            let arrival = Arrival {
+                band: entry.band,
+                flow: Arc::clone(&entry.flow),
+                weight: entry.weight,
+                sheddable: entry.sheddable,
+                deadline: self.now() + entry.wait,
+            };
+            let queued = match st.queue.push(self.now(), arrival, tx) {
+                Ok(q) => q,
+                Err(Refusal::Full | Refusal::NoSuchBand) => return Err(Denied::Full),
+            };
+            if let Some(shed) = queued.shed {
+                let _ = shed.item.send(Grant::Shed);
+                self.depth(&st, shed.arrival.band, &shed.arrival.flow);
+            }
+            self.depth(&st, entry.band, &entry.flow);
+            (queued.id, rx)
+        };
+        let mut waiting = Waiting {
+            gate: self,
+            id,
+            band: entry.band,
+            flow: entry.flow,
+            armed: true,
+        };
+        let grant = match tokio::time::timeout(entry.wait, &mut rx).await {
+            Ok(grant) => grant.unwrap_or(Grant::Shed),
+            Err(_) => {
+                let mut st = self.lock();
+                if st.queue.remove(id).is_some() {
+                    self.depth(&st, waiting.band, &waiting.flow);
+                    Grant::Expired
+                } else {
+                    // Handed a slot (or shed) just as the wait ran out: the answer is sent.
+                    rx.try_recv().unwrap_or(Grant::Shed)
+                }
+            }
+        };
+        waiting.armed = false;
+        match grant {
+            Grant::Slot => {
+                self.metrics
+                    .queue_time
+                    .with_label_values(&[band_label])
+                    .observe(started.elapsed().as_secs_f64());
+                Ok(GateSlot {
+                    gate: Arc::clone(self),
+                })
+            }
+            Grant::Shed => Err(Denied::Shed),
+            Grant::Expired => Err(Denied::Timeout),
+        }
+    }
+
+    /// Hands free slots to the waiters whose turn it is; those whose wait ran out are told.
+    fn pump(&self, st: &mut State) {
+        for late in st.queue.expire(self.now()) {
+            let _ = late.item.send(Grant::Expired);
+            self.depth(st, late.arrival.band, &late.arrival.flow);
+        }
+        while let Some(band) = st.queue.peek_band() {
+            if !st.room(band) {
+                break;
+            }
+            let Some(next) = st.queue.pop() else { break };
+            // A waiter whose client left no longer listens: the slot goes to the next one.
+            if next.item.send(Grant::Slot).is_ok() {
+                st.in_use += 1;
+            }
+            self.depth(st, next.arrival.band, &next.arrival.flow);
+        }
+        self.saturation(st);
+    }
+
+    fn depth(&self, st: &State, band: usize, flow: &str) {
+        let name = self.bands.get(band).map_or("-", String::as_str);
+        let depth = st.queue.depth(band, flow);
+        if depth == 0 {
+            let _ = self.metrics.queue_depth.remove_label_values(&[name, flow]);
+        } else {
+            self.metrics
+                .queue_depth
+                .with_label_values(&[name, flow])
+                .set(depth as i64);
+        }
+        self.saturation(st);
+    }
+
+    fn saturation(&self, st: &State) {
+        let slots = st.in_use as f64 / st.limit.max(1) as f64;
+        let queue = if st.max_queue == 0 {
+            0.0
+        } else {
+            st.queue.len() as f64 / st.max_queue as f64
+        };
+        self.metrics.saturation.set(slots.max(queue).min(1.0));
+    }
+}
