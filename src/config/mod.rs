@@ -28,6 +28,7 @@ mod recording;
 mod role;
 mod server;
 mod tenants;
+mod tier_cost;
 mod tls;
 mod tokenizer_warnings;
 mod traces;

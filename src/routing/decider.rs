@@ -99,6 +99,7 @@ impl Decider {
                 worker: t.worker(),
                 load: t.load().view(),
                 overlap_blocks: analysis.overlaps.get(t.worker()),
+                lower_blocks: analysis.lower_blocks(t.worker()),
                 cache: self.working_set(analysis, *t, &curve),
             })
             .collect();
@@ -198,7 +199,9 @@ impl Decider {
     ) -> Admitted {
         let c = &choice.candidate;
         let worker = choice.target.worker();
-        let uncached = analysis.uncached_tokens(c.overlap_blocks);
+        // Blocks in host memory or on disk are loaded, not computed, whatever the policy
+        // credits them with: the worker's prefill queue grows by the rest only.
+        let uncached = analysis.uncached_tokens(c.overlap_blocks + c.lower_blocks.total());
         let predicted_ttft = choice
             .decision
             .predicted_ttft_s
