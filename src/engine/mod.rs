@@ -19,6 +19,7 @@ pub mod block_hash;
 pub mod bootstrap;
 pub mod cli;
 pub mod core;
+pub mod cpu_tier;
 pub mod disaggregated;
 pub mod driver;
 pub mod events;
