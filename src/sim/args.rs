@@ -75,7 +75,7 @@ pub struct SimulateArgs {
             "WorkloadArgs", "SloArgs", "TimingArgs", "block_size", "num_blocks", "max_num_seqs",
             "max_num_batched_tokens", "max_model_len", "engine_speedup", "workers", "index",
             "event_delay", "join_at", "restart_at", "seed", "routers", "load_sample_ms",
-            "prefill_workers", "decode_workers", "TransferArgs", "slo_itl",
+            "prefill_workers", "decode_workers", "TransferArgs", "slo_itl", "TierArgs",
         ]
     )]
     pub scenario: Option<String>,

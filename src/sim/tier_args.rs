@@ -99,3 +99,50 @@ impl TierArgs {
         kv_aware.tiers.cpu.latency_s = self.cpu_tier_latency_ms / 1000.0;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::sim::args::SimulateArgs;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: SimulateArgs,
+    }
+
+    fn parse(flags: &[&str]) -> SimulateArgs {
+        Cli::try_parse_from(std::iter::once("simulate").chain(flags.iter().copied()))
+            .unwrap()
+            .args
+    }
+
+    #[test]
+    fn a_tier_ratio_gives_every_engine_a_tier_and_the_router_its_link() {
+        let a = parse(&[
+            "--num-blocks",
+            "1000",
+            "--cpu-tier-ratio",
+            "4",
+            "--cpu-tier-read-gbps",
+            "25",
+            "--cpu-tier-events",
+            "self-describing",
+            "--tier-credit",
+            "dynamo-weights",
+        ]);
+        let c = a.sim_config().unwrap();
+        let tier = c.engine.cpu_tier.unwrap();
+        assert_eq!((tier.blocks, tier.read_bytes_per_s), (4000, 25e9));
+        assert_eq!(tier.events, TierEvents::SelfDescribing);
+        let tiers = c.policy.kv_aware.tiers;
+        assert_eq!(tiers.credit, TierCredit::DynamoWeights);
+        assert_eq!(tiers.cpu.bandwidth_bytes_per_s, 25e9);
+        assert_eq!(tiers.kv_bytes_per_token, tier.bytes_per_token);
+        // No ratio, no tier; a bad link is refused.
+        assert!(parse(&[]).sim_config().unwrap().engine.cpu_tier.is_none());
+        assert!(parse(&["--cpu-tier-read-gbps", "0"]).sim_config().is_err());
+    }
+}
