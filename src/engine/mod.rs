@@ -36,6 +36,7 @@ pub mod responses;
 pub mod responses_api;
 pub mod scheduler;
 pub mod server;
+pub mod tier_metrics;
 pub mod timing;
 pub mod tokenize;
 pub mod transfer;
