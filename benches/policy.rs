@@ -24,6 +24,7 @@ fn candidates(n: usize) -> Vec<Candidate> {
             overlap_blocks: (i * 37 % 400) as u32,
             lower_blocks: Default::default(),
             cache: Default::default(),
+            session_home: false,
         })
         .collect()
 }

@@ -61,6 +61,9 @@ pub struct Candidate {
     pub lower_blocks: LowerBlocks,
     /// The worker's KV cache: its working set and its capacity.
     pub cache: WorkingSet,
+    /// The worker is the home of the session the client named (its last request went there
+    /// within the hint's TTL): evidence for a tie, never a pin.
+    pub session_home: bool,
 }
 
 /// What a worker's KV cache holds that requests will come back for.
@@ -215,6 +218,7 @@ pub(crate) mod testing {
                 overlap_blocks: 0,
                 lower_blocks: LowerBlocks::default(),
                 cache: WorkingSet::default(),
+                session_home: false,
             })
             .collect()
     }

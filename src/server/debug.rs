@@ -24,6 +24,7 @@ use super::auth::{Caller, TENANT_HEADER};
 use super::body::read_limited;
 use super::call::{Call, Prepared, Read, Step};
 use super::decide::{self, Decided};
+use super::session_hint::HintSource;
 use super::{AppState, read};
 use crate::fleet::WorkerRank;
 use crate::openai::{ApiError, Endpoint};
@@ -67,11 +68,14 @@ async fn explain(
     } = prepared;
     let client_salt = salt.as_ref().and_then(|s| s.as_deref());
     let Decided {
-        eligible, analysis, ..
+        eligible,
+        analysis,
+        hint,
+        ..
     } = decide::decide(
         state,
         &caller,
-        api,
+        &call,
         model.as_deref(),
         client_salt,
         routing,
@@ -99,6 +103,7 @@ async fn explain(
         "block_size": analysis.request.block_size,
         "blocks": analysis.request.blocks,
         "candidates": candidates(&analysis, &explained),
+        "session": hint.map(|source| session(state, &analysis, &explained, source)),
         "disaggregation": disaggregation,
         "decode": explained.decode.as_ref().map(decode),
     }))
@@ -179,6 +184,7 @@ fn candidates(analysis: &Analysis, e: &Explanation<'_, WorkerRank>) -> Vec<serde
                 "kv_capacity_blocks": c.cache.capacity_blocks,
                 "returning_evictions": c.cache.returning_evictions,
                 "tiers": tiers(c, d.tiers.get(i).copied().flatten(), analysis.request.block_size),
+                "session_home": c.session_home,
             })
         })
         .collect()
@@ -196,6 +202,27 @@ fn tiers(c: &Candidate, quote: Option<TierQuote>, block_size: u32) -> serde_json
         "credited_tokens": quote.map(|q| q.cached_tokens),
         "cpu_load_s": quote.map(|q| q.cpu_s),
         "disk_load_s": quote.map(|q| q.disk_s),
+    })
+}
+
+/// The session the request named: where it was named, and its home as the decision saw it
+/// (`home` is the candidate it names, `null` when the session is unknown, expired, or its
+/// home is not among the candidates).
+fn session(
+    state: &AppState,
+    analysis: &Analysis,
+    e: &Explanation<'_, WorkerRank>,
+    source: HintSource,
+) -> serde_json::Value {
+    let home = state.decider.session_home(analysis);
+    let candidate = e.candidates.iter().find(|c| c.session_home);
+    json!({
+        "source": source.name(),
+        "known": home.is_some(),
+        "home": candidate.map(|c| c.id.as_ref()),
+        "age_s": home.map(|h| h.age.as_secs_f64()),
+        "shared_blocks": home.map(|h| h.shared_blocks),
+        "ttl_s": state.sessions().ttl.as_secs_f64(),
     })
 }
 

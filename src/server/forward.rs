@@ -262,10 +262,11 @@ async fn forward(
         salt: salt_value,
         client_params,
         started: decision_started,
+        ..
     } = decide::decide(
         state,
         &caller,
-        call.api,
+        &call,
         model.as_deref(),
         client_salt,
         routing,
