@@ -22,6 +22,7 @@ fn candidates(n: usize) -> Vec<Candidate> {
                 unseen_in_flight: 0,
             },
             overlap_blocks: (i * 37 % 400) as u32,
+            lower_blocks: Default::default(),
             cache: Default::default(),
             session_home: false,
         })
@@ -34,6 +35,7 @@ fn bench(c: &mut Criterion) {
         prompt_tokens: 8000,
         blocks: 500,
         block_size: 16,
+        kv_bytes_per_token: 0,
     };
     let mut group = c.benchmark_group("decision_16_workers");
     for kind in PolicyKind::ALL {

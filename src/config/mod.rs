@@ -30,6 +30,7 @@ mod role;
 mod server;
 mod sessions;
 mod tenants;
+mod tier_cost;
 mod tls;
 mod tokenizer_warnings;
 mod traces;

@@ -49,6 +49,8 @@ pub struct EngineConfig {
     /// Seconds a finished prefill holds its blocks for a decode engine that never pulls them
     /// (vLLM's `VLLM_NIXL_ABORT_REQUEST_TIMEOUT`, 480 s).
     pub kv_hold_timeout_s: f64,
+    /// A host-memory tier behind the GPU cache (vLLM's OffloadingConnector), if any.
+    pub cpu_tier: Option<super::cpu_tier::CpuTierConfig>,
 }
 
 impl Default for EngineConfig {
@@ -64,6 +66,7 @@ impl Default for EngineConfig {
             vocab_size: 32_000,
             transfer: TransferModel::default(),
             kv_hold_timeout_s: 480.0,
+            cpu_tier: None,
         }
     }
 }
@@ -290,7 +293,7 @@ impl EngineCore {
     pub fn new(config: EngineConfig) -> Result<Self, ConfigError> {
         config.validate()?;
         Ok(EngineCore {
-            cache: KvCache::new(config.num_blocks, config.block_size),
+            cache: KvCache::with_tier(config.num_blocks, config.block_size, config.cpu_tier),
             scheduler: Scheduler::with_transfer(
                 SchedulerLimits {
                     max_num_seqs: config.max_num_seqs,

@@ -16,6 +16,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
+use super::cpu_tier::{CpuTier, CpuTierConfig};
 use super::free_queue::{BlockId, FreeQueue};
 use crate::kv_events::{BlockRemoved, BlockStored, EngineHash, KvEvent};
 
@@ -82,6 +83,11 @@ pub struct KvCache {
     cached: IdMap<EngineHash, BlockId>,
     events: Vec<KvEvent>,
     evictions: u64,
+    /// The host-memory tier evicted blocks are offloaded to, if any; with it, each cached
+    /// block's parent and tokens (what its offload announces).
+    tier: Option<CpuTier>,
+    parent: Vec<Option<EngineHash>>,
+    tokens: Vec<Vec<u32>>,
 }
 
 impl KvCache {
@@ -95,7 +101,44 @@ impl KvCache {
             cached: IdMap::default(),
             events: Vec::new(),
             evictions: 0,
+            tier: None,
+            parent: Vec::new(),
+            tokens: Vec::new(),
         }
+    }
+
+    /// [`KvCache::new`] with a host-memory tier behind it when `tier` is given.
+    pub fn with_tier(num_blocks: u32, block_size: usize, tier: Option<CpuTierConfig>) -> Self {
+        let mut cache = KvCache::new(num_blocks, block_size);
+        if let Some(config) = tier {
+            cache.tier = Some(CpuTier::new(config, cache.block_size));
+            cache.parent = vec![None; num_blocks as usize];
+            cache.tokens = vec![Vec::new(); num_blocks as usize];
+        }
+        cache
+    }
+
+    /// The host-memory tier, if any.
+    pub fn tier(&self) -> Option<&CpuTier> {
+        self.tier.as_ref()
+    }
+
+    /// Sets the tier's clock (writes finish, loads start at engine time `now`).
+    pub fn set_now(&mut self, now: f64) {
+        if let Some(t) = &mut self.tier {
+            t.set_now(now);
+        }
+    }
+
+    /// How many of `hashes` (a request's blocks after its GPU prefix, at most its reusable
+    /// ones) the host-memory tier can load, from the first.
+    pub fn tier_prefix(&self, hashes: &[EngineHash]) -> usize {
+        self.tier.as_ref().map_or(0, |t| t.prefix(hashes))
+    }
+
+    /// Loads `hashes` from the host-memory tier; the seconds it takes.
+    pub fn tier_load(&mut self, hashes: &[EngineHash]) -> f64 {
+        self.tier.as_mut().map_or(0.0, |t| t.load(hashes))
     }
 
     /// Tokens per block.
@@ -242,6 +285,9 @@ impl KvCache {
         }
         self.cached.clear();
         self.hash.iter_mut().for_each(|h| *h = None);
+        if let Some(t) = &mut self.tier {
+            t.clear();
+        }
         self.events.push(KvEvent::AllCleared);
         true
     }
@@ -257,6 +303,11 @@ impl KvCache {
                 self.cached.remove(&h);
             }
             self.evictions += 1;
+            if let Some(t) = &mut self.tier {
+                // Offloaded while still on the GPU: the tier's store precedes the removal.
+                let i = b as usize;
+                t.offload(h, self.parent[i], &self.tokens[i], &mut self.events);
+            }
             self.events.push(KvEvent::Removed(BlockRemoved {
                 block_hashes: vec![h],
                 medium: Some("GPU".into()),
@@ -279,6 +330,11 @@ impl KvCache {
             }
             self.cached.insert(h, b);
             self.hash[b as usize] = Some(h);
+            if self.tier.is_some() {
+                let bs = self.block_size;
+                self.parent[b as usize] = i.checked_sub(1).map(|p| seq.hashes[p]);
+                self.tokens[b as usize] = seq.tokens[i * bs..(i + 1) * bs].to_vec();
+            }
             run_start.get_or_insert(i);
         }
         self.flush_run(&mut run_start, full.max(start), seq);

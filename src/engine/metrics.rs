@@ -39,6 +39,7 @@ pub struct EngineMetrics {
     ttft: Histogram,
     e2e: Histogram,
     queue: Histogram,
+    offload: super::tier_metrics::TierMetrics,
 }
 
 impl EngineMetrics {
@@ -142,6 +143,7 @@ impl EngineMetrics {
                 "Histogram of time spent in WAITING phase for request.",
                 LATENCY_BUCKETS,
             ))?,
+            offload: super::tier_metrics::TierMetrics::register(&registry, opts)?,
             registry,
         };
         m.registry.register(Box::new(m.running.clone()))?;
@@ -176,6 +178,9 @@ impl EngineMetrics {
         self.generation_tokens
             .inc_by(now.generated_tokens - before.generated_tokens);
         self.evictions.inc_by(now.evictions - before.evictions);
+        if let Some(tier) = core.cache().tier() {
+            self.offload.observe(tier.counters());
+        }
     }
 
     /// Records a request that ended.

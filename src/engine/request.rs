@@ -72,6 +72,12 @@ pub enum Pull {
         /// When the transfer completes, engine seconds.
         ready_at: f64,
     },
+    /// Loading its prefix from the host-memory tier (vLLM parks it in
+    /// `WAITING_FOR_REMOTE_KVS` too); it prefills the rest once the blocks are there.
+    Loading {
+        /// When the load completes, engine seconds.
+        ready_at: f64,
+    },
     /// The KV arrived; after a preemption the request recomputes like any other (vLLM clears
     /// `do_remote_prefill` once the KV is loaded).
     Landed,
@@ -237,7 +243,7 @@ impl Request {
     /// When its pulled KV arrives, while the transfer runs.
     pub fn ready_at(&self) -> Option<f64> {
         match self.pull {
-            Pull::InFlight { ready_at } => Some(ready_at),
+            Pull::InFlight { ready_at } | Pull::Loading { ready_at } => Some(ready_at),
             _ => None,
         }
     }

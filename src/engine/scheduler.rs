@@ -195,6 +195,7 @@ impl Scheduler {
     /// Plans one step starting at `now`, allocating KV blocks for everything scheduled.
     pub fn schedule(&mut self, cache: &mut KvCache, now: f64) -> Batch {
         let mut batch = Batch::default();
+        cache.set_now(now);
         let mut budget = self.limits.max_num_batched_tokens;
         self.land(cache, now, &mut batch);
         self.schedule_running(cache, &mut budget, &mut batch);
@@ -269,6 +270,11 @@ impl Scheduler {
             let num_tokens = req.num_tokens();
             let hits = cache.cached_prefix(&req.hashes, num_tokens);
             let cached = hits.len() * cache.block_size();
+            if req.pull == Pull::None && Self::start_load(req, cache, &hits, now, batch) {
+                self.waiting.pop_front();
+                self.pulling.push(id);
+                continue;
+            }
             if req.pull == Pull::Waiting {
                 if !Self::start_pull(req, cache, &hits, now, self.transfer, batch) {
                     break;
@@ -346,6 +352,51 @@ impl Scheduler {
         true
     }
 
+    /// Admits a request whose GPU prefix the host-memory tier continues: blocks for the GPU
+    /// hits and the loaded blocks (these uncommitted until their data is there), and the load.
+    /// `false`, changing nothing, when the tier holds nothing past the hits or the blocks are
+    /// not free.
+    fn start_load(
+        req: &mut Request,
+        cache: &mut KvCache,
+        hits: &[u32],
+        now: f64,
+        batch: &mut Batch,
+    ) -> bool {
+        let num_tokens = req.num_tokens();
+        let bs = cache.block_size();
+        let reusable = (num_tokens.saturating_sub(1) / bs).min(req.hashes.len());
+        let loads = cache.tier_prefix(&req.hashes[hits.len().min(reusable)..reusable]);
+        if loads == 0 {
+            return false;
+        }
+        let cached = hits.len() * bs;
+        let loaded = loads * bs;
+        let (table, seq) = req.parts();
+        let unhashed = SeqView { hashes: &[], ..seq };
+        if cache
+            .allocate(table, hits, cached, loaded, unhashed)
+            .is_err()
+        {
+            return false;
+        }
+        let seconds = cache.tier_load(&req.hashes[hits.len()..hits.len() + loads]);
+        req.num_computed = cached + loaded;
+        if req.first_scheduled.is_none() {
+            req.first_scheduled = Some(now);
+            // vLLM counts the connector's tokens among the request's cached ones.
+            req.cached_tokens = cached + loaded;
+        }
+        req.pull = Pull::Loading {
+            ready_at: now + seconds,
+        };
+        batch.queried_tokens += num_tokens;
+        batch.hit_tokens += cached;
+        batch.queried_blocks += num_tokens / bs;
+        batch.hit_blocks += hits.len();
+        true
+    }
+
     /// Moves every pulled request whose KV arrived by `now` into the running set, while
     /// `max_num_seqs` allows, with its blocks committed and only its last prompt token left.
     fn land(&mut self, cache: &mut KvCache, now: f64, batch: &mut Batch) {
@@ -361,14 +412,24 @@ impl Scheduler {
                 continue;
             };
             let prompt_len = req.prompt_len;
-            req.kv_ready = Some(ready_at);
-            req.pull = Pull::Landed;
-            req.num_computed = req.num_computed.max(prompt_len.saturating_sub(1));
+            let reload = matches!(req.pull, Pull::Loading { .. });
+            let commit = if reload {
+                // Loaded from the host tier: the rest of the prompt is prefilled as usual.
+                req.pull = Pull::None;
+                req.num_computed
+            } else {
+                req.kv_ready = Some(ready_at);
+                req.pull = Pull::Landed;
+                req.num_computed = req.num_computed.max(prompt_len.saturating_sub(1));
+                prompt_len
+            };
             let (table, seq) = req.parts();
-            cache.commit_tokens(table, prompt_len, seq);
+            cache.commit_tokens(table, commit, seq);
             self.pulling.remove(i);
             self.running.push(id);
-            batch.landed.push(id);
+            if !reload {
+                batch.landed.push(id);
+            }
         }
     }
 

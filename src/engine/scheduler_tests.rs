@@ -196,3 +196,54 @@ fn removing_frees_blocks_from_any_queue() {
         (8, 0, 0)
     );
 }
+
+#[test]
+fn a_prefix_evicted_to_the_host_tier_is_loaded_back_not_recomputed() {
+    use crate::engine::cpu_tier::{CpuTierConfig, TierEvents};
+    let tier = CpuTierConfig {
+        blocks: 8,
+        read_bytes_per_s: 1000.0,
+        write_bytes_per_s: 1e12,
+        latency_s: 0.5,
+        bytes_per_token: 10,
+        events: TierEvents::Placeholder,
+    };
+    // Room for one 3-block request at a time.
+    let mut cache = KvCache::with_tier(3, BS, Some(tier));
+    let mut s = sched(4, 64);
+    // Request 1 runs and finishes: its 2 full prompt blocks are cached on the GPU.
+    s.add(req(1, 9, 1));
+    let b = s.schedule(&mut cache, 0.0);
+    apply(&mut s, &b);
+    s.remove(RequestId(1), &mut cache);
+    // Request 2 (other tokens) evicts them: they are offloaded to the tier first.
+    s.add(req(2, 9, 1));
+    let b = s.schedule(&mut cache, 1.0);
+    apply(&mut s, &b);
+    s.remove(RequestId(2), &mut cache);
+    assert_eq!(cache.tier().unwrap().len(), 2);
+    // Request 1 again: no GPU hit, 2 blocks loaded (0.5 s + 80 bytes at 1000 B/s), then the
+    // last token prefilled.
+    let same_prompt: Vec<u32> = (1000..1009).collect();
+    s.add(Request::new(
+        RequestId(3),
+        same_prompt,
+        1,
+        2.0,
+        None,
+        &EngineHasher::new(0),
+        BS,
+    ));
+    let b = s.schedule(&mut cache, 2.0);
+    assert!(b.scheduled.is_empty() && b.landed.is_empty());
+    assert_eq!(s.num_pulling(), 1);
+    assert_eq!(s.next_ready_at(), Some(2.0 + 0.5 + 0.08));
+    let b = s.schedule(&mut cache, 2.58);
+    assert_eq!(b.scheduled.len(), 1);
+    assert_eq!(b.scheduled[0].num_new_tokens, 1);
+    let r = s.get(RequestId(3)).unwrap();
+    assert_eq!(r.cached_tokens, 8);
+    assert_eq!(cache.tier().unwrap().counters().loaded_tokens, 8);
+    // The loaded blocks are cached on the GPU again.
+    assert_eq!(cache.num_cached(), 2);
+}

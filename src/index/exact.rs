@@ -20,9 +20,10 @@ use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use super::blocks::BlockMap;
 use super::overlaps::Overlaps;
 use super::stats::{IndexStats, StatsSnapshot};
+use super::tiers::{LowerCounts, LowerTiers};
 use super::worker::Bits;
 use crate::fleet::WorkerId;
-use crate::kv_events::{BlockRemoved, BlockStored, EngineHash, EventBatch, KvEvent};
+use crate::kv_events::{BlockRemoved, BlockStored, EngineHash, EventBatch, KvEvent, Tier};
 use crate::tokens::{BlockHash, HashSeed, chain_hash};
 
 /// Most blocks applied per write-lock hold.
@@ -111,6 +112,8 @@ pub struct KvIndex {
 #[derive(Default)]
 struct Guarded {
     map: BlockMap,
+    /// Blocks in host memory and on disk (empty unless workers offload).
+    lower: LowerTiers,
     /// Per worker, bumped by every clear.
     generations: Vec<u64>,
 }
@@ -118,6 +121,13 @@ struct Guarded {
 impl Guarded {
     fn generation(&self, w: WorkerId) -> u64 {
         self.generations.get(w.0 as usize).copied().unwrap_or(0)
+    }
+
+    /// The kvroute block `worker` names `id` by, in any tier.
+    fn kvroute_of(&self, w: WorkerId, id: EngineHash) -> Option<BlockHash> {
+        self.map
+            .kvroute_of(w, id)
+            .or_else(|| self.lower.kvroute_of(w, id))
     }
 }
 
@@ -151,9 +161,15 @@ impl KvIndex {
         self.read().map.entries()
     }
 
+    /// Current (block, worker, tier) entries of the lower tiers (host memory, disk).
+    pub fn lower_entries(&self) -> usize {
+        self.read().lower.entries()
+    }
+
     /// Heap bytes held by the index's tables (capacity, not just used slots).
     pub fn heap_bytes(&self) -> usize {
-        self.read().map.heap_bytes()
+        let st = self.read();
+        st.map.heap_bytes() + st.lower.heap_bytes()
     }
 
     /// Applies one decoded event batch from `worker`. `seeds` maps a chain's cache salt and
@@ -199,22 +215,39 @@ impl KvIndex {
         scratch: &mut Vec<BlockHash>,
     ) -> Applied {
         let mut applied = Applied::default();
+        // Lower-tier chunks whose parent comes later in the batch (vLLM's self-describing
+        // events are self-contained, so their order is free): tried again at the end.
+        let mut deferred = Vec::new();
         for (i, event) in batch.events.iter().enumerate() {
-            if !event.is_device_prefix() {
-                applied.skipped += 1;
-                continue;
-            }
-            let ok = match event {
-                KvEvent::Stored(s) => self.store(worker, s, (&hashes, i), scratch, &mut applied),
-                KvEvent::Removed(r) => {
+            let ok = match (event.prefix_tier(), event) {
+                (None, _) | (_, KvEvent::Unknown(_)) => false,
+                (Some(Tier::Gpu), KvEvent::Stored(s)) => {
+                    self.store(worker, s, (&hashes, i), scratch, &mut applied)
+                }
+                (Some(Tier::Gpu), KvEvent::Removed(r)) => {
                     self.remove(worker, r, &mut applied);
                     true
                 }
-                KvEvent::AllCleared => {
+                (_, KvEvent::AllCleared) => {
                     self.clear_worker(worker);
                     true
                 }
-                KvEvent::Unknown(_) => false,
+                (Some(tier), KvEvent::Stored(s)) => {
+                    match self.store_lower(worker, tier, s, (&hashes, i), scratch, &mut applied) {
+                        Lower::Placed => true,
+                        Lower::Refused => false,
+                        Lower::ParentUnknown => {
+                            deferred.push((i, tier));
+                            continue;
+                        }
+                    }
+                }
+                (Some(tier), KvEvent::Removed(r)) => {
+                    let effect = self.write().lower.remove(worker, tier, &r.block_hashes);
+                    applied.removed += effect.removed;
+                    IndexStats::add(&self.stats.removals_unknown, effect.unknown);
+                    true
+                }
             };
             if ok {
                 applied.events += 1;
@@ -222,6 +255,7 @@ impl KvIndex {
                 applied.skipped += 1;
             }
         }
+        self.retry_deferred(worker, batch, &hashes, deferred, scratch, &mut applied);
         let s = &self.stats;
         IndexStats::add(&s.events_applied, applied.events);
         IndexStats::add(&s.events_skipped, applied.skipped);
@@ -255,7 +289,7 @@ impl KvIndex {
         let (parent, generation) = {
             let st = self.read();
             let parent = match s.parent_block_hash {
-                Some(p) => match st.map.kvroute_of(worker, p) {
+                Some(p) => match st.kvroute_of(worker, p) {
                     Some(k) => Some(k),
                     None => {
                         applied.unplaced += n as u64;
@@ -302,6 +336,113 @@ impl KvIndex {
             applied.removed += effect.removed;
             IndexStats::add(&self.stats.removals_unknown, effect.unknown);
             self.publish_entries(&st);
+        }
+    }
+
+    /// Applies a BlockStored in host memory or on disk: a placeholder names blocks this index
+    /// already knows (in any tier) by engine id; a full (self-describing) store is hashed from
+    /// its tokens like a GPU store. Beyond `max_entries` lower-tier pairs, stores are refused.
+    fn store_lower<S: SeedFor>(
+        &self,
+        worker: WorkerId,
+        tier: Tier,
+        s: &BlockStored,
+        (hashes, i): (&Hashes<'_, S>, usize),
+        scratch: &mut Vec<BlockHash>,
+        applied: &mut Applied,
+    ) -> Lower {
+        if s.is_placeholder() {
+            let mut st = self.write();
+            if st.lower.entries() >= self.config.max_entries {
+                return Lower::Refused;
+            }
+            let (mut ids, mut blocks) = (Vec::new(), Vec::new());
+            for &id in &s.block_hashes {
+                match st.kvroute_of(worker, id) {
+                    Some(b) => {
+                        ids.push(id);
+                        blocks.push(b);
+                    }
+                    None => applied.unplaced += 1,
+                }
+            }
+            applied.stored += st.lower.store(worker, tier, &ids, &blocks).added;
+            return if ids.is_empty() {
+                Lower::Refused
+            } else {
+                Lower::Placed
+            };
+        }
+        let n = s.block_hashes.len();
+        if s.block_size == 0 || s.token_ids.len() < n * s.block_size as usize {
+            return Lower::Refused;
+        }
+        if s.lora_id.is_some() && s.lora_name.is_none() {
+            return Lower::Refused;
+        }
+        let parent = match s.parent_block_hash {
+            Some(p) => match self.read().kvroute_of(worker, p) {
+                Some(k) => Some(k),
+                None => return Lower::ParentUnknown,
+            },
+            None => None,
+        };
+        let blocks: &[BlockHash] = match hashes {
+            Hashes::Tokens(seeds) => {
+                hash_chain(s, parent, *seeds, scratch);
+                scratch
+            }
+            Hashes::Given(given) => match given.get(i).filter(|h| h.len() == n) {
+                Some(h) => h,
+                None => return Lower::Refused,
+            },
+        };
+        let mut st = self.write();
+        if st.lower.entries() >= self.config.max_entries {
+            return Lower::Refused;
+        }
+        applied.stored += st.lower.store(worker, tier, &s.block_hashes, blocks).added;
+        Lower::Placed
+    }
+
+    /// Tries the batch's deferred lower-tier stores again until none more can be placed; the
+    /// rest are unplaced.
+    fn retry_deferred<S: SeedFor>(
+        &self,
+        worker: WorkerId,
+        batch: &EventBatch,
+        hashes: &Hashes<'_, S>,
+        mut deferred: Vec<(usize, Tier)>,
+        scratch: &mut Vec<BlockHash>,
+        applied: &mut Applied,
+    ) {
+        loop {
+            let before = deferred.len();
+            deferred.retain(|&(i, tier)| {
+                let KvEvent::Stored(s) = &batch.events[i] else {
+                    return false;
+                };
+                match self.store_lower(worker, tier, s, (hashes, i), scratch, applied) {
+                    Lower::ParentUnknown => true,
+                    Lower::Placed => {
+                        applied.events += 1;
+                        false
+                    }
+                    Lower::Refused => {
+                        applied.skipped += 1;
+                        false
+                    }
+                }
+            });
+            if deferred.len() == before {
+                break;
+            }
+        }
+        for &(i, _) in &deferred {
+            if let KvEvent::Stored(s) = &batch.events[i] {
+                applied.unplaced += s.block_hashes.len() as u64;
+            }
+            applied.skipped += 1;
         }
     }
 
@@ -358,6 +499,7 @@ impl KvIndex {
         }
         st.generations[i] += 1;
         st.map.clear_worker(worker);
+        st.lower.clear_worker(worker);
         self.publish_entries(&st);
         IndexStats::add(&self.stats.workers_cleared, 1);
     }
@@ -365,6 +507,12 @@ impl KvIndex {
     /// Per worker, the number of leading `blocks` (a request's chained hashes) it holds.
     pub fn lookup(&self, blocks: &[BlockHash]) -> Overlaps {
         self.read().map.lookup(blocks)
+    }
+
+    /// Per worker holding blocks in host memory or on disk, how many of `blocks` past its
+    /// `gpu` leading blocks it holds there (host memory, disk), as its engine would load them.
+    pub(crate) fn lower(&self, blocks: &[BlockHash], gpu: impl Fn(WorkerId) -> u32) -> LowerCounts {
+        self.read().lower.extend(blocks, gpu)
     }
 
     /// Who holds each block of `blocks` (a request's chained hashes), as far as the index
@@ -380,6 +528,14 @@ impl KvIndex {
     pub fn kvroute_of(&self, worker: WorkerId, id: EngineHash) -> Option<BlockHash> {
         self.read().map.kvroute_of(worker, id)
     }
+}
+
+/// What became of a lower-tier store.
+enum Lower {
+    Placed,
+    Refused,
+    /// Its parent is in no tier (yet): maybe later in the batch.
+    ParentUnknown,
 }
 
 /// The seeds type of [`Hashes::Given`], which needs none.

@@ -218,7 +218,8 @@ struct Refused {
 fn same_block_size(mut batch: EventBatch, block_size: u32) -> (EventBatch, Option<Refused>) {
     let mut refused: Option<Refused> = None;
     batch.events.retain(|e| match e {
-        KvEvent::Stored(s) if s.block_size != block_size => {
+        // A placeholder (block size 0) moves a known block to another tier: it has no size.
+        KvEvent::Stored(s) if s.block_size != block_size && !s.is_placeholder() => {
             let r = refused.get_or_insert(Refused {
                 events: 0,
                 block_size: s.block_size,

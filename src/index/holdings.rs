@@ -62,11 +62,15 @@ impl Holdings {
         // Who holds the blocks past each worker's exact count is asked only when a worker
         // has predictions to merge, and then once for all of them.
         let holders = OnceCell::new();
-        self.approx.lookup_with(blocks, now, exact, |w, i| {
+        let mut overlaps = self.approx.lookup_with(blocks, now, exact, |w, i| {
             holders
                 .get_or_init(|| self.exact.holders(blocks))
                 .holds(w, i)
-        })
+        });
+        // Past each worker's GPU prefix, what it can load from host memory or disk.
+        let lower = self.exact.lower(blocks, |w| overlaps.get(w));
+        overlaps.set_lower(lower);
+        overlaps
     }
 }
 

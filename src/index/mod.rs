@@ -5,7 +5,9 @@
 //!   recomputes kvroute's own chained hashes from each BlockStored's tokens (chaining from the
 //!   parent's kvroute hash), stores each chain as runs of consecutive blocks with their holders
 //!   (`runs`), and keeps a per-worker map from engine id to the block's place for BlockRemoved.
-//!   Only device-prefix blocks are indexed.
+//!   Blocks in host memory or on disk (vLLM's offloading connector, SGLang's HiCache) are kept
+//!   per tier beside them (`tiers`), reference-counted per announcement; other KV-cache groups
+//!   (sliding window, mamba) are not indexed.
 //! - [`ApproxIndex`] records the blocks of routed requests with a TTL and a per-worker bound.
 //! - [`Holdings`] looks both up as one: per worker, the number of *leading* blocks held.
 //! - [`Residency`] is each worker's working set: the blocks admitted requests touched there
@@ -55,6 +57,7 @@ mod runs;
 mod sessions;
 mod stats;
 mod table;
+mod tiers;
 mod worker;
 #[cfg(any(test, feature = "testing"))]
 pub mod workload;

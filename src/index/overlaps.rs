@@ -10,6 +10,9 @@ use crate::fleet::WorkerId;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Overlaps {
     counts: Vec<(WorkerId, u32)>,
+    /// Per worker with blocks in host memory or on disk, how many further blocks past its
+    /// count it holds there (host memory, disk), sorted by worker; empty without offloading.
+    lower: Vec<(WorkerId, [u32; 2])>,
 }
 
 impl Overlaps {
@@ -23,6 +26,24 @@ impl Overlaps {
         self.counts
             .binary_search_by_key(&worker, |(w, _)| *w)
             .map_or(0, |i| self.counts[i].1)
+    }
+
+    /// The blocks past [`Overlaps::get`]'s that `worker` holds in host memory and on disk, in
+    /// that order: what its engine would load rather than recompute.
+    pub fn lower(&self, worker: WorkerId) -> [u32; 2] {
+        self.lower
+            .binary_search_by_key(&worker, |(w, _)| *w)
+            .map_or([0, 0], |i| self.lower[i].1)
+    }
+
+    /// Workers with lower-tier continuations, by worker.
+    pub fn lower_iter(&self) -> impl Iterator<Item = (WorkerId, [u32; 2])> + '_ {
+        self.lower.iter().copied()
+    }
+
+    /// Sets the lower-tier continuations (sorted by worker), replacing any.
+    pub(crate) fn set_lower(&mut self, lower: Vec<(WorkerId, [u32; 2])>) {
+        self.lower = lower;
     }
 
     /// Raises `worker`'s count to at least `blocks`.

@@ -7,7 +7,7 @@
 //! lacks (say `cache_salt` before vLLM 0.20) are dropped, see [`Layout::represent`].
 
 use super::msgpack::Writer;
-use super::wire::{BlockRemoved, BlockStored, EngineHash, EventBatch, KvEvent};
+use super::wire::{BlockRemoved, BlockStored, EngineHash, EventBatch, KvEvent, Tier};
 
 /// An engine release's wire layout (named by the first release that used it).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -192,9 +192,17 @@ impl Layout {
 /// without parent and with at least one block can carry it.
 fn vllm_carries_salt(layout: Layout, s: &BlockStored) -> bool {
     layout.has("extra_keys")
+        && vllm_extra_keys(s)
         && s.parent_block_hash.is_none()
         && !s.block_hashes.is_empty()
         && s.cache_salt.as_deref().is_some_and(|salt| !salt.is_empty())
+}
+
+/// Whether vLLM sends `extra_keys` with `s`: the GPU prefix cache does (one entry per block);
+/// the offloading connector's host-memory and storage events leave it unset
+/// (`OffloadingEventsTracker`: "Deferred"), so msgspec omits it from map layouts.
+fn vllm_extra_keys(s: &BlockStored) -> bool {
+    Tier::of_medium(s.medium.as_deref()) == Tier::Gpu
 }
 
 /// Encodes a batch as `layout`'s release would publish it (the payload, ZMQ frame 3).
@@ -310,7 +318,11 @@ fn vllm_stored(w: &mut Writer, s: &BlockStored, layout: Layout) {
     let declared = layout.stored_fields();
     if layout.maps() {
         // Required fields are always written; group_idx and kv_cache_spec_kind default to None.
-        let n = 1 + 8 + s.group_idx.is_some() as usize + s.kv_cache_spec_kind.is_some() as usize;
+        let n = 1
+            + 7
+            + vllm_extra_keys(s) as usize
+            + s.group_idx.is_some() as usize
+            + s.kv_cache_spec_kind.is_some() as usize;
         if declared + 1 > 15 {
             w.map16(n);
         } else {
@@ -327,6 +339,7 @@ fn vllm_stored(w: &mut Writer, s: &BlockStored, layout: Layout) {
         let present = match *name {
             "group_idx" => s.group_idx.is_some(),
             "kv_cache_spec_kind" => s.kv_cache_spec_kind.is_some(),
+            "extra_keys" => vllm_extra_keys(s),
             _ => i < 8,
         };
         if maps && !present {
@@ -343,7 +356,7 @@ fn vllm_stored(w: &mut Writer, s: &BlockStored, layout: Layout) {
             "lora_id" => opt_int(w, s.lora_id),
             "medium" => opt_str(w, s.medium.as_deref()),
             "lora_name" => opt_str(w, s.lora_name.as_deref()),
-            "extra_keys" => extra_keys(w, s, vllm_carries_salt(layout, s)),
+            "extra_keys" if vllm_extra_keys(s) => extra_keys(w, s, vllm_carries_salt(layout, s)),
             "group_idx" => opt_int(w, s.group_idx),
             "kv_cache_spec_kind" => opt_str(w, s.kv_cache_spec_kind.as_deref()),
             _ => w.nil(),

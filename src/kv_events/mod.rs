@@ -25,4 +25,4 @@ pub use subscriber::{Subscriber, SubscriberError, SubscriberHandle};
 pub use subscription::{
     DropReason, SubscriberConfig, SubscriberEvent, SubscriberStats, WorkerEvent,
 };
-pub use wire::{BlockRemoved, BlockStored, EngineHash, EventBatch, KvEvent};
+pub use wire::{BlockRemoved, BlockStored, EngineHash, EventBatch, KvEvent, Tier};

@@ -70,29 +70,132 @@ pub struct EventBatch {
     pub dp_rank: Option<i64>,
 }
 
-impl KvEvent {
-    /// Whether the event describes device (GPU, group 0, full-attention) prefix-cache blocks,
-    /// the only ones that save prefill for a routed request.
-    pub fn is_device_prefix(&self) -> bool {
-        fn gpu(medium: &Option<String>) -> bool {
-            medium
-                .as_deref()
-                .is_none_or(|m| m.eq_ignore_ascii_case("GPU"))
+/// Where a block's KV lives, from the fastest to the slowest to load into the GPU.
+///
+/// Engines name the medium freely (vLLM `GPU`/`CPU`/`STORAGE`, SGLang HiCache
+/// `GPU`/`CPU_PINNED`/`DISK`/`EXTERNAL`); what routing needs is only how far the bytes are from
+/// the attention kernels, so every name maps onto one of three tiers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Tier {
+    /// Device memory: the prefix cache proper, reused at no load cost.
+    Gpu,
+    /// Host memory (vLLM's OffloadingConnector CPU tier, SGLang's `CPU_PINNED`).
+    Cpu,
+    /// Anything slower than host memory: local disk, a storage tier, a remote pool.
+    Disk,
+}
+
+impl Tier {
+    /// Every tier, in the order an engine loads a prefix from them.
+    pub const ALL: [Tier; 3] = [Tier::Gpu, Tier::Cpu, Tier::Disk];
+
+    /// The tier a medium name denotes; absent means the GPU (releases before `medium`).
+    pub fn of_medium(medium: Option<&str>) -> Tier {
+        let Some(m) = medium else {
+            return Tier::Gpu;
+        };
+        let upper = m.to_ascii_uppercase();
+        if matches!(upper.as_str(), "GPU" | "DEVICE" | "HBM" | "CUDA") {
+            Tier::Gpu
+        } else if upper.starts_with("CPU") || matches!(upper.as_str(), "HOST" | "DRAM") {
+            Tier::Cpu
+        } else {
+            Tier::Disk
         }
+    }
+
+    /// The tier's label (`gpu`, `cpu`, `disk`), as metrics and `/debug/route` name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::Gpu => "gpu",
+            Tier::Cpu => "cpu",
+            Tier::Disk => "disk",
+        }
+    }
+
+    /// 0, 1, 2: for per-tier arrays.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl BlockStored {
+    /// A store that only moves blocks the engine already announced to another tier: no
+    /// tokens, block size 0, no parent. vLLM's offloading connector sends these (before 0.24
+    /// always; later without `self_describing_kv_events`), naming each offloaded chunk by the
+    /// engine hash of its last block.
+    pub fn is_placeholder(&self) -> bool {
+        self.token_ids.is_empty() && self.block_size == 0 && self.parent_block_hash.is_none()
+    }
+}
+
+impl KvEvent {
+    /// The tier of the prefix-cache blocks the event describes: `None` for events about other
+    /// KV-cache groups (hybrid models' sliding-window or mamba groups, which never save a
+    /// routed request's prefill) and unknown events. A clear is about every tier: `Some(Gpu)`.
+    pub fn prefix_tier(&self) -> Option<Tier> {
         fn group0(g: &Option<i64>) -> bool {
             g.is_none_or(|g| g == 0)
         }
         match self {
-            KvEvent::Stored(s) => {
-                gpu(&s.medium)
-                    && group0(&s.group_idx)
-                    && s.kv_cache_spec_kind
-                        .as_deref()
-                        .is_none_or(|k| k == "full_attention")
+            KvEvent::Stored(s) => (group0(&s.group_idx)
+                && s.kv_cache_spec_kind
+                    .as_deref()
+                    .is_none_or(|k| k == "full_attention"))
+            .then(|| Tier::of_medium(s.medium.as_deref())),
+            KvEvent::Removed(r) => {
+                group0(&r.group_idx).then(|| Tier::of_medium(r.medium.as_deref()))
             }
-            KvEvent::Removed(r) => gpu(&r.medium) && group0(&r.group_idx),
-            KvEvent::AllCleared => true,
-            KvEvent::Unknown(_) => false,
+            KvEvent::AllCleared => Some(Tier::Gpu),
+            KvEvent::Unknown(_) => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_engines_medium_names_map_to_a_tier() {
+        for (m, t) in [
+            (None, Tier::Gpu),
+            (Some("GPU"), Tier::Gpu),
+            (Some("gpu"), Tier::Gpu),
+            (Some("CPU"), Tier::Cpu),
+            (Some("CPU_PINNED"), Tier::Cpu),
+            (Some("STORAGE"), Tier::Disk),
+            (Some("DISK"), Tier::Disk),
+            (Some("EXTERNAL"), Tier::Disk),
+        ] {
+            assert_eq!(Tier::of_medium(m), t, "{m:?}");
+        }
+    }
+
+    #[test]
+    fn other_groups_have_no_prefix_tier_and_placeholders_are_recognised() {
+        let cpu = BlockStored {
+            block_hashes: vec![EngineHash(1)],
+            medium: Some("CPU".into()),
+            ..BlockStored::default()
+        };
+        assert!(cpu.is_placeholder());
+        assert_eq!(KvEvent::Stored(cpu.clone()).prefix_tier(), Some(Tier::Cpu));
+        let sliding = BlockStored {
+            kv_cache_spec_kind: Some("sliding_window".into()),
+            ..cpu.clone()
+        };
+        assert_eq!(KvEvent::Stored(sliding).prefix_tier(), None);
+        let group1 = BlockRemoved {
+            group_idx: Some(1),
+            ..BlockRemoved::default()
+        };
+        assert_eq!(KvEvent::Removed(group1).prefix_tier(), None);
+        let full = BlockStored {
+            token_ids: vec![1],
+            block_size: 1,
+            ..cpu
+        };
+        assert!(!full.is_placeholder());
     }
 }

@@ -107,6 +107,7 @@ mod tests {
             prompt_tokens: 1600,
             blocks: 100,
             block_size: 16,
+            kv_bytes_per_token: 0,
         }
     }
 

@@ -85,6 +85,7 @@ mod tests {
             prompt_tokens: 1600,
             blocks: 100,
             block_size: 16,
+            kv_bytes_per_token: 0,
         };
         let mut c = idle(2);
         // Worker 0 holds 60 blocks but has 50 active: 40 + 50 = 90.

@@ -60,6 +60,7 @@ use rand::{Rng, SeedableRng};
 
 use super::calibration::Rates;
 use super::fleet_calibration::FleetCalibration;
+use super::tier_cost::{TierCostConfig, TierPricing};
 use super::{Candidate, Observation, Policy, RouteDecision, RouteRequest};
 use crate::fleet::WorkerId;
 
@@ -85,6 +86,8 @@ pub struct KvAwareConfig {
     /// that writing this prompt evicts, times the measured chance they come back, priced at
     /// the prefill rate (0: the decision ignores what it evicts).
     pub eviction_weight: f64,
+    /// What blocks in host memory and on disk are worth ([`super::tier_cost`]).
+    pub tiers: TierCostConfig,
 }
 
 /// Costs within this fraction of the best are ties: the model's precision, not a preference.
@@ -108,6 +111,7 @@ impl Default for KvAwareConfig {
             temperature: 0.0,
             decode_weight: 0.25,
             eviction_weight: 1.0,
+            tiers: TierCostConfig::default(),
         }
     }
 }
@@ -129,6 +133,7 @@ pub struct KvAware {
     /// decision.
     config: Mutex<KvAwareConfig>,
     calibration: Mutex<FleetCalibration<WorkerId>>,
+    tiers: TierPricing,
     rng: Mutex<StdRng>,
 }
 
@@ -138,6 +143,7 @@ impl KvAware {
         KvAware {
             config: Mutex::new(config),
             calibration: Mutex::new(FleetCalibration::new(config.prior(), config.forgetting)),
+            tiers: TierPricing::new(config.forgetting),
             rng: Mutex::new(StdRng::seed_from_u64(seed)),
         }
     }
@@ -152,18 +158,25 @@ impl KvAware {
         super::lock(&self.calibration).rates(worker)
     }
 
-    /// Predicted TTFT of `request` on `c`, and the cost of sending it there.
+    /// The fitted load factors of the host-memory and disk tiers.
+    pub fn tier_factors(&self) -> [f64; 2] {
+        self.tiers.factors()
+    }
+
+    /// Predicted TTFT of `request` on `c`, and the cost of sending it there; `quote` is what
+    /// its GPU and offloaded blocks are worth (tokens not computed, seconds of loading).
     fn predict(
         config: &KvAwareConfig,
         request: &RouteRequest,
         c: &Candidate,
         rates: &Rates,
+        quote: &super::TierQuote,
     ) -> (f64, f64) {
-        let cached = u64::from(c.overlap_blocks) * u64::from(request.block_size);
-        let uncached = request.prompt_tokens.saturating_sub(cached) as f64;
+        let uncached = request.prompt_tokens.saturating_sub(quote.cached_tokens) as f64;
         let tokens = c.load.queued_prefill_tokens as f64 + uncached;
         let decoding = c.load.decoding as f64;
-        let ttft = rates.predict(tokens, decoding);
+        // A load from host memory or disk delays this request only (it runs beside others).
+        let ttft = rates.predict(tokens, decoding) + quote.load_s();
         let stall = uncached * rates.seconds_per_token + rates.overhead_s;
         let recompute =
             c.cache.returning_evictions * f64::from(request.block_size) * rates.seconds_per_token;
@@ -190,13 +203,19 @@ impl Policy for KvAware {
         // Other router replicas' requests in the view: score every worker with its own fit,
         // which has learned what the view misses ([`super::fleet_calibration`]).
         let partial = candidates.iter().any(|c| c.load.unseen_in_flight > 0);
+        let factors = self.tiers.factors();
+        let quotes: Vec<_> = candidates
+            .iter()
+            .map(|c| self.tiers.quote(&config.tiers, request, c, factors))
+            .collect();
         let (predicted, cost): (Vec<f64>, Vec<f64>) = {
             let calibration = super::lock(&self.calibration);
             candidates
                 .iter()
-                .map(|c| {
+                .zip(&quotes)
+                .map(|(c, quote)| {
                     let rates = calibration.rates_in_view(c.worker, partial);
-                    Self::predict(&config, request, c, &rates)
+                    Self::predict(&config, request, c, &rates, quote)
                 })
                 .unzip()
         };
@@ -239,6 +258,7 @@ impl Policy for KvAware {
             chosen,
             predicted_ttft_s: predicted.into_iter().map(Some).collect(),
             cost: cost.into_iter().map(Some).collect(),
+            tiers: quotes.into_iter().map(Some).collect(),
         })
     }
 
@@ -257,14 +277,22 @@ impl Policy for KvAware {
     }
 
     fn observe(&self, o: &Observation) {
-        if !self.config().calibrate {
+        let config = self.config();
+        if !config.calibrate {
             return;
         }
-        super::lock(&self.calibration).observe(
+        let tokens = (o.queued_tokens + o.uncached_tokens) as f64;
+        let mut calibration = super::lock(&self.calibration);
+        // The time spent loading offloaded blocks is the tier fit's to learn, not the prefill's.
+        let prefill = calibration
+            .rates(o.worker)
+            .predict(tokens, o.decoding as f64);
+        let ttft_s = self.tiers.observe(&config.tiers, o, prefill);
+        calibration.observe(
             o.worker,
-            (o.queued_tokens + o.uncached_tokens) as f64,
+            tokens,
             o.decoding as f64,
-            o.ttft_s,
+            ttft_s,
             o.unseen_in_flight > 0,
         );
     }

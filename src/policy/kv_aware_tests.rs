@@ -8,6 +8,7 @@ fn req(tokens: u64) -> RouteRequest {
         prompt_tokens: tokens,
         blocks: (tokens / 16) as u32,
         block_size: 16,
+        kv_bytes_per_token: 0,
     }
 }
 
@@ -108,6 +109,8 @@ fn calibration_changes_the_trade_off() {
             decoding: i % 4,
             unseen_in_flight: 0,
             ttft_s: tokens as f64 / rate + 0.02,
+            loaded_tokens: [0, 0],
+            kv_bytes_per_token: 0,
         });
     }
     // Shrunk hard toward the pool (identical replicas are the rule), but recognised.
@@ -137,6 +140,8 @@ fn a_forgotten_worker_is_scored_as_a_newcomer() {
             decoding: 0,
             unseen_in_flight: 0,
             ttft_s: slow * ((500 + i * 10) as f64 / 20_000.0 + 0.02),
+            loaded_tokens: [0, 0],
+            kv_bytes_per_token: 0,
         });
     }
     let slow = p.rates(WorkerId(0));
@@ -161,6 +166,8 @@ fn an_uncalibrated_worker_is_scored_like_its_calibrated_peers() {
                 decoding: 0,
                 unseen_in_flight: 0,
                 ttft_s: tokens as f64 / 60_000.0 + 0.02,
+                loaded_tokens: [0, 0],
+                kv_bytes_per_token: 0,
             });
         }
     }
@@ -267,6 +274,8 @@ fn a_burst_after_noisy_calibration_splits_evenly() {
             decoding: 0,
             unseen_in_flight: 0,
             ttft_s: (0.0165 + 1.5e-5 * tokens as f64) * (1.0 + noise),
+            loaded_tokens: [0, 0],
+            kv_bytes_per_token: 0,
         });
     }
     let even = 240.0 / WORKERS as f64;
@@ -309,6 +318,8 @@ fn a_partial_view_scores_every_worker_with_its_own_fit() {
                 decoding: 0,
                 unseen_in_flight: 2,
                 ttft_s: slow * (tokens as f64 / 20_000.0 + 0.02),
+                loaded_tokens: [0, 0],
+                kv_bytes_per_token: 0,
             });
         }
     }

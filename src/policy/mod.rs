@@ -15,6 +15,7 @@ pub mod least_request;
 pub mod power_of_two;
 pub mod random;
 pub mod round_robin;
+pub mod tier_cost;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -28,6 +29,7 @@ pub use least_request::LeastRequest;
 pub use power_of_two::PowerOfTwo;
 pub use random::Random;
 pub use round_robin::RoundRobin;
+pub use tier_cost::{LowerBlocks, TierCostConfig, TierCredit, TierQuote};
 
 /// What a policy sees of the request being routed.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -38,6 +40,9 @@ pub struct RouteRequest {
     pub blocks: u32,
     /// Tokens per KV block of the model's engines.
     pub block_size: u32,
+    /// KV bytes of one token of the model, when its configuration states them (0: the
+    /// policy's default), for the price of loading offloaded blocks.
+    pub kv_bytes_per_token: u64,
 }
 
 /// What a policy sees of one eligible worker.
@@ -51,6 +56,9 @@ pub struct Candidate {
     pub load: LoadSnapshot,
     /// Leading blocks of the prompt the worker holds (0 unless the policy uses prefixes).
     pub overlap_blocks: u32,
+    /// Blocks past those it holds in host memory and on disk, which its engine loads rather
+    /// than recomputes.
+    pub lower_blocks: LowerBlocks,
     /// The worker's KV cache: its working set and its capacity.
     pub cache: WorkingSet,
     /// The worker is the home of the session the client named (its last request went there
@@ -81,6 +89,9 @@ pub struct RouteDecision {
     pub predicted_ttft_s: Vec<Option<f64>>,
     /// The cost the policy minimised per candidate, where it has one (for explanations).
     pub cost: Vec<Option<f64>>,
+    /// What each candidate's GPU and offloaded blocks were worth, where the policy prices them
+    /// (for explanations: `/debug/route`'s `tiers`).
+    pub tiers: Vec<Option<TierQuote>>,
 }
 
 impl RouteDecision {
@@ -90,6 +101,7 @@ impl RouteDecision {
             chosen,
             predicted_ttft_s: vec![None; candidates],
             cost: vec![None; candidates],
+            tiers: vec![None; candidates],
         }
     }
 }
@@ -110,6 +122,10 @@ pub struct Observation {
     pub unseen_in_flight: u64,
     /// Observed time to first token, seconds.
     pub ttft_s: f64,
+    /// Prompt tokens the worker was predicted to load from host memory and from disk.
+    pub loaded_tokens: [u64; 2],
+    /// The request's [`RouteRequest::kv_bytes_per_token`].
+    pub kv_bytes_per_token: u64,
 }
 
 /// A routing policy.
@@ -200,6 +216,7 @@ pub(crate) mod testing {
                 worker: WorkerId(i as u32),
                 load: LoadSnapshot::default(),
                 overlap_blocks: 0,
+                lower_blocks: LowerBlocks::default(),
                 cache: WorkingSet::default(),
                 session_home: false,
             })

@@ -14,6 +14,8 @@ struct Predicted {
     queued_tokens: u64,
     decoding: u64,
     unseen_in_flight: u64,
+    loaded_tokens: [u64; 2],
+    kv_bytes_per_token: u64,
 }
 
 /// The load a routed request holds on its worker until it ends, and the prediction the
@@ -74,6 +76,11 @@ impl Admitted {
                 queued_tokens: chosen.load.queued_prefill_tokens,
                 decoding: chosen.load.decoding,
                 unseen_in_flight: chosen.load.unseen_in_flight,
+                loaded_tokens: {
+                    let bs = u64::from(analysis.request.block_size);
+                    [chosen.lower_blocks.cpu, chosen.lower_blocks.disk].map(|b| u64::from(b) * bs)
+                },
+                kv_bytes_per_token: analysis.request.kv_bytes_per_token,
             }),
             overlap_blocks: chosen.overlap_blocks.min(analysis.request.blocks),
             blocks: analysis.request.blocks,
@@ -126,6 +133,8 @@ impl Admitted {
                 decoding: p.decoding,
                 unseen_in_flight: p.unseen_in_flight,
                 ttft_s,
+                loaded_tokens: p.loaded_tokens,
+                kv_bytes_per_token: p.kv_bytes_per_token,
             });
         }
     }

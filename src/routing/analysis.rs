@@ -71,6 +71,7 @@ impl Analysis {
                 prompt_tokens: prompt_tokens as u64,
                 blocks: u32::try_from(hashes.len()).unwrap_or(u32::MAX),
                 block_size: u32::try_from(block_size).unwrap_or(u32::MAX),
+                kv_bytes_per_token: 0,
             },
             hashes,
             overlaps,
@@ -79,6 +80,13 @@ impl Analysis {
             session: None,
             no_reuse: false,
         }
+    }
+
+    /// The blocks past `worker`'s GPU prefix it holds in host memory and on disk, at most the
+    /// reusable ones.
+    pub fn lower_blocks(&self, worker: crate::fleet::WorkerId) -> crate::policy::LowerBlocks {
+        let [cpu, disk] = self.overlaps.lower(worker);
+        crate::policy::LowerBlocks { cpu, disk }
     }
 
     /// Prompt tokens a worker holding `overlap_blocks` leading blocks still has to compute.

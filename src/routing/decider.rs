@@ -111,6 +111,7 @@ impl Decider {
                     worker: t.worker(),
                     load: t.load().view(),
                     overlap_blocks: overlap_with_hint(analysis, *t, at_home),
+                    lower_blocks: analysis.lower_blocks(t.worker()),
                     cache: self.working_set(analysis, *t, &curve),
                     session_home: at_home.is_some(),
                 }
@@ -222,7 +223,9 @@ impl Decider {
     ) -> Admitted {
         let c = &choice.candidate;
         let worker = choice.target.worker();
-        let uncached = analysis.uncached_tokens(c.overlap_blocks);
+        // Blocks in host memory or on disk are loaded, not computed, whatever the policy
+        // credits them with: the worker's prefill queue grows by the rest only.
+        let uncached = analysis.uncached_tokens(c.overlap_blocks + c.lower_blocks.total());
         let predicted_ttft = choice
             .decision
             .predicted_ttft_s

@@ -28,6 +28,7 @@ use super::session_hint::HintSource;
 use super::{AppState, read};
 use crate::fleet::WorkerRank;
 use crate::openai::{ApiError, Endpoint};
+use crate::policy::{Candidate, TierQuote};
 use crate::routing::{Analysis, DecodeExplanation, Explanation, Plan};
 
 /// `POST /debug/route` with a completion, chat or Responses body (`messages` selects chat,
@@ -182,10 +183,26 @@ fn candidates(analysis: &Analysis, e: &Explanation<'_, WorkerRank>) -> Vec<serde
                 "live_blocks": c.cache.live_blocks,
                 "kv_capacity_blocks": c.cache.capacity_blocks,
                 "returning_evictions": c.cache.returning_evictions,
+                "tiers": tiers(c, d.tiers.get(i).copied().flatten(), analysis.request.block_size),
                 "session_home": c.session_home,
             })
         })
         .collect()
+}
+
+/// A candidate's prefix split by tier (GPU blocks, then host memory, then disk, as its engine
+/// loads them), and what the policy priced each part at, where it prices tiers.
+fn tiers(c: &Candidate, quote: Option<TierQuote>, block_size: u32) -> serde_json::Value {
+    let bs = u64::from(block_size);
+    json!({
+        "gpu_blocks": c.overlap_blocks,
+        "cpu_blocks": c.lower_blocks.cpu,
+        "disk_blocks": c.lower_blocks.disk,
+        "loaded_tokens": u64::from(c.lower_blocks.total()) * bs,
+        "credited_tokens": quote.map(|q| q.cached_tokens),
+        "cpu_load_s": quote.map(|q| q.cpu_s),
+        "disk_load_s": quote.map(|q| q.disk_s),
+    })
 }
 
 /// The session the request named: where it was named, and its home as the decision saw it

@@ -21,6 +21,7 @@ use crate::workload::{Naming, SyntheticChoice, Trace, WorkloadArgs};
 use super::capacity::Workload;
 use super::capacity_args::CapacityArgs;
 use super::config::{FleetChange, IndexMode, PdSplit, SimConfig};
+use super::tier_args::TierArgs;
 
 /// How the index is fed, on the command line.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,7 +75,7 @@ pub struct SimulateArgs {
             "WorkloadArgs", "SloArgs", "TimingArgs", "block_size", "num_blocks", "max_num_seqs",
             "max_num_batched_tokens", "max_model_len", "engine_speedup", "workers", "index",
             "event_delay", "join_at", "restart_at", "seed", "routers", "load_sample_ms",
-            "prefill_workers", "decode_workers", "TransferArgs", "slo_itl",
+            "prefill_workers", "decode_workers", "TransferArgs", "slo_itl", "TierArgs",
         ]
     )]
     pub scenario: Option<String>,
@@ -167,6 +168,9 @@ pub struct SimulateArgs {
     /// Capacity at the SLO instead of one run per policy.
     #[command(flatten)]
     pub capacity: CapacityArgs,
+    /// A host-memory KV tier per engine, and how kv_aware credits it.
+    #[command(flatten)]
+    pub tiers: TierArgs,
 }
 
 fn parse_restart(s: &str) -> Result<(u32, f64), String> {
@@ -238,7 +242,9 @@ impl SimulateArgs {
     /// The engine configuration of these flags (the KV link of disaggregated fleets is the
     /// engine's `--kv-transfer-*` flags).
     pub fn engine_config(&self) -> EngineConfig {
-        self.core.engine_config(self.seed)
+        let mut engine = self.core.engine_config(self.seed);
+        self.tiers.apply_engine(&mut engine);
+        engine
     }
 
     /// The disaggregated fleet of `--prefill-workers` and `--decode-workers`, if given.
@@ -265,6 +271,8 @@ impl SimulateArgs {
         if let Some(w) = self.kv_aware_eviction_weight {
             kv_aware.eviction_weight = w;
         }
+        self.tiers
+            .apply_policy(&mut kv_aware, &self.core.engine_config(self.seed));
         PolicySettings {
             seed: self.seed,
             kv_aware,
@@ -275,6 +283,7 @@ impl SimulateArgs {
     /// The simulation configuration of these flags (validated).
     pub fn sim_config(&self) -> anyhow::Result<SimConfig> {
         self.core.transfer.model()?;
+        self.tiers.validate()?;
         if self.slo_itl.is_some_and(|s| !(s.is_finite() && s > 0.0)) {
             bail!("--slo-itl must be a positive number of seconds");
         }

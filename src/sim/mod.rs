@@ -35,6 +35,7 @@ pub mod router;
 pub mod scenario;
 pub mod search;
 pub mod simulation;
+pub mod tier_args;
 
 pub use args::{IndexChoice, SimulateArgs};
 pub use capacity::{Capacity, CapacitySpec, PolicyCapacity};

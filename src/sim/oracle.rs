@@ -50,6 +50,8 @@ pub(super) struct Lookup {
     pub(super) hit_blocks: usize,
     /// Prompt tokens not computed (at most all but the last).
     pub(super) cached_tokens: usize,
+    /// Seconds spent loading part of them from a host-memory tier first.
+    pub(super) load_s: f64,
 }
 
 /// Records of a reference named `name`: each request in arrival order on an otherwise idle
@@ -99,7 +101,7 @@ pub(super) fn reference_run(
         let found = cache(i, &prompt, output);
         let cached = found.cached_tokens.min(prompt.len().saturating_sub(1));
         let new = prompt.len() - cached;
-        let ttft = idle_prefill_s(engine, new);
+        let ttft = found.load_s + idle_prefill_s(engine, new);
         rec.first_token = Some(rec.arrival + ttft);
         rec.end = Some(rec.arrival + ttft + f64::from(output - 1) * decode);
         rec.cached_tokens = cached as u32;
@@ -124,6 +126,7 @@ pub fn oracle(trace: &Trace, config: &SimConfig) -> PolicyRun {
             queried_blocks: hashes.len(),
             hit_blocks: hit,
             cached_tokens: hit * block_size,
+            load_s: 0.0,
         }
     })
 }

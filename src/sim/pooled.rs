@@ -19,6 +19,7 @@
 //! the bound). Workers that join during the run count from the start.
 
 use crate::engine::core::sample_token;
+use crate::engine::cpu_tier::CpuTierConfig;
 use crate::engine::kv_cache::{BlockTable, KvCache, SeqView};
 use crate::engine::{EngineHasher, RequestId};
 use crate::kv_events::EngineHash;
@@ -39,7 +40,13 @@ pub fn pooled_cache(trace: &Trace, config: &SimConfig) -> PolicyRun {
         .max_workers()
         .max(1)
         .saturating_mul(engine.num_blocks);
-    let mut cache = KvCache::new(blocks, block_size);
+    // A tiered fleet pools its host-memory tiers too, loading at one engine's link.
+    let tier = engine.cpu_tier.map(|t| CpuTierConfig {
+        blocks: t.blocks.saturating_mul(config.max_workers().max(1)),
+        ..t
+    });
+    let mut cache = KvCache::with_tier(blocks, block_size, tier);
+    let mut clock = 0.0;
     let hasher = EngineHasher::new(engine.seed);
     let chain = hasher.chain_seed(None);
     let mut tokens: Vec<u32> = Vec::new();
@@ -57,8 +64,18 @@ pub fn pooled_cache(trace: &Trace, config: &SimConfig) -> PolicyRun {
         for block in tokens.chunks_exact(block_size) {
             hashes.push(hasher.hash(chain, hashes.last().copied(), block));
         }
+        // Offloads are written by the time of the request (an idle fleet's links are free).
+        clock += 1e9;
+        cache.set_now(clock);
         let hits = cache.cached_prefix(&hashes, prompt.len());
-        let cached = hits.len() * block_size;
+        let reusable = (prompt.len().saturating_sub(1) / block_size).min(hashes.len());
+        let loads = cache.tier_prefix(&hashes[hits.len().min(reusable)..reusable]);
+        let load_s = if loads > 0 {
+            cache.tier_load(&hashes[hits.len()..hits.len() + loads])
+        } else {
+            0.0
+        };
+        let cached = (hits.len() + loads) * block_size;
         let seq = SeqView {
             tokens: &tokens,
             hashes: &hashes,
@@ -67,12 +84,14 @@ pub fn pooled_cache(trace: &Trace, config: &SimConfig) -> PolicyRun {
         let mut table = BlockTable::default();
         // Every other request has freed its blocks, so only a sequence longer than the whole
         // fleet's cache fails here (the engine limit refuses those first); it caches nothing.
-        let _ = cache.allocate(&mut table, &hits, cached, tokens.len() - cached, seq);
+        let gpu = hits.len() * block_size;
+        let _ = cache.allocate(&mut table, &hits, gpu, tokens.len() - gpu, seq);
         cache.free(&mut table);
         Lookup {
             queried_blocks: prompt.len() / block_size,
             hit_blocks: hits.len(),
             cached_tokens: cached,
+            load_s,
         }
     });
     run.counters.evictions = cache.evictions();

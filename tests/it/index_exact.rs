@@ -175,7 +175,7 @@ fn a_lora_id_without_a_name_is_not_indexed() {
 }
 
 #[test]
-fn non_device_prefix_blocks_are_skipped() {
+fn other_groups_are_skipped_and_lower_tiers_kept_apart() {
     let idx = KvIndex::new(IndexConfig::default());
     let toks = tokens(1, 0);
     let base = BlockStored {
@@ -185,10 +185,6 @@ fn non_device_prefix_blocks_are_skipped() {
         ..BlockStored::default()
     };
     let variants = [
-        BlockStored {
-            medium: Some("CPU".into()),
-            ..base.clone()
-        },
         BlockStored {
             group_idx: Some(1),
             ..base.clone()
@@ -201,8 +197,17 @@ fn non_device_prefix_blocks_are_skipped() {
     let mut events: Vec<KvEvent> = variants.into_iter().map(KvEvent::Stored).collect();
     events.push(KvEvent::Unknown("BlockMoved".into()));
     let a = idx.apply(W0, &batch(events), &seeds);
-    assert_eq!((a.skipped, a.events, a.stored), (4, 0, 0));
+    assert_eq!((a.skipped, a.events, a.stored), (3, 0, 0));
     assert!(idx.lookup(&request(&toks)).is_empty());
+    // A CPU copy is indexed in its own tier: the GPU lookup does not see it.
+    let cpu = BlockStored {
+        medium: Some("CPU".into()),
+        ..base.clone()
+    };
+    let a = idx.apply(W0, &batch(vec![KvEvent::Stored(cpu)]), &seeds);
+    assert_eq!((a.events, a.stored), (1, 1));
+    assert!(idx.lookup(&request(&toks)).is_empty());
+    assert_eq!(idx.lower_entries(), 1);
     // GPU spelled explicitly, group 0 and full attention are indexed.
     let gpu = BlockStored {
         medium: Some("GPU".into()),
@@ -212,7 +217,7 @@ fn non_device_prefix_blocks_are_skipped() {
     };
     idx.apply(W0, &batch(vec![KvEvent::Stored(gpu)]), &seeds);
     assert_eq!(idx.lookup(&request(&toks)).get(W0), 1);
-    // A CPU-tier removal must not drop the GPU copy.
+    // A CPU-tier removal must not drop the GPU copy, and takes the CPU copy.
     let cpu_removal = KvEvent::Removed(BlockRemoved {
         block_hashes: vec![EngineHash(1)],
         medium: Some("CPU".into()),
@@ -220,7 +225,8 @@ fn non_device_prefix_blocks_are_skipped() {
     });
     idx.apply(W0, &batch(vec![cpu_removal]), &seeds);
     assert_eq!(idx.lookup(&request(&toks)).get(W0), 1);
-    assert_eq!(idx.stats().events_skipped, 5);
+    assert_eq!(idx.lower_entries(), 0);
+    assert_eq!(idx.stats().events_skipped, 3);
 }
 
 #[test]

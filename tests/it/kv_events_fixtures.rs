@@ -45,7 +45,7 @@ fn layout_of(schema: &str) -> Layout {
         "vllm-0.20.0" => Layout::Vllm0_20,
         "vllm-0.22.1" => Layout::Vllm0_22,
         "vllm-0.24.0" => Layout::Vllm0_24,
-        "vllm-0.30.0" => Layout::Vllm0_30,
+        "vllm-0.30.0" | "vllm-0.32.0" => Layout::Vllm0_30,
         "vllm-0.33.0" => Layout::Vllm0_33,
         "sglang-0.4.7" => Layout::Sglang0_4_7,
         "sglang-0.5.20" => Layout::Sglang0_5_20,
@@ -162,7 +162,7 @@ fn check_batch(f: &Fixture, batch: &EventBatch) {
 #[test]
 fn every_fixture_decodes_to_its_recorded_content() {
     let all = fixtures();
-    assert!(all.len() >= 50, "only {} fixtures found", all.len());
+    assert!(all.len() >= 55, "only {} fixtures found", all.len());
     for f in &all {
         let batch = decode_batch(&f.payload).unwrap_or_else(|e| panic!("{}: {e}", f.name));
         check_batch(f, &batch);
@@ -195,7 +195,7 @@ fn fixtures_re_encode_byte_for_byte_in_their_layout() {
         exact += 1;
     }
     // All but the bytes-hash, mixed (session_id) and SGLang ≥ 0.5.20 salted ones.
-    assert!(exact >= 43, "only {exact} fixtures were compared");
+    assert!(exact >= 48, "only {exact} fixtures were compared");
 }
 
 #[test]
@@ -269,4 +269,45 @@ fn truncated_fixtures_are_errors_not_panics() {
             );
         }
     }
+}
+
+/// The tiered-cache fixtures (built with vLLM 0.32's and SGLang 0.5.23's own event classes by
+/// `scripts/fixtures/tier_kv_events.py`) name every tier and every shape the offloading
+/// connector and HiCache send: placeholder stores, chunk-granular self-describing stores,
+/// removals per tier.
+#[test]
+fn tier_fixtures_decode_to_every_tier_and_shape() {
+    use kvroute::kv_events::Tier;
+    let mut tiers = std::collections::BTreeSet::new();
+    let (mut placeholders, mut full_lower, mut removals) = (0, 0, 0);
+    for f in fixtures().iter().filter(|f| {
+        f.name.contains("offload")
+            || f.name.contains("self_describing")
+            || f.name.contains("hicache")
+    }) {
+        let batch = decode_batch(&f.payload).unwrap();
+        for e in &batch.events {
+            let tier = e
+                .prefix_tier()
+                .unwrap_or_else(|| panic!("{}: {e:?}", f.name));
+            tiers.insert(tier);
+            match e {
+                KvEvent::Stored(s) if s.is_placeholder() => {
+                    assert_eq!(tier, Tier::Cpu, "{}", f.name);
+                    placeholders += 1;
+                }
+                KvEvent::Stored(s) if tier != Tier::Gpu => {
+                    assert_eq!(
+                        s.token_ids.len(),
+                        s.block_hashes.len() * s.block_size as usize
+                    );
+                    full_lower += 1;
+                }
+                KvEvent::Removed(_) if tier != Tier::Gpu => removals += 1,
+                _ => {}
+            }
+        }
+    }
+    assert_eq!(tiers.into_iter().collect::<Vec<_>>(), Tier::ALL.to_vec());
+    assert_eq!((placeholders, full_lower, removals), (2, 5, 4));
 }

@@ -38,6 +38,7 @@ mod first_deployment;
 mod hostile_input;
 mod index_exact;
 mod index_model;
+mod index_tiers;
 mod index_workload;
 mod kv_events_fixtures;
 mod kv_events_proptest;
