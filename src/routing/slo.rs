@@ -55,6 +55,7 @@ mod tests {
             chosen,
             predicted_ttft_s: ttft.to_vec(),
             cost: cost.to_vec(),
+            tiers: vec![None; ttft.len()],
         }
     }
 
