@@ -22,7 +22,6 @@ mod listen;
 mod observer;
 mod open_connections;
 mod ops;
-mod pair;
 mod peer;
 mod read;
 mod refusal;
