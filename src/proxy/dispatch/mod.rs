@@ -173,7 +173,7 @@ impl<'a> Dispatcher<'a> {
     /// Takes one retry from the retry budget; false (and counted) when recent traffic allows
     /// none.
     fn may_retry(&self) -> bool {
-        let granted = self.upstream.budget.try_retry(now());
+        let granted = self.upstream.budget.try_retry();
         if !granted {
             self.metrics.retries_denied.inc();
             tracing::warn!("retry budget exhausted; not retrying");

@@ -32,7 +32,7 @@ impl Dispatcher<'_> {
         body: &Bytes,
         session: &mut (dyn Attempts + Send),
     ) -> Result<(Attempt, Response<Incoming>), ApiError> {
-        self.upstream.budget.record_request(super::now());
+        self.upstream.budget.record_request();
         let mut last: Option<Failed> = None;
         for attempt_no in 0..=self.config.retries {
             if let Some(failed) = &last
