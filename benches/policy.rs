@@ -23,6 +23,7 @@ fn candidates(n: usize) -> Vec<Candidate> {
             },
             overlap_blocks: (i * 37 % 400) as u32,
             cache: Default::default(),
+            session_home: false,
         })
         .collect()
 }

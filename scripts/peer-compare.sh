@@ -13,6 +13,7 @@
 #   KVROUTE       the kvroute binary (default target/release/kvroute)
 #   ROUTERS       which routers, in order (default "kv_aware least_request sglang vllm");
 #                 kvroute policies by name, `sglang` = sglang-router cache_aware,
+#                 `smg` = Shepherd Model Gateway 1.13 (`smg launch`) cache_aware,
 #                 `vllm` = vllm-router cache_aware (it asks the engines' /tokenize)
 #   ENGINES       engines in the fleet (default 4)
 #   ENGINE_ARGS   flags for every `kvroute engine` (default: real speed, 2,048 blocks of 16)
@@ -37,6 +38,10 @@ router_port=$((base + 99))
 
 peer_python=$(bash scripts/peer-routers-setup.sh)
 peer_bin=$(dirname "$peer_python")
+smg_bin=
+if [[ " ${routers[*]} " == *" smg "* ]]; then
+    smg_bin=$(bash scripts/peer-routers-setup.sh --smg)
+fi
 
 pids=()
 stop_all() {
@@ -97,6 +102,9 @@ start_router() {
     case $router in
         sglang)
             spawn "$out/$run.router.log" "$peer_python" -m sglang_router.launch_router \
+                --host 127.0.0.1 --port "$router_port" --policy cache_aware --worker-urls "${urls[@]}" ;;
+        smg)
+            spawn "$out/$run.router.log" "$smg_bin" launch \
                 --host 127.0.0.1 --port "$router_port" --policy cache_aware --worker-urls "${urls[@]}" ;;
         vllm)
             spawn "$out/$run.router.log" "$peer_bin/vllm-router" \

@@ -90,6 +90,11 @@ pub struct RequestView {
     pub n: Option<u64>,
     /// The client's `cache_salt`, if given (namespaced per tenant before use).
     pub cache_salt: Option<String>,
+    /// `prompt_cache_key` (OpenAI's name for a group of requests sharing a prefix), if given:
+    /// an affinity hint.
+    pub prompt_cache_key: Option<String>,
+    /// `user`, if given: an affinity hint where configured.
+    pub user: Option<String>,
     /// `stream_options.include_usage`
     pub include_usage: bool,
     /// `tools` for chat templates, if given.
@@ -194,6 +199,8 @@ impl RequestView {
                 ));
             }
         };
+        let prompt_cache_key = opt_string(f.prompt_cache_key, "prompt_cache_key")?;
+        let user = opt_string(f.user, "user")?;
         let include_usage = match f.stream_options {
             Seen::Absent | Seen::Null => false,
             Seen::Is(include_usage) => match include_usage {
@@ -242,6 +249,8 @@ impl RequestView {
             max_tokens,
             n,
             cache_salt,
+            prompt_cache_key,
+            user,
             include_usage,
             tools,
             tool_choice: f.tool_choice.filter(|v| !v.is_null()),
@@ -259,6 +268,17 @@ fn opt_bool(seen: Seen<bool>, key: &str) -> Result<Option<bool>, ApiError> {
         Seen::Is(b) => Ok(Some(b)),
         Seen::Other => Err(ApiError::invalid(
             format!("`{key}` must be a boolean"),
+            Some(key),
+        )),
+    }
+}
+
+fn opt_string(seen: Seen<String>, key: &str) -> Result<Option<String>, ApiError> {
+    match seen {
+        Seen::Absent | Seen::Null => Ok(None),
+        Seen::Is(s) => Ok(Some(s)),
+        Seen::Other => Err(ApiError::invalid(
+            format!("`{key}` must be a string"),
             Some(key),
         )),
     }

@@ -60,6 +60,10 @@ struct CompletionBody<'a> {
     temperature: f32,
     stream: bool,
     stream_options: StreamOptions,
+    /// The trace's session, named as OpenAI clients name a group of requests that share a
+    /// prefix (an affinity hint for routers that read it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_cache_key: Option<String>,
 }
 
 /// Serializes every request of `trace`, in arrival order.
@@ -86,6 +90,7 @@ pub fn plan(trace: &Trace, synth: &PromptSynth, shape: &RequestShape) -> Vec<Pla
                 stream_options: StreamOptions {
                     include_usage: true,
                 },
+                prompt_cache_key: r.session.map(|s| format!("session-{s}")),
             };
             // Serializing plain structs of numbers and strings cannot fail.
             let body = serde_json::to_vec(&body).unwrap_or_default();
@@ -112,6 +117,7 @@ mod tests {
             output_tokens: 7,
             hash_ids: vec![9],
             block_tokens: 4,
+            session: None,
         }]);
         let synth = PromptSynth::default();
         let shape = RequestShape {

@@ -48,6 +48,8 @@ pub(super) struct FileConfig {
     #[serde(default)]
     pub(super) endpoints: super::endpoints::FileEndpoints,
     #[serde(default)]
+    pub(super) sessions: super::sessions::FileSessions,
+    #[serde(default)]
     pub(super) tracing: super::traces::FileTracing,
 }
 

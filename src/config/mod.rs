@@ -8,7 +8,7 @@
 //! Layout: `file` is the file's shape; each section is validated by a builder in its own
 //! file, next to the type it builds and the defaults it applies (`server`, `proxy`, `health`,
 //! `workers`, `models`, `policy`, `index`, `limits`, `tenants`, `discovery`, `recording`,
-//! `endpoints`; `values` holds the range
+//! `endpoints`, `sessions`; `values` holds the range
 //! checks they share). `Config::build` only sequences them. A default lives once: as a named constant in the
 //! section's file, or as the `Default` impl of the type the section builds.
 
@@ -27,6 +27,7 @@ mod proxy;
 mod recording;
 mod role;
 mod server;
+mod sessions;
 mod tenants;
 mod tls;
 mod tokenizer_warnings;
@@ -72,6 +73,7 @@ pub use server::{
     Connections, DEFAULT_BODY_READ_TIMEOUT, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_LISTEN,
     DEFAULT_MAX_BODY_BYTES, DEFAULT_SHUTDOWN_GRACE, Deprecation, MOVED_TO_SERVER,
 };
+pub use sessions::{DEFAULT_SESSION_HEADER, SessionField, SessionsConfig};
 pub use tenants::{ANY_MODEL, AdminAccess, TenantConfig};
 pub use workers::{
     MAX_WORKER_ID_BYTES, WORKER_FLAG_SYNTAX, WorkerFlagError, WorkerSpecError, check_worker,
@@ -231,6 +233,8 @@ pub struct Config {
     pub recording: Option<crate::recording::RecordSettings>,
     /// Endpoints beyond completions and chat (`[endpoints]`).
     pub endpoints: EndpointsConfig,
+    /// Affinity hints: where clients name sessions, how long homes are kept (`[sessions]`).
+    pub sessions: SessionsConfig,
     /// OpenTelemetry traces (`[tracing]`).
     pub tracing: TracingConfig,
 }
@@ -334,6 +338,7 @@ impl Config {
         let discovery = discovery::discovery(file.discovery)?;
         let recording = recording::recording(&file.recording, args.record_trace.as_deref())?;
         let endpoints = endpoints::endpoints(&file.endpoints)?;
+        let sessions = sessions::sessions(&file.sessions)?;
         let limits = Limits::from_file(&file.limits, front.max_body_bytes)?;
         let tenants = tenants::tenants(file.tenants.unwrap_or_default())?;
         let admin = tenants::admin_access(file.admin, args.admin_open_on_loopback, &tenants)?;
@@ -375,6 +380,7 @@ impl Config {
             discovery,
             recording,
             endpoints,
+            sessions,
             tracing: traces::tracing(file.tracing)?,
         })
     }

@@ -7,6 +7,7 @@ use super::approx::ApproxIndex;
 use super::exact::KvIndex;
 use super::overlaps::Overlaps;
 use super::residency::Residency;
+use super::sessions::SessionHomes;
 use crate::fleet::WorkerId;
 use crate::tokens::BlockHash;
 
@@ -22,6 +23,8 @@ pub struct Holdings {
     pub approx: ApproxIndex,
     /// Each worker's working set, touched by admissions.
     pub residency: Residency,
+    /// The homes of the sessions clients named (affinity hints).
+    pub sessions: SessionHomes,
 }
 
 impl Holdings {
@@ -31,6 +34,7 @@ impl Holdings {
             exact,
             approx,
             residency: Residency::default(),
+            sessions: SessionHomes::default(),
         }
     }
 
@@ -40,6 +44,7 @@ impl Holdings {
         self.exact.clear_worker(worker);
         self.approx.clear_worker(worker);
         self.residency.clear_worker(worker);
+        self.sessions.clear_worker(worker);
     }
 
     /// Forgets `worker` entirely (entries, predictions, reserved room, capacity): it left the
@@ -48,6 +53,7 @@ impl Holdings {
         self.exact.remove_worker(worker);
         self.approx.remove_worker(worker);
         self.residency.clear_worker(worker);
+        self.sessions.clear_worker(worker);
     }
 
     /// Per worker, the leading `blocks` held by the union of exact and predicted holdings.

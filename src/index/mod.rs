@@ -52,6 +52,7 @@ mod overlaps;
 mod residency;
 mod run;
 mod runs;
+mod sessions;
 mod stats;
 mod table;
 mod worker;
@@ -64,4 +65,7 @@ pub use feed::{FeedModel, WorkerFeed, seeds_for};
 pub use holdings::Holdings;
 pub use overlaps::Overlaps;
 pub use residency::{Residency, ResidencyConfig, ReuseCurve};
+pub use sessions::{
+    DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL, SessionHome, SessionHomes, SessionKey,
+};
 pub use stats::{IndexStats, StatsSnapshot};

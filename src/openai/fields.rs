@@ -38,6 +38,8 @@ pub(super) struct Fields {
     pub max_completion_tokens: Seen<u64>,
     pub n: Seen<u64>,
     pub cache_salt: Seen<String>,
+    pub prompt_cache_key: Seen<String>,
+    pub user: Seen<String>,
     /// An object, with its `include_usage` as seen.
     pub stream_options: Seen<Seen<bool>>,
     /// An array; kept for chat (the template reads it), `None` for completions.
@@ -93,6 +95,8 @@ enum Key {
     Echo,
     Logprobs,
     KvTransferParams,
+    PromptCache,
+    User,
     Unread,
 }
 
@@ -116,6 +120,8 @@ impl Key {
             "echo" => Key::Echo,
             "logprobs" => Key::Logprobs,
             "kv_transfer_params" => Key::KvTransferParams,
+            "prompt_cache_key" => Key::PromptCache,
+            "user" => Key::User,
             _ => Key::Unread,
         }
     }
@@ -163,6 +169,10 @@ impl<'de> Visitor<'de> for BodySeed {
                 }
                 Key::N => f.n = map.next_value_seed(ScalarSeed)?.u64(),
                 Key::CacheSalt => f.cache_salt = map.next_value_seed(ScalarSeed)?.string(),
+                Key::PromptCache => {
+                    f.prompt_cache_key = map.next_value_seed(ScalarSeed)?.string();
+                }
+                Key::User => f.user = map.next_value_seed(ScalarSeed)?.string(),
                 Key::StreamOptions => f.stream_options = map.next_value_seed(StreamOptionsSeed)?,
                 Key::Tools => f.tools = map.next_value_seed(ToolsSeed { keep: chat })?,
                 Key::ToolChoice if chat => f.tool_choice = Some(map.next_value::<Value>()?),

@@ -48,6 +48,10 @@ pub struct ResponsesRequest {
     pub max_output_tokens: Option<u64>,
     /// The client's `cache_salt`.
     pub cache_salt: Option<String>,
+    /// `prompt_cache_key`, an affinity hint.
+    pub prompt_cache_key: Option<String>,
+    /// `user`, an affinity hint where configured.
+    pub user: Option<String>,
     /// The tools in the chat form the template reads.
     pub tools: Option<Value>,
     /// `tool_choice`, if given.
@@ -75,6 +79,8 @@ const KEYS: &[&str] = &[
     "previous_response_id",
     "max_output_tokens",
     "cache_salt",
+    "prompt_cache_key",
+    "user",
     "tools",
     "tool_choice",
     "chat_template_kwargs",
@@ -176,6 +182,8 @@ impl ResponsesRequest {
             previous_response_id: string("previous_response_id")?,
             max_output_tokens,
             cache_salt: string("cache_salt")?,
+            prompt_cache_key: string("prompt_cache_key")?,
+            user: string("user")?,
             tools,
             tool_choice,
             chat_template_kwargs: kwargs,
@@ -195,6 +203,8 @@ impl ResponsesRequest {
             max_tokens: self.max_output_tokens,
             n: None,
             cache_salt: self.cache_salt.clone(),
+            prompt_cache_key: self.prompt_cache_key.clone(),
+            user: self.user.clone(),
             include_usage: false,
             tools: self.tools.clone(),
             tool_choice: self.tool_choice.clone(),

@@ -356,3 +356,28 @@ fn a_session_stays_where_it_fits() {
     c[1].cache.returning_evictions = 500.0; // moving would evict a returning session
     assert_eq!(policy().choose(&req(8000), &c).unwrap().chosen, 0);
 }
+
+#[test]
+fn a_session_home_wins_ties_but_is_never_a_pin() {
+    let p = policy();
+    // Idle fleet, nothing cached: every cost ties, and the session's home takes the request,
+    // ahead of workers with fewer requests admitted so far.
+    let mut c = idle(4);
+    c[2].session_home = true;
+    c[2].load.admitted = 50;
+    for _ in 0..20 {
+        assert_eq!(p.choose(&req(160), &c).unwrap().chosen, 2);
+    }
+    // Among ties, the worker with fewer requests in flight still comes first.
+    c[2].load.in_flight = 1;
+    assert_ne!(p.choose(&req(160), &c).unwrap().chosen, 2);
+    c[2].load.in_flight = 0;
+    // The home with a queue that costs more than the tie window loses to an idle worker.
+    c[2].load.queued_prefill_tokens = 4_000;
+    assert_ne!(p.choose(&req(160), &c).unwrap().chosen, 2);
+    // A warm worker elsewhere beats a home that holds nothing of the prompt.
+    let mut c = idle(2);
+    c[0].session_home = true;
+    c[1].overlap_blocks = 200;
+    assert_eq!(p.choose(&req(4000), &c).unwrap().chosen, 1);
+}

@@ -53,6 +53,9 @@ pub struct Candidate {
     pub overlap_blocks: u32,
     /// The worker's KV cache: its working set and its capacity.
     pub cache: WorkingSet,
+    /// The worker is the home of the session the client named (its last request went there
+    /// within the hint's TTL): evidence for a tie, never a pin.
+    pub session_home: bool,
 }
 
 /// What a worker's KV cache holds that requests will come back for.
@@ -198,6 +201,7 @@ pub(crate) mod testing {
                 load: LoadSnapshot::default(),
                 overlap_blocks: 0,
                 cache: WorkingSet::default(),
+                session_home: false,
             })
             .collect()
     }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::index::{Holdings, Overlaps};
+use crate::index::{Holdings, Overlaps, SessionKey};
 use crate::policy::RouteRequest;
 use crate::tokens::{BlockHash, HashSeed, block_hashes};
 
@@ -17,6 +17,11 @@ pub struct Analysis {
     pub overlaps: Overlaps,
     /// When it was analysed, on the index clock (working sets are counted at this time).
     pub at: Duration,
+    /// The session the client named (an affinity hint), if any.
+    pub session: Option<SessionKey>,
+    /// The engine will not read its prefix cache for this request (prompt logprobs): no reuse
+    /// is predicted anywhere, not even from a hint.
+    pub no_reuse: bool,
 }
 
 impl Analysis {
@@ -68,6 +73,8 @@ impl Analysis {
             hashes,
             overlaps,
             at: now,
+            session: None,
+            no_reuse: false,
         }
     }
 

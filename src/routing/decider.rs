@@ -7,7 +7,7 @@ use super::admitted::Admitted;
 use super::analysis::Analysis;
 use super::target::Target;
 use crate::fleet::{Side, WorkerId};
-use crate::index::{Holdings, ReuseCurve};
+use crate::index::{Holdings, ReuseCurve, SessionHome};
 use crate::policy::{Candidate, Policy, RouteDecision, WorkingSet};
 use crate::tokens::HashSeed;
 
@@ -92,17 +92,30 @@ impl Decider {
             })
             .collect();
         let curve = self.holdings.residency.curve();
+        let home = self.session_home(analysis);
         let candidates = picked
             .iter()
-            .map(|t| Candidate {
-                id: Arc::clone(t.label()),
-                worker: t.worker(),
-                load: t.load().view(),
-                overlap_blocks: analysis.overlaps.get(t.worker()),
-                cache: self.working_set(analysis, *t, &curve),
+            .map(|t| {
+                let at_home = home.filter(|h| h.worker == t.worker());
+                Candidate {
+                    id: Arc::clone(t.label()),
+                    worker: t.worker(),
+                    load: t.load().view(),
+                    overlap_blocks: overlap_with_hint(analysis, *t, at_home),
+                    cache: self.working_set(analysis, *t, &curve),
+                    session_home: at_home.is_some(),
+                }
             })
             .collect();
         (picked, candidates)
+    }
+
+    /// Where the session the client named was last routed, if it names one the router knows.
+    pub fn session_home(&self, analysis: &Analysis) -> Option<SessionHome> {
+        let key = analysis.session?;
+        self.holdings
+            .sessions
+            .home(key, &analysis.hashes, analysis.at)
     }
 
     /// `target`'s working set when `analysis` was made, and what writing the prompt's uncached
@@ -210,6 +223,11 @@ impl Decider {
                 .approx
                 .record_routed(worker, &analysis.hashes, now);
         }
+        if let Some(key) = analysis.session {
+            self.holdings
+                .sessions
+                .learn(key, worker, &analysis.hashes, now);
+        }
         self.holdings.residency.touch(
             worker,
             &analysis.hashes,
@@ -231,3 +249,29 @@ impl Decider {
         )
     }
 }
+
+/// Leading blocks of the prompt `target` is expected to hold: the index's count, or, on a
+/// worker that publishes no KV events and is the home of the request's session, what its last
+/// request there shared with this one when that is more (the index predicts routed prompts
+/// only for a short while; the hint lasts the session's TTL). Exact holdings are never
+/// overridden: an event-publishing worker's count is what its engine reported.
+fn overlap_with_hint<T: Target>(analysis: &Analysis, target: &T, home: Option<SessionHome>) -> u32 {
+    let indexed = analysis.overlaps.get(target.worker());
+    match home {
+        Some(h) if !target.publishes_events() && !analysis.no_reuse => {
+            let reusable = super::analysis::reusable_blocks(
+                analysis.request.prompt_tokens as usize,
+                analysis.request.block_size as usize,
+            );
+            indexed.max(
+                h.shared_blocks
+                    .min(u32::try_from(reusable).unwrap_or(u32::MAX)),
+            )
+        }
+        _ => indexed,
+    }
+}
+
+#[cfg(test)]
+#[path = "decider_tests.rs"]
+mod tests;

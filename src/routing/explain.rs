@@ -97,45 +97,13 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::fleet::{Load, Role, WorkerId};
+    use crate::fleet::{Role, WorkerId};
     use crate::index::{ApproxConfig, ApproxIndex, Holdings, IndexConfig, KvIndex};
     use crate::policy::{PolicyKind, seeded};
-
-    struct T {
-        key: WorkerId,
-        label: Arc<str>,
-        load: Arc<Load>,
-        role: Role,
-    }
-
-    impl Target for T {
-        fn worker(&self) -> WorkerId {
-            self.key
-        }
-        fn label(&self) -> &Arc<str> {
-            &self.label
-        }
-        fn load(&self) -> &Arc<Load> {
-            &self.load
-        }
-        fn routable(&self) -> bool {
-            true
-        }
-        fn publishes_events(&self) -> bool {
-            true
-        }
-        fn role(&self) -> Role {
-            self.role
-        }
-    }
+    use crate::routing::testing::TestTarget as T;
 
     fn target(key: u32, role: Role) -> T {
-        T {
-            key: WorkerId(key),
-            label: format!("t{key}").into(),
-            load: Arc::new(Load::default()),
-            role,
-        }
+        T::new(key, role)
     }
 
     /// A `both` target that computes the prompt is idler than the decode-only one, yet the

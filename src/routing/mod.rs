@@ -40,6 +40,8 @@ mod pair;
 mod seed;
 mod session;
 mod target;
+#[cfg(test)]
+mod testing;
 
 pub use admitted::Admitted;
 pub use analysis::{Analysis, reusable_blocks};

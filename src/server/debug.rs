@@ -24,6 +24,7 @@ use super::auth::{Caller, TENANT_HEADER};
 use super::body::read_limited;
 use super::call::{Call, Prepared, Read, Step};
 use super::decide::{self, Decided};
+use super::session_hint::HintSource;
 use super::{AppState, read};
 use crate::fleet::WorkerRank;
 use crate::openai::{ApiError, Endpoint};
@@ -66,11 +67,14 @@ async fn explain(
     } = prepared;
     let client_salt = salt.as_ref().and_then(|s| s.as_deref());
     let Decided {
-        eligible, analysis, ..
+        eligible,
+        analysis,
+        hint,
+        ..
     } = decide::decide(
         state,
         &caller,
-        api,
+        &call,
         model.as_deref(),
         client_salt,
         routing,
@@ -98,6 +102,7 @@ async fn explain(
         "block_size": analysis.request.block_size,
         "blocks": analysis.request.blocks,
         "candidates": candidates(&analysis, &explained),
+        "session": hint.map(|source| session(state, &analysis, &explained, source)),
         "disaggregation": disaggregation,
         "decode": explained.decode.as_ref().map(decode),
     }))
@@ -177,9 +182,31 @@ fn candidates(analysis: &Analysis, e: &Explanation<'_, WorkerRank>) -> Vec<serde
                 "live_blocks": c.cache.live_blocks,
                 "kv_capacity_blocks": c.cache.capacity_blocks,
                 "returning_evictions": c.cache.returning_evictions,
+                "session_home": c.session_home,
             })
         })
         .collect()
+}
+
+/// The session the request named: where it was named, and its home as the decision saw it
+/// (`home` is the candidate it names, `null` when the session is unknown, expired, or its
+/// home is not among the candidates).
+fn session(
+    state: &AppState,
+    analysis: &Analysis,
+    e: &Explanation<'_, WorkerRank>,
+    source: HintSource,
+) -> serde_json::Value {
+    let home = state.decider.session_home(analysis);
+    let candidate = e.candidates.iter().find(|c| c.session_home);
+    json!({
+        "source": source.name(),
+        "known": home.is_some(),
+        "home": candidate.map(|c| c.id.as_ref()),
+        "age_s": home.map(|h| h.age.as_secs_f64()),
+        "shared_blocks": home.map(|h| h.shared_blocks),
+        "ttl_s": state.sessions().ttl.as_secs_f64(),
+    })
 }
 
 /// The decode pick of a disaggregated request: the worker and every decode-capable candidate

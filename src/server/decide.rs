@@ -8,7 +8,8 @@ use std::time::Instant;
 
 use super::api::Api;
 use super::auth::{Caller, Keys};
-use super::call::Routing;
+use super::call::{Call, Routing};
+use super::session_hint::{HintSource, session_of};
 use super::{AppState, route};
 use crate::openai::{ApiError, RequestView};
 use crate::routing::{self, Analysis, Eligible, Needs};
@@ -27,6 +28,8 @@ pub(super) struct Decided {
     pub(super) client_params: bool,
     /// When the decision began (after eligibility, before the analysis).
     pub(super) started: Instant,
+    /// Where the session it names was named, if it names one.
+    pub(super) hint: Option<HintSource>,
 }
 
 /// What a request of `api` routed so needs of its model's workers.
@@ -39,11 +42,12 @@ fn needs(api: Api, routing: &Routing) -> Needs {
 }
 
 /// Authorises `caller` for `model`, finds the eligible workers and analyses the prompt
-/// (`client_salt`: the body's own `cache_salt`; `body_bytes`: the body's size).
+/// (`client_salt`: the body's own `cache_salt`; `body_bytes`: the body's size), with the
+/// session `call` names, if any.
 pub(super) async fn decide(
     state: &Arc<AppState>,
     caller: &Caller,
-    api: Api,
+    call: &Call,
     model: Option<&str>,
     client_salt: Option<&str>,
     routing: Routing,
@@ -53,7 +57,7 @@ pub(super) async fn decide(
         Keys::authorize_model(caller, m)?;
     }
     let salt = caller.cache_salt(client_salt);
-    let needs = needs(api, &routing);
+    let needs = needs(call.api, &routing);
     let eligible = match &routing {
         Routing::Pinned(w) => routing::shape(vec![Arc::clone(w)], needs)?,
         _ => routing::eligible(&state.fleet.workers(), model, needs, Instant::now())?,
@@ -61,7 +65,14 @@ pub(super) async fn decide(
     let started = Instant::now();
     // Only a body whose parse saw the member is scanned for it.
     let client_params = matches!(&routing, Routing::Prompt(view) if view.kv_transfer_params);
-    let (analysis, view) = match routing {
+    let session = model.and_then(|m| {
+        let view = match &routing {
+            Routing::Prompt(view) => Some(view.as_ref()),
+            _ => None,
+        };
+        session_of(&state.sessions(), &call.headers, view, caller.tenant(), m)
+    });
+    let (mut analysis, view) = match routing {
         Routing::Prompt(view) => {
             let (analysis, view) =
                 route::analyse(state, *view, salt.as_deref(), body_bytes).await?;
@@ -69,6 +80,7 @@ pub(super) async fn decide(
         }
         Routing::Load | Routing::Pinned(_) => (Analysis::load_only(), None),
     };
+    analysis.session = session.map(|(key, _)| key);
     Ok(Decided {
         eligible,
         analysis,
@@ -76,5 +88,6 @@ pub(super) async fn decide(
         salt,
         client_params,
         started,
+        hint: session.map(|(_, source)| source),
     })
 }

@@ -257,7 +257,7 @@ async fn forward(
     let mut decided = decide::decide(
         state,
         &caller,
-        api,
+        &call,
         model_ref,
         client_salt,
         routing,

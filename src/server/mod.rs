@@ -31,6 +31,7 @@ mod request_id;
 mod responses;
 mod route;
 mod route_error;
+mod session_hint;
 mod stall;
 mod tokenize;
 mod trail;
@@ -101,6 +102,8 @@ pub struct AppState {
     endpoints: EndpointsConfig,
     /// Which worker stores which Responses API response.
     affinity: Arc<affinity::ResponseAffinity>,
+    /// Where clients name their sessions (`[sessions]`, reloadable).
+    sessions: arc_swap::ArcSwap<crate::config::SessionsConfig>,
 }
 
 impl AppState {
@@ -115,6 +118,9 @@ impl AppState {
                 capacity_per_worker: config.index.approx_capacity_blocks,
             }),
         );
+        holdings
+            .sessions
+            .configure(config.sessions.ttl, config.sessions.max_sessions);
         let holdings = Arc::new(holdings);
         let policy = policy::build(config.policy, &config.policy_settings());
         let metrics = Metrics::new();
@@ -162,7 +168,21 @@ impl AppState {
                 config.endpoints.responses_capacity,
                 config.endpoints.responses_ttl,
             )),
+            sessions: arc_swap::ArcSwap::from_pointee(config.sessions.clone()),
         })
+    }
+
+    /// Where clients name their sessions now (a config reload may change it).
+    pub(crate) fn sessions(&self) -> Arc<crate::config::SessionsConfig> {
+        self.sessions.load_full()
+    }
+
+    /// Applies a reloaded `[sessions]`: where names are read, and the homes' limits.
+    pub(crate) fn set_sessions(&self, config: &crate::config::SessionsConfig) {
+        self.holdings
+            .sessions
+            .configure(config.ttl, config.max_sessions);
+        self.sessions.store(Arc::new(config.clone()));
     }
 
     /// The request body limits now (a config reload may change them).

@@ -167,6 +167,7 @@ impl Reloader {
         state.admission.update(new.limits, &new.tenants);
         state.upstream.retune(&new.proxy);
         state.body_limits.store(Arc::new(BodyLimits::of(new)));
+        state.set_sessions(&new.sessions);
         state.policy.reconfigure(&new.policy_settings());
         let relists = workers.borrow().relists + 1;
         workers.send_replace(desired(new, relists));

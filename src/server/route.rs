@@ -173,6 +173,7 @@ impl PromptIds {
         );
         if !reads_cache {
             analysis.overlaps = Overlaps::default();
+            analysis.no_reuse = true;
         }
         analysis
     }

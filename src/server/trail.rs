@@ -99,6 +99,8 @@ impl Trail {
                         hashes: analysis.hashes.clone(),
                         overlaps: Default::default(),
                         at: analysis.at,
+                        session: None,
+                        no_reuse: false,
                     },
                 })),
                 None => Trail::Off,

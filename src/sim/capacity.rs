@@ -315,6 +315,7 @@ mod tests {
                 output_tokens: 4,
                 hash_ids: vec![u64::from(i)],
                 block_tokens: 64,
+                session: None,
             })
             .collect();
         Workload {

@@ -45,7 +45,9 @@ impl Simulation<'_> {
         rec.output_tokens = req.output_tokens.max(1);
         let replica = self.dealt % self.routers.len();
         self.dealt += 1;
-        let Some(mut routed) = self.routers[replica].route_on(&prompt, now, Some(Side::Prefill))
+        let session = req.session;
+        let Some(mut routed) =
+            self.routers[replica].route_on(&prompt, now, Some(Side::Prefill), session)
         else {
             rec.error = Some("no prefill worker available".to_string());
             rec.end = Some(now);

@@ -140,6 +140,7 @@ mod tests {
             output_tokens: 3,
             hash_ids: ids.to_vec(),
             block_tokens: 64,
+            session: None,
         }
     }
 

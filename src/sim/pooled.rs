@@ -92,6 +92,7 @@ mod tests {
             output_tokens: output,
             hash_ids: ids.to_vec(),
             block_tokens: 64,
+            session: None,
         }
     }
 

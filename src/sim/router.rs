@@ -15,7 +15,9 @@ use std::time::Duration;
 use crate::engine::events::batch;
 use crate::fleet::WorkerId;
 use crate::fleet::{EngineLoad, Load, LoadSnapshot, Role, Side};
-use crate::index::{ApproxConfig, ApproxIndex, Holdings, IndexConfig, KvIndex, seeds_for};
+use crate::index::{
+    ApproxConfig, ApproxIndex, Holdings, IndexConfig, KvIndex, SessionKey, seeds_for,
+};
 use crate::kv_events::KvEvent;
 use crate::policy::Policy;
 use crate::routing::{Admitted, Analysis, Decider, Target, request_seed};
@@ -245,14 +247,33 @@ impl SimRouter {
 
     /// Routes a prompt at time `now`; `None` when no worker is eligible.
     pub fn route(&self, prompt: &[u32], now: f64) -> Option<Routed> {
-        self.route_on(prompt, now, None)
+        self.route_on(prompt, now, None, None)
+    }
+
+    /// [`Self::route`] for a request of the trace's session `session`, named as a client
+    /// names it (an affinity hint, keyed as the live router keys an anonymous caller's).
+    pub fn route_in_session(
+        &self,
+        prompt: &[u32],
+        now: f64,
+        session: Option<u64>,
+    ) -> Option<Routed> {
+        self.route_on(prompt, now, None, session)
     }
 
     /// Routes a prompt at `now` among the workers serving `side` (all for `None`): a
     /// disaggregated request's prefill worker is chosen with `Some(Side::Prefill)`, by the
     /// policy, exactly as the live router chooses it.
-    pub fn route_on(&self, prompt: &[u32], now: f64, side: Option<Side>) -> Option<Routed> {
-        let analysis = self.analyse(prompt, now);
+    pub fn route_on(
+        &self,
+        prompt: &[u32],
+        now: f64,
+        side: Option<Side>,
+        session: Option<u64>,
+    ) -> Option<Routed> {
+        let mut analysis = self.analyse(prompt, now);
+        analysis.session =
+            session.map(|s| SessionKey::new(None, &self.model, s.to_string().as_bytes()));
         let choice = self
             .decider
             .choose_on(&analysis, &self.targets, &mut Vec::new(), side)?;

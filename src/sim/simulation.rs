@@ -331,7 +331,8 @@ impl<'t> Simulation<'t> {
         rec.output_tokens = req.output_tokens.max(1);
         let replica = self.dealt % self.routers.len();
         self.dealt += 1;
-        let Some(mut routed) = self.routers[replica].route(&prompt, now) else {
+        let session = req.session;
+        let Some(mut routed) = self.routers[replica].route_in_session(&prompt, now, session) else {
             rec.error = Some("no worker available".to_string());
             rec.end = Some(now);
             return;

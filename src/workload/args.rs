@@ -64,6 +64,11 @@ pub struct WorkloadArgs {
         alias = "trace-block-tokens"
     )]
     pub trace_block_size: u32,
+    /// A line-aligned JSONL sidecar naming each trace line's session (`session` or
+    /// `session_id`), e.g. the agentic traces' `.meta.jsonl`; each request then names its
+    /// session (bench: `prompt_cache_key`; simulate: the affinity hint the router reads).
+    #[arg(long, value_name = "FILE", requires = "trace")]
+    pub trace_sessions: Option<PathBuf>,
     /// A synthetic workload instead of a trace.
     #[arg(long, value_enum, value_name = "KIND")]
     pub synthetic: Option<SyntheticChoice>,
@@ -181,7 +186,15 @@ impl WorkloadArgs {
     }
 
     fn read_trace(&self, path: &Path) -> anyhow::Result<Trace> {
-        let trace = Trace::from_mooncake_file(path)?;
+        let trace = match &self.trace_sessions {
+            None => Trace::from_mooncake_file(path)?,
+            Some(sidecar) => {
+                let sessions = super::sessions::read_sidecar(sidecar)?;
+                let file = std::fs::File::open(path)
+                    .map_err(|e| anyhow::anyhow!("cannot read trace {}: {e}", path.display()))?;
+                Trace::from_mooncake_with_sessions(std::io::BufReader::new(file), Some(&sessions))?
+            }
+        };
         if self.trace_block_size == MOONCAKE_BLOCK_TOKENS {
             return Ok(trace);
         }

@@ -10,6 +10,7 @@
 //! - [`args`]: the workload flags `kvroute bench` and `kvroute simulate` both flatten.
 
 pub mod args;
+pub mod sessions;
 pub mod synthesis;
 pub mod synthetic;
 pub mod trace;

@@ -237,6 +237,7 @@ impl SyntheticSpec {
             output_tokens: Self::jitter(rng, self.output_tokens),
             hash_ids,
             block_tokens: self.block_tokens,
+            session: None,
         }
     }
 
@@ -323,6 +324,7 @@ impl SyntheticSpec {
                     output_tokens: Self::jitter(rng, self.output_tokens),
                     hash_ids,
                     block_tokens: self.block_tokens,
+                    session: None,
                 };
                 out.push(std::mem::replace(&mut prev, next));
             }

@@ -36,6 +36,9 @@ pub struct TraceRequest {
     pub hash_ids: Vec<u64>,
     /// Tokens per block of `hash_ids`.
     pub block_tokens: u32,
+    /// The session the request belongs to, when the trace names one (a line's `session_id`,
+    /// or a sessions sidecar: [`super::sessions`]); sent as an affinity hint.
+    pub session: Option<u64>,
 }
 
 /// A workload: requests sorted by arrival time.
@@ -79,6 +82,7 @@ struct MooncakeLine {
     output_length: u32,
     hash_ids: Vec<u64>,
     block_size: Option<u32>,
+    session_id: Option<serde_json::Value>,
 }
 
 impl Trace {
@@ -106,6 +110,16 @@ impl Trace {
 
     /// Reads Mooncake JSONL from a reader; see [`Trace::from_mooncake_file`].
     pub fn from_mooncake_reader(reader: impl BufRead) -> Result<Trace, TraceError> {
+        Self::from_mooncake_with_sessions(reader, None)
+    }
+
+    /// [`Self::from_mooncake_reader`], the `k`-th non-empty line's session taken from
+    /// `sessions[k]` when given (a line-aligned sidecar: [`super::sessions`]), before the
+    /// requests are sorted by arrival.
+    pub fn from_mooncake_with_sessions(
+        reader: impl BufRead,
+        sessions: Option<&[Option<u64>]>,
+    ) -> Result<Trace, TraceError> {
         let mut requests = Vec::new();
         for (i, line) in reader.lines().enumerate() {
             let line = line.map_err(|source| TraceError::Io {
@@ -115,7 +129,11 @@ impl Trace {
             if line.trim().is_empty() {
                 continue;
             }
-            requests.push(parse_mooncake_line(&line, i + 1)?);
+            let mut request = parse_mooncake_line(&line, i + 1)?;
+            if let Some(sessions) = sessions {
+                request.session = sessions.get(requests.len()).copied().flatten();
+            }
+            requests.push(request);
         }
         Ok(Trace::new(requests))
     }
@@ -289,6 +307,10 @@ fn parse_mooncake_line(text: &str, line_no: usize) -> Result<TraceRequest, Trace
         output_tokens: parsed.output_length,
         hash_ids: parsed.hash_ids,
         block_tokens: parsed.block_size.unwrap_or(MOONCAKE_BLOCK_TOKENS),
+        session: parsed
+            .session_id
+            .as_ref()
+            .and_then(super::sessions::session_number),
     })
 }
 

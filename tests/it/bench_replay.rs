@@ -129,6 +129,7 @@ fn trace(n: usize, every_s: f64) -> Trace {
                 output_tokens: 6,
                 hash_ids: vec![0, 1],
                 block_tokens: 64,
+                session: None,
             })
             .collect(),
     )

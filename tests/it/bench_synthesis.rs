@@ -10,6 +10,7 @@ fn req(input: u32, ids: &[u64], block_tokens: u32) -> TraceRequest {
         output_tokens: 1,
         hash_ids: ids.to_vec(),
         block_tokens,
+        session: None,
     }
 }
 

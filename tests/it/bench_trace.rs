@@ -15,6 +15,7 @@ fn req(arrival_s: f64, input: u32, ids: &[u64]) -> TraceRequest {
         output_tokens: 10,
         hash_ids: ids.to_vec(),
         block_tokens: 4,
+        session: None,
     }
 }
 

@@ -37,9 +37,14 @@ struct Fleet {
 impl Fleet {
     /// A `kv_aware` router with its default settings (calibration on) over `ENGINES` engines.
     async fn start() -> Fleet {
+        Fleet::start_at(1.0).await
+    }
+
+    /// [`Self::start`] over engines running `speedup` times faster than the modelled GPU.
+    async fn start_at(speedup: f64) -> Fleet {
         let mut engines = Vec::new();
         for i in 0..ENGINES {
-            engines.push(SimEngine::start(MODEL, i as u64, 1.0).await);
+            engines.push(SimEngine::start(MODEL, i as u64, speedup).await);
         }
         let text = format!(
             "policy = \"kv_aware\"\nshutdown_grace_s = 1.0\n[health]\ninterval_s = 0.2\n\
@@ -106,6 +111,27 @@ impl Fleet {
         count(futures_util::future::join_all(futures).await)
     }
 
+    /// Sends `n` unique streams of `words`-word prompts and `max_tokens` tokens at once, each
+    /// read to its end; requests per worker.
+    async fn stream_burst(
+        &self,
+        n: usize,
+        tag: &str,
+        words: usize,
+        max_tokens: u32,
+    ) -> BTreeMap<String, usize> {
+        let url = self.url("/v1/completions");
+        let futures: Vec<_> = (0..n)
+            .map(|i| {
+                let http = self.http.clone();
+                let url = url.clone();
+                let p = prompt(&format!("{tag}{i}x"), words);
+                async move { send_stream(&http, &url, &p, max_tokens).await }
+            })
+            .collect();
+        count(futures_util::future::join_all(futures).await)
+    }
+
     /// Leading blocks of `prompt` the index says `worker` holds.
     async fn overlap(&self, prompt: &str, worker: &str) -> u64 {
         let body = json!({"model": MODEL, "prompt": prompt});
@@ -143,6 +169,30 @@ async fn send(http: &reqwest::Client, url: &str, prompt: &str, max_tokens: u32) 
     worker
 }
 
+/// Sends a streamed completion and reads it to `[DONE]`; the worker that served it.
+async fn send_stream(http: &reqwest::Client, url: &str, prompt: &str, max_tokens: u32) -> String {
+    let body = json!({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": true});
+    let resp = http
+        .post(url)
+        .json(&body)
+        .send()
+        .await
+        .expect("router answers");
+    assert_eq!(resp.status(), 200);
+    let worker = resp
+        .headers()
+        .get("x-kvroute-worker")
+        .and_then(|v| v.to_str().ok())
+        .expect("x-kvroute-worker")
+        .to_string();
+    let text = resp.text().await.expect("stream body");
+    assert!(
+        text.trim_end().ends_with("data: [DONE]"),
+        "unfinished stream: {text}"
+    );
+    worker
+}
+
 /// A prompt of `words` distinct words (≈ one builtin token each) starting with `tag`.
 fn prompt(tag: &str, words: usize) -> String {
     (0..words).map(|i| format!(" {tag}{i}")).collect()
@@ -177,6 +227,22 @@ async fn a_burst_of_unique_prompts_splits_evenly_after_calibration() {
     // The burst's own observations must not teach a preference either.
     let second = f.burst(400, "b").await;
     assert_even(&second, 400);
+    f.shutdown().await;
+}
+
+/// Issue 29's shape: short streams (30 words, 16 tokens) on engines four times faster than the
+/// modelled GPU, so a request is over within tens of milliseconds and the burst's decisions
+/// see load that finishes while it is still arriving. 200 unique streams one at a time, then
+/// 1,000 at once (measured on main at cb4dd71: 352 / 317 / 173 / 158).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_short_streams_splits_evenly() {
+    let f = Fleet::start_at(4.0).await;
+    for i in 0..200 {
+        let url = f.url("/v1/completions");
+        send_stream(&f.http, &url, &prompt(&format!("warm{i}x"), 30), 16).await;
+    }
+    let burst = f.stream_burst(1000, "s", 30, 16).await;
+    assert_even(&burst, 1000);
     f.shutdown().await;
 }
 

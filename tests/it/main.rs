@@ -62,6 +62,7 @@ mod router_replicas;
 mod routing_loops;
 mod routing_parity;
 mod serve_cli;
+mod session_hints;
 mod sim_capacity;
 mod sim_disaggregated;
 mod sim_results;

@@ -1,0 +1,126 @@
+//! The decision core's use of affinity hints: a session's home is evidence (a tie-break, and
+//! on a worker without KV events the prefix its last request left there), never a pin.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::super::testing::TestTarget as T;
+use super::*;
+use crate::index::{ApproxConfig, ApproxIndex, IndexConfig, KvIndex, SessionKey};
+use crate::policy::{PolicyKind, seeded};
+use crate::tokens::HashSeed;
+
+fn fleet(n: u32, events: bool) -> Vec<T> {
+    T::fleet(n, events)
+}
+
+/// A decider whose predictions of routed prompts expire after one second.
+fn decider() -> Decider {
+    let holdings = Arc::new(Holdings::new(
+        KvIndex::new(IndexConfig {
+            max_entries: 1 << 16,
+        }),
+        ApproxIndex::new(ApproxConfig {
+            ttl: Duration::from_secs(1),
+            capacity_per_worker: 1 << 16,
+        }),
+    ));
+    Decider::new(seeded(PolicyKind::KvAware, 3), holdings)
+}
+
+fn ids(session: u32, len: usize) -> Vec<u32> {
+    (0..len as u32).map(|i| session * 100_000 + i).collect()
+}
+
+fn seed() -> HashSeed {
+    HashSeed::new("m", None, None)
+}
+
+/// Routes `prompt` of `session` at `now` (seconds) and returns the chosen worker, keeping the
+/// request in flight when `hold` is given.
+fn route(
+    d: &Decider,
+    targets: &[T],
+    prompt: &[u32],
+    session: Option<SessionKey>,
+    now: u64,
+    hold: &mut Vec<super::super::Admitted>,
+) -> WorkerId {
+    let at = Duration::from_secs(now);
+    let mut analysis = d.analyse(prompt, seed(), 16, at);
+    analysis.session = session;
+    let choice = d
+        .choose(&analysis, targets, &mut Vec::new())
+        .expect("a worker");
+    let admitted = d.admit(&analysis, &choice, at);
+    let worker = admitted.worker();
+    hold.push(admitted);
+    worker
+}
+
+#[test]
+fn without_events_a_session_returns_home_after_predictions_expire() {
+    let targets = fleet(4, false);
+    let d = decider();
+    let mut held = Vec::new();
+    let mut homes = Vec::new();
+    // Eight sessions, one request each, all in flight: they spread over the fleet.
+    for s in 0..8 {
+        let key = SessionKey::new(None, "m", format!("s{s}").as_bytes());
+        homes.push(route(&d, &targets, &ids(s, 640), Some(key), 0, &mut held));
+    }
+    held.clear();
+    // Ten seconds later the predictions are gone; each session's next turn extends its prompt
+    // and goes home, on the hint's evidence alone.
+    for s in 0..8 {
+        let key = SessionKey::new(None, "m", format!("s{s}").as_bytes());
+        let mut next = ids(s, 640);
+        next.extend(ids(s + 50, 64));
+        let w = route(&d, &targets, &next, Some(key), 10, &mut Vec::new());
+        assert_eq!(w, homes[s as usize], "session {s} left its home");
+    }
+    // The same turns without the hint, once the predictions of those turns expired too, are
+    // routed on load alone: they do not all go home.
+    let unhinted = (0..8u32)
+        .filter(|&s| {
+            let mut next = ids(s, 640);
+            next.extend(ids(s + 60, 64));
+            route(&d, &targets, &next, None, 20, &mut Vec::new()) == homes[s as usize]
+        })
+        .count();
+    assert!(
+        unhinted < 8,
+        "every unhinted turn went home: the test would not see a hint"
+    );
+}
+
+#[test]
+fn a_busy_home_is_left_for_an_idle_worker() {
+    let targets = fleet(2, true);
+    let d = decider();
+    let key = SessionKey::new(None, "m", b"s");
+    let home = route(&d, &targets, &ids(1, 64), Some(key), 0, &mut Vec::new());
+    // The home gets a long queue; the session's next request goes elsewhere.
+    let busy = &targets[home.0 as usize];
+    let _queue: Vec<_> = (0..8).map(|_| busy.load.admit(8_000, 8_000)).collect();
+    let w = route(&d, &targets, &ids(2, 64), Some(key), 1, &mut Vec::new());
+    assert_ne!(w, home);
+}
+
+#[test]
+fn an_event_publishing_home_gets_ties_but_no_invented_prefix() {
+    let targets = fleet(3, true);
+    let d = decider();
+    let key = SessionKey::new(None, "m", b"s");
+    let home = route(&d, &targets, &ids(1, 640), Some(key), 0, &mut Vec::new());
+    let mut analysis = d.analyse(&ids(1, 700), seed(), 16, Duration::from_secs(5));
+    analysis.session = Some(key);
+    let (_, candidates) = d.candidates(&analysis, &targets, &[]);
+    for c in &candidates {
+        assert_eq!(c.session_home, c.worker == home);
+        // The engine reported nothing: the exact index's count stands.
+        assert_eq!(c.overlap_blocks, 0);
+    }
+    let choice = d.choose(&analysis, &targets, &mut Vec::new()).unwrap();
+    assert_eq!(choice.target.worker(), home);
+}
