@@ -30,8 +30,12 @@ from pathlib import Path
 import yaml
 
 DEPLOY = Path(__file__).resolve().parent
+# The endpoint picker's overlay (`kvroute epp`) is checked by check_epp.py: its pod serves
+# gRPC, not the router's HTTP.
+EPP = DEPLOY / "kubernetes/overlays/epp"
 KUSTOMIZATIONS = [DEPLOY / "kubernetes/base"] + sorted(
-    p for p in (DEPLOY / "kubernetes/overlays").iterdir() if (p / "kustomization.yaml").exists()
+    p for p in (DEPLOY / "kubernetes/overlays").iterdir()
+    if (p / "kustomization.yaml").exists() and p != EPP
 )
 # Oldest Kubernetes the manifests must be valid for, and the validator's newest.
 K8S_VERSIONS = ["1.29.0", None]
@@ -317,6 +321,9 @@ def main() -> int:
             if args.dockerfile:
                 dockerfile(args.dockerfile, parts)
             run_config(args.kvroute, parts, name)
+    import check_epp
+
+    check_epp.run(args.kubectl, args.validator, args.kvroute, render, validate, check)
     if failures:
         print(f"kubernetes: {len(failures)} checks FAILED:")
         for f in failures:

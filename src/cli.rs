@@ -32,6 +32,9 @@ pub struct Cli {
 pub enum Job {
     /// Route OpenAI requests to a fleet of vLLM / SGLang workers.
     Serve(ServeArgs),
+    #[cfg(feature = "epp")]
+    /// Pick endpoints for a Gateway API Inference Extension gateway (Envoy ext_proc).
+    Epp(crate::epp::EppArgs),
     #[cfg(feature = "lab")]
     /// Run one simulated vLLM-like engine (OpenAI API, KV events, vLLM metrics).
     Engine(crate::engine::EngineArgs),

@@ -12,6 +12,8 @@ pub mod demo;
 pub mod discovery;
 #[cfg(feature = "lab")]
 pub mod engine;
+#[cfg(feature = "epp")]
+pub mod epp;
 pub mod fleet;
 pub mod index;
 pub mod kv_events;

@@ -31,6 +31,16 @@ fn main() -> std::process::ExitCode {
                     let served = kvroute::server::run(loaded, args).await;
                     Ok((served, Some(telemetry)))
                 }
+                #[cfg(feature = "epp")]
+                Command::Epp(args) => {
+                    let loaded = args.load()?;
+                    let telemetry =
+                        telemetry::init(loaded.config.log_format, Some(&loaded.config.tracing))?;
+                    loaded.config.warn_deprecations();
+                    loaded.config.log_overrides();
+                    loaded.config.warn_builtin_tokenizers();
+                    Ok((kvroute::epp::run(loaded, &args).await, Some(telemetry)))
+                }
                 #[cfg(feature = "lab")]
                 Command::Engine(args) => {
                     let _logs = telemetry::init(kvroute::config::LogFormat::Text, None)?;

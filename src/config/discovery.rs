@@ -51,6 +51,8 @@ pub struct DiscoveryConfig {
     pub kubernetes: Option<KubernetesDiscovery>,
     /// Addresses of a DNS name, when configured.
     pub dns: Option<DnsDiscovery>,
+    /// The `InferencePool` whose pods are the workers (`kvroute epp --pool-name`).
+    pub inference_pool: Option<InferencePoolRef>,
     /// Longest a departing worker drains before it is removed with requests in flight.
     pub drain_timeout: Duration,
 }
@@ -58,7 +60,7 @@ pub struct DiscoveryConfig {
 impl DiscoveryConfig {
     /// Whether any source is configured.
     pub fn enabled(&self) -> bool {
-        self.kubernetes.is_some() || self.dns.is_some()
+        self.kubernetes.is_some() || self.dns.is_some() || self.inference_pool.is_some()
     }
 }
 
@@ -77,6 +79,20 @@ pub struct KubernetesDiscovery {
     pub kv_replay_port: PortRef,
     /// Prefix of the annotations that override the ports and give the data-parallel size.
     pub annotation_prefix: String,
+    /// Ranks of a pod without a `data-parallel-size` annotation (1; an `InferencePool`'s
+    /// `targetPorts`, one port per rank, make it their number).
+    pub data_parallel_size: u16,
+}
+
+/// The `InferencePool` (`inference.networking.k8s.io/v1`) whose pods are the workers
+/// (`kvroute epp --pool-name`): its selector and `targetPorts` replace
+/// `[discovery.kubernetes]`'s selector and HTTP port.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InferencePoolRef {
+    /// The pool's name.
+    pub name: String,
+    /// Its namespace; `None`: the picker's own (in cluster) or the kubeconfig's.
+    pub namespace: Option<String>,
 }
 
 /// `[discovery.dns]`: every A/AAAA record of a name is a worker.
@@ -146,8 +162,14 @@ pub(super) fn discovery(file: FileDiscovery) -> Result<DiscoveryConfig, ConfigEr
     Ok(DiscoveryConfig {
         kubernetes: file.kubernetes.map(kubernetes).transpose()?,
         dns: file.dns.map(dns).transpose()?,
+        inference_pool: None,
         drain_timeout,
     })
+}
+
+/// Whether `s` may name a namespace (a DNS label).
+pub fn is_namespace(s: &str) -> bool {
+    is_dns_label(s)
 }
 
 fn kubernetes(k: FileKubernetes) -> Result<KubernetesDiscovery, ConfigError> {
@@ -213,6 +235,7 @@ fn kubernetes(k: FileKubernetes) -> Result<KubernetesDiscovery, ConfigError> {
         kv_events_port: port("kv_events_port", k.kv_events_port, "kv-events")?,
         kv_replay_port: port("kv_replay_port", k.kv_replay_port, "kv-replay")?,
         annotation_prefix,
+        data_parallel_size: 1,
     })
 }
 

@@ -54,7 +54,7 @@ pub use crate::telemetry::{LogFormat, TracingConfig};
 pub use data_parallel::{DataParallelError, data_parallel_size};
 pub use discovery::{
     DEFAULT_ANNOTATION_PREFIX, DEFAULT_DNS_INTERVAL, DEFAULT_DRAIN_TIMEOUT, DiscoveryConfig,
-    DnsDiscovery, KubernetesDiscovery, PortRef,
+    DnsDiscovery, InferencePoolRef, KubernetesDiscovery, PortRef, is_namespace,
 };
 pub use endpoints::{
     DEFAULT_FORWARD_PATHS, DEFAULT_RESPONSES_CAPACITY, DEFAULT_RESPONSES_TTL, EndpointsConfig,

@@ -120,7 +120,7 @@ pub async fn run(
 }
 
 /// A client from the environment, retried with a growing delay until one can be built.
-async fn client(metrics: &Metrics) -> Client {
+pub(super) async fn client(metrics: &Metrics) -> Client {
     let mut delay = Duration::from_secs(1);
     loop {
         match Client::try_default().await {

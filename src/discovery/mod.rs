@@ -16,6 +16,8 @@
 
 pub mod dns;
 #[cfg(feature = "kubernetes")]
+pub mod inference_pool;
+#[cfg(feature = "kubernetes")]
 pub mod kubernetes;
 #[cfg(feature = "kubernetes")]
 pub mod pods;
@@ -71,6 +73,25 @@ pub fn spawn(
         )));
     }
     #[cfg(feature = "kubernetes")]
+    if let Some(pool) = &config.inference_pool {
+        let (tx, rx) = watch::channel(Desired::default());
+        let base = config.kubernetes.clone().unwrap_or_else(pool_defaults);
+        tasks.push(tokio::spawn(inference_pool::run(
+            pool.clone(),
+            base,
+            tx,
+            metrics.clone(),
+            stop.clone(),
+        )));
+        tasks.push(tokio::spawn(runner::run(
+            Source::Kubernetes,
+            rx,
+            context(),
+            stop.clone(),
+        )));
+        return tasks;
+    }
+    #[cfg(feature = "kubernetes")]
     if let Some(k8s) = &config.kubernetes {
         let (tx, rx) = watch::channel(Desired::default());
         tasks.push(tokio::spawn(kubernetes::run(
@@ -90,6 +111,22 @@ pub fn spawn(
 }
 
 /// Counts one `kind` of discovery event of `source`.
+/// The pod settings of an `InferencePool` without `[discovery.kubernetes]`: the default port
+/// names and annotations (the pool gives the selector and the HTTP port).
+#[cfg(feature = "kubernetes")]
+fn pool_defaults() -> crate::config::KubernetesDiscovery {
+    use crate::config::{DEFAULT_ANNOTATION_PREFIX, PortRef};
+    crate::config::KubernetesDiscovery {
+        namespace: None,
+        label_selector: String::new(),
+        http_port: PortRef::Name("http".into()),
+        kv_events_port: PortRef::Name("kv-events".into()),
+        kv_replay_port: PortRef::Name("kv-replay".into()),
+        annotation_prefix: DEFAULT_ANNOTATION_PREFIX.into(),
+        data_parallel_size: 1,
+    }
+}
+
 fn count(metrics: &Metrics, source: Source, kind: &str) {
     metrics
         .discovery_events

@@ -119,7 +119,7 @@ pub fn workers_of(
     let events = port("kv-events-port", &config.kv_events_port)?;
     let replay = port("kv-replay-port", &config.kv_replay_port)?.filter(|_| events.is_some());
     let ranks = match annotation("data-parallel-size") {
-        None => 1,
+        None => config.data_parallel_size.max(1),
         Some((key, value)) => match value.parse::<u16>() {
             Ok(n) if (1..=MAX_DATA_PARALLEL).contains(&n) => n,
             _ => {
@@ -278,6 +278,7 @@ mod tests {
             kv_events_port: PortRef::Name("kv-events".into()),
             kv_replay_port: PortRef::Name("kv-replay".into()),
             annotation_prefix: DEFAULT_ANNOTATION_PREFIX.into(),
+            data_parallel_size: 1,
         }
     }
 

@@ -68,12 +68,12 @@ pub(super) async fn chat_completions(
 }
 
 /// An admitted request's body as received.
-struct Received {
-    bytes: Bytes,
+pub(super) struct Received {
+    pub(super) bytes: Bytes,
     /// The request's slot, held until its response ends.
-    ticket: Ticket,
+    pub(super) ticket: Ticket,
     /// The body's share of the router's body budget, held until the request is routed.
-    claim: BodyClaim,
+    pub(super) claim: BodyClaim,
 }
 
 /// Receives, reads, routes and forwards one request; every error is answered in OpenAI's shape
@@ -195,7 +195,7 @@ fn answered(state: &AppState, resp: Response, who: Rejected<'_>) -> Response {
 /// (the tenant is known from the key): a request over its tenant's or the router's limit is
 /// refused before its body costs anything, and the body's bytes are claimed from the router's
 /// budget as they arrive.
-async fn receive(
+pub(super) async fn receive(
     state: &AppState,
     headers: &HeaderMap,
     body: Body,
@@ -489,7 +489,7 @@ fn client_headers(
 /// The body to send: a tenant's request carries its namespaced salt to the engine (or none at
 /// all, where the engine does not take it); a client-chosen salt is never passed on raw. The
 /// salt is written into the bytes as sent ([`cache_salt`]): nothing else is re-encoded.
-fn tenant_body(
+pub(super) fn tenant_body(
     state: &AppState,
     caller: &Caller,
     salt: Option<&str>,
@@ -505,7 +505,7 @@ fn tenant_body(
 }
 
 /// The client's key is the router's credential, not the worker's: never pass it on.
-fn upstream_headers(state: &AppState, mut headers: HeaderMap) -> HeaderMap {
+pub(super) fn upstream_headers(state: &AppState, mut headers: HeaderMap) -> HeaderMap {
     if state.keys.enabled() {
         headers.remove(http::header::AUTHORIZATION);
     }

@@ -17,6 +17,8 @@ mod debug;
 mod decide;
 mod endpoints;
 mod forward;
+#[cfg(feature = "epp")]
+pub mod gateway;
 mod hops;
 mod listen;
 mod observer;
@@ -45,6 +47,8 @@ use axum::routing::{get, post};
 use http::StatusCode;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+
+pub use forward::WORKER_HEADER;
 
 use crate::config::{Config, EndpointsConfig, ModelConfig};
 use crate::fleet::Fleet;
@@ -398,46 +402,11 @@ pub fn start_with_state(
     let addr = listener.local_addr()?;
     state.add_own_addr(addr);
     log_admin_state(&state.keys);
-    state.lifecycle.start();
     let stop = CancellationToken::new();
-    let health_task = health::spawn(
-        Arc::clone(&state.fleet),
-        config.health.clone(),
-        &config.proxy.tls,
-        Some(state.lifecycle.capacity_hook()),
-        stop.clone(),
-    )
-    .map_err(|e| anyhow::anyhow!("proxy.tls: {e}"))?;
+    let background = start_background(&state, config, &stop)?;
     let tls = match &config.tls {
-        Some(settings) => {
-            let front =
-                TlsFront::load(settings.clone()).map_err(|e| anyhow::anyhow!("server.tls: {e}"))?;
-            front.spawn_reloader(stop.clone());
-            state.set_tls(Arc::clone(&front));
-            Some(front)
-        }
+        Some(settings) => Some(tls_front(&state, settings, &stop)?),
         None => None,
-    };
-    let discovery_tasks = crate::discovery::spawn(
-        &config.discovery,
-        &state.lifecycle,
-        &state.metrics,
-        config.health.timeout,
-        state.own_addrs(),
-        &stop,
-    );
-    let load_task = if config.health.load_interval.is_zero() {
-        None
-    } else {
-        Some(
-            load_poller::spawn(
-                Arc::clone(&state.fleet),
-                config.health.load_interval,
-                &config.proxy.tls,
-                stop.clone(),
-            )
-            .map_err(|e| anyhow::anyhow!("proxy.tls: {e}"))?,
-        )
     };
     let front = listen::FrontDoor {
         grace: config.shutdown_grace,
@@ -474,11 +443,7 @@ pub fn start_with_state(
         if let Some(t) = metrics_task {
             let _ = t.await;
         }
-        health_task.abort();
-        for t in discovery_tasks {
-            t.abort();
-        }
-        if let Some(t) = load_task {
+        for t in background {
             t.abort();
         }
     });
@@ -489,6 +454,94 @@ pub fn start_with_state(
         stop,
         task,
     })
+}
+
+/// Starts what keeps the fleet known and current, whatever face the router shows (`serve`'s
+/// HTTP front door or `epp`'s gRPC): the workers' lifecycle, health checks, discovery and the
+/// load poller. The tasks are returned to be aborted when the face stops.
+pub fn start_background(
+    state: &Arc<AppState>,
+    config: &Config,
+    stop: &CancellationToken,
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+    state.lifecycle.start();
+    let mut tasks = vec![
+        health::spawn(
+            Arc::clone(&state.fleet),
+            config.health.clone(),
+            &config.proxy.tls,
+            Some(state.lifecycle.capacity_hook()),
+            stop.clone(),
+        )
+        .map_err(|e| anyhow::anyhow!("proxy.tls: {e}"))?,
+    ];
+    tasks.extend(crate::discovery::spawn(
+        &config.discovery,
+        &state.lifecycle,
+        &state.metrics,
+        config.health.timeout,
+        state.own_addrs(),
+        stop,
+    ));
+    if !config.health.load_interval.is_zero() {
+        tasks.push(
+            load_poller::spawn(
+                Arc::clone(&state.fleet),
+                config.health.load_interval,
+                &config.proxy.tls,
+                stop.clone(),
+            )
+            .map_err(|e| anyhow::anyhow!("proxy.tls: {e}"))?,
+        );
+    }
+    Ok(tasks)
+}
+
+/// The TLS of a listener, loaded now and re-read when its files change until `stop`.
+fn tls_front(
+    state: &AppState,
+    settings: &crate::tls::ServerTls,
+    stop: &CancellationToken,
+) -> anyhow::Result<Arc<TlsFront>> {
+    let front = TlsFront::load(settings.clone()).map_err(|e| anyhow::anyhow!("server.tls: {e}"))?;
+    front.spawn_reloader(stop.clone());
+    state.set_tls(Arc::clone(&front));
+    Ok(front)
+}
+
+/// Serves `app` on `listener` with the front door's timeouts, connection cap and graceful
+/// shutdown (and TLS, when `tls`), until `stop`: another face's listener (`epp`'s gRPC, its
+/// health and metrics) treated as `serve` treats its own.
+pub fn serve_router(
+    state: &Arc<AppState>,
+    config: &Config,
+    listener: TcpListener,
+    app: Router,
+    tls: Option<&crate::tls::ServerTls>,
+    stop: &CancellationToken,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    if let Ok(addr) = listener.local_addr() {
+        state.add_own_addr(addr);
+    }
+    let tls = match tls {
+        Some(settings) => Some(tls_front(state, settings, stop)?),
+        None => None,
+    };
+    let front = listen::FrontDoor {
+        grace: config.shutdown_grace,
+        header_read_timeout: config.header_read_timeout,
+        connections: config.connections,
+        cutoff: state.cutoff.clone(),
+        tls,
+    };
+    let serve = listen::serve_until(
+        listener,
+        app,
+        stop.clone(),
+        front,
+        Arc::clone(&state.metrics),
+    );
+    Ok(tokio::spawn(serve))
 }
 
 /// Says at start who may change the fleet through the admin API: a WARN when it is open

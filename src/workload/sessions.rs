@@ -6,31 +6,15 @@
 //! sessions in a line-aligned sidecar (the agentic traces' `.meta.jsonl`: one JSON object per
 //! request line, with `session`) are read with `--trace-sessions FILE`.
 
-use std::hash::{Hash, Hasher};
 use std::io::BufRead;
 use std::path::Path;
 
 use serde_json::Value;
 
-use super::trace::TraceError;
+use super::trace::{TraceError, session_number};
 
 /// The sidecar members that name a line's session, in order of preference.
 const SIDECAR_KEYS: [&str; 2] = ["session_id", "session"];
-
-/// A session id as a number: an unsigned integer as itself, anything else (a string, a negative
-/// or fractional number) hashed; `null` names no session.
-pub fn session_number(v: &Value) -> Option<u64> {
-    match v {
-        Value::Null => None,
-        Value::Number(n) if n.is_u64() => n.as_u64(),
-        Value::String(s) if s.is_empty() => None,
-        other => {
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            other.to_string().hash(&mut h);
-            Some(h.finish())
-        }
-    }
-}
 
 /// Reads a sessions sidecar: for each non-empty line, the session it names (`None` for a line
 /// naming none). A line that is not a JSON object is an error naming it.

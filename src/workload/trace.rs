@@ -13,10 +13,12 @@
 //! often slightly out of order, and replay only needs the order of arrivals, not of lines.
 //! Negative or non-finite timestamps are rejected.
 
+use std::hash::{Hash, Hasher};
 use std::io::BufRead;
 use std::path::Path;
 
 use serde::Deserialize;
+use serde_json::Value;
 use thiserror::Error;
 
 /// Block size of the Mooncake traces, in tokens.
@@ -307,11 +309,23 @@ fn parse_mooncake_line(text: &str, line_no: usize) -> Result<TraceRequest, Trace
         output_tokens: parsed.output_length,
         hash_ids: parsed.hash_ids,
         block_tokens: parsed.block_size.unwrap_or(MOONCAKE_BLOCK_TOKENS),
-        session: parsed
-            .session_id
-            .as_ref()
-            .and_then(super::sessions::session_number),
+        session: parsed.session_id.as_ref().and_then(session_number),
     })
+}
+
+/// A session id as a number: an unsigned integer as itself, anything else (a string, a negative
+/// or fractional number) hashed; `null` names no session.
+pub fn session_number(v: &Value) -> Option<u64> {
+    match v {
+        Value::Null => None,
+        Value::Number(n) if n.is_u64() => n.as_u64(),
+        Value::String(s) if s.is_empty() => None,
+        other => {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            other.to_string().hash(&mut h);
+            Some(h.finish())
+        }
+    }
 }
 
 /// The transforms a run applies to its trace, in this order: time window, first N requests,

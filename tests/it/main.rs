@@ -28,6 +28,10 @@ mod discovery_kubernetes;
 mod endpoints;
 mod engine_events;
 mod engine_http;
+#[cfg(feature = "epp")]
+mod epp;
+#[cfg(all(feature = "epp", feature = "kubernetes"))]
+mod epp_pool;
 mod error_bodies;
 mod failure_classes;
 mod first_deployment;
@@ -50,6 +54,8 @@ mod real_sglang;
 mod real_vllm;
 mod real_vllm_dp;
 mod real_vllm_endpoints;
+#[cfg(feature = "epp")]
+mod real_vllm_epp;
 mod real_vllm_lifecycle;
 mod real_vllm_pd;
 mod real_vllm_routing;

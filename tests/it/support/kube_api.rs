@@ -3,7 +3,9 @@
 //! (`?watch=true`) of newline-delimited JSON events with resource versions, BOOKMARK events,
 //! an ERROR event with code 410 (Expired) for a watch from a version older than its history
 //! keeps, dropped watch connections, and an outage (connections accepted and dropped at once).
-//! It serves every pod whatever the label selector, and records the queries it got.
+//! It serves every pod whatever the label selector, and records the queries it got. It serves
+//! `InferencePool`s (`/apis/inference.networking.k8s.io/v1/…/inferencepools`) the same way,
+//! each kind's list and watch showing only that kind's objects.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -113,6 +115,10 @@ impl FakeKube {
         });
         let app = Router::new()
             .route("/api/v1/namespaces/{ns}/pods", get(pods))
+            .route(
+                "/apis/inference.networking.k8s.io/v1/namespaces/{ns}/inferencepools",
+                get(pools),
+            )
             .with_state(Arc::clone(&state));
         let inner = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = inner.local_addr().unwrap();
@@ -141,9 +147,16 @@ impl FakeKube {
         path
     }
 
-    /// Adds or replaces `pod` (a pod object; its name is its key).
+    /// Adds or replaces `pod` (a pod object, or any object with a `kind`; its kind and name
+    /// are its key).
     pub fn put(&self, mut pod: Value) {
-        let name = pod["metadata"]["name"].as_str().unwrap().to_owned();
+        if pod["kind"].is_null() {
+            pod["kind"] = json!("Pod");
+        }
+        let name = key(
+            pod["kind"].as_str().unwrap(),
+            pod["metadata"]["name"].as_str().unwrap(),
+        );
         let mut p = self.state.pods.lock().unwrap();
         p.rv += 1;
         pod["metadata"]["resourceVersion"] = json!(p.rv.to_string());
@@ -159,7 +172,7 @@ impl FakeKube {
     /// Deletes the pod `name`.
     pub fn delete(&self, name: &str) {
         let mut p = self.state.pods.lock().unwrap();
-        let Some(mut pod) = p.pods.remove(name) else {
+        let Some(mut pod) = p.pods.remove(&key("Pod", name)) else {
             return;
         };
         p.rv += 1;
@@ -210,6 +223,22 @@ impl Drop for FakeKube {
     }
 }
 
+fn key(kind: &str, name: &str) -> String {
+    format!("{kind}/{name}")
+}
+
+/// An `InferencePool` selecting the pods labelled `app: engine`, with `ports` as its
+/// `targetPorts`.
+pub fn pool_json(namespace: &str, name: &str, ports: &[u16]) -> Value {
+    let ports: Vec<Value> = ports.iter().map(|p| json!({"number": p})).collect();
+    json!({
+        "apiVersion": "inference.networking.k8s.io/v1",
+        "kind": "InferencePool",
+        "metadata": {"name": name, "namespace": namespace, "uid": format!("uid-pool-{name}")},
+        "spec": {"selector": {"matchLabels": {"app": "engine"}}, "targetPorts": ports},
+    })
+}
+
 /// A pod of the namespace: Running with `ready`, at `ip`, its engine's HTTP port named `http`.
 pub fn pod_json(namespace: &str, name: &str, ip: &str, ready: bool, http_port: u16) -> Value {
     json!({
@@ -234,6 +263,26 @@ pub fn pod_json(namespace: &str, name: &str, ip: &str, ready: bool, http_port: u
 }
 
 async fn pods(
+    state: State<Arc<KubeState>>,
+    ns: UrlPath<String>,
+    q: Query<BTreeMap<String, String>>,
+    uri: axum::http::Uri,
+) -> Response {
+    objects("Pod", state, ns, q, uri)
+}
+
+async fn pools(
+    state: State<Arc<KubeState>>,
+    ns: UrlPath<String>,
+    q: Query<BTreeMap<String, String>>,
+    uri: axum::http::Uri,
+) -> Response {
+    objects("InferencePool", state, ns, q, uri)
+}
+
+/// The list or watch of the objects of `kind`.
+fn objects(
+    kind: &'static str,
     State(s): State<Arc<KubeState>>,
     UrlPath(ns): UrlPath<String>,
     Query(q): Query<BTreeMap<String, String>>,
@@ -252,15 +301,15 @@ async fn pods(
             .get("resourceVersion")
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
-        return watch_pods(s, from);
+        return watch_pods(s, from, kind);
     }
     s.stats.lists.fetch_add(1, Ordering::SeqCst);
     let p = s.pods.lock().unwrap();
     let list = json!({
         "apiVersion": "v1",
-        "kind": "PodList",
+        "kind": format!("{kind}List"),
         "metadata": {"resourceVersion": p.rv.to_string()},
-        "items": p.pods.values().cloned().collect::<Vec<_>>(),
+        "items": p.pods.values().filter(|o| o["kind"] == kind).cloned().collect::<Vec<_>>(),
     });
     axum::Json(list).into_response()
 }
@@ -277,13 +326,18 @@ fn event(c: &Change) -> Value {
 
 /// A watch from version `from`: the changes after it, then new ones as they come, a bookmark
 /// every 200 ms; 410 Gone when `from` is older than the history.
-fn watch_pods(s: Arc<KubeState>, from: u64) -> Response {
+fn watch_pods(s: Arc<KubeState>, from: u64, kind: &'static str) -> Response {
     s.stats.watches.fetch_add(1, Ordering::SeqCst);
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(256);
     let (backlog, mut changes, expired, now) = {
         let p = s.pods.lock().unwrap();
         let changes = s.changes.subscribe();
-        let backlog: Vec<Change> = p.history.iter().filter(|c| c.rv > from).cloned().collect();
+        let backlog: Vec<Change> = p
+            .history
+            .iter()
+            .filter(|c| c.rv > from && c.pod["kind"] == kind)
+            .cloned()
+            .collect();
         (backlog, changes, from < p.expired_below, p.rv)
     };
     let mut cut = s.cut.subscribe();
@@ -309,7 +363,7 @@ fn watch_pods(s: Arc<KubeState>, from: u64) -> Response {
         loop {
             tokio::select! {
                 c = changes.recv() => match c {
-                    Ok(c) if c.rv > last => {
+                    Ok(c) if c.rv > last && c.pod["kind"] == kind => {
                         last = c.rv;
                         if tx.send(line(&event(&c))).await.is_err() {
                             return;
@@ -325,7 +379,7 @@ fn watch_pods(s: Arc<KubeState>, from: u64) -> Response {
                 _ = beat.tick() => {
                     s.stats.bookmarks.fetch_add(1, Ordering::SeqCst);
                     let bookmark = json!({"type": "BOOKMARK", "object": {
-                        "kind": "Pod", "apiVersion": "v1",
+                        "kind": kind, "apiVersion": "v1",
                         "metadata": {"resourceVersion": last.to_string()},
                     }});
                     if tx.send(line(&bookmark)).await.is_err() {

@@ -22,6 +22,8 @@ use std::time::{Duration, Instant};
 
 pub mod backend;
 pub mod engine;
+#[cfg(feature = "epp")]
+pub mod gateway;
 pub mod kube_api;
 pub mod process;
 pub mod qwen3;

@@ -1,0 +1,311 @@
+//! One `ext_proc` stream: one HTTP request through the gateway, in Envoy's order — request
+//! headers, body chunks (or trailers) up to its end, then the response's headers, body chunks
+//! and trailers — answered in the same order, as `FULL_DUPLEX_STREAMED` requires.
+//!
+//! The request body is fed, chunk by chunk as it arrives, to `server::gateway::pick`, which
+//! reads it exactly as `serve` reads a body (size and time limits, the body budget) after
+//! admitting the request; when the pick is made the headers answer (the destination) goes
+//! back, then the body as the worker must get it. A pick that fails — before the body ended
+//! (a 413, a 429 from admission) or after — is answered with an `ImmediateResponse`. A stream
+//! the gateway resets at any point drops the request: its admission and load are released.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use axum::body::Body;
+use bytes::Bytes;
+use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
+use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessor;
+use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request;
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    HttpHeaders, ProcessingRequest, ProcessingResponse,
+};
+use futures_util::Stream;
+use tokio::sync::mpsc;
+use tonic::{Status, Streaming};
+
+use super::metadata::{self, Headers};
+use super::protocol::{self, header};
+use super::response;
+use crate::openai::ApiError;
+use crate::server::AppState;
+use crate::server::gateway::{self, GatewayRequest, Picked};
+
+/// Largest gRPC message taken from the gateway (a body chunk is at most what the gateway
+/// buffers, 64 KiB for Envoy; a header list is smaller).
+pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
+
+/// The ext_proc service.
+pub struct Picker {
+    state: Arc<AppState>,
+}
+
+impl Picker {
+    /// A picker over `state`'s fleet and decision core.
+    pub fn new(state: Arc<AppState>) -> Picker {
+        Picker { state }
+    }
+}
+
+type Answers = Pin<Box<dyn Stream<Item = Result<ProcessingResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl ExternalProcessor for Picker {
+    type ProcessStream = Answers;
+
+    async fn process(
+        &self,
+        request: tonic::Request<Streaming<ProcessingRequest>>,
+    ) -> Result<tonic::Response<Answers>, Status> {
+        let inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(32);
+        let state = Arc::clone(&self.state);
+        tokio::spawn(async move {
+            let out = Out(tx);
+            if let Err(status) = converse(state, inbound, &out).await {
+                let _ = out.0.send(Err(status)).await;
+            }
+        });
+        let answers =
+            futures_util::stream::unfold(
+                rx,
+                |mut rx| async move { rx.recv().await.map(|m| (m, rx)) },
+            );
+        Ok(tonic::Response::new(Box::pin(answers)))
+    }
+}
+
+/// The stream's answers to the gateway.
+pub(super) struct Out(mpsc::Sender<Result<ProcessingResponse, Status>>);
+
+impl Out {
+    /// Sends `answer`; `false` when the gateway has gone.
+    pub(super) async fn send(&self, answer: ProcessingResponse) -> bool {
+        self.0.send(Ok(answer)).await.is_ok()
+    }
+}
+
+/// The body modes the gateway announced on the stream's first message.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Modes {
+    /// The response body comes chunk by chunk and must be streamed back.
+    pub(super) response_full_duplex: bool,
+}
+
+fn modes(first: &ProcessingRequest) -> Result<Modes, Status> {
+    let (request, response) = first.protocol_config.as_ref().map_or(
+        (
+            BodySendMode::FullDuplexStreamed as i32,
+            BodySendMode::None as i32,
+        ),
+        |p| (p.request_body_mode, p.response_body_mode),
+    );
+    let duplex = BodySendMode::FullDuplexStreamed as i32;
+    if request != duplex && request != BodySendMode::None as i32 {
+        return Err(Status::failed_precondition(
+            "kvroute epp picks after the whole request body: configure the gateway's ext_proc \
+             with request_body_mode FULL_DUPLEX_STREAMED",
+        ));
+    }
+    Ok(Modes {
+        response_full_duplex: response == duplex,
+    })
+}
+
+/// The whole conversation of one request.
+async fn converse(
+    state: Arc<AppState>,
+    mut inbound: Streaming<ProcessingRequest>,
+    out: &Out,
+) -> Result<(), Status> {
+    let Some(first) = inbound.message().await? else {
+        return Ok(());
+    };
+    let modes = modes(&first)?;
+    let subset = metadata::subset(first.metadata_context.as_ref());
+    let Some(Request::RequestHeaders(head)) = first.request else {
+        return Err(Status::invalid_argument(
+            "a stream must begin with the request headers",
+        ));
+    };
+    let Some((picked, ending)) = request_phase(&state, head, subset, &mut inbound, out).await?
+    else {
+        return Ok(());
+    };
+    if !send_pick(&picked, ending, out).await {
+        return Ok(());
+    }
+    response::phase(picked, modes, &mut inbound, out).await
+}
+
+/// How the request's body ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ending {
+    /// There was none (the headers ended the request).
+    NoBody,
+    /// Its last chunk said so.
+    Body,
+    /// Trailers followed it.
+    Trailers,
+}
+
+/// Reads the request up to its end and picks; `None` when the stream is over (answered
+/// immediately, or reset).
+async fn request_phase(
+    state: &Arc<AppState>,
+    head: HttpHeaders,
+    subset: Option<Vec<String>>,
+    inbound: &mut Streaming<ProcessingRequest>,
+    out: &Out,
+) -> Result<Option<(Picked, Ending)>, Status> {
+    let headers = Headers::of(head.headers.as_ref());
+    let method = headers
+        .method
+        .as_deref()
+        .and_then(|m| http::Method::from_bytes(m.as_bytes()).ok())
+        .unwrap_or(http::Method::POST);
+    let request = GatewayRequest {
+        method,
+        path: headers.path.unwrap_or_else(|| "/".to_owned()),
+        headers: headers.map,
+    };
+    let (body_tx, body_rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(8);
+    let body = if head.end_of_stream {
+        Body::empty()
+    } else {
+        Body::from_stream(futures_util::stream::unfold(body_rx, |mut rx| async move {
+            rx.recv().await.map(|chunk| (chunk, rx))
+        }))
+    };
+    let state = Arc::clone(state);
+    let mut pick = tokio::spawn(async move {
+        let allowed = |w: &crate::fleet::Worker| {
+            subset
+                .as_ref()
+                .is_none_or(|s| metadata::allows(s, &gateway::endpoint(w)))
+        };
+        gateway::pick(&state, request, body, &allowed).await
+    });
+    let mut feed = (!head.end_of_stream).then_some(body_tx);
+    let mut ending = if head.end_of_stream {
+        Ending::NoBody
+    } else {
+        Ending::Body
+    };
+    while let Some(tx) = &feed {
+        tokio::select! {
+            done = &mut pick => return answer_early(done, ending, out).await,
+            message = inbound.message() => match body_part(message) {
+                Part::Chunk(bytes, end) => {
+                    // A send fails only when the pick stopped reading: its answer follows.
+                    if !bytes.is_empty() {
+                        let _ = tx.send(Ok(bytes)).await;
+                    }
+                    if end {
+                        feed = None;
+                    }
+                }
+                Part::Trailers => {
+                    ending = Ending::Trailers;
+                    feed = None;
+                }
+                Part::Gone => {
+                    pick.abort();
+                    return Ok(None);
+                }
+                Part::Unexpected => {
+                    pick.abort();
+                    return Err(Status::invalid_argument("expected the request body or trailers"));
+                }
+            },
+        }
+    }
+    answer_early(pick.await, ending, out).await
+}
+
+/// The pick, or the gateway's answer to the client when it failed.
+async fn answer_early(
+    done: Result<Result<Picked, ApiError>, tokio::task::JoinError>,
+    ending: Ending,
+    out: &Out,
+) -> Result<Option<(Picked, Ending)>, Status> {
+    let error = match done {
+        Ok(Ok(picked)) => return Ok(Some((picked, ending))),
+        Ok(Err(e)) => e,
+        Err(e) => return Err(Status::internal(format!("the pick failed: {e}"))),
+    };
+    tracing::debug!(
+        status = error.status.as_u16(),
+        code = error.code,
+        "answered by the picker"
+    );
+    out.send(protocol::immediate(&error)).await;
+    Ok(None)
+}
+
+/// A message of the request's body phase.
+enum Part {
+    Chunk(Bytes, bool),
+    Trailers,
+    Gone,
+    Unexpected,
+}
+
+fn body_part(message: Result<Option<ProcessingRequest>, Status>) -> Part {
+    match message {
+        Ok(Some(ProcessingRequest {
+            request: Some(Request::RequestBody(b)),
+            ..
+        })) => Part::Chunk(Bytes::from(b.body), b.end_of_stream),
+        Ok(Some(ProcessingRequest {
+            request: Some(Request::RequestTrailers(_)),
+            ..
+        })) => Part::Trailers,
+        Ok(None) | Err(_) => Part::Gone,
+        Ok(Some(_)) => Part::Unexpected,
+    }
+}
+
+/// The headers answer (the destination, the rank or prefill endpoint it needs, the body's
+/// new length) and then the body, ended as the request's was.
+async fn send_pick(picked: &Picked, ending: Ending, out: &Out) -> bool {
+    let endpoint = gateway::endpoint(&picked.attempt.worker);
+    let mut set = vec![header(protocol::DESTINATION, endpoint.as_bytes())];
+    let mut remove: Vec<String> = Vec::new();
+    match picked.attempt.pinned() {
+        Some(rank) => set.push(header(protocol::RANK, rank.to_string().as_bytes())),
+        None => remove.push(protocol::RANK.to_owned()),
+    }
+    match &picked.prefill {
+        Some(p) => {
+            let at = gateway::endpoint(&p.worker);
+            set.push(header(protocol::PREFILLER, at.as_bytes()));
+        }
+        None => remove.push(protocol::PREFILLER.to_owned()),
+    }
+    remove.extend(
+        [protocol::SUBSET_KEY, protocol::DESTINATION_SERVED]
+            .into_iter()
+            .map(str::to_owned),
+    );
+    if picked.strip_authorization {
+        remove.push("authorization".to_owned());
+    }
+    if picked.edited {
+        let length = picked.body.len().to_string();
+        set.push(header("content-length", length.as_bytes()));
+    }
+    if !out.send(protocol::pick(&endpoint, set, remove)).await {
+        return false;
+    }
+    if ending == Ending::NoBody {
+        return true;
+    }
+    let trailers = ending == Ending::Trailers;
+    for chunk in protocol::body_chunks(&picked.body, !trailers, true) {
+        if !out.send(chunk).await {
+            return false;
+        }
+    }
+    !trailers || out.send(protocol::trailers_unchanged(true)).await
+}
