@@ -3,12 +3,14 @@
 //! alternating so drift on a shared machine hits every path alike), median and p99.
 //!
 //! Paths: kvroute in this process (`least_request`), `kvroute serve` processes with a load-only
-//! policy and with its default (`kv_aware`: the request is tokenized, hashed and looked up), and — when
+//! policy and with its default (`kv_aware`: the request is tokenized, hashed and looked up), one
+//! serving the model disaggregated (a prefill and a decode worker on two listeners of the same
+//! backend: two upstream requests, vLLM's hand-off), and — when
 //! `KVROUTE_BENCH_SGLANG_ROUTER` names a Python with the `sglang-router` package
 //! (`scripts/peer-routers-setup.sh` installs one) — the SGLang router (`cache_aware`) as a peer.
 //! The two processes are compared like for like: a separate process each, one worker behind.
 //! `KVROUTE_BENCH_BASELINE` may name another `kvroute` binary (say, one built from main), run as
-//! two more processes (`kv_aware` and `least_request`), so a change is measured against what it
+//! three more processes (`kv_aware`, `least_request` and P/D), so a change is measured against what it
 //! changes in one run.
 //!
 //! A bare hyper forwarder (this bench re-run as a child process that forwards without deciding
@@ -41,10 +43,15 @@ const MODELS: &str =
 
 const KV_AWARE: &str = "kvroute serve (kv_aware)";
 const FLOOR: &str = "bare hyper forwarder";
+/// The forwarder reading the whole body before it forwards (see [`bare_forwarder`]).
+const FLOOR_READ: &str = "bare forwarder, body read first";
 /// Set (to `LISTEN BACKEND`) in the child process that runs [`bare_forwarder`].
 const FLOOR_ENV: &str = "KVROUTE_BENCH_BARE_FORWARDER";
 const BASELINE: &str = "baseline serve (kv_aware)";
 const BASELINE_LOAD: &str = "baseline serve (least_request)";
+/// A disaggregated model: a prefill worker, then a decode worker (two upstream requests).
+const PD: &str = "kvroute serve (kv_aware, P/D)";
+const BASELINE_PD: &str = "baseline serve (kv_aware, P/D)";
 const SGLANG: &str = "sglang-router (cache_aware)";
 
 /// Rounds per path; each round sends `n / ROUNDS` requests after 100 warm-up ones.
@@ -125,11 +132,32 @@ fn kvroute_process(
     dir: &Path,
     policy: &str,
 ) -> (Process, String) {
+    let workers =
+        format!("[[workers]]\nid = \"b\"\nurl = \"http://{backend}\"\nmodels = [\"m\"]\n");
+    kvroute_over(binary, &workers, dir, policy)
+}
+
+/// `kvroute serve` with a prefill worker on `prefill` and a decode worker on `decode` (vLLM's
+/// hand-off: the prefill's answer, then the decode's).
+fn kvroute_pd_process(
+    binary: &Path,
+    (prefill, decode): (SocketAddr, SocketAddr),
+    dir: &Path,
+) -> (Process, String) {
+    let worker = |id: &str, addr: SocketAddr, role: &str| {
+        format!(
+            "[[workers]]\nid = \"{id}\"\nurl = \"http://{addr}\"\nmodels = [\"m\"]\nrole = \"{role}\"\n"
+        )
+    };
+    let workers = worker("p", prefill, "prefill") + &worker("d", decode, "decode");
+    kvroute_over(binary, &workers, dir, "kv_aware")
+}
+
+/// `kvroute serve` (`binary`) over `workers` (their TOML) with `policy`.
+fn kvroute_over(binary: &Path, workers: &str, dir: &Path, policy: &str) -> (Process, String) {
     let addr = free_addr();
     let file = dir.join(format!("kvroute-{policy}-{}.toml", addr.port()));
-    let text = format!(
-        "listen = \"{addr}\"\npolicy = \"{policy}\"\n[[workers]]\nid = \"b\"\nurl = \"http://{backend}\"\nmodels = [\"m\"]\n"
-    );
+    let text = format!("listen = \"{addr}\"\npolicy = \"{policy}\"\n{workers}");
     std::fs::write(&file, text).expect("config");
     let child = spawn_quiet(
         Command::new(binary)
@@ -159,11 +187,16 @@ fn sglang_router(python: &str, backend: SocketAddr) -> (Process, String) {
 /// the backend over a pooled hyper connection and streams the answer back, deciding nothing
 /// (no parsing, no routing, no metrics). What it adds is the cost of a process boundary and of
 /// the HTTP hops themselves, which every router pays; what a router adds beyond it is its own.
+///
+/// With `read` as its spec's third word it reads the whole request body before forwarding it,
+/// as any router must that routes on the body: what that adds over the streaming forwarder is
+/// the part of a router's cost that reading the body itself costs.
 fn bare_forwarder(spec: &str) {
     let mut parts = spec.split_whitespace();
     let (Some(listen), Some(backend)) = (parts.next(), parts.next()) else {
-        panic!("{FLOOR_ENV} must be `LISTEN BACKEND`");
+        panic!("{FLOOR_ENV} must be `LISTEN BACKEND [read]`");
     };
+    let read_first = parts.next() == Some("read");
     let (listen, backend) = (listen.to_owned(), backend.to_owned());
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async move {
@@ -175,6 +208,12 @@ fn bare_forwarder(spec: &str) {
                 let (mut parts, body) = req.into_parts();
                 let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
                 parts.uri = format!("http://{backend}{path}").parse().expect("uri");
+                let body = if read_first {
+                    let bytes = body.collect().await.expect("body").to_bytes();
+                    axum::body::Body::from(bytes)
+                } else {
+                    body
+                };
                 match client.request(http::Request::from_parts(parts, body)).await {
                     Ok(resp) => resp.map(axum::body::Body::new),
                     Err(e) => http::Response::builder()
@@ -189,11 +228,12 @@ fn bare_forwarder(spec: &str) {
     });
 }
 
-fn bare_forwarder_process(backend: SocketAddr) -> (Process, String) {
+fn bare_forwarder_process(backend: SocketAddr, read_first: bool) -> (Process, String) {
     let addr = free_addr();
+    let read = if read_first { " read" } else { "" };
     let child = spawn_quiet(
         Command::new(std::env::current_exe().expect("this bench"))
-            .env(FLOOR_ENV, format!("{addr} {backend}")),
+            .env(FLOOR_ENV, format!("{addr} {backend}{read}")),
         "bare forwarder",
     );
     (child, format!("http://{addr}/v1/completions"))
@@ -228,7 +268,12 @@ fn main() {
             .route("/health", axum::routing::get(|| async { "ok" }));
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let backend_addr = listener.local_addr().expect("addr");
+        // A second listener of the same backend: the decode worker of the P/D path.
+        let second = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let second_addr = second.local_addr().expect("addr");
+        let also = backend.clone();
         tokio::spawn(async move { axum::serve(listener, backend).await });
+        tokio::spawn(async move { axum::serve(second, also).await });
 
         let text = format!(
             "policy = \"least_request\"\n[[workers]]\nid = \"b\"\nurl = \"http://{backend_addr}\"\nmodels = [\"m\"]\n"
@@ -246,9 +291,12 @@ fn main() {
             ),
         ];
         let mut processes = Vec::new();
-        let (p, url) = bare_forwarder_process(backend_addr);
+        let (p, url) = bare_forwarder_process(backend_addr, false);
         processes.push(p);
         paths.push((FLOOR, url));
+        let (p, url) = bare_forwarder_process(backend_addr, true);
+        processes.push(p);
+        paths.push((FLOOR_READ, url));
         let this = Path::new(env!("CARGO_BIN_EXE_kvroute"));
         let (p, url) = kvroute_process(this, backend_addr, &dir, "least_request");
         processes.push(p);
@@ -256,14 +304,20 @@ fn main() {
         let (p, url) = kvroute_process(this, backend_addr, &dir, "kv_aware");
         processes.push(p);
         paths.push((KV_AWARE, url));
+        let (p, url) = kvroute_pd_process(this, (backend_addr, second_addr), &dir);
+        processes.push(p);
+        paths.push((PD, url));
         if let Ok(baseline) = std::env::var("KVROUTE_BENCH_BASELINE") {
-            let (p, url) = kvroute_process(Path::new(&baseline), backend_addr, &dir, "kv_aware");
+            let baseline = Path::new(&baseline);
+            let (p, url) = kvroute_process(baseline, backend_addr, &dir, "kv_aware");
             processes.push(p);
             paths.push((BASELINE, url));
-            let (p, url) =
-                kvroute_process(Path::new(&baseline), backend_addr, &dir, "least_request");
+            let (p, url) = kvroute_process(baseline, backend_addr, &dir, "least_request");
             processes.push(p);
             paths.push((BASELINE_LOAD, url));
+            let (p, url) = kvroute_pd_process(baseline, (backend_addr, second_addr), &dir);
+            processes.push(p);
+            paths.push((BASELINE_PD, url));
         }
         if let Ok(python) = std::env::var("KVROUTE_BENCH_SGLANG_ROUTER") {
             let (p, url) = sglang_router(&python, backend_addr);
@@ -320,12 +374,14 @@ fn main() {
             }
         }
         if let Some((f_m, f_p)) = added_by(FLOOR) {
-            for name in [KV_AWARE, BASELINE, SGLANG] {
+            for name in [FLOOR_READ, KV_AWARE, BASELINE, PD, BASELINE_PD, SGLANG] {
                 if let Some((m, p)) = added_by(name) {
                     println!(
-                        "{name} adds {:.1} µs (median), {:.1} µs (p99) beyond the bare forwarder",
+                        "{name} adds {:.1} µs (median), {:.1} µs (p99) beyond the bare forwarder: {:.2}× / {:.2}× what it adds",
                         m - f_m,
-                        p - f_p
+                        p - f_p,
+                        m / f_m,
+                        p / f_p,
                     );
                 }
             }

@@ -1,5 +1,6 @@
-//! Talking to workers: the pooled upstream client, forwarding with retries before the first
-//! byte, and the observed response body.
+//! Talking to workers: the pooled upstream client, one send to one worker ([`Upstream`]),
+//! forwarding with retries before the first byte, whole or as a prefill/decode pair
+//! ([`dispatch`]), and the observed response body.
 //!
 //! A request is retried only while nothing has reached the client, and only on a failure that
 //! says something about the worker: a failed connection, an error or timeout before the
@@ -11,6 +12,7 @@
 //! so a client never sees output twice.
 
 pub mod body;
+pub mod dispatch;
 pub mod first_token;
 pub mod handoff;
 pub mod headers;
@@ -25,11 +27,11 @@ pub mod usage;
 use crate::tls::upstream::WorkerConnector;
 use crate::tls::{self, TlsError, UpstreamTls};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use http::{HeaderMap, HeaderValue, Method, Request, Response};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
@@ -37,14 +39,12 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tracing::{Instrument, field};
 
 use crate::fleet::DP_RANK_HEADER;
-use crate::metrics::Metrics;
-use crate::openai::ApiError;
-use crate::routing::{Attempt, Attempts};
+use crate::routing::Attempt;
 use crate::telemetry::{self, TARGET as TRACE};
 
 pub use body::{BodyTimeouts, End, ObservedBody, ResponseObserver};
 pub use hops::{HopId, VIA_HEADER};
-pub use outcome::{Outcome, WorkerFault};
+pub use outcome::{Failure, Outcome, WorkerFault, charges_worker};
 pub use retry_budget::{RetryBudget, RetryBudgetConfig};
 
 /// Proxy settings.
@@ -95,41 +95,6 @@ pub struct Upstream {
     hop: HopId,
 }
 
-/// Why one attempt failed: each kind is the worker's failure, charged to its breaker and
-/// retried elsewhere while the budget allows.
-#[derive(Debug)]
-enum Failure {
-    /// Could not connect: the request never left.
-    Connect(String),
-    /// Sent, but no response head arrived (reset, end of stream, timeout).
-    NoResponse(String),
-    /// The worker (or a gateway in front of it) answered 502, 503 or 504: it cannot serve now.
-    Unavailable(Response<Incoming>),
-}
-
-impl Failure {
-    /// The worker's fault, and what happened (for the log and the client's error).
-    fn fault(&self) -> (WorkerFault, String) {
-        match self {
-            Failure::Connect(e) => (WorkerFault::Connect, e.clone()),
-            Failure::NoResponse(e) => (WorkerFault::NoResponse, e.clone()),
-            Failure::Unavailable(r) => {
-                (WorkerFault::Unavailable, format!("answered {}", r.status()))
-            }
-        }
-    }
-}
-
-/// Whether an answer with `status` is the worker's failure rather than the request's own
-/// answer: 502 Bad Gateway, 503 Service Unavailable and 504 Gateway Timeout say the worker
-/// cannot serve now; a 500 or any other status is what this request got.
-pub fn charges_worker(status: StatusCode) -> bool {
-    matches!(
-        status,
-        StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT
-    )
-}
-
 impl Upstream {
     /// A client with `config`; fails when its TLS files cannot be used.
     pub fn new(config: ProxyConfig) -> Result<Upstream, TlsError> {
@@ -171,170 +136,6 @@ impl Upstream {
             tls: old.tls.clone(),
             ..new.clone()
         }));
-    }
-
-    /// Sends `body` with `method` to `path` (and query) on workers the routing `session`
-    /// chooses, retrying on another worker while nothing has reached the client, until the
-    /// session has no worker left.
-    ///
-    /// Returns the attempt that answered and its response; the caller streams it on.
-    pub async fn forward(
-        &self,
-        method: &Method,
-        path: &str,
-        client_headers: &HeaderMap,
-        body: Bytes,
-        metrics: &Metrics,
-        session: &mut (dyn Attempts + Send),
-    ) -> Result<(Attempt, Response<Incoming>), ApiError> {
-        let config = self.config.load_full();
-        let mut headers = headers::upstream_request_headers(client_headers);
-        self.hop.stamp(&mut headers);
-        let mut last_error: Option<ApiError> = None;
-        self.budget.record_request(Instant::now());
-        let mut retry_reason: Option<&'static str> = None;
-        let mut last_answer: Option<(Attempt, Response<Incoming>)> = None;
-        for attempt_no in 0..=config.retries {
-            if attempt_no > 0 {
-                if !self.budget.try_retry(Instant::now()) {
-                    metrics.retries_denied.inc();
-                    tracing::warn!("retry budget exhausted; not retrying");
-                    break;
-                }
-                if let Some(reason) = retry_reason.take() {
-                    metrics.retries.with_label_values(&[reason]).inc();
-                    if let Some(side) = session.side() {
-                        metrics
-                            .disaggregation
-                            .retries
-                            .with_label_values(&[side.as_str(), reason])
-                            .inc();
-                    }
-                }
-            }
-            let decided = {
-                let decide = tracing::info_span!(target: TRACE, "decide", attempt = attempt_no, worker = field::Empty);
-                let _in = decide.enter();
-                let decided = session.next_attempt();
-                if let Some(a) = &decided {
-                    decide.record("worker", a.worker.id());
-                }
-                decided
-            };
-            let Some(attempt) = decided else {
-                break;
-            };
-            if let Some(side) = session.side() {
-                metrics
-                    .disaggregation
-                    .picks
-                    .with_label_values(&[side.as_str(), attempt.worker.id()])
-                    .inc();
-            }
-            let worker_id = attempt.worker.id().to_string();
-            let last_chance = attempt_no == config.retries;
-            match self
-                .send(
-                    &attempt,
-                    method,
-                    path,
-                    &headers,
-                    body.clone(),
-                    config.first_byte_timeout,
-                )
-                .await
-            {
-                Ok(resp) => {
-                    outcome::account(
-                        &attempt.worker,
-                        Outcome::Answered,
-                        "",
-                        metrics,
-                        Instant::now(),
-                    );
-                    return Ok((attempt, resp));
-                }
-                Err(failure) => {
-                    let (fault, message) = failure.fault();
-                    let failed = Outcome::Failed(fault);
-                    outcome::account(&attempt.worker, failed, &message, metrics, Instant::now());
-                    last_error = Some(ApiError::new(
-                        StatusCode::BAD_GATEWAY,
-                        "upstream_error",
-                        Some("upstream_unavailable"),
-                        format!("worker `{worker_id}` failed: {message}"),
-                    ));
-                    // Kept so that, if no retry follows, the client sees the worker's own error.
-                    last_answer = match failure {
-                        Failure::Unavailable(resp) => Some((attempt, resp)),
-                        _ => None,
-                    };
-                    if !last_chance {
-                        retry_reason = Some(fault.kind());
-                    }
-                }
-            }
-        }
-        if let Some(answer) = last_answer {
-            return Ok(answer);
-        }
-        Err(last_error.unwrap_or_else(ApiError::no_worker))
-    }
-
-    /// Takes one retry from the retry budget (a disaggregated request sent again as a whole
-    /// pair); false when recent traffic allows none.
-    pub fn try_retry(&self) -> bool {
-        self.budget.try_retry(Instant::now())
-    }
-
-    /// Sends `body` once to `attempt`'s worker, without retrying (SGLang's pair is sent to
-    /// both workers at once and retried as a pair); the worker's circuit and health learn the
-    /// outcome as for [`Upstream::forward`]. A worker's failure is a 502 error naming it.
-    pub async fn send_once(
-        &self,
-        attempt: &Attempt,
-        method: &Method,
-        path: &str,
-        client_headers: &HeaderMap,
-        body: Bytes,
-        metrics: &Metrics,
-    ) -> Result<Response<Incoming>, ApiError> {
-        let config = self.config.load_full();
-        let mut headers = headers::upstream_request_headers(client_headers);
-        self.hop.stamp(&mut headers);
-        let worker_id = attempt.worker.id();
-        let now = Instant::now;
-        let failure = match self
-            .send(
-                attempt,
-                method,
-                path,
-                &headers,
-                body,
-                config.first_byte_timeout,
-            )
-            .await
-        {
-            Ok(resp) => {
-                outcome::account(&attempt.worker, Outcome::Answered, "", metrics, now());
-                return Ok(resp);
-            }
-            Err(f) => f,
-        };
-        let (fault, message) = failure.fault();
-        outcome::account(
-            &attempt.worker,
-            Outcome::Failed(fault),
-            &message,
-            metrics,
-            now(),
-        );
-        Err(ApiError::new(
-            StatusCode::BAD_GATEWAY,
-            "upstream_error",
-            Some("upstream_unavailable"),
-            format!("worker `{worker_id}` failed: {message}"),
-        ))
     }
 
     /// Sends the request to `attempt`'s worker, pinned to its data-parallel rank if it has one.
@@ -379,15 +180,7 @@ impl Upstream {
         if let Ok(Ok(resp)) = &sent {
             span.record("status", resp.status().as_u16());
         }
-        match sent {
-            Err(_) => Err(Failure::NoResponse(format!(
-                "no response within {first_byte_timeout:?}"
-            ))),
-            Ok(Err(e)) if e.is_connect() => Err(Failure::Connect(error_chain(&e))),
-            Ok(Err(e)) => Err(Failure::NoResponse(error_chain(&e))),
-            Ok(Ok(resp)) if charges_worker(resp.status()) => Err(Failure::Unavailable(resp)),
-            Ok(Ok(resp)) => Ok(resp),
-        }
+        outcome::classify(sent, first_byte_timeout)
     }
 }
 

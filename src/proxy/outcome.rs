@@ -1,18 +1,24 @@
-//! What an attempt's outcome says about its worker, accounted in one place: the worker's
-//! circuit breaker, its passive health and `kvroute_upstream_errors_total`.
+//! What an attempt's outcome says about its worker, classified and accounted in one place:
+//! the worker's circuit breaker, its passive health and `kvroute_upstream_errors_total`.
 //!
-//! Every site that learns how an attempt ended — the proxy's forwarding with retries and its
-//! single sends, a disaggregated request's prefill answer and decode first token, a response
-//! that broke off while streaming — calls [`account`], so a failure of a given kind costs the
-//! worker the same wherever it is seen, and is counted and logged the same way.
+//! [`classify`] turns what one send came to (a connection error, no head in time, a head)
+//! into the answer or the worker's [`Failure`]; [`account`] charges an [`Outcome`]. Only
+//! `proxy::dispatch` calls [`account`] — for every send it makes (whole requests, both sides
+//! of a pair) and for every answer that broke off after its head (a prefill's answer without
+//! its hand-off, a decode that failed before its first token, a stream the worker cut) — so a
+//! failure of a given kind costs the worker the same wherever it is seen, and is counted and
+//! logged the same way.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use http::{Response, StatusCode};
+use hyper::body::Incoming;
 
 use crate::fleet::Worker;
 use crate::metrics::Metrics;
 
 /// How a worker failed an attempt (never the request's own answer, a 500 included: see
-/// [`super::charges_worker`]).
+/// [`charges_worker`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WorkerFault {
     /// The connection failed: the request never left, and the worker is presumed down until
@@ -46,6 +52,61 @@ pub enum Outcome {
     Answered,
     /// It failed so.
     Failed(WorkerFault),
+}
+
+/// Why one send failed: each kind is the worker's failure, charged to its breaker and retried
+/// elsewhere while the budget allows.
+#[derive(Debug)]
+pub enum Failure {
+    /// Could not connect: the request never left.
+    Connect(String),
+    /// Sent, but no response head arrived (reset, end of stream, timeout).
+    NoResponse(String),
+    /// The worker (or a gateway in front of it) answered 502, 503 or 504: it cannot serve now.
+    Unavailable(Box<Response<Incoming>>),
+}
+
+impl Failure {
+    /// The worker's fault, and what happened (for the log and the client's error).
+    pub fn fault(&self) -> (WorkerFault, String) {
+        match self {
+            Failure::Connect(e) => (WorkerFault::Connect, e.clone()),
+            Failure::NoResponse(e) => (WorkerFault::NoResponse, e.clone()),
+            Failure::Unavailable(r) => {
+                (WorkerFault::Unavailable, format!("answered {}", r.status()))
+            }
+        }
+    }
+}
+
+/// Whether an answer with `status` is the worker's failure rather than the request's own
+/// answer: 502 Bad Gateway, 503 Service Unavailable and 504 Gateway Timeout say the worker
+/// cannot serve now; a 500 or any other status is what this request got.
+pub fn charges_worker(status: StatusCode) -> bool {
+    matches!(
+        status,
+        StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT
+    )
+}
+
+/// What one send came to: `sent` is the client's result within `first_byte_timeout` (`Err`:
+/// the time ran out). A response head is the answer unless [`charges_worker`] says otherwise.
+pub fn classify(
+    sent: Result<
+        Result<Response<Incoming>, hyper_util::client::legacy::Error>,
+        tokio::time::error::Elapsed,
+    >,
+    first_byte_timeout: Duration,
+) -> Result<Response<Incoming>, Failure> {
+    match sent {
+        Err(_) => Err(Failure::NoResponse(format!(
+            "no response within {first_byte_timeout:?}"
+        ))),
+        Ok(Err(e)) if e.is_connect() => Err(Failure::Connect(super::error_chain(&e))),
+        Ok(Err(e)) => Err(Failure::NoResponse(super::error_chain(&e))),
+        Ok(Ok(resp)) if charges_worker(resp.status()) => Err(Failure::Unavailable(Box::new(resp))),
+        Ok(Ok(resp)) => Ok(resp),
+    }
 }
 
 /// Charges `outcome` to `worker` at `now`: an answer is a success for its breaker; a failure

@@ -13,7 +13,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue};
+use http::{HeaderMap, HeaderValue, Method};
 use http_body::Body as _;
 use tracing::{Instrument, field};
 
@@ -23,13 +23,15 @@ use super::api::Api;
 use super::auth::Caller;
 use super::call::{Call, Prepared, Read, Step};
 use super::decide::{self, Decided};
-use super::observer::{Observer, Requester};
-use super::pair::{self, PairRequest};
+use super::observer::{Affinity, Observer, Requester};
 use super::trail::Trail;
 use super::{AppState, body, cache_salt, request_id};
+use crate::fleet::Worker;
 use crate::openai::{ApiError, Endpoint};
-use crate::proxy::{self, BodyTimeouts, ObservedBody, handoff};
-use crate::routing::{Plan, Session};
+use crate::proxy::dispatch::{Dispatched, Dispatcher, Route};
+use crate::proxy::handoff::{self, Protocol};
+use crate::proxy::{self, BodyTimeouts, ObservedBody};
+use crate::routing::{Attempt, Plan};
 use crate::telemetry::{self, TARGET as TRACE};
 
 /// Header naming the worker that served a response.
@@ -93,10 +95,10 @@ pub(super) async fn handle(state: Arc<AppState>, call: Call, body: Body, read: R
         status = field::Empty,
     );
     telemetry::continue_trace(&span, &call.headers);
-    respond(state, call, body, read).instrument(span).await
+    process(state, call, body, read).instrument(span).await
 }
 
-async fn respond(state: Arc<AppState>, call: Call, body: Body, read: Read) -> Response {
+async fn process(state: Arc<AppState>, call: Call, body: Body, read: Read) -> Response {
     let started = Instant::now();
     let id = request_id::of(&call.headers).to_owned();
     let api = call.api;
@@ -226,7 +228,8 @@ pub(super) async fn receive(
     Ok((caller, received))
 }
 
-/// Routes and forwards a read request; the response streams back observed.
+/// Routes and forwards a read request: decide (eligibility and analysis) → rewrite the body →
+/// dispatch (with retries, whole or as a pair) → respond (the answer streams back observed).
 async fn forward(
     state: &Arc<AppState>,
     caller: Caller,
@@ -247,141 +250,208 @@ async fn forward(
         affinity,
         response_id,
     } = prepared;
-    let span = tracing::Span::current();
-    if let Some(m) = &model {
-        span.record("model", m.as_str());
-    }
-    if let Some(tenant) = caller.tenant() {
-        span.record("tenant", tenant);
-    }
+    name_in_span(model.as_deref(), &caller);
     let client_salt = salt.as_ref().and_then(|s| s.as_deref());
-    let Decided {
-        eligible,
-        mut analysis,
-        view,
-        salt: salt_value,
-        client_params,
-        started: decision_started,
-        ..
-    } = decide::decide(
+    let model_ref = model.as_deref();
+    let api = call.api;
+    let mut decided = decide::decide(
         state,
         &caller,
         &call,
-        model.as_deref(),
+        model_ref,
         client_salt,
         routing,
         bytes.len(),
     )
     .await?;
-    let slo = super::slo::apply(state, &caller, &call.headers, &mut analysis, &eligible)?;
+    let slo = super::slo::apply(
+        state,
+        &caller,
+        &call.headers,
+        &mut decided.analysis,
+        &decided.eligible,
+    )?;
     let reservation = super::reserve::reserve(
         state,
         &caller,
-        &analysis,
-        view.as_ref(),
-        salt_value.as_deref(),
+        &decided.analysis,
+        decided.view.as_ref(),
+        decided.salt.as_deref(),
     )?;
-    let body_bytes = bytes.len();
-    let paired = eligible.plan == Plan::Pair;
-    let eligible = eligible.workers;
-    // Only prompts are hashed for the prefix metrics and the recorded trace.
-    let mut trail = match view {
-        Some(view) => Trail::start(
-            state,
-            &analysis,
-            (view, body_bytes),
-            salt_value.clone(),
-            started,
-        ),
-        None => Trail::Off,
+    let trail = trail(state, &mut decided, bytes.len(), started);
+    let edits = Edits {
+        tenant_salt: salt.is_some().then_some(decided.salt.as_deref()),
+        response_id: response_id.as_deref(),
+        client_params: decided.client_params,
     };
-    // The salted copy of the body is made only now that the prompt's token ids are gone (the
-    // analysis keeps block hashes), so a large body never has the original, its ids and the
-    // copy alive at once: peak memory stays near twice the body, not three times.
-    let bytes = match (&salt, &model) {
-        (Some(_), Some(m)) => tenant_body(state, &caller, salt_value.as_deref(), m, bytes)?,
-        _ => bytes,
-    };
-    let bytes = match &response_id {
-        Some(id) => super::responses::with_response_id(bytes, id)?,
-        None => bytes,
-    };
-    // A client's own KV hand-off parameters never reach an engine (see `without_client_params`).
-    let bytes = if client_params {
-        handoff::without_client_params(bytes)
-    } else {
-        bytes
-    };
+    let bytes = rewrite(state, &caller, model_ref, edits, bytes)?;
     drop(claim);
     let Call {
-        api,
         method,
         target,
         headers,
+        ..
     } = call;
     let headers = upstream_headers(state, headers);
-    let (attempt, upstream, held, prefill) = if paired {
-        let request = PairRequest {
-            method: &method,
-            target: &target,
-            headers: &headers,
-            body: bytes,
-            analysis,
-            eligible,
-            protocol: state.handoff(model.as_deref().unwrap_or_default()),
-            started: decision_started,
-        };
-        let p = pair::forward(state, request).await?;
-        (p.attempt, p.response, p.held, p.prefill)
-    } else {
-        let clock = || state.now();
-        let mut session = Session::new(
-            &state.decider,
-            &state.metrics,
-            eligible,
-            analysis,
-            &clock,
-            decision_started,
-        );
-        let (attempt, upstream) = state
-            .upstream
-            .forward(
-                &method,
-                &target,
-                &headers,
-                bytes,
-                &state.metrics,
-                &mut session,
-            )
-            .await?;
-        (attempt, upstream, Vec::new(), None)
-    };
-    span.record("worker", attempt.worker.id());
-    let (parts, incoming) = upstream.into_parts();
-    let mut out_headers = proxy::headers::client_response_headers(&parts.headers);
-    if let Ok(v) = HeaderValue::from_str(attempt.worker.id()) {
-        out_headers.insert(WORKER_HEADER, v);
-    }
-    if let Some(v) = prefill
-        .as_ref()
-        .and_then(|p| HeaderValue::from_str(p.id()).ok())
-    {
-        out_headers.insert(PREFILL_WORKER_HEADER, v);
-    }
-    if let Some(rank) = attempt.pinned() {
-        out_headers.insert(RANK_HEADER, HeaderValue::from(rank));
-    }
-    let sse = proxy::is_event_stream(&parts.headers);
-    trail.routed(attempt.target());
-    let model_label = match &model {
-        Some(m) if state.fleet.knows_model(m) => m.clone(),
-        _ => "-".to_owned(),
-    };
+    let dispatched = dispatch(
+        state,
+        decided,
+        model_ref,
+        (&method, &target, &headers),
+        bytes,
+    )
+    .await?;
     let requester = Requester {
         id: request_id::of(&headers).to_owned(),
         tenant: caller.tenant().map(str::to_owned),
         model: model.unwrap_or_else(|| "-".to_owned()),
         api,
+    };
+    let answering = Answering {
+        ticket,
+        trail,
+        requester,
+        affinity,
+        reservation,
+        slo,
+        started,
+    };
+    Ok(respond(state, dispatched, answering))
+}
+
+/// Names the request's model and tenant on its span.
+fn name_in_span(model: Option<&str>, caller: &Caller) {
+    let span = tracing::Span::current();
+    if let Some(m) = model {
+        span.record("model", m);
+    }
+    if let Some(tenant) = caller.tenant() {
+        span.record("tenant", tenant);
+    }
+}
+
+/// What follows a request's response: its prompt hashed for the prefix metrics and the
+/// recorded trace (only prompts are), from the decided view (taken).
+fn trail(
+    state: &Arc<AppState>,
+    decided: &mut Decided,
+    body_bytes: usize,
+    started: Instant,
+) -> Trail {
+    match decided.view.take() {
+        Some(view) => Trail::start(
+            state,
+            &decided.analysis,
+            (view, body_bytes),
+            decided.salt.clone(),
+            started,
+        ),
+        None => Trail::Off,
+    }
+}
+
+/// What is written into a request's body before it is sent.
+struct Edits<'a> {
+    /// `Some(salt)`: the tenant's cache salt (or none) is written in.
+    tenant_salt: Option<Option<&'a str>>,
+    /// The tenant-namespaced `request_id`, written in.
+    response_id: Option<&'a str>,
+    /// Whether the body carries the client's own `kv_transfer_params` (removed).
+    client_params: bool,
+}
+
+/// The body as it is sent. The salted copy is made only now that the prompt's token ids are
+/// gone (the analysis keeps block hashes), so a large body never has the original, its ids and
+/// the copy alive at once: peak memory stays near twice the body, not three times.
+fn rewrite(
+    state: &AppState,
+    caller: &Caller,
+    model: Option<&str>,
+    edits: Edits<'_>,
+    bytes: Bytes,
+) -> Result<Bytes, ApiError> {
+    let bytes = match (edits.tenant_salt, model) {
+        (Some(salt), Some(m)) => tenant_body(state, caller, salt, m, bytes)?,
+        _ => bytes,
+    };
+    let bytes = match edits.response_id {
+        Some(id) => super::responses::with_response_id(bytes, id)?,
+        None => bytes,
+    };
+    // A client's own KV hand-off parameters never reach an engine (see `without_client_params`).
+    Ok(if edits.client_params {
+        handoff::without_client_params(bytes)
+    } else {
+        bytes
+    })
+}
+
+/// Sends the decided request (`method`, `target`, `headers` as sent on) through the proxy's
+/// one dispatch: whole, or as its model's prefill/decode pair.
+async fn dispatch(
+    state: &Arc<AppState>,
+    decided: Decided,
+    model: Option<&str>,
+    request: (&Method, &str, &HeaderMap),
+    bytes: Bytes,
+) -> Result<Dispatched, ApiError> {
+    let protocol = match decided.eligible.plan {
+        Plan::Pair => state.handoff(model.unwrap_or_default()),
+        Plan::Whole => Protocol::default(),
+    };
+    let route = Route {
+        eligible: decided.eligible,
+        analysis: decided.analysis,
+        started: decided.started,
+        protocol,
+    };
+    let clock = || state.now();
+    let dispatcher = Dispatcher::new(&state.upstream, &state.decider, &state.metrics, &clock);
+    dispatcher.dispatch(route, request, bytes).await
+}
+
+/// What a dispatched request's answer is observed with.
+struct Answering {
+    /// The request's admission slot, held until its response ends.
+    ticket: Ticket,
+    trail: Trail,
+    requester: Requester,
+    affinity: Option<Affinity>,
+    /// The tokens and request it reserved against its tenant's rate limits (settled at its end).
+    reservation: Option<super::rate_limit::Reservation>,
+    /// Its latency targets, counted against what it got.
+    slo: super::slo::Hints,
+    /// When the request arrived.
+    started: Instant,
+}
+
+/// The client's response: the worker's head (with the router's own headers naming who served
+/// it) and its body streaming back observed, within the proxy's timeouts on both sides.
+fn respond(state: &AppState, dispatched: Dispatched, answering: Answering) -> Response {
+    let Dispatched {
+        attempt,
+        response,
+        held,
+        prefill,
+        charge,
+    } = dispatched;
+    let Answering {
+        ticket,
+        mut trail,
+        requester,
+        affinity,
+        reservation,
+        slo,
+        started,
+    } = answering;
+    tracing::Span::current().record("worker", attempt.worker.id());
+    let (parts, incoming) = response.into_parts();
+    let out_headers = client_headers(&parts.headers, &attempt, prefill.as_deref());
+    let sse = proxy::is_event_stream(&parts.headers);
+    trail.routed(attempt.target());
+    let model_label = match requester.model.as_str() {
+        m if state.fleet.knows_model(m) => m.to_owned(),
+        _ => "-".to_owned(),
     };
     let learn = affinity.is_some();
     let observer = Observer::new(
@@ -398,11 +468,12 @@ async fn forward(
     .with_slo(slo)
     .with_trail(trail, sse)
     .with_prefill(prefill);
+    let config = state.upstream.config();
     let timeouts = BodyTimeouts {
-        idle: state.upstream.config().idle_timeout,
-        total: state.upstream.config().total_timeout,
+        idle: config.idle_timeout,
+        total: config.total_timeout,
     };
-    let mut body = ObservedBody::new(incoming, sse, timeouts, observer)
+    let mut body = ObservedBody::new(incoming, sse, timeouts, charge.watching(observer))
         .with_held(held)
         .cut_on(state.cutoff.clone());
     if learn {
@@ -416,7 +487,27 @@ async fn forward(
         idle: timeouts.idle,
         total_at: tokio::time::Instant::now() + timeouts.total,
     });
-    Ok(resp)
+    resp
+}
+
+/// The client's response headers: the worker's (hop-by-hop ones gone) and who served it —
+/// the worker, its data-parallel rank, a pair's prefill worker.
+fn client_headers(
+    worker_headers: &HeaderMap,
+    attempt: &Attempt,
+    prefill: Option<&Worker>,
+) -> HeaderMap {
+    let mut out = proxy::headers::client_response_headers(worker_headers);
+    if let Ok(v) = HeaderValue::from_str(attempt.worker.id()) {
+        out.insert(WORKER_HEADER, v);
+    }
+    if let Some(v) = prefill.and_then(|p| HeaderValue::from_str(p.id()).ok()) {
+        out.insert(PREFILL_WORKER_HEADER, v);
+    }
+    if let Some(rank) = attempt.pinned() {
+        out.insert(RANK_HEADER, HeaderValue::from(rank));
+    }
+    out
 }
 
 /// The body to send: a tenant's request carries its namespaced salt to the engine (or none at

@@ -25,7 +25,6 @@ mod listen;
 mod observer;
 mod open_connections;
 mod ops;
-mod pair;
 mod peer;
 mod rate_limit;
 mod read;

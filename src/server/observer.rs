@@ -12,7 +12,6 @@ use super::api::Api;
 use super::slo::Hints;
 use super::trail::Trail;
 use crate::metrics::Metrics;
-use crate::proxy::outcome::{self, Outcome, WorkerFault};
 use crate::proxy::output_tokens::OutputTokens;
 use crate::proxy::usage::UsageScan;
 use crate::proxy::{End, ResponseObserver};
@@ -246,17 +245,6 @@ impl ResponseObserver for Observer {
         }
         let output = self.output.as_ref().and_then(OutputTokens::count);
         self.trail.end(self.status.is_success(), output);
-        if end == End::UpstreamError {
-            let broken = Outcome::Failed(WorkerFault::BrokenAnswer);
-            let detail = "its response broke off";
-            outcome::account(
-                &self.attempt.worker,
-                broken,
-                detail,
-                &self.metrics,
-                Instant::now(),
-            );
-        }
         let status = match end {
             End::Complete => self.status.as_str(),
             End::UpstreamError => "upstream_error",

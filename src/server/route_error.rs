@@ -31,8 +31,3 @@ impl From<RouteError> for ApiError {
         }
     }
 }
-
-/// Whether `e` is the answer of [`RouteError::NoWorker`].
-pub(super) fn is_no_worker(e: &ApiError) -> bool {
-    e.code == ApiError::no_worker().code
-}

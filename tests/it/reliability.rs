@@ -488,7 +488,7 @@ async fn the_retry_budget_stops_retry_storms() {
     let r = start_router_over(
         PolicyKind::RoundRobin,
         &[&x, &y],
-        "[proxy]\nretry_budget_ratio = 0.0\nretry_budget_min_per_s = 0.2\nbreaker_min_requests = 100\n",
+        "[proxy]\nretry_budget_ratio = 0.2\nretry_budget_min_per_s = 0\nbreaker_min_requests = 100\n",
     )
     .await;
     let c = client();
@@ -496,7 +496,8 @@ async fn the_retry_budget_stops_retry_storms() {
         let resp = complete(&c, r.addr, &json!({"model": "m", "prompt": "x"})).await;
         assert_eq!(resp.status(), 503, "the worker's own error is passed on");
     }
-    // 0.2 retries/s over a 10 s window: two retries, then none.
+    // 0.2 retries per request (one per five) and no floor: of ten requests the fifth and the
+    // tenth are retried, the other eight are not.
     assert_eq!(x.count() + y.count(), 12);
     let metrics = metrics_text(r.addr).await;
     assert!(

@@ -11,7 +11,7 @@
 //!   random room ([`sglang::with_bootstrap`]); the client gets the decode worker's answer.
 //!
 //! Which one a model speaks is its `[[models]] disaggregation` (default: its `engine`).
-//! These are pure functions of bytes; the flow that calls them is `server::pair`.
+//! These are pure functions of bytes; the flow that calls them is `proxy::dispatch` (`pair`, `vllm`, `sglang`).
 
 pub mod first_token;
 pub mod sglang;
