@@ -46,8 +46,14 @@ fn main() -> std::process::ExitCode {
                     let _logs = telemetry::init(kvroute::config::LogFormat::Text, None)?;
                     Ok((kvroute::engine::run(args).await, None))
                 }
-                Command::Completions(args) => Ok((kvroute::manual::run_completions(args), None)),
-                Command::Man(args) => Ok((kvroute::manual::run_man(args), None)),
+                Command::Completions(args) => Ok((
+                    kvroute::manual::run_completions(args, kvroute::cli::command()),
+                    None,
+                )),
+                Command::Man(args) => Ok((
+                    kvroute::manual::run_man(args, kvroute::cli::command()),
+                    None,
+                )),
                 #[cfg(feature = "lab")]
                 Command::Bench(args) => Ok((kvroute::bench::run(args).await, None)),
                 #[cfg(feature = "lab")]

@@ -14,7 +14,7 @@
 //! medium `CPU`. One offloaded chunk is one block here (vLLM's default `blocks_per_chunk`).
 
 use super::free_queue::{BlockId, FreeQueue};
-use super::kv_cache::IdMap;
+use super::id_map::IdMap;
 use crate::kv_events::{BlockRemoved, BlockStored, EngineHash, KvEvent};
 
 /// How the tier announces its blocks.

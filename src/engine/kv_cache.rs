@@ -13,11 +13,9 @@
 //! router forget a block that is still cached. Here the second copy stays uncommitted and no
 //! event is sent, so the event stream describes exactly the set of cached hashes.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
-
 use super::cpu_tier::{CpuTier, CpuTierConfig};
 use super::free_queue::{BlockId, FreeQueue};
+use super::id_map::IdMap;
 use crate::kv_events::{BlockRemoved, BlockStored, EngineHash, KvEvent};
 
 /// The blocks one request holds, in token order.
@@ -49,29 +47,6 @@ pub struct SeqView<'a> {
 /// Not enough free blocks for the requested allocation; nothing was changed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OutOfBlocks;
-
-/// A cheap hasher for maps keyed by `u64` ids (engine hashes, request ids): one multiply-xor
-/// round instead of SipHash, which dominates a simulated step otherwise.
-#[derive(Default)]
-pub struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        let x = (n ^ (n >> 31)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        self.0 = x ^ (x >> 29);
-    }
-}
-
-/// A map keyed by already-hashed ids.
-pub type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 
 /// The paged KV cache of one engine.
 #[derive(Debug)]

@@ -22,7 +22,8 @@
 
 use std::collections::VecDeque;
 
-use super::kv_cache::{IdMap, KvCache, SeqView};
+use super::id_map::IdMap;
+use super::kv_cache::{KvCache, SeqView};
 use super::request::{Pull, Request, RequestId};
 use super::transfer::{KvPull, TransferModel};
 

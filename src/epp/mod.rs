@@ -15,6 +15,7 @@
 //! is known: `health`), Prometheus on 9090.
 
 mod args;
+mod channel;
 mod health;
 pub mod metadata;
 pub mod protocol;

@@ -10,9 +10,9 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{HttpBody, ProcessingRequest}
 use http::StatusCode;
 use tonic::{Status, Streaming};
 
+use super::channel::{Modes, Out};
 use super::metadata::{self, Headers};
 use super::protocol::{self, header};
-use super::stream::{Modes, Out};
 use crate::proxy::first_token::FirstTokenDetector;
 use crate::proxy::{End, ResponseObserver};
 use crate::server::WORKER_HEADER;

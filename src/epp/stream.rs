@@ -14,7 +14,6 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use bytes::Bytes;
-use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessor;
 use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
@@ -24,6 +23,7 @@ use futures_util::Stream;
 use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 
+use super::channel::{Out, modes};
 use super::metadata::{self, Headers};
 use super::protocol::{self, header};
 use super::response;
@@ -73,43 +73,6 @@ impl ExternalProcessor for Picker {
             );
         Ok(tonic::Response::new(Box::pin(answers)))
     }
-}
-
-/// The stream's answers to the gateway.
-pub(super) struct Out(mpsc::Sender<Result<ProcessingResponse, Status>>);
-
-impl Out {
-    /// Sends `answer`; `false` when the gateway has gone.
-    pub(super) async fn send(&self, answer: ProcessingResponse) -> bool {
-        self.0.send(Ok(answer)).await.is_ok()
-    }
-}
-
-/// The body modes the gateway announced on the stream's first message.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Modes {
-    /// The response body comes chunk by chunk and must be streamed back.
-    pub(super) response_full_duplex: bool,
-}
-
-fn modes(first: &ProcessingRequest) -> Result<Modes, Status> {
-    let (request, response) = first.protocol_config.as_ref().map_or(
-        (
-            BodySendMode::FullDuplexStreamed as i32,
-            BodySendMode::None as i32,
-        ),
-        |p| (p.request_body_mode, p.response_body_mode),
-    );
-    let duplex = BodySendMode::FullDuplexStreamed as i32;
-    if request != duplex && request != BodySendMode::None as i32 {
-        return Err(Status::failed_precondition(
-            "kvroute epp picks after the whole request body: configure the gateway's ext_proc \
-             with request_body_mode FULL_DUPLEX_STREAMED",
-        ));
-    }
-    Ok(Modes {
-        response_full_duplex: response == duplex,
-    })
 }
 
 /// The whole conversation of one request.
