@@ -14,8 +14,8 @@
 //! medium `CPU`. One offloaded chunk is one block here (vLLM's default `blocks_per_chunk`).
 
 use super::free_queue::{BlockId, FreeQueue};
-use super::id_map::IdMap;
 use crate::kv_events::{BlockRemoved, BlockStored, EngineHash, KvEvent};
+use crate::tokens::IdMap;
 
 /// How the tier announces its blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

@@ -8,9 +8,9 @@
 //! here: the blocks stay referenced — counted in KV usage, never evicted, and still hit by
 //! later prompts through the prefix cache — until [`HeldBlocks::release`] or the expiry.
 
-use super::id_map::IdMap;
 use super::kv_cache::{BlockTable, KvCache};
 use super::request::RequestId;
+use crate::tokens::IdMap;
 
 /// One finished prefill's blocks and when they are freed anyway.
 #[derive(Debug)]

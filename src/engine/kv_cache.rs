@@ -15,8 +15,8 @@
 
 use super::cpu_tier::{CpuTier, CpuTierConfig};
 use super::free_queue::{BlockId, FreeQueue};
-use super::id_map::IdMap;
 use crate::kv_events::{BlockRemoved, BlockStored, EngineHash, KvEvent};
+use crate::tokens::IdMap;
 
 /// The blocks one request holds, in token order.
 #[derive(Clone, Debug, Default)]

@@ -27,7 +27,6 @@ pub mod free_queue;
 pub mod handoff_routes;
 pub mod held;
 pub mod http;
-pub mod id_map;
 pub mod kv_cache;
 pub mod kv_transfer;
 pub mod metrics;

@@ -22,10 +22,10 @@
 
 use std::collections::VecDeque;
 
-use super::id_map::IdMap;
 use super::kv_cache::{KvCache, SeqView};
 use super::request::{Pull, Request, RequestId};
 use super::transfer::{KvPull, TransferModel};
+use crate::tokens::IdMap;
 
 /// Limits of one step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -13,35 +13,13 @@
 //! announcement left. Lookups ask each worker with lower-tier blocks, starting where its GPU
 //! prefix ends, how many further blocks it holds in host memory or on disk.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::mem::size_of;
 
 use crate::fleet::WorkerId;
 use crate::kv_events::{EngineHash, Tier};
 use crate::tokens::BlockHash;
 
-/// A hasher for keys that are already hashes (engine ids, kvroute block hashes): one
-/// multiply-xor round instead of SipHash on every block of every lookup.
-#[derive(Default)]
-pub(crate) struct PreHashed(u64);
-
-impl Hasher for PreHashed {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        let x = (n ^ (n >> 31)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        self.0 = x ^ (x >> 29);
-    }
-}
-
-type Map<K, V> = HashMap<K, V, BuildHasherDefault<PreHashed>>;
+type Map<K, V> = crate::tokens::IdMap<K, V>;
 
 /// One engine id's entry in a tier.
 #[derive(Clone, Copy, Debug)]

@@ -1,5 +1,6 @@
-//! Maps keyed by ids that are already hashes (engine block hashes, request ids): the simulated
-//! engine's hot maps, shared by its cache, its host tier, its scheduler and its held requests.
+//! Maps keyed by ids that are already hashes (engine block hashes, kvroute block hashes, request
+//! ids): one multiply-xor round instead of SipHash, for the index's tier maps and the simulated
+//! engine's hot maps (its cache, host tier, scheduler and held requests).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
