@@ -15,6 +15,7 @@ pub mod engine;
 #[cfg(feature = "epp")]
 pub mod epp;
 pub mod fleet;
+pub mod heap;
 pub mod index;
 pub mod kv_events;
 pub mod lifecycle;

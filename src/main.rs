@@ -5,6 +5,7 @@ use kvroute::config::Config;
 use kvroute::telemetry;
 
 fn main() -> std::process::ExitCode {
+    kvroute::heap::fix_mmap_threshold();
     let cli = kvroute::cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -108,14 +108,18 @@ async fn a_tenants_large_token_body_costs_about_twice_its_size() {
 /// The worst case: one-digit ids are the most a body can hold (a million blocks). It measured
 /// 3.25×: as `u32`s the ids took twice the body, and so did the approximate index, which
 /// inserted every predicted block before trimming to its capacity. Kept compact, the ids take
-/// half the body at most, and only the blocks the index keeps are inserted.
+/// half the body at most, and only the blocks the index keeps are inserted: 2.90–3.04×, the
+/// rest being buffers glibc kept in its heap after its mmap threshold rose; with the threshold
+/// fixed (`kvroute::heap`), 2.35×.
 #[cfg(target_os = "linux")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenants_large_body_of_one_digit_ids_costs_at_most_three_times_its_size() {
     let rise = peak_rise(one_digit_id).await;
+    // Issue target: 3×. Measured 2.35× with the fixed threshold; 2.6× leaves the allocator's
+    // slack and still fails if the dynamic threshold (2.9×) or a second copy came back.
     assert!(
-        rise <= 3.0,
-        "peak RSS rose {rise:.2}× the body size (target ≤ 3×)"
+        rise <= 2.6,
+        "peak RSS rose {rise:.2}× the body size (target ≤ 2.6×)"
     );
 }
 
