@@ -22,11 +22,10 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::routing::post;
 use bytes::Bytes;
 use hdrhistogram::Histogram;
 use http_body_util::{BodyExt, Full};
@@ -36,11 +35,12 @@ use hyper_util::rt::TokioExecutor;
 use kvroute::config::Config;
 use tokio::net::TcpListener;
 
-const BODY: &str = r#"{"model":"m","prompt":"Say hello","max_tokens":1}"#;
-const ANSWER: &str = r#"{"id":"c","object":"text_completion","choices":[{"index":0,"text":"hi","finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}"#;
-const MODELS: &str =
-    r#"{"object":"list","data":[{"id":"m","object":"model","owned_by":"bench","root":"m"}]}"#;
+#[path = "common/fake_backend.rs"]
+mod fake_backend;
 
+use fake_backend::{Process, free_addr, serve_backend, spawn_quiet};
+
+const BODY: &str = r#"{"model":"m","prompt":"Say hello","max_tokens":1}"#;
 const KV_AWARE: &str = "kvroute serve (kv_aware)";
 const FLOOR: &str = "bare hyper forwarder";
 /// The forwarder reading the whole body before it forwards (see [`bare_forwarder`]).
@@ -81,32 +81,6 @@ async fn measure(client: &BenchClient, url: &str, n: usize) -> Histogram<u64> {
         }
     }
     h
-}
-
-fn free_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr")
-}
-
-/// A router process, killed when dropped.
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts `command` with no terminal I/O, as a [`Process`] killed when dropped.
-fn spawn_quiet(command: &mut Command, what: &str) -> Process {
-    let child = command
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{what}: {e}"));
-    Process(child)
 }
 
 /// Waits until `url` answers a completion, so no path is measured while still starting.
@@ -256,24 +230,9 @@ fn main() {
     let dir = std::env::temp_dir().join(format!("kvroute-proxy-overhead-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     rt.block_on(async {
-        let backend = Router::new()
-            .route(
-                "/v1/completions",
-                post(|| async { ([("content-type", "application/json")], ANSWER) }),
-            )
-            .route(
-                "/v1/models",
-                axum::routing::get(|| async { ([("content-type", "application/json")], MODELS) }),
-            )
-            .route("/health", axum::routing::get(|| async { "ok" }));
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let backend_addr = listener.local_addr().expect("addr");
-        // A second listener of the same backend: the decode worker of the P/D path.
-        let second = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let second_addr = second.local_addr().expect("addr");
-        let also = backend.clone();
-        tokio::spawn(async move { axum::serve(listener, backend).await });
-        tokio::spawn(async move { axum::serve(second, also).await });
+        let backend_addr = serve_backend().await;
+        // A second fake engine: the decode worker of the P/D path.
+        let second_addr = serve_backend().await;
 
         let text = format!(
             "policy = \"least_request\"\n[[workers]]\nid = \"b\"\nurl = \"http://{backend_addr}\"\nmodels = [\"m\"]\n"

@@ -53,6 +53,11 @@ pub struct EppArgs {
     /// The Prometheus listener (port 9090).
     #[arg(long, default_value = "0.0.0.0:9090")]
     pub metrics_listen: SocketAddr,
+    /// Endpoints named after the pick for the gateway to fall back on when it retries
+    /// (`ip:port,ip:port…`), the decision's runners-up by their cost (default: `[proxy]
+    /// retries`, i.e. as far as `serve` would retry; 0 names the pick alone).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(0..=16))]
+    pub fallbacks: Option<u32>,
     /// PEM certificate chain of the gRPC port (with `--tls-key`; replaces `[server.tls]`).
     #[arg(long, requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,

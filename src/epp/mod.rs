@@ -78,24 +78,42 @@ impl EppHandle {
     }
 }
 
-/// Starts a picker for `config` on `listeners` (TLS on the gRPC port with `config.tls`).
+/// Starts a picker for `config` on `listeners` (TLS on the gRPC port with `config.tls`),
+/// naming as many fallback endpoints as `serve` would make retries ([`default_fallbacks`]).
 pub fn start(config: &Config, listeners: Listeners) -> anyhow::Result<EppHandle> {
-    let state = Arc::new(AppState::from_config(config)?);
-    start_with_state(state, config, listeners)
+    start_naming(config, listeners, default_fallbacks(config))
 }
 
-/// Starts a picker over prepared `state`.
+/// [`start`], naming up to `fallbacks` endpoints after each pick.
+pub fn start_naming(
+    config: &Config,
+    listeners: Listeners,
+    fallbacks: usize,
+) -> anyhow::Result<EppHandle> {
+    let state = Arc::new(AppState::from_config(config)?);
+    start_with_state(state, config, listeners, fallbacks)
+}
+
+/// Fallback endpoints named when `--fallbacks` is not given: `[proxy] retries` (1 unless
+/// set), so a gateway that retries goes down the list as far as `serve` would retry, each
+/// time to the worker the decision priced next.
+pub fn default_fallbacks(config: &Config) -> usize {
+    config.proxy.retries as usize
+}
+
+/// Starts a picker over prepared `state`, naming up to `fallbacks` endpoints after each pick.
 pub fn start_with_state(
     state: Arc<AppState>,
     config: &Config,
     listeners: Listeners,
+    fallbacks: usize,
 ) -> anyhow::Result<EppHandle> {
     let grpc_addr = listeners.grpc.local_addr()?;
     let health_addr = listeners.health.local_addr()?;
     let metrics_addr = listeners.metrics.local_addr()?;
     let stop = CancellationToken::new();
     let background = server::start_background(&state, config, &stop)?;
-    let picker = ExternalProcessorServer::new(stream::Picker::new(Arc::clone(&state)))
+    let picker = ExternalProcessorServer::new(stream::Picker::new(Arc::clone(&state), fallbacks))
         .max_decoding_message_size(stream::MAX_MESSAGE_BYTES);
     let grpc = tonic::service::Routes::new(picker).into_axum_router();
     let (reporter, health_service) = tonic_health::server::health_reporter();
@@ -146,13 +164,17 @@ pub async fn run(loaded: Loaded, args: &EppArgs) -> anyhow::Result<()> {
     };
     let state = Arc::new(AppState::from_config(config)?);
     state.metrics.config.loaded(&loaded.sha256);
-    let handle = start_with_state(state, config, listeners)?;
+    let fallbacks = args
+        .fallbacks
+        .map_or_else(|| default_fallbacks(config), |n| n as usize);
+    let handle = start_with_state(state, config, listeners, fallbacks)?;
     tracing::info!(
         grpc = %handle.grpc_addr,
         health = %handle.health_addr,
         metrics = %handle.metrics_addr,
         policy = %config.policy,
         pool = args.pool_name.as_deref().unwrap_or("-"),
+        fallbacks,
         "kvroute is picking endpoints"
     );
     let stop = handle.stop_token();

@@ -38,12 +38,15 @@ pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
 /// The ext_proc service.
 pub struct Picker {
     state: Arc<AppState>,
+    /// Most fallback endpoints named after a pick.
+    fallbacks: usize,
 }
 
 impl Picker {
-    /// A picker over `state`'s fleet and decision core.
-    pub fn new(state: Arc<AppState>) -> Picker {
-        Picker { state }
+    /// A picker over `state`'s fleet and decision core, naming up to `fallbacks` endpoints
+    /// after each pick.
+    pub fn new(state: Arc<AppState>, fallbacks: usize) -> Picker {
+        Picker { state, fallbacks }
     }
 }
 
@@ -59,10 +62,10 @@ impl ExternalProcessor for Picker {
     ) -> Result<tonic::Response<Answers>, Status> {
         let inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(32);
-        let state = Arc::clone(&self.state);
+        let (state, fallbacks) = (Arc::clone(&self.state), self.fallbacks);
         tokio::spawn(async move {
             let out = Out(tx);
-            if let Err(status) = converse(state, inbound, &out).await {
+            if let Err(status) = converse(state, fallbacks, inbound, &out).await {
                 let _ = out.0.send(Err(status)).await;
             }
         });
@@ -78,6 +81,7 @@ impl ExternalProcessor for Picker {
 /// The whole conversation of one request.
 async fn converse(
     state: Arc<AppState>,
+    fallbacks: usize,
     mut inbound: Streaming<ProcessingRequest>,
     out: &Out,
 ) -> Result<(), Status> {
@@ -91,7 +95,8 @@ async fn converse(
             "a stream must begin with the request headers",
         ));
     };
-    let Some((picked, ending)) = request_phase(&state, head, subset, &mut inbound, out).await?
+    let wanted = Wanted { subset, fallbacks };
+    let Some((picked, ending)) = request_phase(&state, head, wanted, &mut inbound, out).await?
     else {
         return Ok(());
     };
@@ -112,12 +117,19 @@ enum Ending {
     Trailers,
 }
 
+/// What the gateway may be sent to: the endpoints its subset hint permits (`None`: any) and
+/// how many fallbacks to name after the pick.
+struct Wanted {
+    subset: Option<Vec<String>>,
+    fallbacks: usize,
+}
+
 /// Reads the request up to its end and picks; `None` when the stream is over (answered
 /// immediately, or reset).
 async fn request_phase(
     state: &Arc<AppState>,
     head: HttpHeaders,
-    subset: Option<Vec<String>>,
+    wanted: Wanted,
     inbound: &mut Streaming<ProcessingRequest>,
     out: &Out,
 ) -> Result<Option<(Picked, Ending)>, Status> {
@@ -143,11 +155,12 @@ async fn request_phase(
     let state = Arc::clone(state);
     let mut pick = tokio::spawn(async move {
         let allowed = |w: &crate::fleet::Worker| {
-            subset
+            wanted
+                .subset
                 .as_ref()
                 .is_none_or(|s| metadata::allows(s, &gateway::endpoint(w)))
         };
-        gateway::pick(&state, request, body, &allowed).await
+        gateway::pick(&state, request, body, &allowed, wanted.fallbacks).await
     });
     let mut feed = (!head.end_of_stream).then_some(body_tx);
     let mut ending = if head.end_of_stream {
@@ -232,7 +245,10 @@ fn body_part(message: Result<Option<ProcessingRequest>, Status>) -> Part {
 /// The headers answer (the destination, the rank or prefill endpoint it needs, the body's
 /// new length) and then the body, ended as the request's was.
 async fn send_pick(picked: &Picked, ending: Ending, out: &Out) -> bool {
-    let endpoint = gateway::endpoint(&picked.attempt.worker);
+    let endpoint = std::iter::once(gateway::endpoint(&picked.attempt.worker))
+        .chain(picked.fallbacks.iter().cloned())
+        .collect::<Vec<_>>()
+        .join(",");
     let mut set = vec![header(protocol::DESTINATION, endpoint.as_bytes())];
     let mut remove: Vec<String> = Vec::new();
     match picked.attempt.pinned() {

@@ -35,6 +35,11 @@ pub struct Choice<'t, T> {
     pub candidate: Candidate,
     /// The policy's decision over all candidates.
     pub decision: RouteDecision,
+    /// Every target the policy weighed (the chosen one included), in the order of
+    /// `decision`'s per-candidate figures.
+    pub weighed: Vec<&'t T>,
+    /// Their candidate entries, in the same order.
+    pub candidates: Vec<Candidate>,
 }
 
 impl Decider {
@@ -197,16 +202,18 @@ impl Decider {
         side: Option<Side>,
     ) -> Option<Choice<'t, T>> {
         loop {
-            let (picked, mut candidates) = self.candidates_on(analysis, targets, skip, side);
+            let (picked, candidates) = self.candidates_on(analysis, targets, skip, side);
             let decision = self.policy.choose(&analysis.request, &candidates)?;
             let decision = slo_preferred(decision, analysis);
             let target = *picked.get(decision.chosen)?;
             if target.acquire() {
-                let candidate = candidates.swap_remove(decision.chosen);
+                let candidate = candidates.get(decision.chosen)?.clone();
                 return Some(Choice {
                     target,
                     candidate,
                     decision,
+                    weighed: picked,
+                    candidates,
                 });
             }
             skip.push(target.worker());

@@ -37,6 +37,7 @@ mod eligibility;
 mod error;
 mod explain;
 mod pair;
+mod runners_up;
 mod seed;
 mod session;
 pub mod slo;
@@ -55,6 +56,7 @@ pub use pair::{
     DecodeCandidate, DecodeChoice, DecodeDecision, MissingSide, Plan, choose_decode, plan,
     plan_roles,
 };
+pub use runners_up::runners_up;
 pub use seed::{request_seed, tenant_salt};
 pub use session::{Attempt, Attempts, Session};
 pub use target::Target;

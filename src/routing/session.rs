@@ -131,6 +131,17 @@ impl<'d> Session<'d> {
     /// Routes the request to a worker not tried yet and admits it there; `None` when none is
     /// left. Every call after the first means the previous attempt failed.
     pub fn next_attempt(&mut self) -> Option<Attempt> {
+        self.attempt(false).map(|(attempt, _)| attempt)
+    }
+
+    /// [`Self::next_attempt`], with the decision's runners-up: the other targets it weighed,
+    /// best first by what it said of each ([`super::runners_up`]), none of them admitted —
+    /// where a gateway may fall back without the policy being asked again.
+    pub fn next_attempt_ranked(&mut self) -> Option<(Attempt, Vec<WorkerRank>)> {
+        self.attempt(true)
+    }
+
+    fn attempt(&mut self, rank: bool) -> Option<(Attempt, Vec<WorkerRank>)> {
         let policy = self.decider.policy().name();
         let scoring = Instant::now();
         // Workers whose circuit refuses are skipped for this attempt only: their probe may be
@@ -164,16 +175,25 @@ impl<'d> Session<'d> {
                 .inc_by(u64::from(choice.candidate.overlap_blocks.min(blocks)));
         }
         let admitted = self.decider.admit(&self.analysis, &choice, (self.clock)());
+        let runners_up = if rank {
+            super::runners_up(&choice.decision, &choice.candidates)
+                .into_iter()
+                .filter_map(|i| choice.weighed.get(i).map(|t| (*t).clone()))
+                .collect()
+        } else {
+            Vec::new()
+        };
         // A retry goes to another worker, not another rank of the one that failed: the exact
         // target tried and its siblings, which share the process and the front door that
         // failed.
         self.tried.extend(target.siblings());
-        Some(Attempt {
+        let attempt = Attempt {
             rank: target.rank,
             worker: target.worker,
             admitted,
             at: Instant::now(),
-        })
+        };
+        Some((attempt, runners_up))
     }
 }
 

@@ -351,19 +351,19 @@ fn trail(
 }
 
 /// What is written into a request's body before it is sent.
-struct Edits<'a> {
+pub(super) struct Edits<'a> {
     /// `Some(salt)`: the tenant's cache salt (or none) is written in.
-    tenant_salt: Option<Option<&'a str>>,
+    pub(super) tenant_salt: Option<Option<&'a str>>,
     /// The tenant-namespaced `request_id`, written in.
-    response_id: Option<&'a str>,
+    pub(super) response_id: Option<&'a str>,
     /// Whether the body carries the client's own `kv_transfer_params` (removed).
-    client_params: bool,
+    pub(super) client_params: bool,
 }
 
 /// The body as it is sent. The salted copy is made only now that the prompt's token ids are
 /// gone (the analysis keeps block hashes), so a large body never has the original, its ids and
 /// the copy alive at once: peak memory stays near twice the body, not three times.
-fn rewrite(
+pub(super) fn rewrite(
     state: &AppState,
     caller: &Caller,
     model: Option<&str>,
@@ -513,7 +513,7 @@ fn client_headers(
 /// The body to send: a tenant's request carries its namespaced salt to the engine (or none at
 /// all, where the engine does not take it); a client-chosen salt is never passed on raw. The
 /// salt is written into the bytes as sent ([`cache_salt`]): nothing else is re-encoded.
-pub(super) fn tenant_body(
+fn tenant_body(
     state: &AppState,
     caller: &Caller,
     salt: Option<&str>,

@@ -22,13 +22,13 @@ use super::api::Api;
 use super::call::{Call, Prepared, Read, Step};
 use super::decide::{self, Decided};
 use super::forward::{self, Received};
-use super::observer::{Observer, Requester};
+use super::observer::{Affinity, AffinityAction, Observer, Requester};
 use super::request_id;
 use super::trail::Trail;
-use crate::fleet::{Side, Worker};
+use crate::fleet::{CircuitState, Side, Worker, WorkerRank};
 use crate::openai::{ApiError, Endpoint};
-use crate::proxy::handoff;
 use crate::proxy::outcome::{self, Outcome, WorkerFault};
+use crate::proxy::response_id::ResponseIdScanner;
 use crate::proxy::{End, ResponseObserver};
 use crate::routing::{Analysis, Attempt, DecodeSession, Plan, Session};
 
@@ -44,9 +44,9 @@ pub struct GatewayRequest {
 
 /// How a path's body is read (the router's own endpoints' readers): completions and chat are
 /// routed on their prompt; the pooling endpoints and transcriptions on load with their model;
-/// anything else on load, with its model when it is a JSON body that names one. The
-/// Responses API is routed on load here: the gateway does not tell the picker which worker
-/// stored a response.
+/// the Responses API as `serve` routes it (a new response on its prompt, a continuation and
+/// the requests about a stored response pinned to the worker that stored it); anything else
+/// on load, with its model when it is a JSON body that names one.
 fn reading(path: &str) -> (Api, Read) {
     let bare = path.split('?').next().unwrap_or(path);
     match bare {
@@ -56,8 +56,21 @@ fn reading(path: &str) -> (Api, Read) {
         "/v1/rerank" | "/rerank" | "/v2/rerank" => (Api::Rerank, Read::ModelJson { salted: true }),
         "/v1/score" | "/score" => (Api::Score, Read::ModelJson { salted: true }),
         "/v1/audio/transcriptions" => (Api::Transcriptions, Read::Multipart),
-        _ => (Api::Forwarded, Read::Opaque),
+        "/v1/responses" => (Api::Responses, Read::Responses),
+        _ => match stored_response(bare) {
+            Some(id) => (Api::Responses, Read::StoredResponse(id.to_owned())),
+            None => (Api::Forwarded, Read::Opaque),
+        },
     }
+}
+
+/// The id in a path about a stored response, as `serve` routes them:
+/// `/v1/responses/{id}`, `/v1/responses/{id}/cancel`, `/v1/responses/{id}/input_items`.
+fn stored_response(path: &str) -> Option<&str> {
+    let rest = path.strip_prefix("/v1/responses/")?;
+    let (id, tail) = rest.split_once('/').unwrap_or((rest, ""));
+    let known = matches!(tail, "" | "cancel" | "input_items");
+    (known && !id.is_empty()).then_some(id)
 }
 
 /// A request routed: its worker (admitted there), the body to send it and what observing its
@@ -67,6 +80,8 @@ pub struct Picked {
     pub attempt: Attempt,
     /// The prefill side of a disaggregated request (its load released at the first token).
     pub prefill: Option<Attempt>,
+    /// Endpoints the gateway may fall back on, best first ([`fallbacks`]).
+    pub fallbacks: Vec<String>,
     /// The body as the worker must get it.
     pub body: Bytes,
     /// Whether `body` differs from what the client sent.
@@ -85,17 +100,22 @@ struct Pending {
     trail: Trail,
     /// The analysis, for re-admitting the request where the gateway actually sent it.
     analysis: Analysis,
+    /// What the response teaches or unlearns of which worker stores which Responses API
+    /// response (as for `serve`).
+    affinity: Option<Affinity>,
     started: Instant,
 }
 
 /// Reads, admits and routes a request whose body arrives as `body`; `allowed` says which
-/// workers the gateway permits (its subset hint). Every refusal is the error `serve` would
-/// answer, plus a 503 when the subset leaves no eligible worker.
+/// workers the gateway permits (its subset hint); up to `fallbacks` more endpoints are named
+/// after the pick. Every refusal is the error `serve` would answer, plus a 503 when the subset
+/// leaves no eligible worker.
 pub async fn pick(
     state: &Arc<AppState>,
     request: GatewayRequest,
     body: Body,
     allowed: &(dyn Fn(&Worker) -> bool + Sync),
+    fallbacks: usize,
 ) -> Result<Picked, ApiError> {
     let started = Instant::now();
     let (api, read) = reading(&request.path);
@@ -119,7 +139,8 @@ pub async fn pick(
         model,
         routing,
         salt,
-        ..
+        affinity,
+        response_id,
     } = prepared;
     let client_salt = salt.as_ref().and_then(|s| s.as_deref());
     let decided = decide::decide(
@@ -156,26 +177,22 @@ pub async fn pick(
         None => Trail::Off,
     };
     let original = (bytes.as_ptr(), bytes.len());
-    let bytes = match (&salt, &model) {
-        (Some(_), Some(m)) => {
-            forward::tenant_body(state, &caller, salt_value.as_deref(), m, bytes)?
-        }
-        _ => bytes,
+    let edits = forward::Edits {
+        tenant_salt: salt.is_some().then_some(salt_value.as_deref()),
+        response_id: response_id.as_deref(),
+        client_params,
     };
-    let bytes = if client_params {
-        handoff::without_client_params(bytes)
-    } else {
-        bytes
-    };
+    let bytes = forward::rewrite(state, &caller, model.as_deref(), edits, bytes)?;
     drop(claim);
     let edited = (bytes.as_ptr(), bytes.len()) != original;
-    let (attempt, prefill) = choose(
+    let (attempt, prefill, runners_up) = choose(
         state,
         eligible.plan,
         eligible.workers,
         &analysis,
         decision_started,
     )?;
+    let fallbacks = self::fallbacks(&attempt, runners_up, fallbacks);
     let model_label = match &model {
         Some(m) if state.fleet.knows_model(m) => m.clone(),
         _ => "-".to_owned(),
@@ -189,6 +206,7 @@ pub async fn pick(
     Ok(Picked {
         attempt,
         prefill,
+        fallbacks,
         body: bytes,
         edited,
         strip_authorization: state.keys.enabled(),
@@ -199,21 +217,23 @@ pub async fn pick(
             model_label,
             trail,
             analysis,
+            affinity,
             started,
         },
     })
 }
 
-/// The worker of a whole request (the policy's, through a `Session`), or the decode and
-/// prefill workers of a disaggregated one (prefill by the policy, decode by
-/// `routing::choose_decode` away from it).
+/// The worker of a whole request (the policy's, through a `Session`) with the decision's
+/// runners-up, or the decode and prefill workers of a disaggregated one (prefill by the
+/// policy, decode by `routing::choose_decode` away from it; no runners-up: a fallback decode
+/// would need its own prefill).
 fn choose(
     state: &AppState,
     plan: Plan,
     eligible: Vec<Arc<Worker>>,
     analysis: &Analysis,
     started: Instant,
-) -> Result<(Attempt, Option<Attempt>), ApiError> {
+) -> Result<(Attempt, Option<Attempt>, Vec<WorkerRank>), ApiError> {
     let clock = || state.now();
     let session = Session::new(
         &state.decider,
@@ -226,8 +246,8 @@ fn choose(
     if plan != Plan::Pair {
         let mut session = session;
         return session
-            .next_attempt()
-            .map(|a| (a, None))
+            .next_attempt_ranked()
+            .map(|(a, runners_up)| (a, None, runners_up))
             .ok_or_else(ApiError::no_worker);
     }
     let prefill = session
@@ -237,7 +257,34 @@ fn choose(
     let mut decode = DecodeSession::new(&state.decider, &eligible, analysis.clone(), &clock);
     decode.prefilled_on(&prefill.worker);
     let decode = decode.next_attempt().ok_or_else(ApiError::no_worker)?;
-    Ok((decode, Some(prefill)))
+    Ok((decode, Some(prefill), Vec::new()))
+}
+
+/// Up to `n` endpoints for the gateway to fall back on, from the decision's `runners_up`
+/// (eligible, permitted by the subset, routable, best first): other workers than the chosen
+/// one, each once, whose circuit is closed (a half-open one's probe is the router's to send).
+/// None when the chosen target is a data-parallel rank: the rank header the gateway sends
+/// with every endpoint of the list names that worker's rank, so the list holds only workers
+/// that need no rank, and then only after a pick that needs none either.
+fn fallbacks(chosen: &Attempt, runners_up: Vec<WorkerRank>, n: usize) -> Vec<String> {
+    if n == 0 || chosen.pinned().is_some() {
+        return Vec::new();
+    }
+    let now = Instant::now();
+    let mut named = vec![endpoint(&chosen.worker)];
+    for r in runners_up {
+        if named.len() > n {
+            break;
+        }
+        let at = endpoint(&r.worker);
+        if r.pinned().is_none()
+            && r.worker.breaker.state(now) == CircuitState::Closed
+            && !named.contains(&at)
+        {
+            named.push(at);
+        }
+    }
+    named.split_off(1)
 }
 
 /// The `ip:port` a gateway sends a worker's requests to.
@@ -284,8 +331,16 @@ impl Picked {
             model_label,
             mut trail,
             analysis: _,
+            affinity,
             started,
         } = self.pending;
+        let learn = matches!(
+            affinity,
+            Some(Affinity {
+                action: AffinityAction::Learn,
+                ..
+            })
+        );
         let result = match status {
             StatusCode::BAD_GATEWAY
             | StatusCode::SERVICE_UNAVAILABLE
@@ -311,11 +366,13 @@ impl Picked {
             requester,
             model_label,
         )
+        .with_affinity(affinity)
         .with_trail(trail, sse)
         .with_prefill(prefill_worker);
         Served {
             observer,
             prefill: self.prefill,
+            ids: learn.then(|| ResponseIdScanner::new(sse)),
         }
     }
 }
@@ -325,6 +382,8 @@ impl Picked {
 pub struct Served {
     observer: Observer,
     prefill: Option<Attempt>,
+    /// For a new Responses API response: its id, found in the body as `serve` finds it.
+    ids: Option<ResponseIdScanner>,
 }
 
 impl ResponseObserver for Served {
@@ -339,6 +398,9 @@ impl ResponseObserver for Served {
     }
 
     fn data(&mut self, chunk: &[u8]) {
+        if let Some(id) = self.ids.as_mut().and_then(|s| s.feed(chunk)) {
+            self.observer.response_id(id);
+        }
         self.observer.data(chunk);
     }
 }

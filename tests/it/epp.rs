@@ -15,12 +15,12 @@ use crate::support::backend::{Backend, PolicyKind, router_config, start_router};
 use crate::support::eventually;
 use crate::support::gateway::{Call, Gateway};
 
-async fn listener() -> TcpListener {
+pub(crate) async fn listener() -> TcpListener {
     TcpListener::bind("127.0.0.1:0").await.unwrap()
 }
 
 /// A picker for `config` on ephemeral loopback ports.
-async fn start_epp(config: &Config) -> EppHandle {
+pub(crate) async fn start_epp(config: &Config) -> EppHandle {
     let listeners = Listeners {
         grpc: listener().await,
         health: listener().await,
@@ -29,7 +29,7 @@ async fn start_epp(config: &Config) -> EppHandle {
     kvroute::epp::start(config, listeners).unwrap()
 }
 
-fn chat(prompt: &str) -> Vec<u8> {
+pub(crate) fn chat(prompt: &str) -> Vec<u8> {
     serde_json::to_vec(&json!({
         "model": "m",
         "messages": [{"role": "user", "content": prompt}],
@@ -50,7 +50,7 @@ fn workers(backends: &[Backend]) -> Vec<(String, Vec<&'static str>)> {
     backends.iter().map(|b| (b.url(), vec!["m"])).collect()
 }
 
-fn endpoint(b: &Backend) -> String {
+pub(crate) fn endpoint(b: &Backend) -> String {
     b.url().trim_start_matches("http://").to_owned()
 }
 

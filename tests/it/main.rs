@@ -30,8 +30,12 @@ mod engine_events;
 mod engine_http;
 #[cfg(feature = "epp")]
 mod epp;
+#[cfg(feature = "epp")]
+mod epp_fallbacks;
 #[cfg(all(feature = "epp", feature = "kubernetes"))]
 mod epp_pool;
+#[cfg(feature = "epp")]
+mod epp_responses;
 mod error_bodies;
 mod failure_classes;
 mod first_deployment;

@@ -35,6 +35,8 @@ pub struct Answer {
     pub body: Vec<u8>,
     /// The endpoint the picker chose (`None`: it answered itself).
     pub destination: Option<String>,
+    /// The endpoints it named after it, for the gateway to fall back on.
+    pub fallbacks: Vec<String>,
     /// The body the engine received.
     pub sent_body: Vec<u8>,
     /// The request headers the engine received (picker's mutations applied).
@@ -70,7 +72,7 @@ impl<'a> Call<'a> {
     }
 }
 
-fn hv(key: &str, value: &str) -> HeaderValue {
+pub fn hv(key: &str, value: &str) -> HeaderValue {
     HeaderValue {
         key: key.into(),
         raw_value: value.as_bytes().to_vec(),
@@ -78,7 +80,7 @@ fn hv(key: &str, value: &str) -> HeaderValue {
     }
 }
 
-fn message(request: Request, metadata: Option<Metadata>) -> ProcessingRequest {
+pub fn message(request: Request, metadata: Option<Metadata>) -> ProcessingRequest {
     ProcessingRequest {
         request: Some(request),
         metadata_context: metadata,
@@ -86,7 +88,7 @@ fn message(request: Request, metadata: Option<Metadata>) -> ProcessingRequest {
     }
 }
 
-fn lb(namespace: &str, key: &str, value: Value) -> Metadata {
+pub fn lb(namespace: &str, key: &str, value: Value) -> Metadata {
     Metadata {
         filter_metadata: [(
             namespace.into(),
@@ -221,13 +223,16 @@ impl Gateway {
             self.send_body(&stream, call.body).await;
         }
         let first = stream.next().await;
-        let (destination, set, remove) = match first.response {
+        let (list, set, remove) = match first.response {
             Some(Response::ImmediateResponse(i)) => return immediate(i),
             Some(Response::RequestHeaders(h)) => {
                 pick_of(&first.dynamic_metadata, h.response.unwrap())
             }
             other => panic!("expected the headers answer, got {other:?}"),
         };
+        let mut endpoints = list.split(',').map(str::to_owned);
+        let destination = endpoints.next().unwrap_or_default();
+        let fallbacks: Vec<String> = endpoints.collect();
         let mut sent_body = Vec::new();
         if !call.body.is_empty() {
             loop {
@@ -247,14 +252,17 @@ impl Gateway {
             sent_headers.remove(r);
         }
         sent_headers.extend(set);
-        self.forward(
-            &mut stream,
-            call.path,
-            &destination,
-            sent_headers,
-            sent_body,
-        )
-        .await
+        let mut answer = self
+            .forward(
+                &mut stream,
+                call.path,
+                &destination,
+                sent_headers,
+                sent_body,
+            )
+            .await;
+        answer.fallbacks = fallbacks;
+        answer
     }
 
     async fn forward(
@@ -342,6 +350,7 @@ impl Gateway {
             headers: client_headers,
             body,
             destination: Some(destination.to_owned()),
+            fallbacks: Vec::new(),
             sent_body,
             sent_headers,
         }
@@ -362,12 +371,13 @@ fn immediate(i: envoy_types::pb::envoy::service::ext_proc::v3::ImmediateResponse
         headers,
         body: i.body,
         destination: None,
+        fallbacks: Vec::new(),
         sent_body: Vec::new(),
         sent_headers: HashMap::new(),
     }
 }
 
-/// The destination (header and metadata, required equal), the headers set and removed.
+/// The destination list (header and metadata, required equal), the headers set and removed.
 fn pick_of(
     metadata: &Option<Struct>,
     common: CommonResponse,
@@ -405,5 +415,76 @@ pub fn streamed(r: ProcessingResponse, request: bool) -> (Vec<u8>, bool) {
     {
         Some(Mutation::StreamedResponse(s)) => (s.body, s.end_of_stream),
         other => panic!("expected a streamed body, got {other:?}"),
+    }
+}
+
+/// The endpoints a headers answer names (`x-gateway-destination-endpoint`, split at commas):
+/// the pick, then the fallbacks.
+pub fn endpoints_of(r: &ProcessingResponse) -> Vec<String> {
+    let Some(Response::RequestHeaders(h)) = &r.response else {
+        panic!("expected the headers answer, got {r:?}");
+    };
+    let common = h.response.clone().expect("a common response");
+    let (list, _, _) = pick_of(&r.dynamic_metadata, common);
+    list.split(',').map(str::to_owned).collect()
+}
+
+impl Stream {
+    /// Reads the body the picker streams back, to its end.
+    pub async fn body_back(&mut self) -> Vec<u8> {
+        let mut body = Vec::new();
+        loop {
+            let (bytes, end) = streamed(self.next().await, true);
+            body.extend_from_slice(&bytes);
+            if end {
+                return body;
+            }
+        }
+    }
+
+    /// Reports the response's head as Envoy does, `served` naming the endpoint that answered,
+    /// and waits for the picker's answer to it.
+    pub async fn report_head(&mut self, status: u16, served: &str) {
+        let head = HttpHeaders {
+            headers: Some(HeaderMap {
+                headers: vec![
+                    hv(":status", &status.to_string()),
+                    hv("content-type", "application/json"),
+                ],
+            }),
+            ..HttpHeaders::default()
+        };
+        let served = lb(
+            "envoy.lb",
+            "x-gateway-destination-endpoint-served",
+            Value {
+                kind: Some(Kind::StringValue(served.into())),
+            },
+        );
+        self.send(message(Request::ResponseHeaders(head), Some(served)))
+            .await;
+        match self.next().await.response {
+            Some(Response::ResponseHeaders(_)) => {}
+            other => panic!("expected the response headers answer, got {other:?}"),
+        }
+    }
+
+    /// Reports the response's whole body in one last chunk and reads what the picker streams
+    /// back.
+    pub async fn report_body(&mut self, body: &[u8]) -> Vec<u8> {
+        let last = HttpBody {
+            body: body.to_vec(),
+            end_of_stream: true,
+            ..HttpBody::default()
+        };
+        self.send(message(Request::ResponseBody(last), None)).await;
+        let mut back = Vec::new();
+        loop {
+            let (bytes, end) = streamed(self.next().await, false);
+            back.extend_from_slice(&bytes);
+            if end {
+                return back;
+            }
+        }
     }
 }

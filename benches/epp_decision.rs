@@ -1,0 +1,313 @@
+//! Decision latency of `kvroute epp` against what `kvroute serve` adds, for the same request
+//! and the same fleet (issue 31's goal: the picker adds no more than the proxy).
+//!
+//! Three paths, alternating round by round in one run (drift on a shared machine hits each
+//! alike), each request a chat completion of a few hundred words (a different prompt per
+//! request, the same sequence on every path):
+//! - **direct**: the request posted to a fake engine (it answers at once);
+//! - **serve**: the same request through a `kvroute serve` process over four such engines
+//!   (`kv_aware`): what serve adds is its median (p99) less direct's;
+//! - **epp**: a `kvroute epp` process over the same four engines, asked as Envoy asks it (the
+//!   test suite's Envoy stand-in: one ext_proc stream per request on a shared HTTP/2
+//!   connection, request headers, the body in `FULL_DUPLEX_STREAMED` chunks, the last one
+//!   ending it). Timed from sending the body's last chunk to receiving the pick (the headers
+//!   answer), and — since Envoy forwards the body only as the picker streams it back — to
+//!   receiving the body's last chunk. The response phase is then reported (headers with the
+//!   served endpoint, the engine's answer) so the picker releases the request's load as it
+//!   would behind a gateway; that part is not timed.
+//!
+//! Run: `flock /tmp/kvroute-bench.lock cargo bench --bench epp_decision` (N defaults to 2,000
+//! per path; set `KVROUTE_BENCH_N`).
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use envoy_types::pb::envoy::service::ext_proc::v3::HttpBody;
+use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request;
+use envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response;
+use hdrhistogram::Histogram;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+#[path = "common/fake_backend.rs"]
+mod fake_backend;
+// The Envoy stand-in of the `epp` tests; the bench uses its stream steps, not its whole
+// requests.
+#[allow(dead_code)]
+#[path = "../tests/it/support/gateway.rs"]
+mod gateway;
+#[path = "common/prose.rs"]
+mod prose;
+
+use fake_backend::{ANSWER, Process, free_addr, serve_backend, spawn_quiet};
+use gateway::{Call, Gateway, endpoints_of, message};
+
+/// Rounds; each sends `n / ROUNDS` requests per path after warm-up ones.
+const ROUNDS: usize = 10;
+const WARM_UP: usize = 50;
+/// Engines behind both routers.
+const ENGINES: usize = 4;
+/// Words in a prompt (about 2 KB of JSON).
+const WORDS: usize = 300;
+/// The body chunk the stand-in sends (Envoy passes on what the client's frames carried).
+const CHUNK: usize = 1024;
+const PATH: &str = "/v1/chat/completions";
+
+type BenchClient = Client<HttpConnector, Full<Bytes>>;
+
+fn body(seed: u64) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "model": "m",
+        "messages": [{"role": "user", "content": prose::words(WORDS, seed)}],
+        "max_tokens": 1,
+    }))
+    .expect("json")
+}
+
+async fn post(client: &BenchClient, url: &str, body: Vec<u8>) -> bool {
+    let req = http::Request::post(url)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .expect("request");
+    match client.request(req).await {
+        Ok(resp) => {
+            let ok = resp.status().is_success();
+            let bytes = resp.into_body().collect().await.map(|b| b.to_bytes());
+            ok && bytes.is_ok_and(|b| !b.is_empty())
+        }
+        Err(_) => false,
+    }
+}
+
+/// One request over HTTP; its latency in nanoseconds.
+async fn http_request(client: &BenchClient, url: &str, seed: u64) -> u64 {
+    let body = body(seed);
+    let t = Instant::now();
+    assert!(post(client, url, body).await, "{url} failed");
+    t.elapsed().as_nanos() as u64
+}
+
+/// One request through the picker: the nanoseconds from the body's last chunk to the pick,
+/// and to the body's last chunk back; `None` when the picker answered by itself (a refusal).
+async fn epp_request(gateway: &Gateway, seed: u64) -> Option<(u64, u64)> {
+    let body = body(seed);
+    let call = Call::post(PATH, &body);
+    let mut stream = gateway.open(&call).await;
+    let chunks: Vec<&[u8]> = body.chunks(CHUNK).collect();
+    let mut sent = Instant::now();
+    for (i, c) in chunks.iter().enumerate() {
+        let last = i + 1 == chunks.len();
+        let part = HttpBody {
+            body: c.to_vec(),
+            end_of_stream: last,
+            ..HttpBody::default()
+        };
+        if last {
+            sent = Instant::now();
+        }
+        stream.send(message(Request::RequestBody(part), None)).await;
+    }
+    let first = stream.next().await;
+    let picked = sent.elapsed().as_nanos() as u64;
+    if !matches!(first.response, Some(Response::RequestHeaders(_))) {
+        return None;
+    }
+    stream.body_back().await;
+    let body_back = sent.elapsed().as_nanos() as u64;
+    let served = endpoints_of(&first).swap_remove(0);
+    stream.report_head(200, &served).await;
+    stream.report_body(ANSWER.as_bytes()).await;
+    Some((picked, body_back))
+}
+
+/// The routers' shared config: `kv_aware` over `engines`.
+fn config(dir: &Path, engines: &[SocketAddr], listen: SocketAddr) -> std::path::PathBuf {
+    let mut text = format!("listen = \"{listen}\"\npolicy = \"kv_aware\"\n");
+    for (i, e) in engines.iter().enumerate() {
+        text.push_str(&format!(
+            "[[workers]]\nid = \"e{i}\"\nurl = \"http://{e}\"\nmodels = [\"m\"]\n"
+        ));
+    }
+    let file = dir.join(format!("kvroute-{}.toml", listen.port()));
+    std::fs::write(&file, text).expect("config");
+    file
+}
+
+fn start_serve(dir: &Path, engines: &[SocketAddr]) -> (Process, String) {
+    let addr = free_addr();
+    let file = config(dir, engines, addr);
+    let process = spawn_quiet(
+        Command::new(env!("CARGO_BIN_EXE_kvroute"))
+            .args(["serve", "--config"])
+            .arg(&file)
+            .env("RUST_LOG", "warn"),
+        "kvroute serve",
+    );
+    (process, format!("http://{addr}{PATH}"))
+}
+
+fn start_epp(dir: &Path, engines: &[SocketAddr]) -> (Process, SocketAddr) {
+    let grpc = free_addr();
+    let file = config(dir, engines, free_addr());
+    let process = spawn_quiet(
+        Command::new(env!("CARGO_BIN_EXE_kvroute"))
+            .args(["epp", "--config"])
+            .arg(&file)
+            .args(["--grpc-listen", &grpc.to_string()])
+            .args(["--health-listen", &free_addr().to_string()])
+            .args(["--metrics-listen", &free_addr().to_string()])
+            .env("RUST_LOG", "warn"),
+        "kvroute epp",
+    );
+    (process, grpc)
+}
+
+/// The picker, connected once it picks (its workers known).
+async fn ready_epp(grpc: SocketAddr) -> Gateway {
+    for _ in 0..600 {
+        let connected = tokio::time::timeout(
+            Duration::from_secs(1),
+            tonic::transport::Channel::from_shared(format!("http://{grpc}"))
+                .expect("uri")
+                .connect(),
+        )
+        .await;
+        if matches!(connected, Ok(Ok(_))) {
+            let gateway = Gateway::connect(grpc).await;
+            if epp_request(&gateway, 0).await.is_some() {
+                return gateway;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("kvroute epp never picked");
+}
+
+async fn ready_http(client: &BenchClient, url: &str) {
+    for _ in 0..600 {
+        if post(client, url, body(0)).await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{url} never answered");
+}
+
+/// The histograms of one run.
+struct Figures {
+    direct: Histogram<u64>,
+    serve: Histogram<u64>,
+    pick: Histogram<u64>,
+    body_back: Histogram<u64>,
+}
+
+async fn run(
+    client: &BenchClient,
+    direct: &str,
+    serve: &str,
+    gateway: &Gateway,
+    n: usize,
+) -> Figures {
+    let new = || Histogram::<u64>::new(3).expect("histogram");
+    let mut f = Figures {
+        direct: new(),
+        serve: new(),
+        pick: new(),
+        body_back: new(),
+    };
+    let per_round = n / ROUNDS;
+    let mut seed = 1;
+    for _ in 0..ROUNDS {
+        let first = seed;
+        for i in 0..per_round + WARM_UP {
+            let ns = http_request(client, direct, first + i as u64).await;
+            if i >= WARM_UP {
+                f.direct.record(ns).expect("record");
+            }
+        }
+        for i in 0..per_round + WARM_UP {
+            let ns = http_request(client, serve, first + i as u64).await;
+            if i >= WARM_UP {
+                f.serve.record(ns).expect("record");
+            }
+        }
+        for i in 0..per_round + WARM_UP {
+            let (pick, back) = epp_request(gateway, first + i as u64)
+                .await
+                .expect("the picker picks");
+            if i >= WARM_UP {
+                f.pick.record(pick).expect("record");
+                f.body_back.record(back).expect("record");
+            }
+        }
+        seed += (per_round + WARM_UP) as u64;
+    }
+    f
+}
+
+fn report(f: &Figures) {
+    let us = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    println!("requests per path: {}", f.direct.len());
+    for (name, h) in [
+        ("direct to an engine", &f.direct),
+        ("through kvroute serve", &f.serve),
+        ("epp: body end -> pick", &f.pick),
+        ("epp: body end -> body back", &f.body_back),
+    ] {
+        println!(
+            "{name:<28}: median {:>8.1} µs  p99 {:>8.1} µs",
+            us(h, 0.5),
+            us(h, 0.99)
+        );
+    }
+    let added = (
+        us(&f.serve, 0.5) - us(&f.direct, 0.5),
+        us(&f.serve, 0.99) - us(&f.direct, 0.99),
+    );
+    println!(
+        "serve adds                  : median {:>8.1} µs  p99 {:>8.1} µs",
+        added.0, added.1
+    );
+    for (name, h) in [("pick", &f.pick), ("body back", &f.body_back)] {
+        println!(
+            "epp {name} / serve's added: {:.2}× (median), {:.2}× (p99)",
+            us(h, 0.5) / added.0,
+            us(h, 0.99) / added.1
+        );
+    }
+}
+
+fn main() {
+    let n: usize = std::env::var("KVROUTE_BENCH_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let dir = std::env::temp_dir().join(format!("kvroute-epp-decision-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    rt.block_on(async {
+        let mut engines = Vec::new();
+        for _ in 0..ENGINES {
+            engines.push(serve_backend().await);
+        }
+        let (serve_process, serve) = start_serve(&dir, &engines);
+        let (epp_process, grpc) = start_epp(&dir, &engines);
+        let client: BenchClient = Client::builder(TokioExecutor::new()).build_http();
+        let direct = format!("http://{}{PATH}", engines[0]);
+        ready_http(&client, &serve).await;
+        let gateway = ready_epp(grpc).await;
+        let figures = run(&client, &direct, &serve, &gateway, n).await;
+        report(&figures);
+        drop((serve_process, epp_process));
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
