@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Checks the endpoint picker's overlay, deploy/kubernetes/overlays/epp (run by
-check_kubernetes.py, with its render/validate/check helpers).
+"""Checks the endpoint picker's overlay, deploy/kubernetes/overlays/epp, and the Helm chart
+rendered as the picker (ci/epp-values.yaml) (run by check_kubernetes.py, with its
+render/validate/check helpers).
 
 Renders it; validates the Kubernetes objects against the API schemas (strict); checks the two
 Gateway API Inference Extension objects against what the inference.networking.k8s.io/v1 and
@@ -94,7 +95,10 @@ def wiring(docs, check):
     check(args[:1] == ["epp"] and "--pool-name" in args and args[args.index("--pool-name") + 1] == name,
           f"the container runs `kvroute epp --pool-name {name}`")
     cports = {p["name"]: p["containerPort"] for p in main.get("ports", [])}
-    check(cports == {"grpc": 9002, "grpc-health": 9003, "metrics": 9090}, f"container ports {cports}")
+    metrics = 9090
+    if "--metrics-listen" in args:
+        metrics = int(args[args.index("--metrics-listen") + 1].rsplit(":", 1)[1])
+    check(cports == {"grpc": 9002, "grpc-health": 9003, "metrics": metrics}, f"container ports {cports}")
     target = svc_ports.get(ref.get("port", {}).get("number"), {}).get("targetPort")
     check(target == "grpc", "the picker Service targets the gRPC port")
     targets = [p.get("targetPort") for p in svc_ports.values()]
@@ -164,13 +168,18 @@ def start_picker(kvroute, docs, pod, main, check):
                 print(out[-3000:])
 
 
-def run(kubectl, validator, kvroute, render, validate, check):
-    name = str(EPP.relative_to(DEPLOY.parent))
-    print(f"{name}:")
-    docs = render(kubectl, EPP)
-    if not docs:
-        return
-    validate(validator, [d for d in docs if d["kind"] not in CRD_KINDS], name)
-    wired = wiring(docs, lambda ok, what: check(ok, f"{name}: {what}"))
-    if wired:
-        start_picker(kvroute, docs, *wired, check)
+def run(kubectl, validator, kvroute, render, validate, check, helm=None):
+    """The overlay, and with `helm` (a function rendering the chart with ci/epp-values.yaml)
+    the Helm chart's picker, checked alike."""
+    renders = [(str(EPP.relative_to(DEPLOY.parent)), lambda: render(kubectl, EPP))]
+    if helm:
+        renders.append(("deploy/helm/kvroute -f epp-values.yaml", helm))
+    for name, make in renders:
+        print(f"{name}:")
+        docs = make()
+        if not docs:
+            continue
+        validate(validator, [d for d in docs if d["kind"] not in CRD_KINDS], name)
+        wired = wiring(docs, lambda ok, what, name=name: check(ok, f"{name}: {what}"))
+        if wired:
+            start_picker(kvroute, docs, *wired, check)

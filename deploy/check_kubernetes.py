@@ -494,7 +494,8 @@ def main() -> int:
     keda(KEDA, overlay_ns)
     import check_epp
 
-    check_epp.run(args.kubectl, args.validator, args.kvroute, render, validate, check)
+    epp_chart = (lambda: render_helm(args.helm, CHART, CHART / "ci/epp-values.yaml")) if args.helm else None
+    check_epp.run(args.kubectl, args.validator, args.kvroute, render, validate, check, helm=epp_chart)
     if failures:
         print(f"kubernetes: {len(failures)} checks FAILED:")
         for f in failures:
