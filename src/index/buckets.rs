@@ -182,7 +182,7 @@ impl<B: Copy> Drop for Buckets<B> {
     }
 }
 
-#[cfg(target_os = "linux")]
+#[cfg(all(target_os = "linux", not(miri)))]
 fn advise_huge_pages(addr: usize, bytes: usize) {
     // SAFETY: the range is an allocation we own and have not touched yet; MADV_HUGEPAGE only
     // changes how the kernel backs it and cannot fail in a way that affects memory safety (an
@@ -193,7 +193,8 @@ fn advise_huge_pages(addr: usize, bytes: usize) {
     }
 }
 
-#[cfg(not(target_os = "linux"))]
+/// Elsewhere (and under Miri, which cannot call `madvise`): 4 KiB pages.
+#[cfg(any(not(target_os = "linux"), miri))]
 fn advise_huge_pages(_addr: usize, _bytes: usize) {}
 
 #[cfg(test)]
