@@ -13,6 +13,7 @@ use prometheus::{
 
 mod cache_prediction;
 mod config;
+mod block_size;
 mod data_parallel;
 mod disaggregation;
 mod prediction;
@@ -22,6 +23,7 @@ mod tokens;
 
 pub use cache_prediction::CachePredictionMetrics;
 pub use config::ConfigMetrics;
+pub use block_size::BlockSizeMetrics;
 pub use data_parallel::DataParallelMetrics;
 pub use disaggregation::DisaggregationMetrics;
 pub use prediction::PredictionMetrics;
@@ -131,6 +133,8 @@ pub struct Metrics {
     pub disaggregation: DisaggregationMetrics,
     /// Workers whose data-parallel ranks disagree with their engine's.
     pub data_parallel: DataParallelMetrics,
+    /// Workers' engine block sizes and the models that disagree with them.
+    pub block_size: BlockSizeMetrics,
     /// The cost model's TTFT prediction error per worker.
     pub prediction: PredictionMetrics,
     /// The admission queue: waits, depth, saturation.
@@ -163,6 +167,7 @@ impl Metrics {
         forget(&self.kv_stream, id);
         self.disaggregation.forget_worker(id);
         self.data_parallel.forget_worker(id);
+        self.block_size.forget_worker(id);
         self.prediction.forget_worker(id);
         self.tokens.forget_worker(id);
         self.cache_prediction.forget_worker(id);
@@ -442,6 +447,7 @@ impl Metrics {
         let config = ConfigMetrics::register(&registry);
         let disaggregation = DisaggregationMetrics::register(&registry);
         let data_parallel = DataParallelMetrics::register(&registry);
+        let block_size = BlockSizeMetrics::register(&registry);
         let prediction = PredictionMetrics::register(&registry);
         let shaping = ShapingMetrics::register(&registry);
         let slo = SloMetrics::register(&registry);
@@ -485,6 +491,7 @@ impl Metrics {
             config,
             disaggregation,
             data_parallel,
+            block_size,
             prediction,
             shaping,
             slo,
