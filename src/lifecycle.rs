@@ -14,7 +14,9 @@ use thiserror::Error;
 use crate::config::{DEFAULT_BLOCK_SIZE, ModelConfig};
 use crate::fleet::WorkerId;
 use crate::fleet::health::{BlockSizeHook, CapacityHook};
-use crate::fleet::{AddError, BlockSizeMismatch, BreakerConfig, DownHook, Fleet, Worker, WorkerSpec};
+use crate::fleet::{
+    AddError, BlockSizeMismatch, BreakerConfig, DownHook, Fleet, Worker, WorkerSpec,
+};
 use crate::index::{FeedModel, Holdings, WorkerFeed};
 use crate::kv_events::{ReplayLimits, SubscriberConfig, SubscriberStats};
 use crate::metrics::Metrics;

@@ -11,9 +11,9 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+mod block_size;
 mod cache_prediction;
 mod config;
-mod block_size;
 mod data_parallel;
 mod disaggregation;
 mod prediction;
@@ -21,9 +21,9 @@ mod shaping;
 mod slo;
 mod tokens;
 
+pub use block_size::BlockSizeMetrics;
 pub use cache_prediction::CachePredictionMetrics;
 pub use config::ConfigMetrics;
-pub use block_size::BlockSizeMetrics;
 pub use data_parallel::DataParallelMetrics;
 pub use disaggregation::DisaggregationMetrics;
 pub use prediction::PredictionMetrics;

@@ -161,7 +161,11 @@ pub struct ServeArgs {
     /// whose blocks match nothing a real engine computes. Replaces the model's `[[models]]
     /// tokenizer`, or lists the model. Repeat for more models; in `KVROUTE_TOKENIZER`,
     /// separate them with spaces.
-    #[arg(long = "tokenizer", value_name = "MODEL=TOKENIZER", value_delimiter = ' ')]
+    #[arg(
+        long = "tokenizer",
+        value_name = "MODEL=TOKENIZER",
+        value_delimiter = ' '
+    )]
     pub tokenizers: Vec<String>,
     /// KV block size of the engines (vLLM `--block-size`, SGLang `--page-size`) for models
     /// without their own `[[models]] block_size`; replaces `[tokens] default_block_size`

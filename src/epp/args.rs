@@ -28,7 +28,11 @@ pub struct EppArgs {
     #[arg(long = "worker", value_delimiter = ' ')]
     pub workers: Vec<String>,
     /// A model's tokenizer: MODEL=TOKENIZER (a directory or a Hugging Face id), as for `serve`.
-    #[arg(long = "tokenizer", value_name = "MODEL=TOKENIZER", value_delimiter = ' ')]
+    #[arg(
+        long = "tokenizer",
+        value_name = "MODEL=TOKENIZER",
+        value_delimiter = ' '
+    )]
     pub tokenizers: Vec<String>,
     /// KV block size of the engines, as for `serve`.
     #[arg(long)]

@@ -86,7 +86,11 @@ async fn a_model_id_is_fetched_once_and_tokenizes_like_the_local_directory() {
     let asked = hub_server.requests();
     assert!(asked > 0);
     assert_eq!(hub.fetch(ID).await.unwrap(), dir);
-    assert_eq!(hub_server.requests(), asked, "the second fetch asked the hub");
+    assert_eq!(
+        hub_server.requests(),
+        asked,
+        "the second fetch asked the hub"
+    );
     hub_server.stop().await;
 }
 
@@ -119,7 +123,9 @@ async fn a_second_start_uses_the_cache_with_the_hub_stopped() {
     drop(router);
     // Offline with an empty cache: said so, with the fix.
     let empty = tempfile::tempdir().unwrap();
-    let offline = Hub::new(&endpoint, empty.path(), None, true).fetch(ID).await;
+    let offline = Hub::new(&endpoint, empty.path(), None, true)
+        .fetch(ID)
+        .await;
     let message = offline.unwrap_err().to_string();
     assert!(
         message.contains("HF_HUB_OFFLINE") && message.contains(ID),
@@ -136,7 +142,12 @@ async fn a_gated_model_is_fetched_with_hf_token_and_refused_without() {
         Err(HubError::Status { status, .. }) => assert_eq!(status.as_u16(), 401),
         other => panic!("{other:?}"),
     }
-    let with = Hub::new(&hub_server.endpoint(), cache.path(), Some(TOKEN.into()), false);
+    let with = Hub::new(
+        &hub_server.endpoint(),
+        cache.path(),
+        Some(TOKEN.into()),
+        false,
+    );
     let dir = with.fetch(GATED).await.unwrap();
     assert!(dir.join("tokenizer.json").exists());
     hub_server.stop().await;
@@ -147,7 +158,8 @@ async fn a_gated_model_is_fetched_with_hf_token_and_refused_without() {
 fn refused(args: &[&str], env: &[(&str, String)]) -> String {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvroute"));
     cmd.arg("serve");
-    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("KVROUTE_") || k.starts_with("HF_"))
+    for (k, _) in
+        std::env::vars().filter(|(k, _)| k.starts_with("KVROUTE_") || k.starts_with("HF_"))
     {
         cmd.env_remove(k);
     }
@@ -202,7 +214,8 @@ async fn a_missing_or_gated_model_stops_the_start_with_id_endpoint_and_status() 
     }
     hub_server.stop().await;
     // Nothing listens there any more.
-    let stderr = tokio::task::block_in_place(|| refused(&["--tokenizer", &format!("m={ID}")], &env));
+    let stderr =
+        tokio::task::block_in_place(|| refused(&["--tokenizer", &format!("m={ID}")], &env));
     for part in [ID, endpoint.as_str(), "HF_HUB_OFFLINE=1"] {
         assert!(stderr.contains(part), "no `{part}` in:\n{stderr}");
     }

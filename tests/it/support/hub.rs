@@ -192,9 +192,7 @@ fn ranged(bytes: &[u8], headers: &HeaderMap, etag: &str) -> Response {
     ];
     match range {
         None => (StatusCode::OK, common, bytes.to_vec()).into_response(),
-        Some((start, _)) if start >= len => {
-            StatusCode::RANGE_NOT_SATISFIABLE.into_response()
-        }
+        Some((start, _)) if start >= len => StatusCode::RANGE_NOT_SATISFIABLE.into_response(),
         Some((start, end)) => {
             let end = end.min(len - 1);
             let mut response = (
