@@ -157,7 +157,9 @@ impl Hub {
     pub async fn fetch(&self, id: &str) -> Result<PathBuf, HubError> {
         let api = self.api(id)?;
         let repo = api.repo(self.repo(id));
-        let dir = match self.cached(id) {
+        let cached = self.cached(id);
+        let fetched_before = cached.is_some();
+        let dir = match cached {
             Some(dir) => dir,
             None if self.offline => {
                 return Err(HubError::NotCached {
@@ -180,6 +182,11 @@ impl Hub {
             match self.download(&repo, id, file).await {
                 Ok(_) => {}
                 Err(e) if e.is_not_found() => self.mark_absent(id, &dir, file),
+                // A cache filled by another client may lack the record of an absent file:
+                // with the hub out of reach, start on what the cache holds, saying so.
+                Err(e @ HubError::Unreachable { .. }) if fetched_before => {
+                    tracing::warn!(model_id = id, file, error = %e, "starting without this file: if the model has it, its chat template may be missing; set HF_HUB_OFFLINE=1 to start from the cache without asking the hub");
+                }
                 Err(e) => return Err(e),
             }
         }

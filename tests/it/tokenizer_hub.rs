@@ -105,7 +105,13 @@ async fn a_second_start_uses_the_cache_with_the_hub_stopped() {
         .await
         .unwrap();
     hub_server.stop().await;
-    // The hub is gone: the cache alone serves the same directory.
+    // The hub is gone: the cache alone serves the same directory,
+    let again = Hub::new(&endpoint, &cache, None, false).fetch(ID).await;
+    assert_eq!(again.unwrap(), dir);
+    // also when it lacks the record of the file the model does not have (a cache another
+    // client filled), which the hub cannot be asked about now.
+    let no_exist = cache.join("models--kvroute-test--qwen3/.no_exist");
+    std::fs::remove_dir_all(&no_exist).unwrap();
     let again = Hub::new(&endpoint, &cache, None, false).fetch(ID).await;
     assert_eq!(again.unwrap(), dir);
     // And `kvroute serve` starts on it, with HF_HOME as the cache's parent.
