@@ -160,7 +160,10 @@ impl Hub {
         let cached = self.cached(id);
         let fetched_before = cached.is_some();
         let dir = match cached {
-            Some(dir) => dir,
+            Some(dir) => {
+                tracing::info!(model_id = id, path = %dir.display(), "tokenizer read from the Hugging Face cache");
+                dir
+            }
             None if self.offline => {
                 return Err(HubError::NotCached {
                     id: id.to_owned(),
