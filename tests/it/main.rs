@@ -31,6 +31,7 @@ mod disaggregation_pools;
 mod discovery_dns;
 mod discovery_kubernetes;
 mod endpoints;
+mod engine_block_size;
 mod engine_events;
 mod engine_http;
 #[cfg(feature = "epp")]
@@ -86,6 +87,7 @@ mod stalled_clients;
 mod stream_endings;
 mod tls;
 mod tokenize;
+mod tokenizer_hub;
 mod tokens_byte_bpe;
 mod tokens_chat_templates;
 mod tokens_jinja_parity;
