@@ -13,8 +13,10 @@ use thiserror::Error;
 
 use crate::config::{DEFAULT_BLOCK_SIZE, ModelConfig};
 use crate::fleet::WorkerId;
-use crate::fleet::health::CapacityHook;
-use crate::fleet::{AddError, BreakerConfig, DownHook, Fleet, Worker, WorkerSpec};
+use crate::fleet::health::{BlockSizeHook, CapacityHook};
+use crate::fleet::{
+    AddError, BlockSizeMismatch, BreakerConfig, DownHook, Fleet, Worker, WorkerSpec,
+};
 use crate::index::{FeedModel, Holdings, WorkerFeed};
 use crate::kv_events::{ReplayLimits, SubscriberConfig, SubscriberStats};
 use crate::metrics::Metrics;
@@ -270,6 +272,62 @@ impl Lifecycle {
                 me.reserve(w, w.kv_blocks().unwrap_or(blocks));
             }
         })
+    }
+
+    /// What the health checker calls with the KV block size a worker's engine reports: a
+    /// warning per model of the worker configured with another size, a note when they agree.
+    pub fn block_size_hook(self: &Arc<Self>) -> BlockSizeHook {
+        let me = Arc::clone(self);
+        Arc::new(move |w: &Worker, reported| {
+            let wrong = me.block_size_mismatches(w);
+            for m in &wrong {
+                tracing::warn!(
+                    worker = w.id(),
+                    model = %m.model,
+                    engine_block_size = m.reported,
+                    model_block_size = m.configured,
+                    "{}",
+                    m.warning(w.id())
+                );
+            }
+            if wrong.is_empty() {
+                tracing::info!(
+                    worker = w.id(),
+                    block_size = reported,
+                    "the engine's KV block size agrees with its models'"
+                );
+            }
+        })
+    }
+
+    /// The configured block size of `model` (a listed model's, else the default).
+    pub fn block_size_of(&self, model: &str) -> u32 {
+        self.block_sizes
+            .get(model)
+            .copied()
+            .unwrap_or(self.default_block_size)
+    }
+
+    /// The models of `w` whose configured block size is not the one its engine reported
+    /// (none before it reported one). LoRA adapters are left out: their blocks are their base
+    /// model's.
+    pub fn block_size_mismatches(&self, w: &Worker) -> Vec<BlockSizeMismatch> {
+        let Some(reported) = w.engine_block_size.reported() else {
+            return Vec::new();
+        };
+        crate::fleet::engine_block_size::mismatches(reported, self.block_sizes_of(w))
+    }
+
+    /// The base models `w` serves, each with its configured block size.
+    pub fn block_sizes_of(&self, w: &Worker) -> Vec<(String, u32)> {
+        w.models()
+            .into_iter()
+            .filter(|m| !self.adapters.contains(m) && w.adapter_base(m).is_none())
+            .map(|m| {
+                let size = self.block_size_of(&m);
+                (m, size)
+            })
+            .collect()
     }
 
     /// Counters of every feed, by worker, for metrics.

@@ -2,6 +2,10 @@
 //!
 //! One [`Metrics`] per router, with its own registry (not the global default one), so several
 //! routers in one process — tests, `kvroute demo` — never mix their numbers.
+#![allow(
+    clippy::expect_used,
+    reason = "metric families are defined from constant names, labels and buckets: one that cannot be built or registered is a defect every test run shows, not an input error"
+)]
 
 use std::collections::HashMap;
 
@@ -11,6 +15,7 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+mod block_size;
 mod cache_prediction;
 mod config;
 mod data_parallel;
@@ -20,6 +25,7 @@ mod shaping;
 mod slo;
 mod tokens;
 
+pub use block_size::BlockSizeMetrics;
 pub use cache_prediction::CachePredictionMetrics;
 pub use config::ConfigMetrics;
 pub use data_parallel::DataParallelMetrics;
@@ -131,6 +137,8 @@ pub struct Metrics {
     pub disaggregation: DisaggregationMetrics,
     /// Workers whose data-parallel ranks disagree with their engine's.
     pub data_parallel: DataParallelMetrics,
+    /// Workers' engine block sizes and the models that disagree with them.
+    pub block_size: BlockSizeMetrics,
     /// The cost model's TTFT prediction error per worker.
     pub prediction: PredictionMetrics,
     /// The admission queue: waits, depth, saturation.
@@ -163,6 +171,7 @@ impl Metrics {
         forget(&self.kv_stream, id);
         self.disaggregation.forget_worker(id);
         self.data_parallel.forget_worker(id);
+        self.block_size.forget_worker(id);
         self.prediction.forget_worker(id);
         self.tokens.forget_worker(id);
         self.cache_prediction.forget_worker(id);
@@ -442,6 +451,7 @@ impl Metrics {
         let config = ConfigMetrics::register(&registry);
         let disaggregation = DisaggregationMetrics::register(&registry);
         let data_parallel = DataParallelMetrics::register(&registry);
+        let block_size = BlockSizeMetrics::register(&registry);
         let prediction = PredictionMetrics::register(&registry);
         let shaping = ShapingMetrics::register(&registry);
         let slo = SloMetrics::register(&registry);
@@ -485,6 +495,7 @@ impl Metrics {
             config,
             disaggregation,
             data_parallel,
+            block_size,
             prediction,
             shaping,
             slo,

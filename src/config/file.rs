@@ -153,7 +153,7 @@ pub(super) struct FileModel {
 }
 
 impl FileModel {
-    /// A model given by `--tokenizer MODEL=PATH` alone: its tokenizer, defaults otherwise.
+    /// A model given by `--tokenizer MODEL=TOKENIZER` alone: its tokenizer, defaults otherwise.
     pub(super) fn named(name: String, tokenizer: String) -> FileModel {
         FileModel {
             name,

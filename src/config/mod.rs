@@ -154,12 +154,18 @@ pub struct ServeArgs {
     /// refused: anyone reaching the listener could add a worker and read others' prompts.
     #[arg(long)]
     pub admin_open_on_loopback: bool,
-    /// A model's tokenizer: MODEL=PATH, PATH a directory holding the engine's tokenizer.json
-    /// (or the file itself). Without one, a model is tokenized by the builtin tokenizer, whose
-    /// blocks match nothing a real engine computes. Replaces the model's `[[models]]
+    /// A model's tokenizer: MODEL=TOKENIZER, TOKENIZER a directory holding the engine's
+    /// tokenizer.json (or the file itself), or a Hugging Face id (ORG/NAME, not an existing
+    /// path) fetched once at start into the Hugging Face cache (HF_HOME, HF_ENDPOINT,
+    /// HF_TOKEN, HF_HUB_OFFLINE). Without one, a model is tokenized by the builtin tokenizer,
+    /// whose blocks match nothing a real engine computes. Replaces the model's `[[models]]
     /// tokenizer`, or lists the model. Repeat for more models; in `KVROUTE_TOKENIZER`,
-    /// separate them with spaces. (A Hugging Face id is not fetched: give a local path.)
-    #[arg(long = "tokenizer", value_name = "MODEL=PATH", value_delimiter = ' ')]
+    /// separate them with spaces.
+    #[arg(
+        long = "tokenizer",
+        value_name = "MODEL=TOKENIZER",
+        value_delimiter = ' '
+    )]
     pub tokenizers: Vec<String>,
     /// KV block size of the engines (vLLM `--block-size`, SGLang `--page-size`) for models
     /// without their own `[[models]] block_size`; replaces `[tokens] default_block_size`

@@ -94,7 +94,7 @@ pub(super) struct Models {
 
 impl Models {
     /// The settings of `[tokens]` and `[[models]]`, then of `--block-size` (which replaces
-    /// `tokens.default_block_size`) and `--tokenizer MODEL=PATH` (which replaces a listed
+    /// `tokens.default_block_size`) and `--tokenizer MODEL=TOKENIZER` (which replaces a listed
     /// model's tokenizer, or lists the model). Replaced file values are added to `overrides`.
     pub(super) fn from_file(
         tokens: &FileTokens,
@@ -149,23 +149,25 @@ impl Models {
 /// The `serve` flags that configure models.
 #[derive(Default)]
 pub(super) struct ModelFlags<'a> {
-    /// `--tokenizer MODEL=PATH`, each.
+    /// `--tokenizer MODEL=TOKENIZER`, each.
     pub(super) tokenizers: &'a [String],
     /// `--block-size`.
     pub(super) block_size: Option<u32>,
 }
 
-/// `MODEL=PATH`: the model's name and its tokenizer (a directory with `tokenizer.json`, the
-/// file itself, or `builtin`). A Hugging Face id is not fetched: the path must exist.
+/// `MODEL=TOKENIZER`: the model's name and its tokenizer (a directory with `tokenizer.json`,
+/// the file itself, a Hugging Face id, or `builtin`; see [`tokenizer_source`]).
 fn tokenizer_flag(flag: &str) -> Result<(String, String), String> {
     match flag.split_once('=') {
         Some((name, path)) if !name.trim().is_empty() && !path.trim().is_empty() => {
             Ok((name.trim().to_owned(), path.trim().to_owned()))
         }
         _ => Err(format!(
-            "`{flag}` is not MODEL=PATH; write e.g. \
-             `--tokenizer meta-llama/Llama-3.1-8B-Instruct=/models/llama/tokenizer.json` \
-             (a directory with tokenizer.json, or the file)"
+            "`{flag}` is not MODEL=TOKENIZER; write e.g. \
+             `--tokenizer meta-llama/Llama-3.1-8B-Instruct=/models/llama` (a directory with \
+             tokenizer.json, or the file) or \
+             `--tokenizer meta-llama/Llama-3.1-8B-Instruct=meta-llama/Llama-3.1-8B-Instruct` \
+             (a Hugging Face id, fetched once into its cache)"
         )),
     }
 }
@@ -187,19 +189,9 @@ fn model(
         ));
     }
     let tokenizer = match m.tokenizer.as_deref() {
-        None | Some("builtin") => TokenizerSource::Builtin,
-        Some(path) => {
-            let p = PathBuf::from(path);
-            if !p.exists() {
-                return Err(invalid(
-                    format!("{key}.tokenizer"),
-                    format!(
-                        "`{path}` does not exist; give a directory with tokenizer.json, a tokenizer.json file, or \"builtin\""
-                    ),
-                ));
-            }
-            TokenizerSource::Path(p)
-        }
+        None => TokenizerSource::Builtin,
+        Some(value) => tokenizer_source(value)
+            .map_err(|message| invalid(format!("{key}.tokenizer"), message))?,
     };
     let block_size = m.block_size.unwrap_or(default_block_size);
     block_size_ok(&format!("{key}.block_size"), block_size)?;
@@ -260,6 +252,29 @@ fn model(
         max_model_len: m.max_model_len,
         disaggregation,
     })
+}
+
+/// What a `tokenizer` value names: `"builtin"`; a path that exists (a directory with
+/// `tokenizer.json`, or the file); else a Hugging Face id (`ORG/NAME`, fetched at start).
+/// A value that is neither — a missing path written as one (starting with `/`, `.` or `~`),
+/// or no id — is refused, so a typo in a path never becomes a download.
+fn tokenizer_source(value: &str) -> Result<TokenizerSource, String> {
+    if value == "builtin" {
+        return Ok(TokenizerSource::Builtin);
+    }
+    let path = PathBuf::from(value);
+    if path.exists() {
+        return Ok(TokenizerSource::Path(path));
+    }
+    if crate::tokens::hub::is_model_id(value) {
+        return Ok(TokenizerSource::Hub(value.to_owned()));
+    }
+    Err(format!(
+        "`{value}` does not exist, and is no Hugging Face id (ORG/NAME); give a directory with \
+         tokenizer.json, a tokenizer.json file, a model id such as \
+         \"meta-llama/Llama-3.1-8B-Instruct\" (fetched once into the Hugging Face cache), or \
+         \"builtin\""
+    ))
 }
 
 fn block_size_ok(key: &str, bs: u32) -> Result<(), ConfigError> {

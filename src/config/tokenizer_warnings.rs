@@ -9,8 +9,9 @@ use super::{Config, ModelConfig, TokenizerSource};
 /// The fix, written once for every warning.
 const FIX: &str = "give the engine's tokenizer: `--tokenizer MODEL=DIR` (`KVROUTE_TOKENIZER`) \
                    or `tokenizer = \"DIR\"` in its [[models]] entry, DIR holding the model's \
-                   tokenizer.json; `tokenizer = \"builtin\"` is right only for kvroute's own \
-                   simulated engines";
+                   tokenizer.json, or its Hugging Face id (`ORG/NAME`, fetched once into the \
+                   Hugging Face cache) instead of DIR; `tokenizer = \"builtin\"` is right only \
+                   for kvroute's own simulated engines";
 
 impl Config {
     /// One message per model that is tokenized by the builtin tokenizer while a static worker

@@ -27,8 +27,12 @@ pub struct EppArgs {
     /// `host:port` is the endpoint the gateway is sent to. Repeat for more.
     #[arg(long = "worker", value_delimiter = ' ')]
     pub workers: Vec<String>,
-    /// A model's tokenizer: MODEL=PATH, as for `serve`.
-    #[arg(long = "tokenizer", value_name = "MODEL=PATH", value_delimiter = ' ')]
+    /// A model's tokenizer: MODEL=TOKENIZER (a directory or a Hugging Face id), as for `serve`.
+    #[arg(
+        long = "tokenizer",
+        value_name = "MODEL=TOKENIZER",
+        value_delimiter = ' '
+    )]
     pub tokenizers: Vec<String>,
     /// KV block size of the engines, as for `serve`.
     #[arg(long)]

@@ -152,6 +152,7 @@ pub fn start_with_state(
 /// `kvroute epp`: runs until SIGTERM or ctrl-c, then drains.
 pub async fn run(loaded: Loaded, args: &EppArgs) -> anyhow::Result<()> {
     let config = &loaded.config;
+    server::fetch_tokenizers(config).await?;
     let bind = |at: SocketAddr| async move {
         TcpListener::bind(at)
             .await

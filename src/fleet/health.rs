@@ -6,7 +6,8 @@
 //! is picked up without restarting the router. Workers without a configured KV capacity are
 //! asked for `GET /metrics` until it tells their KV cache size (see [`super::capacity`]),
 //! again after each restart, since a restarted engine may have been given a different share of
-//! GPU memory.
+//! GPU memory. The same reading tells the engine's KV block size, checked against the
+//! models' configured one ([`super::engine_block_size`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,12 +19,26 @@ use hyper_util::rt::TokioExecutor;
 use tokio_util::sync::CancellationToken;
 
 use super::capacity::parse_kv_blocks;
+use super::engine_block_size::reported_block_size;
 use super::{Fleet, ServedModel, Worker};
 use crate::tls::upstream::WorkerConnector;
 use crate::tls::{TlsError, UpstreamTls};
 
 /// Called when a worker's KV cache capacity (in blocks) becomes known or changes.
 pub type CapacityHook = Arc<dyn Fn(&Worker, usize) + Send + Sync>;
+
+/// Called when the KV block size a worker's engine reports becomes known or changes
+/// ([`super::engine_block_size`]).
+pub type BlockSizeHook = Arc<dyn Fn(&Worker, u32) + Send + Sync>;
+
+/// Who hears of the engine facts read from a worker's metrics.
+#[derive(Clone, Default)]
+pub struct EngineHooks {
+    /// Its KV cache capacity.
+    pub capacity: Option<CapacityHook>,
+    /// Its KV block size.
+    pub block_size: Option<BlockSizeHook>,
+}
 
 /// The default interval between two readings of a worker's load (`[health] load_interval_ms`;
 /// read by `fleet::load_poller`).
@@ -63,13 +78,14 @@ impl Default for HealthConfig {
 pub(super) type ProbeClient = Client<WorkerConnector, Empty<Bytes>>;
 
 /// Runs health checks until `stop` is cancelled. The first round runs immediately;
-/// `on_capacity` hears of every KV capacity read from a worker's metrics. `https://` workers
-/// are reached as `tls` says (the proxy's settings); fails when its files cannot be used.
+/// `hooks` hear of every KV capacity and block size read from a worker's metrics. `https://`
+/// workers are reached as `tls` says (the proxy's settings); fails when its files cannot be
+/// used.
 pub fn spawn(
     fleet: Arc<Fleet>,
     config: HealthConfig,
     tls: &UpstreamTls,
-    on_capacity: Option<CapacityHook>,
+    hooks: EngineHooks,
     stop: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>, TlsError> {
     let connector = crate::tls::upstream::connector(tls, config.timeout)?;
@@ -85,7 +101,7 @@ pub fn spawn(
             let workers = fleet.workers();
             let checks = workers.iter().map(|w| async {
                 if check_worker(&client, w, &config).await {
-                    learn_capacity(&client, w, &config, on_capacity.as_ref()).await;
+                    learn_engine(&client, w, &config, &hooks).await;
                 }
             });
             futures_util::future::join_all(checks).await;
@@ -122,8 +138,10 @@ pub async fn check_worker(
     let was = worker.is_healthy();
     let now = worker.observe_check(ok, config.healthy_threshold, config.unhealthy_threshold);
     if was && !now {
-        // It comes back as a new process, perhaps with another cache size: read it again.
+        // It comes back as a new process, perhaps with another cache or block size: read
+        // them again.
         worker.set_discovered_kv_blocks(0);
+        worker.engine_block_size.forget();
     }
     if was != now {
         if now {
@@ -139,14 +157,16 @@ pub async fn check_worker(
     now
 }
 
-/// Reads the KV capacity of a healthy worker while it is neither configured nor known.
-async fn learn_capacity(
+/// Reads the engine facts of a healthy worker's metrics while one is not known: its KV
+/// capacity (unless configured) and its KV block size.
+async fn learn_engine(
     client: &ProbeClient,
     worker: &Arc<Worker>,
     config: &HealthConfig,
-    on_capacity: Option<&CapacityHook>,
+    hooks: &EngineHooks,
 ) {
-    if worker.kv_blocks().is_some() {
+    let want_capacity = worker.kv_blocks().is_none();
+    if !want_capacity && worker.engine_block_size.reported().is_some() {
         return;
     }
     let Some((status, body)) = get(client, worker, "/metrics", config.timeout).await else {
@@ -155,7 +175,19 @@ async fn learn_capacity(
     if !status.is_success() {
         return;
     }
-    let Some(blocks) = std::str::from_utf8(&body).ok().and_then(parse_kv_blocks) else {
+    let Ok(text) = std::str::from_utf8(&body) else {
+        return;
+    };
+    if let Some(size) = reported_block_size(text)
+        && worker.engine_block_size.set(size)
+        && let Some(hook) = &hooks.block_size
+    {
+        hook(worker, size);
+    }
+    if !want_capacity {
+        return;
+    }
+    let Some(blocks) = parse_kv_blocks(text) else {
         tracing::debug!(
             worker = worker.id(),
             "no KV cache capacity in /metrics; the index grows as the cache warms"
@@ -168,7 +200,7 @@ async fn learn_capacity(
             blocks,
             "KV cache capacity read from the engine's metrics"
         );
-        if let Some(hook) = on_capacity {
+        if let Some(hook) = &hooks.capacity {
             hook(worker, blocks);
         }
     }

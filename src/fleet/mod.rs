@@ -8,6 +8,7 @@
 mod base_url;
 pub mod breaker;
 pub mod capacity;
+pub mod engine_block_size;
 pub mod engine_ranks;
 pub mod health;
 pub mod load;
@@ -25,6 +26,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 pub use base_url::{BaseUrl, WorkerUrlError, redact_userinfo};
 pub use breaker::{Breaker, BreakerConfig, CircuitState};
+pub use engine_block_size::{BlockSizeMismatch, EngineBlockSize};
 pub use engine_ranks::EngineRanks;
 pub use health::HealthConfig;
 pub use load::{Load, LoadGuard};

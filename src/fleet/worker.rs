@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use super::base_url::BaseUrl;
 use super::breaker::{Breaker, BreakerConfig};
+use super::engine_block_size::EngineBlockSize;
 use super::engine_ranks::EngineRanks;
 use super::load::Load;
 use super::rank::Rank;
@@ -78,6 +79,8 @@ pub struct Worker {
     pub breaker: Breaker,
     /// The data-parallel ranks its engine lists in its metrics (read by the load poller).
     pub engine_ranks: EngineRanks,
+    /// The KV block size its engine reports in its metrics (read by the health checker).
+    pub engine_block_size: EngineBlockSize,
     discovered_models: RwLock<Vec<ServedModel>>,
     healthy: AtomicBool,
     /// Whether a health check has ever passed: a worker starts healthy (optimistic routing,
@@ -142,6 +145,7 @@ impl Worker {
             spec,
             breaker: Breaker::new(breaker),
             engine_ranks: EngineRanks::default(),
+            engine_block_size: EngineBlockSize::default(),
             discovered_models: RwLock::new(Vec::new()),
             healthy: AtomicBool::new(true),
             verified: AtomicBool::new(false),

@@ -37,6 +37,10 @@ unsafe impl<B: Copy + Sync> Sync for Buckets<B> {}
 
 impl<B: Copy> Buckets<B> {
     /// The layout of `cap` buckets.
+    #[allow(
+        clippy::expect_used,
+        reason = "a table larger than the address space is a capacity overflow, as for `Vec`"
+    )]
     fn layout(cap: usize) -> Layout {
         let bytes = cap
             .checked_mul(size_of::<B>())
@@ -83,6 +87,10 @@ impl<B: Copy> Buckets<B> {
 
     /// Makes room for `additional` more buckets beyond the length (exactly, like
     /// `Vec::reserve_exact`).
+    #[allow(
+        clippy::expect_used,
+        reason = "a table larger than the address space is a capacity overflow, as for `Vec`"
+    )]
     pub(crate) fn reserve_exact(&mut self, additional: usize) {
         let need = self
             .len
@@ -174,7 +182,7 @@ impl<B: Copy> Drop for Buckets<B> {
     }
 }
 
-#[cfg(target_os = "linux")]
+#[cfg(all(target_os = "linux", not(miri)))]
 fn advise_huge_pages(addr: usize, bytes: usize) {
     // SAFETY: the range is an allocation we own and have not touched yet; MADV_HUGEPAGE only
     // changes how the kernel backs it and cannot fail in a way that affects memory safety (an
@@ -185,7 +193,8 @@ fn advise_huge_pages(addr: usize, bytes: usize) {
     }
 }
 
-#[cfg(not(target_os = "linux"))]
+/// Elsewhere (and under Miri, which cannot call `madvise`): 4 KiB pages.
+#[cfg(any(not(target_os = "linux"), miri))]
 fn advise_huge_pages(_addr: usize, _bytes: usize) {}
 
 #[cfg(test)]

@@ -81,6 +81,13 @@ fn describe(state: &AppState, w: &Worker) -> Value {
         "kv_events_connected": heard_from(state, w),
         "kv_warming": w.is_kv_warming(),
         "kv_blocks": w.kv_blocks(),
+        // The block size the engine reports, and each model configured with another one.
+        "engine_block_size": w.engine_block_size.reported(),
+        "block_size_mismatch": state.lifecycle.block_size_mismatches(w).iter().map(|m| json!({
+            "model": m.model,
+            "block_size": m.configured,
+            "engine_block_size": m.reported,
+        })).collect::<Vec<_>>(),
         "predicted_blocks": w.keys().map(|k| state.holdings.approx.len(k)).sum::<usize>(),
         "data_parallel_size": w.data_parallel_size(),
         "ranks": ranks,

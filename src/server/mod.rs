@@ -479,7 +479,10 @@ pub fn start_background(
             Arc::clone(&state.fleet),
             config.health.clone(),
             &config.proxy.tls,
-            Some(state.lifecycle.capacity_hook()),
+            health::EngineHooks {
+                capacity: Some(state.lifecycle.capacity_hook()),
+                block_size: Some(state.lifecycle.block_size_hook()),
+            },
             stop.clone(),
         )
         .map_err(|e| anyhow::anyhow!("proxy.tls: {e}"))?,
@@ -564,6 +567,15 @@ fn log_admin_state(keys: &auth::Keys) {
     }
 }
 
+/// Fetches the tokenizers named by Hugging Face ids into the cache (or finds them there),
+/// before [`AppState::from_config`] loads every tokenizer: a start-time error names the model,
+/// the id, the endpoint and the hub's answer.
+pub async fn fetch_tokenizers(config: &Config) -> anyhow::Result<()> {
+    let hub = crate::tokens::hub::Hub::from_env();
+    crate::tokens::hub::fetch_all(&hub, config.models.iter().map(|m| m.token_source())).await?;
+    Ok(())
+}
+
 /// Binds `addr` at once (from a synchronous caller on a Tokio runtime).
 fn bind_now(addr: SocketAddr) -> std::io::Result<TcpListener> {
     let listener = std::net::TcpListener::bind(addr)?;
@@ -580,6 +592,7 @@ pub async fn run(
     // Before anything else: SIGHUP's default action ends the process.
     let hangups = reload::hangups();
     let config = &loaded.config;
+    fetch_tokenizers(config).await?;
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;

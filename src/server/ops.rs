@@ -154,6 +154,18 @@ pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
                 .with_label_values(&[w.id()])
                 .set(i64::from(wrong));
         }
+        if let Some(size) = w.engine_block_size.reported() {
+            m.block_size
+                .engine
+                .with_label_values(&[w.id()])
+                .set(i64::from(size));
+            for (model, configured) in state.lifecycle.block_sizes_of(w) {
+                m.block_size
+                    .mismatch
+                    .with_label_values(&[w.id(), &model])
+                    .set(i64::from(configured != size));
+            }
+        }
         m.circuit_state
             .with_label_values(&[w.id()])
             .set(w.breaker.state(now).as_metric());

@@ -75,7 +75,10 @@ fn local_tokens(state: &AppState, model: &str) -> Option<(Arc<ModelTokens>, u64)
     let base = state.adapter_base(model);
     let base = base.as_deref().unwrap_or(model);
     let configured = state.model_config(base)?;
-    if !matches!(configured.tokenizer, TokenizerSource::Path(_)) {
+    if !matches!(
+        configured.tokenizer,
+        TokenizerSource::Path(_) | TokenizerSource::Hub(_)
+    ) {
         return None;
     }
     let max_model_len = configured

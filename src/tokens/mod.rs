@@ -7,6 +7,7 @@ pub mod byte_bpe;
 pub mod chat_template;
 pub mod engine_tools;
 pub mod hash;
+pub mod hub;
 pub mod id_map;
 pub mod model;
 mod pyjson;

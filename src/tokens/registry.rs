@@ -10,6 +10,7 @@ use std::path::Path;
 use std::sync::{Arc, RwLock};
 
 use super::engine_tools::EngineKind;
+use super::hub::Hub;
 use super::model::ModelTokens;
 use super::tokenizer::{TokenError, Tokenizer};
 use std::path::PathBuf;
@@ -22,6 +23,9 @@ pub enum TokenizerSource {
     /// A directory with `tokenizer.json` (and `tokenizer_config.json` / `chat_template.jinja`
     /// for chat), or a `tokenizer.json` file.
     Path(PathBuf),
+    /// A Hugging Face model id (`ORG/NAME`): its files, fetched at start into the Hugging
+    /// Face cache ([`super::hub`]), are read from there.
+    Hub(String),
 }
 
 /// One configured model as the registry loads it.
@@ -47,7 +51,8 @@ pub struct ModelRegistry {
 impl ModelRegistry {
     /// Loads every configured model; a model not among them gets the builtin tokenizer with
     /// `default_block_size`. `token_cache_bytes` bounds each model's cache of repeated prompt
-    /// segments.
+    /// segments. A model named by its Hugging Face id is read from the cache of the
+    /// environment's hub ([`Hub::from_env`]), where the start fetched it.
     pub fn load<'a>(
         configured: impl IntoIterator<Item = ModelSource<'a>>,
         token_cache_bytes: u64,
@@ -55,6 +60,7 @@ impl ModelRegistry {
     ) -> Result<ModelRegistry, TokenError> {
         let cache_units = usize::try_from(token_cache_bytes / 4).unwrap_or(usize::MAX);
         let mut models = HashMap::new();
+        let hub = Hub::from_env();
         for m in configured {
             let bs = m.block_size;
             let tokens = match &m.tokenizer {
@@ -63,6 +69,15 @@ impl ModelRegistry {
                     ModelTokens::from_hf_dir(p, bs, cache_units)?
                 }
                 TokenizerSource::Path(p) => from_tokenizer_file(p, bs, cache_units)?,
+                TokenizerSource::Hub(id) => {
+                    let dir = hub.cached(id).ok_or_else(|| TokenError::Load {
+                        path: format!("Hugging Face model `{id}`"),
+                        reason: "not in the Hugging Face cache: `kvroute serve` fetches it at \
+                                 start (tokens::hub::fetch_all)"
+                            .into(),
+                    })?;
+                    ModelTokens::from_hf_dir(&dir, bs, cache_units)?
+                }
             }
             .served_by(m.engine);
             if let Err(why) = tokens.segmenting() {

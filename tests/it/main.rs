@@ -2,6 +2,11 @@
 //! once instead of once per file. Shared helpers live in [`support`].
 //!
 //! Run one area with a name filter: `cargo test --test it kv_routing`.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test and bench code: a failed step should stop the run"
+)]
 
 mod support;
 
@@ -26,6 +31,7 @@ mod disaggregation_pools;
 mod discovery_dns;
 mod discovery_kubernetes;
 mod endpoints;
+mod engine_block_size;
 mod engine_events;
 mod engine_http;
 #[cfg(feature = "epp")]
@@ -85,6 +91,7 @@ mod stalled_clients;
 mod stream_endings;
 mod tls;
 mod tokenize;
+mod tokenizer_hub;
 mod tokens_byte_bpe;
 mod tokens_chat_templates;
 mod tokens_jinja_parity;

@@ -2,6 +2,7 @@
 //! - [`backend`]: test backends (small OpenAI-style servers that record what they receive and
 //!   misbehave on request) and a router started in front of them;
 //! - [`engine`]: simulated engines in this process, publishing KV events over ZeroMQ;
+//! - [`hub`]: a stand-in for the Hugging Face hub's file API (the tokenizer fetch);
 //! - [`kube_api`]: a fake Kubernetes API server (list, watch, bookmarks, 410 Gone, outages)
 //!   for the discovery tests;
 //! - [`process`]: `kvroute engine` / `kvroute serve` child processes and memory readings;
@@ -24,6 +25,7 @@ pub mod backend;
 pub mod engine;
 #[cfg(feature = "epp")]
 pub mod gateway;
+pub mod hub;
 pub mod kube_api;
 pub mod process;
 pub mod qwen3;

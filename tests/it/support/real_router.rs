@@ -139,6 +139,30 @@ impl RealRouter {
         }
     }
 
+    /// The KV block size the (first) worker's engine reports, as `/admin/workers` shows it
+    /// once the health checker read it (within 20 s), and the models it names as configured
+    /// with another one.
+    pub async fn engine_block_size(&self) -> (u32, Value) {
+        let end = Instant::now() + Duration::from_secs(20);
+        loop {
+            let listed: Value = self
+                .http
+                .get(self.url("/admin/workers"))
+                .send()
+                .await
+                .expect("admin workers")
+                .json()
+                .await
+                .expect("admin workers JSON");
+            let w = &listed["workers"][0];
+            if let Some(size) = w["engine_block_size"].as_u64() {
+                return (size as u32, w["block_size_mismatch"].clone());
+            }
+            assert!(Instant::now() < end, "no engine block size read: {w}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.handle.addr)
     }

@@ -86,8 +86,21 @@ pub async fn wrong_block_size_mismatches(setup: &impl RouterModel, engines: &[En
         }
     }
     let (compared, mismatched) = router.cached_token_mismatches().await;
+    let (engine_size, named) = router.engine_block_size().await;
     router.shutdown().await;
     println!("wrong block size: {mismatched} of {compared} compared requests mismatched");
+    // The engine's own report of its size (vLLM `cache_config_info`, SGLang `page_size`)
+    // named the misconfiguration before any of that.
+    let configured = config.model(MODEL).block_size;
+    assert_eq!(
+        engine_size,
+        configured / 2,
+        "the engine's reported block size"
+    );
+    assert_eq!(
+        named,
+        serde_json::json!([{"model": MODEL, "block_size": configured, "engine_block_size": configured / 2}])
+    );
     assert!(served_from_cache >= 4, "the repeats were not cache hits");
     assert_eq!(compared, 5.0);
     assert_eq!(mismatched, f64::from(served_from_cache));
