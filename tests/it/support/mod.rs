@@ -26,6 +26,7 @@ pub mod engine;
 pub mod gateway;
 pub mod kube_api;
 pub mod process;
+pub mod quickstart;
 pub mod qwen3;
 pub mod real_engine;
 pub mod real_router;
