@@ -49,7 +49,10 @@ fn the_readme_quickstart_blocks_agree_with_each_other() {
         assert_eq!(model["name"].as_str(), Some(name.as_str()));
     }
     for size in flag_values(engines, "--block-size ") {
-        assert_eq!(model["block_size"].as_integer().map(|b| b.to_string()), Some(size));
+        assert_eq!(
+            model["block_size"].as_integer().map(|b| b.to_string()),
+            Some(size)
+        );
     }
     // The tokenizer is the directory the engines serve.
     for dir in flag_values(engines, "vllm serve ") {
@@ -79,7 +82,11 @@ fn the_readme_quickstart_blocks_agree_with_each_other() {
     // The router's port differs from the engines', and the checks ask the router.
     let listen = ports_in(c["server"]["listen"].as_str().unwrap());
     assert!(listen.is_disjoint(&http), "router and engines share a port");
-    assert_eq!(ports_in(q.block("verify")), listen, "verify asks the router");
+    assert_eq!(
+        ports_in(q.block("verify")),
+        listen,
+        "verify asks the router"
+    );
     // kvroute accepts the config as written, with the Qwen3 tokenizer fixture where the
     // quickstart's model directory would be (the tokenizer must exist at load).
     let tokenizer = model["tokenizer"].as_str().unwrap();
@@ -159,6 +166,7 @@ async fn real_vllm_readme_quickstart_gives_exact_prefix_hits() {
 
     // The README's own check, as written.
     let out = run(&ports.apply(q.block("verify")), dir, &bin, 300);
+    println!("the README's verify block printed:\n{out}");
     readme_check_holds(&out);
 
     // More prompts than the README's one, each waited for in the index before its repeat.
@@ -181,9 +189,14 @@ async fn real_vllm_readme_quickstart_gives_exact_prefix_hits() {
             let cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"]
                 .as_u64()
                 .expect("vLLM reports cached_tokens");
+            println!("{topic} {turn}: {worker} predicted {predicted}, vLLM cached {cached}");
             assert_eq!(predicted, cached, "{topic} {turn} on {worker}: {answer}");
             if turn == "repeat" {
-                assert_eq!(explained["worker"], worker.as_str(), "{topic}: routed as shown");
+                assert_eq!(
+                    explained["worker"],
+                    worker.as_str(),
+                    "{topic}: routed as shown"
+                );
                 assert!(cached > 0, "{topic}: the repeat hits the engine holding it");
             }
             let prompt = answer["usage"]["prompt_tokens"].as_u64().unwrap();
@@ -211,7 +224,10 @@ async fn real_vllm_readme_quickstart_gives_exact_prefix_hits() {
         .await
         .unwrap();
     let sum = |name: &str| crate::support::real_engine::metric_sum(&metrics, name);
-    assert!(sum("kvroute_cached_tokens_compared_total") >= 8.0, "{metrics}");
+    assert!(
+        sum("kvroute_cached_tokens_compared_total") >= 8.0,
+        "{metrics}"
+    );
     assert_eq!(sum("kvroute_cached_tokens_mismatch_total"), 0.0);
 }
 
@@ -233,8 +249,16 @@ fn readme_check_holds(out: &str) {
     }
     assert!(lines[3]["engine_cached_tokens"].as_u64() > Some(0), "{out}");
     let counter = |name: &str| crate::support::real_engine::metric_sum(out, name);
-    assert_eq!(counter("kvroute_cached_tokens_compared_total"), 2.0, "{out}");
-    assert_eq!(counter("kvroute_cached_tokens_mismatch_total"), 0.0, "{out}");
+    assert_eq!(
+        counter("kvroute_cached_tokens_compared_total"),
+        2.0,
+        "{out}"
+    );
+    assert_eq!(
+        counter("kvroute_cached_tokens_mismatch_total"),
+        0.0,
+        "{out}"
+    );
 }
 
 /// POSTs `body`; the `x-kvroute-worker` header and the JSON answer.

@@ -39,7 +39,12 @@ impl Quickstart {
             let name = name.trim().to_string();
             match lines.next() {
                 Some((_, fence)) if fence.starts_with("```") => {}
-                _ => return Err(format!("line {}: `{name}` is not followed by a block", n + 1)),
+                _ => {
+                    return Err(format!(
+                        "line {}: `{name}` is not followed by a block",
+                        n + 1
+                    ));
+                }
             }
             let mut body = String::new();
             loop {
@@ -107,14 +112,6 @@ impl PortMap {
         PortMap {
             pairs: ports.into_iter().map(|p| (p, quiet_port())).collect(),
         }
-    }
-
-    /// The port a test uses for the README's `port`.
-    pub fn get(&self, port: u16) -> u16 {
-        self.pairs
-            .iter()
-            .find(|(from, _)| *from == port)
-            .map_or_else(|| panic!("the README names no port {port}"), |p| p.1)
     }
 
     /// `text` with every README port moved (in one pass: a new port is never moved again).
