@@ -82,21 +82,30 @@ def anchors(path: pathlib.Path, cache: dict) -> set:
     return cache[path]
 
 
+def links(page: pathlib.Path):
+    """(line number, target) of every link, a label broken over lines included."""
+    numbered = list(prose(page))
+    text = "\n".join(line for _, line in numbered)
+    for m in LINK.finditer(text):
+        yield numbered[text.count("\n", 0, m.start())][0], m.group(1)
+    for n, line in numbered:
+        m = REFERENCE.match(line)
+        if m:
+            yield n, m.group(1)
+
+
 def broken_links(page: pathlib.Path, cache: dict) -> list:
     found = []
-    for n, line in prose(page):
-        targets = [m.group(1) for m in LINK.finditer(line)]
-        targets += [m.group(1) for m in [REFERENCE.match(line)] if m]
-        for target in targets:
-            if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", target):
-                continue  # https:, mailto:, ...
-            path_part, _, anchor = target.partition("#")
-            dest = (page.parent / path_part).resolve() if path_part else page
-            where = f"{page.relative_to(ROOT)}:{n}: {target}"
-            if not dest.exists():
-                found.append(f"{where}: no such file")
-            elif anchor and dest.suffix == ".md" and anchor not in anchors(dest, cache):
-                found.append(f"{where}: no heading `#{anchor}` in {dest.relative_to(ROOT)}")
+    for n, target in links(page):
+        if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", target):
+            continue  # https:, mailto:, ...
+        path_part, _, anchor = target.partition("#")
+        dest = (page.parent / path_part).resolve() if path_part else page
+        where = f"{page.relative_to(ROOT)}:{n}: {target}"
+        if not dest.exists():
+            found.append(f"{where}: no such file")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest, cache):
+            found.append(f"{where}: no heading `#{anchor}` in {dest.relative_to(ROOT)}")
     return found
 
 
