@@ -156,7 +156,13 @@ async fn real_vllm_readme_quickstart_gives_exact_prefix_hits() {
             return false;
         };
         let v: Value = r.json().await.unwrap_or_default();
-        let ready = |w: &Value| w["healthy"] == true && w["kv_events_connected"] == true;
+        // Healthy, its events connected, and its models read from its `/v1/models` (the
+        // quickstart's workers name none): until then the router serves nothing of it.
+        let ready = |w: &Value| {
+            w["healthy"] == true
+                && w["kv_events_connected"] == true
+                && w["models"].as_array().is_some_and(|m| !m.is_empty())
+        };
         v["workers"]
             .as_array()
             .is_some_and(|ws| ws.len() == urls.len() && ws.iter().all(ready))
@@ -165,9 +171,9 @@ async fn real_vllm_readme_quickstart_gives_exact_prefix_hits() {
     .expect("the router sees both engines healthy, their events connected");
 
     // The README's own check, as written.
-    let out = run(&ports.apply(q.block("verify")), dir, &bin, 300);
-    println!("the README's verify block printed:\n{out}");
-    readme_check_holds(&out);
+    let (out, err) = run(&ports.apply(q.block("verify")), dir, &bin, 300);
+    println!("the README's verify block printed:\n{out}{err}");
+    readme_check_holds(&format!("{out}\n--- standard error:\n{err}"));
 
     // More prompts than the README's one, each waited for in the index before its repeat.
     let model = c["models"][0]["name"].as_str().unwrap().to_string();
@@ -235,7 +241,8 @@ async fn real_vllm_readme_quickstart_gives_exact_prefix_hits() {
 /// count, and then the two counters: each prediction is the engine's count, the repeat hits,
 /// and no answer differed from its prediction.
 fn readme_check_holds(out: &str) {
-    let lines: Vec<Value> = out
+    let printed = out.split("\n--- standard error:").next().unwrap_or(out);
+    let lines: Vec<Value> = printed
         .lines()
         .filter(|l| l.starts_with('{'))
         .map(|l| serde_json::from_str(l).expect("jq printed JSON"))
@@ -248,7 +255,7 @@ fn readme_check_holds(out: &str) {
         );
     }
     assert!(lines[3]["engine_cached_tokens"].as_u64() > Some(0), "{out}");
-    let counter = |name: &str| crate::support::real_engine::metric_sum(out, name);
+    let counter = |name: &str| crate::support::real_engine::metric_sum(printed, name);
     assert_eq!(
         counter("kvroute_cached_tokens_compared_total"),
         2.0,

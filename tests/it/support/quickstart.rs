@@ -201,8 +201,8 @@ impl Drop for Shell {
 }
 
 /// Runs `script` with bash in `dir` (`bin` first on `PATH`), at most `limit_s` seconds; its
-/// standard output. Panics with its output when it fails.
-pub fn run(script: &str, dir: &Path, bin: &Path, limit_s: u32) -> String {
+/// standard output and standard error. Panics with both when it fails.
+pub fn run(script: &str, dir: &Path, bin: &Path, limit_s: u32) -> (String, String) {
     let path = format!(
         "{}:{}",
         bin.display(),
@@ -216,11 +216,11 @@ pub fn run(script: &str, dir: &Path, bin: &Path, limit_s: u32) -> String {
         .output()
         .expect("bash runs");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(
         out.status.success(),
-        "`{script}` failed ({}):\n{stdout}\n{}",
+        "`{script}` failed ({}):\n{stdout}\n{stderr}",
         out.status,
-        String::from_utf8_lossy(&out.stderr)
     );
-    stdout
+    (stdout, stderr)
 }
