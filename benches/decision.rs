@@ -12,6 +12,11 @@
 //! wall time also counts other jobs' time slices).
 //!
 //! `cargo bench --bench decision`
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test and bench code: a failed step should stop the run"
+)]
 
 use std::hint::black_box;
 use std::path::PathBuf;

@@ -4,6 +4,11 @@
 //!   requests per second of wall time (criterion's elements/s).
 //! - `http/*`: the real-time face with a huge `--engine-speedup` (model time ≈ 0), so a round
 //!   trip measures the overhead of HTTP, JSON, tokenization and the engine task.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test and bench code: a failed step should stop the run"
+)]
 
 use std::hint::black_box;
 

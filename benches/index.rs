@@ -11,6 +11,11 @@
 //! cargo bench --bench index -- --fleet           # lookup/decision/memory/churn vs fleet size
 //! cargo bench --bench index -- --threads         # sharded apply with 1, 2, 4 writer threads
 //! ```
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test and bench code: a failed step should stop the run"
+)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;

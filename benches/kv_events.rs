@@ -3,6 +3,11 @@
 //! Throughput is in blocks; events/s = blocks/s ÷ 32.
 //!
 //! Run: `cargo bench --bench kv_events`
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test and bench code: a failed step should stop the run"
+)]
 
 use std::hint::black_box;
 

@@ -1,6 +1,11 @@
 //! Routing decision time per policy with 16 candidate workers.
 //!
 //! Run: `cargo bench --bench policy`
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test and bench code: a failed step should stop the run"
+)]
 
 use std::hint::black_box;
 

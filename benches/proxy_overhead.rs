@@ -19,6 +19,11 @@
 //!
 //! Run: `cargo bench --bench proxy_overhead` (N defaults to 2,000 per path; set
 //! `KVROUTE_BENCH_N`).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test and bench code: a failed step should stop the run"
+)]
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -4,6 +4,11 @@
 //! turn, a fully repeated request, and block hashing.
 //!
 //! `cargo bench --bench tokens`
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test and bench code: a failed step should stop the run"
+)]
 
 use std::hint::black_box;
 use std::path::PathBuf;

@@ -2,6 +2,10 @@
 //!
 //! One [`Metrics`] per router, with its own registry (not the global default one), so several
 //! routers in one process — tests, `kvroute demo` — never mix their numbers.
+#![allow(
+    clippy::expect_used,
+    reason = "metric families are defined from constant names, labels and buckets: one that cannot be built or registered is a defect every test run shows, not an input error"
+)]
 
 use std::collections::HashMap;
 

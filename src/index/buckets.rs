@@ -37,6 +37,10 @@ unsafe impl<B: Copy + Sync> Sync for Buckets<B> {}
 
 impl<B: Copy> Buckets<B> {
     /// The layout of `cap` buckets.
+    #[allow(
+        clippy::expect_used,
+        reason = "a table larger than the address space is a capacity overflow, as for `Vec`"
+    )]
     fn layout(cap: usize) -> Layout {
         let bytes = cap
             .checked_mul(size_of::<B>())
@@ -83,6 +87,10 @@ impl<B: Copy> Buckets<B> {
 
     /// Makes room for `additional` more buckets beyond the length (exactly, like
     /// `Vec::reserve_exact`).
+    #[allow(
+        clippy::expect_used,
+        reason = "a table larger than the address space is a capacity overflow, as for `Vec`"
+    )]
     pub(crate) fn reserve_exact(&mut self, additional: usize) {
         let need = self
             .len

@@ -293,6 +293,10 @@ impl Workload {
         w
     }
 
+    #[allow(
+        clippy::expect_used,
+        reason = "the generator's own bookkeeping (tests and benches only)"
+    )]
     fn simulate(&mut self) {
         let p = &self.params;
         let mut sims: Vec<WorkerSim> = (0..p.workers).map(|_| WorkerSim::default()).collect();

@@ -115,6 +115,10 @@ impl Run {
     }
 
     /// The holders of `offset` in `page`, which [`Run::add_page`] must have made room for.
+    #[allow(
+        clippy::expect_used,
+        reason = "the caller made room for the page (the method's contract)"
+    )]
     pub(super) fn bits_mut(&mut self, page: usize, offset: usize) -> &mut Bits {
         if page as u32 == self.page {
             &mut self.slots[offset][2]

@@ -2,6 +2,11 @@
 //! once instead of once per file. Shared helpers live in [`support`].
 //!
 //! Run one area with a name filter: `cargo test --test it kv_routing`.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test and bench code: a failed step should stop the run"
+)]
 
 mod support;
 

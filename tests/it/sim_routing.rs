@@ -185,3 +185,42 @@ fn replicas_reading_engine_load_route_closer_to_one_router() {
         one_r.ttft_s.mean
     );
 }
+
+/// Issue 29's burst shape in virtual time, where identical engines are identical (in real time
+/// a loaded test machine runs one engine's requests faster than another's, and a router that
+/// balances load rightly gives it more — see `docs/benchmarks.md`, "Bursts", for the real-time
+/// measurement): 200 unique short prompts one at a time calibrate the cost model, then 1,000
+/// more arrive within half a second, so the burst's decisions see load that finishes while it
+/// is still arriving. Each worker must get within ±15 % of an even share of the burst.
+#[test]
+fn a_burst_of_short_unique_requests_splits_evenly_in_virtual_time() {
+    use kvroute::workload::{Trace, TraceRequest};
+    let mut id = 0u64;
+    let mut request = |arrival_s: f64| {
+        id += 1;
+        TraceRequest {
+            arrival_s,
+            input_tokens: 30,
+            output_tokens: 16,
+            hash_ids: vec![id],
+            block_tokens: 64,
+            session: None,
+        }
+    };
+    let mut requests: Vec<TraceRequest> = (0..200).map(|i| request(0.2 * i as f64)).collect();
+    requests.extend((0..1000).map(|i| request(40.0 + 0.0005 * i as f64)));
+    let trace = Trace { requests };
+    let run = Simulation::new(&trace, &SimConfig::default(), PolicyKind::KvAware)
+        .unwrap()
+        .run();
+    let mut counts = [0usize; 4];
+    for r in &run.records[200..] {
+        counts[r.worker.expect("routed") as usize] += 1;
+    }
+    for (w, &n) in counts.iter().enumerate() {
+        assert!(
+            (n as f64 - 250.0).abs() <= 0.15 * 250.0,
+            "worker {w} got {n}: {counts:?}"
+        );
+    }
+}
