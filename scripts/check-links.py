@@ -8,9 +8,8 @@ heading ids: lower case, punctuation dropped, spaces as `-`, repeats suffixed `-
 links (`https:`, `mailto:`) are not fetched: CI has no network. Also checks that every page
 directly under docs/ is in docs/SUMMARY.md, so none is left out of the site.
 
-Why not mdbook-linkcheck: it checks only the pages mdBook renders (not README.md, which is the
-front page on GitHub and outside the book), and it is built against the mdBook 0.4 library
-while the site is built with mdBook 0.5.
+Why not mdbook-linkcheck: it checks the pages mdBook renders, and README.md (the front page on
+GitHub) is outside the book; this checker covers both, with nothing more to build or cache.
 
     python3 scripts/check-links.py          # exit 1 and a list of broken links
 """
