@@ -40,9 +40,9 @@ RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates
 COPY --from=build /src/target/release/kvroute /usr/local/bin/kvroute
 COPY config/kvroute.example.toml /etc/kvroute/kvroute.example.toml
 USER 10001
-EXPOSE 8000
+EXPOSE 8080
 # The image alone starts a router with no workers (add them with --worker flags, the admin API,
 # or a config file: mount it and set KVROUTE_CONFIG=/etc/kvroute/kvroute.toml).
-ENV KVROUTE_LISTEN=0.0.0.0:8000
+ENV KVROUTE_LISTEN=0.0.0.0:8080
 ENTRYPOINT ["/usr/local/bin/kvroute"]
 CMD ["serve"]

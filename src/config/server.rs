@@ -15,8 +15,8 @@ use super::file::{FileConfig, FileServer};
 use super::values::seconds;
 use super::{ConfigError, invalid};
 
-/// Default listen address.
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:8000";
+/// Default listen address: 8080, so a router next to a vLLM server (8000) starts as it is.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 /// Default request body limit: 32 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: u64 = 32 << 20;
 /// Default time in-flight requests may run on after SIGTERM.

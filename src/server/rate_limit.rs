@@ -6,7 +6,7 @@
 //!
 //! The windows are `shaping::rate`'s (pure); this holds them per tenant behind a lock and reads
 //! the clock. Each router replica counts its own requests: with N replicas behind a load
-//! balancer a tenant may spend up to N times its limit (README, "Token rate limits").
+//! balancer a tenant may spend up to N times its limit (docs/tenants.md, "Token rate limits").
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -28,6 +28,7 @@ pub mod gateway;
 pub mod hub;
 pub mod kube_api;
 pub mod process;
+pub mod quickstart;
 pub mod qwen3;
 pub mod real_engine;
 pub mod real_router;

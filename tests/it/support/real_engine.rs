@@ -247,21 +247,27 @@ impl EngineProc {
         let Some(mut child) = self.child.take() else {
             return;
         };
-        let group = child.id();
-        signal_group(group, "TERM");
-        let end = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < end && !group_members(group).is_empty() {
-            let _ = child.try_wait();
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        if !group_members(group).is_empty() {
-            signal_group(group, "KILL");
-        }
-        let _ = child.wait();
-        let end = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < end && !group_members(group).is_empty() {
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        stop_group(&mut child);
+    }
+}
+
+/// SIGTERM to the process group `child` leads (one it was started as, with `process_group(0)`),
+/// SIGKILL after 30 s; returns when every process of the group is gone.
+pub fn stop_group(child: &mut Child) {
+    let group = child.id();
+    signal_group(group, "TERM");
+    let end = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < end && !group_members(group).is_empty() {
+        let _ = child.try_wait();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    if !group_members(group).is_empty() {
+        signal_group(group, "KILL");
+    }
+    let _ = child.wait();
+    let end = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < end && !group_members(group).is_empty() {
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
