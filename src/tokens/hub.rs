@@ -25,7 +25,7 @@ use std::time::Duration;
 use hf_hub::api::tokio::{ApiBuilder, ApiError};
 use hf_hub::{Cache, Repo, RepoType};
 
-use super::registry::{ModelSource, TokenizerSource};
+use super::source::{ModelSource, TokenizerSource};
 
 /// The public hub, when `HF_ENDPOINT` does not name another.
 pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";

@@ -9,37 +9,10 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, RwLock};
 
-use super::engine_tools::EngineKind;
 use super::hub::Hub;
 use super::model::ModelTokens;
+use super::source::{ModelSource, TokenizerSource};
 use super::tokenizer::{TokenError, Tokenizer};
-use std::path::PathBuf;
-
-/// Where a model's tokenizer comes from.
-#[derive(Clone, Debug, PartialEq)]
-pub enum TokenizerSource {
-    /// The file-free builtin tokenizer (what `kvroute engine` uses by default).
-    Builtin,
-    /// A directory with `tokenizer.json` (and `tokenizer_config.json` / `chat_template.jinja`
-    /// for chat), or a `tokenizer.json` file.
-    Path(PathBuf),
-    /// A Hugging Face model id (`ORG/NAME`): its files, fetched at start into the Hugging
-    /// Face cache ([`super::hub`]), are read from there.
-    Hub(String),
-}
-
-/// One configured model as the registry loads it.
-#[derive(Clone, Copy, Debug)]
-pub struct ModelSource<'a> {
-    /// The model name as clients send it.
-    pub name: &'a str,
-    /// Its tokenizer.
-    pub tokenizer: &'a TokenizerSource,
-    /// KV block size of its engines.
-    pub block_size: usize,
-    /// The engine kind serving it (how chat tools are rendered).
-    pub engine: EngineKind,
-}
 
 /// Per-model [`ModelTokens`], shared by all requests.
 #[derive(Debug)]
@@ -131,6 +104,7 @@ fn from_tokenizer_file(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tokens::EngineKind;
 
     #[test]
     fn configured_and_unconfigured_models() {
