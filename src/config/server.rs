@@ -35,6 +35,10 @@ pub const DEFAULT_HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 /// Default time an HTTP/2 peer has to answer a keep-alive ping before its connection is closed.
 pub const DEFAULT_HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// Default most streams a client may have open on one HTTP/2 connection (hyper's): an OpenAI
+/// client rarely multiplexes more, and each stream holds a request's resources.
+pub const DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS: u32 = 200;
+
 /// How long client connections may live without work, and how many may be open at once.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Connections {
@@ -49,6 +53,9 @@ pub struct Connections {
     pub http2_keepalive_interval: Duration,
     /// Time a ping may go unanswered before the connection is closed.
     pub http2_keepalive_timeout: Duration,
+    /// Most streams open at once on one HTTP/2 connection (not a file setting: the endpoint
+    /// picker raises it for its gateway, `epp::STREAMS_PER_GATEWAY_CONNECTION`).
+    pub http2_max_concurrent_streams: u32,
 }
 
 impl Default for Connections {
@@ -58,6 +65,7 @@ impl Default for Connections {
             max_connections: None,
             http2_keepalive_interval: DEFAULT_HTTP2_KEEPALIVE_INTERVAL,
             http2_keepalive_timeout: DEFAULT_HTTP2_KEEPALIVE_TIMEOUT,
+            http2_max_concurrent_streams: DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS,
         }
     }
 }
@@ -89,6 +97,7 @@ impl Connections {
                 DEFAULT_HTTP2_KEEPALIVE_TIMEOUT,
                 0.001,
             )?,
+            http2_max_concurrent_streams: DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS,
         })
     }
 }

@@ -101,6 +101,14 @@ pub fn default_fallbacks(config: &Config) -> usize {
     config.proxy.retries as usize
 }
 
+/// Most ext_proc streams a gateway may have open on one connection to the picker. Each stream
+/// lives as long as its LLM request (the response phase included), and a gateway multiplexes
+/// them over few connections: at HTTP/2's usual 200, a gateway that opened more streams before
+/// it read the picker's SETTINGS had the excess refused (`REFUSED_STREAM`, seen as a failed
+/// stream open when 2,000 streams started at once over 8 connections on a loaded machine).
+/// The router's admission, not the connection, bounds what runs.
+pub const STREAMS_PER_GATEWAY_CONNECTION: u32 = 8192;
+
 /// Starts a picker over prepared `state`, naming up to `fallbacks` endpoints after each pick.
 pub fn start_with_state(
     state: Arc<AppState>,
@@ -118,10 +126,12 @@ pub fn start_with_state(
     let grpc = tonic::service::Routes::new(picker).into_axum_router();
     let (reporter, health_service) = tonic_health::server::health_reporter();
     let health_app = tonic::service::Routes::new(health_service).into_axum_router();
+    let mut gateway_side = config.clone();
+    gateway_side.connections.http2_max_concurrent_streams = STREAMS_PER_GATEWAY_CONNECTION;
     let tasks = vec![
         server::serve_router(
             &state,
-            config,
+            &gateway_side,
             listeners.grpc,
             grpc,
             config.tls.as_ref(),

@@ -63,7 +63,8 @@ pub(super) async fn serve_until(
         .http2()
         .timer(TokioTimer::new())
         .keep_alive_interval(front.connections.http2_keepalive_interval)
-        .keep_alive_timeout(front.connections.http2_keepalive_timeout);
+        .keep_alive_timeout(front.connections.http2_keepalive_timeout)
+        .max_concurrent_streams(front.connections.http2_max_concurrent_streams);
     let cap = front
         .connections
         .max_connections
