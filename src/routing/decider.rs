@@ -31,8 +31,6 @@ pub struct Decider {
 pub struct Choice<'t, T> {
     /// The chosen target.
     pub target: &'t T,
-    /// Its candidate entry (load snapshot and overlap at decision time).
-    pub candidate: Candidate,
     /// The policy's decision over all candidates.
     pub decision: RouteDecision,
     /// Every target the policy weighed (the chosen one included), in the order of
@@ -40,6 +38,14 @@ pub struct Choice<'t, T> {
     pub weighed: Vec<&'t T>,
     /// Their candidate entries, in the same order.
     pub candidates: Vec<Candidate>,
+}
+
+impl<T> Choice<'_, T> {
+    /// The chosen target's candidate entry (load snapshot and overlap at decision time);
+    /// `decision.chosen` indexes `weighed` and `candidates` alike (checked when chosen).
+    pub fn candidate(&self) -> &Candidate {
+        &self.candidates[self.decision.chosen]
+    }
 }
 
 impl Decider {
@@ -207,10 +213,8 @@ impl Decider {
             let decision = slo_preferred(decision, analysis);
             let target = *picked.get(decision.chosen)?;
             if target.acquire() {
-                let candidate = candidates.get(decision.chosen)?.clone();
                 return Some(Choice {
                     target,
-                    candidate,
                     decision,
                     weighed: picked,
                     candidates,
@@ -228,7 +232,7 @@ impl Decider {
         choice: &Choice<'_, T>,
         now: Duration,
     ) -> Admitted {
-        let c = &choice.candidate;
+        let c = choice.candidate();
         let worker = choice.target.worker();
         // Blocks in host memory or on disk are loaded, not computed, whatever the policy
         // credits them with: the worker's prefill queue grows by the rest only.

@@ -172,7 +172,7 @@ impl<'d> Session<'d> {
             self.metrics
                 .prefix_hit_blocks
                 .with_label_values(&[label])
-                .inc_by(u64::from(choice.candidate.overlap_blocks.min(blocks)));
+                .inc_by(u64::from(choice.candidate().overlap_blocks.min(blocks)));
         }
         let admitted = self.decider.admit(&self.analysis, &choice, (self.clock)());
         let runners_up = if rank {
