@@ -11,9 +11,10 @@
 //! [`super::load_view`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
+use super::booking::{Announcer, BookingStep, Ticket};
 use super::load_view::{Admissions, EngineLoad, LoadSnapshot, Reading, combine};
 
 /// Live load counters of one worker.
@@ -32,6 +33,8 @@ pub struct Load {
     /// `finished` when the engine was last asked for its load.
     finished_at_ask: AtomicU64,
     reading: Mutex<Option<(Reading, Option<Instant>)>>,
+    /// Where this replica announces what it books here, with a replica bus.
+    announcer: OnceLock<Announcer>,
 }
 
 impl Load {
@@ -99,9 +102,34 @@ impl Load {
         self.reading.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// From now on, every request admitted here is announced through `announcer` (once: a
+    /// later call changes nothing and returns false).
+    pub fn announce_to(&self, announcer: Announcer) -> bool {
+        self.announcer.set(announcer).is_ok()
+    }
+
+    /// Whether admissions here are announced.
+    pub fn is_announced(&self) -> bool {
+        self.announcer.get().is_some()
+    }
+
     /// Counts a request of `prompt_tokens` routed here with `prefill_tokens` of them still to
-    /// compute (the rest is expected from the worker's prefix cache).
+    /// compute (the rest is expected from the worker's prefix cache), and announces it to the
+    /// other router replicas when a bus is attached.
     pub fn admit(self: &Arc<Self>, prompt_tokens: u64, prefill_tokens: u64) -> LoadGuard {
+        let mut guard = self.admit_quietly(prompt_tokens, prefill_tokens);
+        guard.ticket = self
+            .announcer
+            .get()
+            .map(|a| a.book(prompt_tokens, prefill_tokens));
+        guard
+    }
+
+    /// [`Load::admit`] without announcing it: another replica's request, learned from the bus.
+    /// It is known load like this replica's own (the engine reading's excess over it shrinks
+    /// accordingly) and counts in the tie-break and the pricing history, as it would on one
+    /// router that routed everything.
+    pub fn admit_quietly(self: &Arc<Self>, prompt_tokens: u64, prefill_tokens: u64) -> LoadGuard {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         self.active_prompt_tokens
             .fetch_add(prompt_tokens, Ordering::Relaxed);
@@ -117,6 +145,7 @@ impl Load {
             prompt_tokens,
             prefill_tokens,
             stage: Stage::Prefill,
+            ticket: None,
         }
     }
 }
@@ -135,6 +164,8 @@ pub struct LoadGuard {
     prompt_tokens: u64,
     prefill_tokens: u64,
     stage: Stage,
+    /// The announcement of an own request (none for a quiet one, or without a bus).
+    ticket: Option<Ticket>,
 }
 
 impl LoadGuard {
@@ -146,6 +177,9 @@ impl LoadGuard {
                 .fetch_sub(self.prefill_tokens, Ordering::Relaxed);
             self.load.decoding.fetch_add(1, Ordering::Relaxed);
             self.stage = Stage::Decode;
+            if let Some(t) = &self.ticket {
+                t.announce(BookingStep::FirstToken);
+            }
         }
     }
 
@@ -168,6 +202,9 @@ impl LoadGuard {
         self.load.in_flight.fetch_sub(1, Ordering::Relaxed);
         self.load.finished.fetch_add(1, Ordering::Relaxed);
         self.stage = Stage::Done;
+        if let Some(t) = &self.ticket {
+            t.announce(BookingStep::Freed);
+        }
     }
 }
 
@@ -252,6 +289,50 @@ mod tests {
                 ..LoadSnapshot::default()
             }
         );
+    }
+
+    #[test]
+    fn an_announced_load_tells_every_step_once_and_a_quiet_admission_nothing() {
+        use super::super::booking::{TargetKey, testing::Notes};
+        let notes = Arc::new(Notes::default());
+        let load = Arc::new(Load::default());
+        let target = TargetKey {
+            worker: "w".into(),
+            rank: 1,
+        };
+        assert!(load.announce_to(Announcer::new(notes.clone(), target.clone())));
+        assert!(!load.announce_to(Announcer::new(notes.clone(), target.clone())));
+        let mut g = load.admit(100, 40);
+        g.first_token();
+        g.first_token();
+        drop(g);
+        let quiet = load.admit_quietly(7, 7);
+        drop(quiet);
+        let steps: Vec<(u64, BookingStep)> = notes
+            .notes
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|n| {
+                assert_eq!(n.target, target);
+                (n.request, n.step)
+            })
+            .collect();
+        assert_eq!(
+            steps,
+            [
+                (
+                    0,
+                    BookingStep::Booked {
+                        prompt_tokens: 100,
+                        prefill_tokens: 40
+                    }
+                ),
+                (0, BookingStep::FirstToken),
+                (0, BookingStep::Freed),
+            ]
+        );
+        assert_eq!(load.snapshot().admitted, 2, "both count as admitted here");
     }
 
     #[test]
