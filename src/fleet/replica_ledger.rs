@@ -192,6 +192,11 @@ impl ReplicaLedger {
         self.peers.values().map(|p| p.bookings.len()).sum()
     }
 
+    /// How many replicas are heard from and not expired.
+    pub fn replica_count(&self) -> usize {
+        self.peers.len()
+    }
+
     /// The replicas heard from and not expired, sorted.
     pub fn replicas(&self) -> Vec<Arc<str>> {
         let mut r: Vec<Arc<str>> = self.peers.keys().cloned().collect();
