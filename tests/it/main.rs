@@ -77,6 +77,7 @@ mod request_ids;
 mod responses_api;
 mod router_lifecycle;
 mod router_proxy;
+mod replica_bus;
 mod router_replicas;
 mod routing_loops;
 mod routing_parity;
