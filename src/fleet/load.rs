@@ -26,8 +26,6 @@ pub struct Load {
     active_prompt_tokens: AtomicU64,
     /// Requests admitted here, this replica's and (with a replica bus) other replicas'.
     admitted: AtomicU64,
-    /// Of `admitted`, this replica's own: the tie-break's count (see [`Load::admit_quietly`]).
-    own_admitted: AtomicU64,
     admitted_prefill_tokens: AtomicU64,
     admitted_prompt_tokens: AtomicU64,
     /// Requests that ended here, ever (with `admitted`, what may still be in an engine's
@@ -48,7 +46,7 @@ impl Load {
             queued_prefill_tokens: self.queued_prefill_tokens.load(Ordering::Relaxed),
             decoding: self.decoding.load(Ordering::Relaxed),
             active_prompt_tokens: self.active_prompt_tokens.load(Ordering::Relaxed),
-            admitted: self.own_admitted.load(Ordering::Relaxed),
+            admitted: self.admitted.load(Ordering::Relaxed),
             unseen_in_flight: 0,
         }
     }
@@ -120,7 +118,6 @@ impl Load {
     /// compute (the rest is expected from the worker's prefix cache), and announces it to the
     /// other router replicas when a bus is attached.
     pub fn admit(self: &Arc<Self>, prompt_tokens: u64, prefill_tokens: u64) -> LoadGuard {
-        self.own_admitted.fetch_add(1, Ordering::Relaxed);
         let mut guard = self.admit_quietly(prompt_tokens, prefill_tokens);
         guard.ticket = self
             .announcer
@@ -131,11 +128,11 @@ impl Load {
 
     /// [`Load::admit`] without announcing it: another replica's request, learned from the bus.
     /// It is known load like this replica's own (the engine reading's excess over it shrinks
-    /// accordingly) and counts in the pricing history, but not in the least-used tie-break
-    /// ([`LoadSnapshot::admitted`]): replicas that shared every count would break every tie
-    /// alike, and requests that reach several replicas at the same instant — before any bus
-    /// can tell one of the others' choice — would all land on one worker. Own counts differ
-    /// between replicas, so their simultaneous ties spread.
+    /// accordingly) and counts in the least-used tie-break and the pricing history, as it
+    /// would on one router that routed everything. (Counting only own requests in the
+    /// tie-break, to decorrelate replicas deciding at one instant, was measured worse: each
+    /// replica then balances only its own share; `docs/benchmarks.md`, "Several router
+    /// replicas".)
     pub fn admit_quietly(self: &Arc<Self>, prompt_tokens: u64, prefill_tokens: u64) -> LoadGuard {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         self.active_prompt_tokens
@@ -339,8 +336,8 @@ mod tests {
                 (0, BookingStep::Freed),
             ]
         );
-        assert_eq!(load.snapshot().admitted, 1, "only its own breaks ties");
-        assert_eq!(load.admissions().requests, 2, "both price others' requests");
+        assert_eq!(load.snapshot().admitted, 2, "both count in the tie-break");
+        assert_eq!(load.admissions().requests, 2, "and price others' requests");
     }
 
     #[test]
