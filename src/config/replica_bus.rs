@@ -129,7 +129,10 @@ mod tests {
             replica_id: Some("flag-id"),
         };
         let s = replica_bus(&file, &flags).unwrap().unwrap();
-        assert_eq!((s.url.as_str(), s.replica_id.as_str()), ("nats://b:4222", "flag-id"));
+        assert_eq!(
+            (s.url.as_str(), s.replica_id.as_str()),
+            ("nats://b:4222", "flag-id")
+        );
         let s = replica_bus(
             &FileReplicaBus {
                 url: Some("nats://a:4222".into()),

@@ -26,8 +26,8 @@ pub mod worker_rank;
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, Weak};
 
-pub use booking::{Announcer, BookingNote, BookingSink, BookingStep, TargetKey};
 pub use base_url::{BaseUrl, WorkerUrlError, redact_userinfo};
+pub use booking::{Announcer, BookingNote, BookingSink, BookingStep, TargetKey};
 pub use breaker::{Breaker, BreakerConfig, CircuitState};
 pub use engine_block_size::{BlockSizeMismatch, EngineBlockSize};
 pub use engine_ranks::EngineRanks;

@@ -40,7 +40,10 @@ fn another_replicas_request_is_known_load_from_booking_to_end() {
         Applied::Applied
     );
     assert_eq!(
-        (load.snapshot().queued_prefill_tokens, load.snapshot().decoding),
+        (
+            load.snapshot().queued_prefill_tokens,
+            load.snapshot().decoding
+        ),
         (0, 1)
     );
     assert_eq!(
@@ -137,7 +140,10 @@ fn a_snapshot_replaces_what_was_held_for_its_replica_only() {
     ledger.replace("r", &live, find);
     ledger.replace("r", &live, find);
     let (sa, sb) = (a.snapshot(), b.snapshot());
-    assert_eq!((sa.in_flight, sa.decoding, sa.queued_prefill_tokens), (2, 1, 60));
+    assert_eq!(
+        (sa.in_flight, sa.decoding, sa.queued_prefill_tokens),
+        (2, 1, 60)
+    );
     assert_eq!((sb.in_flight, sb.queued_prefill_tokens), (1, 50));
     assert_eq!(ledger.booked(), 3);
 }

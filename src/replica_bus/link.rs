@@ -104,10 +104,7 @@ impl Link {
     pub fn connected(&mut self) -> Vec<Envelope> {
         self.connected = true;
         self.metrics.connected.set(1);
-        vec![
-            self.envelope(Body::Hello { of: None }),
-            self.snapshot(),
-        ]
+        vec![self.envelope(Body::Hello { of: None }), self.snapshot()]
     }
 
     /// The bus was lost: the others' bookings are released (they can no longer be kept
@@ -151,10 +148,7 @@ impl Link {
         if msg.replica == self.id {
             return Vec::new();
         }
-        self.metrics
-            .messages
-            .with_label_values(&["received"])
-            .inc();
+        self.metrics.messages.with_label_values(&["received"]).inc();
         let mut answer = Vec::new();
         let lost = self.ledger.heard(&msg.replica, msg.seq, now);
         if lost > 0 {

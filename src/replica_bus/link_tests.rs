@@ -46,7 +46,11 @@ fn replica(id: &str) -> Replica {
 
 impl Replica {
     fn in_flight(&self, worker: usize, rank: u32) -> u64 {
-        self.fleet.workers()[worker].rank(rank).load.snapshot().in_flight
+        self.fleet.workers()[worker]
+            .rank(rank)
+            .load
+            .snapshot()
+            .in_flight
     }
 
     /// Its queued announcements as messages.
@@ -78,9 +82,16 @@ fn a_booking_on_one_replica_is_known_load_on_the_other_until_it_ends() {
     let sent = a.drain();
     assert_eq!(sent.len(), 2);
     deliver(&mut b, &sent, T0);
-    assert_eq!((b.in_flight(1, 1), b.in_flight(0, 0), b.in_flight(1, 0)), (1, 1, 0));
     assert_eq!(
-        b.fleet.workers()[1].rank(1).load.snapshot().queued_prefill_tokens,
+        (b.in_flight(1, 1), b.in_flight(0, 0), b.in_flight(1, 0)),
+        (1, 1, 0)
+    );
+    assert_eq!(
+        b.fleet.workers()[1]
+            .rank(1)
+            .load
+            .snapshot()
+            .queued_prefill_tokens,
         300
     );
     assert_eq!(b.metrics.bookings.get(), 2);
@@ -136,7 +147,9 @@ fn a_gap_asks_the_sender_for_a_snapshot_and_a_silent_replica_expires() {
     // The second booking is lost; the end of the first arrives.
     let answer = deliver(&mut b, &sent, T0);
     assert_eq!(b.metrics.lost.with_label_values(&["gap"]).get(), 1);
-    assert!(matches!(&answer[..], [Envelope { body: Body::Hello { of: Some(of) }, .. }] if of == "ra"));
+    assert!(
+        matches!(&answer[..], [Envelope { body: Body::Hello { of: Some(of) }, .. }] if of == "ra")
+    );
     assert_eq!(b.in_flight(0, 0), 0);
     let snapshot = deliver(&mut a, &answer, T0);
     deliver(&mut b, &snapshot, T0);

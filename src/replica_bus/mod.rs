@@ -148,10 +148,7 @@ async fn run(
 
 async fn publish(client: &Client, subject: &str, out: Vec<Envelope>, metrics: &ReplicaBusMetrics) {
     for m in out {
-        match client
-            .publish(subject.to_owned(), m.encode().into())
-            .await
-        {
+        match client.publish(subject.to_owned(), m.encode().into()).await {
             Ok(()) => metrics.messages.with_label_values(&["sent"]).inc(),
             Err(e) => {
                 metrics.lost.with_label_values(&["unsent"]).inc();

@@ -93,10 +93,7 @@ impl BookingSink for Outbox {
     fn announce(&self, note: BookingNote) {
         self.track(&note);
         if self.queue.try_send(note).is_err() {
-            self.metrics
-                .lost
-                .with_label_values(&["outbox_full"])
-                .inc();
+            self.metrics.lost.with_label_values(&["outbox_full"]).inc();
         }
     }
 }

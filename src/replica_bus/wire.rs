@@ -275,8 +275,8 @@ mod tests {
 
     #[test]
     fn unknown_fields_are_ignored_and_garbage_is_an_error() {
-        let e = Envelope::decode(br#"{"replica":"r","seq":1,"kind":"heartbeat","load":3}"#)
-            .unwrap();
+        let e =
+            Envelope::decode(br#"{"replica":"r","seq":1,"kind":"heartbeat","load":3}"#).unwrap();
         assert_eq!(e.body, Body::Heartbeat);
         assert!(Envelope::decode(b"not json").is_err());
         assert!(Envelope::decode(br#"{"replica":"r","seq":1,"kind":"nope"}"#).is_err());

@@ -459,7 +459,8 @@ impl<'t> Simulation<'t> {
         let notes = bus.take();
         if bus.delay_s > 0.0 {
             for (from, note) in notes {
-                self.queue.push(now + bus.delay_s, Event::Sync { from, note });
+                self.queue
+                    .push(now + bus.delay_s, Event::Sync { from, note });
             }
         } else {
             for (from, note) in &notes {

@@ -138,9 +138,7 @@ async fn replicas_share_in_flight_requests_over_nats_fall_back_without_it_and_re
     );
     for r in &routers {
         let fleet = &r.state.fleet;
-        assert!(
-            support::wait_for(LIMIT, || fleet.workers().iter().all(|w| w.is_healthy())).await
-        );
+        assert!(support::wait_for(LIMIT, || fleet.workers().iter().all(|w| w.is_healthy())).await);
     }
 
     // Long streamed requests through replica 0, each past its first chunk and held open.
