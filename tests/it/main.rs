@@ -30,6 +30,7 @@ mod disaggregation;
 mod disaggregation_pools;
 mod discovery_dns;
 mod discovery_kubernetes;
+mod discovery_kubernetes_fleet;
 mod endpoints;
 mod engine_block_size;
 mod engine_events;
