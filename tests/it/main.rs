@@ -35,6 +35,7 @@ mod endpoints;
 mod engine_block_size;
 mod engine_events;
 mod engine_http;
+mod engine_scrape_cost;
 #[cfg(feature = "epp")]
 mod epp;
 #[cfg(feature = "epp")]
