@@ -18,7 +18,8 @@
 //!     [--publisher-threads 4]
 //! ```
 //! `--blocks-per-s` and `--batches-per-s` are per engine; blocks are stored and removed half
-//! and half once an engine's cache is full (a fill phase fills every cache first, untimed).
+//! and half once an engine's cache is full (a fill phase fills every cache first, untimed, in
+//! batches of 64 blocks).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -286,11 +287,13 @@ fn main() {
 
     // Connect, then fill every cache (untimed).
     std::thread::sleep(Duration::from_secs(2));
-    let fill_batches = args.capacity.div_ceil(shape.store) + 1;
-    let fill_hz = 50.0;
+    // Filled in batches of 64 blocks, 10 a second per engine (or as fast as the feeds apply).
+    let fill = Shape { store: 64, ..shape };
+    let fill_batches = args.capacity.div_ceil(fill.store) + 1;
+    let fill_hz = 10.0;
     let t = Instant::now();
     let until = t + Duration::from_secs_f64(fill_batches as f64 / fill_hz);
-    let (slices, filled) = run_engines(slices, shape, fill_hz, until, None);
+    let (slices, filled) = run_engines(slices, fill, fill_hz, until, None);
     let connected = feeds
         .values()
         .filter(|f| {
@@ -298,9 +301,17 @@ fn main() {
                 .is_some_and(|s| s.batches.load(Ordering::Relaxed) > 0)
         })
         .count();
+    // Until the caches are in the index, or it stops growing (batches published before a
+    // subscriber connected are lost to it, as to a router that starts late without replay).
     let target = args.workers as usize * args.capacity;
-    while holdings.exact.entries() < target * 99 / 100 && t.elapsed() < Duration::from_secs(600) {
+    let mut last = (0, Instant::now());
+    while holdings.exact.entries() < target * 99 / 100 && last.1.elapsed() < Duration::from_secs(3)
+    {
         std::thread::sleep(Duration::from_millis(100));
+        let now = holdings.exact.entries();
+        if now > last.0 {
+            last = (now, Instant::now());
+        }
     }
     println!(
         "fill: {} batches, {} blocks in {:.1} s; {connected} feeds received batches; index {} pairs",

@@ -73,7 +73,9 @@ async fn engine_scrape_cost_of_1_4_8_replicas_polling_vllm_metrics() {
     // Let the start's work settle.
     tokio::time::sleep(Duration::from_secs(5)).await;
     println!("vLLM /metrics: {bytes} bytes");
-    println!("| replicas | scrapes/s | scrape p50 | p99 | max | API server CPU | engine (all processes) CPU |");
+    println!(
+        "| replicas | scrapes/s | scrape p50 | p99 | max | API server CPU | engine (all processes) CPU |"
+    );
     println!("|---:|---:|---:|---:|---:|---:|---:|");
     for replicas in [0usize, 1, 4, 8] {
         let (leader0, group0) = e.cpu_seconds();
