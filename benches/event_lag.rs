@@ -229,54 +229,38 @@ fn lookups(
     }
 }
 
-fn main() {
-    let args = Args::parse();
-    let shape = args.shape();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let _guard = rt.enter();
-    let holdings = Arc::new(holdings());
-
-    // Engines: `publisher_threads` slices, each with its own ZeroMQ context.
-    let per = (args.workers as usize).div_ceil(args.publisher_threads);
-    let contexts: Vec<zmq::Context> = (0..args.publisher_threads)
-        .map(|_| zmq::Context::new())
-        .collect();
-    let mut slices: Vec<Vec<Engine>> = (0..args.publisher_threads).map(|_| Vec::new()).collect();
-    for w in 0..args.workers {
-        let i = w as usize / per;
-        slices[i].push(Engine::bind(&contexts[i], w));
-    }
-
-    // The router's feeds, as `serve` starts them.
+/// One `WorkerFeed` per engine, worker ids in engine order; prints how many started.
+fn start_feeds(
+    slices: &[Vec<Engine>],
+    holdings: &Arc<Holdings>,
+    workers: u32,
+) -> HashMap<u32, WorkerFeed> {
     let mut feeds = HashMap::new();
     let mut failed = Vec::new();
-    for slice in &slices {
-        for e in slice {
-            let w = feeds.len() as u32 + failed.len() as u32;
-            let model = Box::new(|| {
-                Some(FeedModel {
-                    name: MODEL.into(),
-                    block_size: 16,
-                })
-            });
-            let config = SubscriberConfig::new(format!("w{w}"), e.endpoint.clone());
-            match WorkerFeed::start(
-                Arc::clone(&holdings),
-                WorkerId(w),
-                model,
-                Box::new(|_| {}),
-                config,
-            ) {
-                Ok(f) => {
-                    feeds.insert(w, f);
-                }
-                Err(e) => failed.push(format!("w{w}: {e}")),
+    for e in slices.iter().flatten() {
+        let w = feeds.len() as u32 + failed.len() as u32;
+        let model = Box::new(|| {
+            Some(FeedModel {
+                name: MODEL.into(),
+                block_size: 16,
+            })
+        });
+        let config = SubscriberConfig::new(format!("w{w}"), e.endpoint.clone());
+        match WorkerFeed::start(
+            Arc::clone(holdings),
+            WorkerId(w),
+            model,
+            Box::new(|_| {}),
+            config,
+        ) {
+            Ok(f) => {
+                feeds.insert(w, f);
             }
+            Err(e) => failed.push(format!("w{w}: {e}")),
         }
     }
     println!(
-        "{} workers: {} feeds started, {} failed{}",
-        args.workers,
+        "{workers} workers: {} feeds started, {} failed{}",
         feeds.len(),
         failed.len(),
         failed
@@ -284,10 +268,18 @@ fn main() {
             .map(|e| format!(" (first: {e})"))
             .unwrap_or_default()
     );
+    feeds
+}
 
-    // Connect, then fill every cache (untimed).
-    std::thread::sleep(Duration::from_secs(2));
-    // Filled in batches of 64 blocks, 10 a second per engine (or as fast as the feeds apply).
+/// Fills every engine's cache, untimed, in batches of 64 blocks, 10 a second per engine (or as
+/// fast as the feeds apply), and waits until the index holds them.
+fn fill(
+    slices: Vec<Vec<Engine>>,
+    shape: Shape,
+    args: &Args,
+    holdings: &Holdings,
+    feeds: &HashMap<u32, WorkerFeed>,
+) -> Vec<Vec<Engine>> {
     let fill = Shape { store: 64, ..shape };
     let fill_batches = args.capacity.div_ceil(fill.store) + 1;
     let fill_hz = 10.0;
@@ -320,6 +312,34 @@ fn main() {
         t.elapsed().as_secs_f64(),
         holdings.exact.entries()
     );
+
+    slices
+}
+
+fn main() {
+    let args = Args::parse();
+    let shape = args.shape();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _guard = rt.enter();
+    let holdings = Arc::new(holdings());
+
+    // Engines: `publisher_threads` slices, each with its own ZeroMQ context.
+    let per = (args.workers as usize).div_ceil(args.publisher_threads);
+    let contexts: Vec<zmq::Context> = (0..args.publisher_threads)
+        .map(|_| zmq::Context::new())
+        .collect();
+    let mut slices: Vec<Vec<Engine>> = (0..args.publisher_threads).map(|_| Vec::new()).collect();
+    for w in 0..args.workers {
+        let i = w as usize / per;
+        slices[i].push(Engine::bind(&contexts[i], w));
+    }
+
+    // The router's feeds, as `serve` starts them.
+    let feeds = start_feeds(&slices, &holdings, args.workers);
+
+    // Connect, then fill every cache (untimed).
+    std::thread::sleep(Duration::from_secs(2));
+    let slices = fill(slices, shape, &args, &holdings, &feeds);
 
     // The measured phase.
     let (tx, rx) = mpsc::channel();
