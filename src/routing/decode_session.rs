@@ -43,6 +43,12 @@ impl<'d> DecodeSession<'d> {
         }
     }
 
+    /// The same session choosing only rank `rank` of each worker (see `Session::on_rank`).
+    pub fn on_rank(mut self, rank: u32) -> DecodeSession<'d> {
+        self.eligible.retain(|t| t.rank == rank);
+        self
+    }
+
     /// Tells the session which worker computes the prompt: the decode goes elsewhere while
     /// another decode-capable worker is left ([`Decider::choose_decode`]).
     pub fn prefilled_on(&mut self, worker: &Worker) {

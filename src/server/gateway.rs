@@ -313,16 +313,13 @@ impl Picked {
             tracing::warn!(served, picked = %endpoint(&self.attempt.worker), "the gateway reports an endpoint outside the pool");
             return;
         };
-        let clock = || state.now();
-        let moved = Session::new(
-            &state.decider,
-            &state.metrics,
-            vec![Arc::clone(worker)],
-            self.pending.analysis.clone(),
-            &clock,
-            Instant::now(),
-        )
-        .next_attempt();
+        let moved = readmit(
+            state,
+            worker,
+            &self.pending.analysis,
+            &self.attempt,
+            self.prefill.is_some(),
+        );
         if let Some(moved) = moved {
             self.attempt = moved;
         }
@@ -382,6 +379,43 @@ impl Picked {
             ids: learn.then(|| ResponseIdScanner::new(sse)),
         }
     }
+}
+
+/// The request admitted again on `worker`, which served it in place of `picked`: on the same
+/// data-parallel rank when the pick was pinned to one (the gateway sent every endpoint of its
+/// list the same `x-data-parallel-rank`), as a decode when `picked` was one (the fallback
+/// decode reads the same prefill endpoint). `None` when `worker` cannot take it.
+fn readmit(
+    state: &AppState,
+    worker: &Arc<Worker>,
+    analysis: &Analysis,
+    picked: &Attempt,
+    decode: bool,
+) -> Option<Attempt> {
+    let clock = || state.now();
+    let one = vec![Arc::clone(worker)];
+    let rank = picked.pinned();
+    if decode {
+        let session = DecodeSession::new(&state.decider, &one, analysis.clone(), &clock);
+        let mut session = match rank {
+            Some(r) => session.on_rank(r),
+            None => session,
+        };
+        return session.next_attempt();
+    }
+    let session = Session::new(
+        &state.decider,
+        &state.metrics,
+        one,
+        analysis.clone(),
+        &clock,
+        Instant::now(),
+    );
+    let mut session = match rank {
+        Some(r) => session.on_rank(r),
+        None => session,
+    };
+    session.next_attempt()
 }
 
 /// A response's observer: `serve`'s, plus the prefill side of a disaggregated request, whose
