@@ -2,7 +2,7 @@
 //! that went round a routing loop is refused (`hops`), the rest get an id (`request_id`) and
 //! run with their client's address readable (`peer`). One `from_fn` layer where there were
 //! three: each layer boxed its own futures and cloned its own service stack on every request
-//! (about 11 of a small request's ~108 allocations, `scripts/alloc-per-request.sh`).
+//! (about 20 of a small request's ~110 allocations, `scripts/alloc-per-request.sh`).
 
 use std::sync::Arc;
 
