@@ -15,6 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use super::load_view::{Admissions, EngineLoad, LoadSnapshot, Reading, combine};
+use super::running_blocks::RunningBlocks;
+use crate::tokens::BlockHash;
 
 /// Live load counters of one worker.
 #[derive(Debug, Default)]
@@ -32,6 +34,8 @@ pub struct Load {
     /// `finished` when the engine was last asked for its load.
     finished_at_ask: AtomicU64,
     reading: Mutex<Option<(Reading, Option<Instant>)>>,
+    /// The KV blocks of the requests in flight, shared prefixes once.
+    running: Mutex<RunningBlocks>,
 }
 
 impl Load {
@@ -99,9 +103,32 @@ impl Load {
         self.reading.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn lock_running(&self) -> std::sync::MutexGuard<'_, RunningBlocks> {
+        self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Tokens the requests in flight here hold in the KV cache (shared prefixes once), and how
+    /// many leading blocks of `hashes` they already hold.
+    pub fn running(&self, hashes: &[BlockHash], block_size: u32) -> (u64, usize) {
+        let running = self.lock_running();
+        (running.tokens(block_size), running.held_prefix(hashes))
+    }
+
     /// Counts a request of `prompt_tokens` routed here with `prefill_tokens` of them still to
     /// compute (the rest is expected from the worker's prefix cache).
     pub fn admit(self: &Arc<Self>, prompt_tokens: u64, prefill_tokens: u64) -> LoadGuard {
+        self.admit_holding(prompt_tokens, prefill_tokens, Arc::from([]))
+    }
+
+    /// [`Load::admit`] for a prompt whose chained block hashes are known: its blocks count
+    /// once among the running requests' ([`RunningBlocks`]).
+    pub fn admit_holding(
+        self: &Arc<Self>,
+        prompt_tokens: u64,
+        prefill_tokens: u64,
+        hashes: Arc<[BlockHash]>,
+    ) -> LoadGuard {
+        self.lock_running().add(&hashes, prompt_tokens);
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         self.active_prompt_tokens
             .fetch_add(prompt_tokens, Ordering::Relaxed);
@@ -116,6 +143,7 @@ impl Load {
             load: Arc::clone(self),
             prompt_tokens,
             prefill_tokens,
+            hashes,
             stage: Stage::Prefill,
         }
     }
@@ -134,6 +162,7 @@ pub struct LoadGuard {
     load: Arc<Load>,
     prompt_tokens: u64,
     prefill_tokens: u64,
+    hashes: Arc<[BlockHash]>,
     stage: Stage,
 }
 
@@ -165,6 +194,9 @@ impl LoadGuard {
         self.load
             .active_prompt_tokens
             .fetch_sub(self.prompt_tokens, Ordering::Relaxed);
+        self.load
+            .lock_running()
+            .remove(&self.hashes, self.prompt_tokens);
         self.load.in_flight.fetch_sub(1, Ordering::Relaxed);
         self.load.finished.fetch_add(1, Ordering::Relaxed);
         self.stage = Stage::Done;

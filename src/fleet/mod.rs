@@ -17,6 +17,7 @@ pub mod load_view;
 pub mod rank;
 pub mod role;
 pub mod roster;
+pub mod running_blocks;
 pub mod worker;
 pub mod worker_id;
 pub mod worker_rank;
