@@ -25,6 +25,7 @@ pub mod openai;
 pub mod policy;
 pub mod proxy;
 pub mod recording;
+pub mod replica_bus;
 #[cfg(feature = "lab")]
 pub mod report;
 pub mod routing;

@@ -21,6 +21,7 @@ mod config;
 mod data_parallel;
 mod disaggregation;
 mod prediction;
+mod replica_bus;
 mod shaping;
 mod slo;
 mod tokens;
@@ -31,6 +32,7 @@ pub use config::ConfigMetrics;
 pub use data_parallel::DataParallelMetrics;
 pub use disaggregation::DisaggregationMetrics;
 pub use prediction::PredictionMetrics;
+pub use replica_bus::ReplicaBusMetrics;
 pub use shaping::ShapingMetrics;
 pub use slo::SloMetrics;
 pub use tokens::TokenMetrics;
@@ -149,6 +151,8 @@ pub struct Metrics {
     pub tokens: TokenMetrics,
     /// The predicted cached tokens against the engines' reports.
     pub cache_prediction: CachePredictionMetrics,
+    /// The replica bus: connected, messages, losses, peers, others' bookings.
+    pub replica_bus: ReplicaBusMetrics,
 }
 
 impl Metrics {
@@ -457,6 +461,7 @@ impl Metrics {
         let slo = SloMetrics::register(&registry);
         let tokens = TokenMetrics::register(&registry);
         let cache_prediction = CachePredictionMetrics::register(&registry);
+        let replica_bus = ReplicaBusMetrics::register(&registry);
         Metrics {
             registry,
             requests,
@@ -501,6 +506,7 @@ impl Metrics {
             slo,
             tokens,
             cache_prediction,
+            replica_bus,
         }
     }
 

@@ -52,6 +52,8 @@ pub(super) struct FileConfig {
     #[serde(default)]
     pub(super) sessions: super::sessions::FileSessions,
     #[serde(default)]
+    pub(super) replica_bus: super::replica_bus::FileReplicaBus,
+    #[serde(default)]
     pub(super) tracing: super::traces::FileTracing,
 }
 

@@ -26,6 +26,7 @@ mod policy;
 mod priority;
 mod proxy;
 mod recording;
+mod replica_bus;
 mod role;
 mod server;
 mod sessions;
@@ -172,6 +173,15 @@ pub struct ServeArgs {
     /// (default 16).
     #[arg(long)]
     pub block_size: Option<u32>,
+    /// Share this router replica's bookings with the other replicas over this NATS server
+    /// (`[replica_bus] url`, e.g. nats://nats:4222): every replica then weighs every
+    /// replica's requests. Off by default.
+    #[arg(long, value_name = "URL")]
+    pub replica_bus_url: Option<String>,
+    /// This replica's id on the replica bus (`[replica_bus] replica_id`; default: host name
+    /// and process id).
+    #[arg(long, value_name = "ID")]
+    pub replica_id: Option<String>,
 }
 
 /// The validated configuration of `kvroute serve`.
@@ -245,6 +255,8 @@ pub struct Config {
     pub endpoints: EndpointsConfig,
     /// Affinity hints: where clients name sessions, how long homes are kept (`[sessions]`).
     pub sessions: SessionsConfig,
+    /// Router replicas sharing their bookings over NATS (`[replica_bus]`), when a URL is given.
+    pub replica_bus: Option<crate::replica_bus::ReplicaBusSettings>,
     /// OpenTelemetry traces (`[tracing]`).
     pub tracing: TracingConfig,
 }
@@ -349,6 +361,13 @@ impl Config {
         let recording = recording::recording(&file.recording, args.record_trace.as_deref())?;
         let endpoints = endpoints::endpoints(&file.endpoints)?;
         let sessions = sessions::sessions(&file.sessions)?;
+        let replica_bus = replica_bus::replica_bus(
+            &file.replica_bus,
+            &replica_bus::ReplicaBusFlags {
+                url: args.replica_bus_url.as_deref(),
+                replica_id: args.replica_id.as_deref(),
+            },
+        )?;
         let limits = Limits::from_file(&file.limits, front.max_body_bytes)?;
         let priorities = priority::priorities(&file.priority)?;
         if priorities.headroom >= limits.max_concurrency {
@@ -399,6 +418,7 @@ impl Config {
             recording,
             endpoints,
             sessions,
+            replica_bus,
             tracing: traces::tracing(file.tracing)?,
         })
     }

@@ -72,6 +72,19 @@ pub(super) fn overrides(file: &FileConfig, args: &ServeArgs) -> Vec<Override> {
             open_on_loopback.then_some("admin.open_on_loopback"),
         ),
         (
+            "replica-bus-url",
+            args.replica_bus_url.is_some(),
+            file.replica_bus.url.as_ref().map(|_| "replica_bus.url"),
+        ),
+        (
+            "replica-id",
+            args.replica_id.is_some(),
+            file.replica_bus
+                .replica_id
+                .as_ref()
+                .map(|_| "replica_bus.replica_id"),
+        ),
+        (
             "block-size",
             args.block_size.is_some(),
             file.tokens

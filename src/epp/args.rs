@@ -84,6 +84,9 @@ impl EppArgs {
             admin_open_on_loopback: false,
             tokenizers: self.tokenizers.clone(),
             block_size: self.block_size,
+            // The picker reads `[replica_bus]` from its config file.
+            replica_bus_url: None,
+            replica_id: None,
         };
         let mut loaded = Config::load_hashed(&serve)?;
         if let Some(name) = &self.pool_name {

@@ -11,9 +11,10 @@
 //! [`super::load_view`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
+use super::booking::{Announcer, BookingStep, Ticket};
 use super::load_view::{Admissions, EngineLoad, LoadSnapshot, Reading, combine};
 use super::running_blocks::RunningBlocks;
 use crate::tokens::BlockHash;
@@ -25,6 +26,7 @@ pub struct Load {
     queued_prefill_tokens: AtomicU64,
     decoding: AtomicU64,
     active_prompt_tokens: AtomicU64,
+    /// Requests admitted here, this replica's and (with a replica bus) other replicas'.
     admitted: AtomicU64,
     admitted_prefill_tokens: AtomicU64,
     admitted_prompt_tokens: AtomicU64,
@@ -36,6 +38,8 @@ pub struct Load {
     reading: Mutex<Option<(Reading, Option<Instant>)>>,
     /// The KV blocks of the requests in flight, shared prefixes once.
     running: Mutex<RunningBlocks>,
+    /// Where this replica announces what it books here, with a replica bus.
+    announcer: OnceLock<Announcer>,
 }
 
 impl Load {
@@ -114,8 +118,20 @@ impl Load {
         (running.tokens(block_size), running.held_prefix(hashes))
     }
 
+    /// From now on, every request admitted here is announced through `announcer` (once: a
+    /// later call changes nothing and returns false).
+    pub fn announce_to(&self, announcer: Announcer) -> bool {
+        self.announcer.set(announcer).is_ok()
+    }
+
+    /// Whether admissions here are announced.
+    pub fn is_announced(&self) -> bool {
+        self.announcer.get().is_some()
+    }
+
     /// Counts a request of `prompt_tokens` routed here with `prefill_tokens` of them still to
-    /// compute (the rest is expected from the worker's prefix cache).
+    /// compute (the rest is expected from the worker's prefix cache), and announces it to the
+    /// other router replicas when a bus is attached.
     pub fn admit(self: &Arc<Self>, prompt_tokens: u64, prefill_tokens: u64) -> LoadGuard {
         self.admit_holding(prompt_tokens, prefill_tokens, Arc::from([]))
     }
@@ -123,6 +139,32 @@ impl Load {
     /// [`Load::admit`] for a prompt whose chained block hashes are known: its blocks count
     /// once among the running requests' ([`RunningBlocks`]).
     pub fn admit_holding(
+        self: &Arc<Self>,
+        prompt_tokens: u64,
+        prefill_tokens: u64,
+        hashes: Arc<[BlockHash]>,
+    ) -> LoadGuard {
+        let mut guard = self.count(prompt_tokens, prefill_tokens, hashes);
+        guard.ticket = self
+            .announcer
+            .get()
+            .map(|a| a.book(prompt_tokens, prefill_tokens));
+        guard
+    }
+
+    /// [`Load::admit`] without announcing it: another replica's request, learned from the bus.
+    /// It is known load like this replica's own (the engine reading's excess over it shrinks
+    /// accordingly) and counts in the least-used tie-break and the pricing history, as it
+    /// would on one router that routed everything. (Counting only own requests in the
+    /// tie-break, to decorrelate replicas deciding at one instant, was measured worse: each
+    /// replica then balances only its own share; `docs/benchmarks.md`, "Several router
+    /// replicas".) Its blocks are not known: its prompt counts whole among the running KV.
+    pub fn admit_quietly(self: &Arc<Self>, prompt_tokens: u64, prefill_tokens: u64) -> LoadGuard {
+        self.count(prompt_tokens, prefill_tokens, Arc::from([]))
+    }
+
+    /// Counts a request, unannounced.
+    fn count(
         self: &Arc<Self>,
         prompt_tokens: u64,
         prefill_tokens: u64,
@@ -145,6 +187,7 @@ impl Load {
             prefill_tokens,
             hashes,
             stage: Stage::Prefill,
+            ticket: None,
         }
     }
 }
@@ -164,6 +207,8 @@ pub struct LoadGuard {
     prefill_tokens: u64,
     hashes: Arc<[BlockHash]>,
     stage: Stage,
+    /// The announcement of an own request (none for a quiet one, or without a bus).
+    ticket: Option<Ticket>,
 }
 
 impl LoadGuard {
@@ -175,6 +220,9 @@ impl LoadGuard {
                 .fetch_sub(self.prefill_tokens, Ordering::Relaxed);
             self.load.decoding.fetch_add(1, Ordering::Relaxed);
             self.stage = Stage::Decode;
+            if let Some(t) = &self.ticket {
+                t.announce(BookingStep::FirstToken);
+            }
         }
     }
 
@@ -200,6 +248,9 @@ impl LoadGuard {
         self.load.in_flight.fetch_sub(1, Ordering::Relaxed);
         self.load.finished.fetch_add(1, Ordering::Relaxed);
         self.stage = Stage::Done;
+        if let Some(t) = &self.ticket {
+            t.announce(BookingStep::Freed);
+        }
     }
 }
 
@@ -284,6 +335,51 @@ mod tests {
                 ..LoadSnapshot::default()
             }
         );
+    }
+
+    #[test]
+    fn an_announced_load_tells_every_step_once_and_a_quiet_admission_nothing() {
+        use super::super::booking::{TargetKey, testing::Notes};
+        let notes = Arc::new(Notes::default());
+        let load = Arc::new(Load::default());
+        let target = TargetKey {
+            worker: "w".into(),
+            rank: 1,
+        };
+        assert!(load.announce_to(Announcer::new(notes.clone(), target.clone())));
+        assert!(!load.announce_to(Announcer::new(notes.clone(), target.clone())));
+        let mut g = load.admit(100, 40);
+        g.first_token();
+        g.first_token();
+        drop(g);
+        let quiet = load.admit_quietly(7, 7);
+        drop(quiet);
+        let steps: Vec<(u64, BookingStep)> = notes
+            .notes
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|n| {
+                assert_eq!(n.target, target);
+                (n.request, n.step)
+            })
+            .collect();
+        assert_eq!(
+            steps,
+            [
+                (
+                    0,
+                    BookingStep::Booked {
+                        prompt_tokens: 100,
+                        prefill_tokens: 40
+                    }
+                ),
+                (0, BookingStep::FirstToken),
+                (0, BookingStep::Freed),
+            ]
+        );
+        assert_eq!(load.snapshot().admitted, 2, "both count in the tie-break");
+        assert_eq!(load.admissions().requests, 2, "and price others' requests");
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! added or removed at run time cannot tear a decision in half.
 
 mod base_url;
+pub mod booking;
 pub mod breaker;
 pub mod capacity;
 pub mod engine_block_size;
@@ -15,6 +16,7 @@ pub mod load;
 pub mod load_poller;
 pub mod load_view;
 pub mod rank;
+pub mod replica_ledger;
 pub mod role;
 pub mod roster;
 pub mod running_blocks;
@@ -26,6 +28,7 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, Weak};
 
 pub use base_url::{BaseUrl, WorkerUrlError, redact_userinfo};
+pub use booking::{Announcer, BookingNote, BookingSink, BookingStep, TargetKey};
 pub use breaker::{Breaker, BreakerConfig, CircuitState};
 pub use engine_block_size::{BlockSizeMismatch, EngineBlockSize};
 pub use engine_ranks::EngineRanks;

@@ -494,6 +494,14 @@ pub fn start_background(
         state.own_addrs(),
         stop,
     ));
+    if let Some(bus) = &config.replica_bus {
+        tasks.push(crate::replica_bus::spawn(
+            bus.clone(),
+            Arc::clone(&state.fleet),
+            state.metrics.replica_bus.clone(),
+            stop.clone(),
+        ));
+    }
     if !config.health.load_interval.is_zero() {
         tasks.push(
             load_poller::spawn(

@@ -74,7 +74,7 @@ pub struct SimulateArgs {
             // holding a nested flatten does not conflict as a whole).
             "WorkloadArgs", "SloArgs", "TimingArgs", "block_size", "num_blocks", "max_num_seqs",
             "max_num_batched_tokens", "max_model_len", "engine_speedup", "workers", "index",
-            "event_delay", "join_at", "restart_at", "seed", "routers", "load_sample_ms",
+            "event_delay", "join_at", "restart_at", "seed", "routers", "load_sample_ms", "replica_sync_ms",
             "prefill_workers", "decode_workers", "TransferArgs", "slo_itl", "TierArgs",
         ]
     )]
@@ -148,6 +148,11 @@ pub struct SimulateArgs {
     /// never; 0 is never too).
     #[arg(long, value_name = "M")]
     pub load_sample_ms: Option<f64>,
+    /// Router replicas share every booking (worker, prompt and predicted prefill tokens,
+    /// first token, end) over a replica bus that delivers it M milliseconds later, as the
+    /// live `[replica_bus]` over NATS does (default: no bus; 0 delivers at once).
+    #[arg(long, value_name = "M")]
+    pub replica_sync_ms: Option<f64>,
     /// Service targets.
     #[command(flatten)]
     pub slo: SloArgs,
@@ -317,6 +322,7 @@ impl SimulateArgs {
                 .load_sample_ms
                 .filter(|&ms| ms != 0.0)
                 .map(|ms| ms / 1000.0),
+            replica_sync_s: self.replica_sync_ms.map(|ms| ms / 1000.0),
             pd,
         };
         config.validate()?;

@@ -120,13 +120,15 @@ fn describe(a: &SimulateArgs, trace: &Trace) -> String {
 /// The router replicas line, for runs with more than one or with engine load readings.
 fn replicas(a: &SimulateArgs) -> String {
     let sample = a.load_sample_ms.filter(|&ms| ms != 0.0);
-    if a.routers == 1 && sample.is_none() {
+    if a.routers == 1 && sample.is_none() && a.replica_sync_ms.is_none() {
         return String::new();
     }
     format!(
-        "- router replicas: {} (arrivals dealt round-robin), engine load read {}\n",
+        "- router replicas: {} (arrivals dealt round-robin), engine load read {}, bookings shared {}\n",
         a.routers,
         sample.map_or_else(|| "never".to_owned(), |ms| format!("every {ms} ms")),
+        a.replica_sync_ms
+            .map_or_else(|| "never".to_owned(), |ms| format!("after {ms} ms")),
     )
 }
 

@@ -103,6 +103,9 @@ pub struct SimConfig {
     /// Seconds between two readings of every engine's own load by every router replica
     /// (`[health] load_interval_ms` live); `None`: replicas see only their own requests.
     pub load_sample_s: Option<f64>,
+    /// Router replicas share their bookings over a replica bus that delivers each one this
+    /// many seconds after it was made (the live `[replica_bus]`); `None`: no bus.
+    pub replica_sync_s: Option<f64>,
     /// A disaggregated fleet (`workers` must be its size); `None`: every worker serves whole
     /// requests.
     pub pd: Option<PdSplit>,
@@ -121,6 +124,7 @@ impl Default for SimConfig {
             slo: Slo::default(),
             routers: 1,
             load_sample_s: None,
+            replica_sync_s: None,
             pd: None,
         }
     }
@@ -160,6 +164,9 @@ pub enum SimConfigError {
     /// A load sampling interval that is not a positive number of seconds.
     #[error("--load-sample-ms must be a positive number of milliseconds")]
     LoadSample,
+    /// A replica bus delay that is not a number of seconds >= 0.
+    #[error("--replica-sync-ms must be a number of milliseconds >= 0")]
+    ReplicaSync,
     /// A disaggregated fleet without a side, of the wrong size, or with fleet changes.
     #[error("disaggregated fleet: {0}")]
     Pd(String),
@@ -180,6 +187,12 @@ impl SimConfig {
             .is_some_and(|s| !(s.is_finite() && s > 0.0))
         {
             return Err(SimConfigError::LoadSample);
+        }
+        if self
+            .replica_sync_s
+            .is_some_and(|s| !(s.is_finite() && s >= 0.0))
+        {
+            return Err(SimConfigError::ReplicaSync);
         }
         if let IndexMode::Events { delay_s } = self.index
             && !(delay_s.is_finite() && delay_s >= 0.0)

@@ -17,6 +17,7 @@
 //! - [`pd_compare`]: a disaggregated fleet against an aggregated one of the same size.
 //! - [`capacity`], [`search`]: capacity at an SLO (the highest arrival rate a fleet carries,
 //!   the fewest workers a trace needs), by bracketing searches over whole simulations.
+//! - [`replica_sync`]: router replicas sharing their bookings over a bus (`--replica-sync-ms`).
 //! - [`cli`]: `kvroute simulate`.
 
 pub mod args;
@@ -30,6 +31,7 @@ pub mod pd_compare;
 pub mod pooled;
 pub mod queue;
 pub mod record;
+pub mod replica_sync;
 pub mod results;
 pub mod router;
 pub mod scenario;

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use crate::engine::events::batch;
 use crate::fleet::WorkerId;
-use crate::fleet::{EngineLoad, Load, LoadSnapshot, Role, Side};
+use crate::fleet::{Announcer, BookingSink, EngineLoad, Load, LoadSnapshot, Role, Side, TargetKey};
 use crate::index::{
     ApproxConfig, ApproxIndex, Holdings, IndexConfig, KvIndex, SessionKey, seeds_for,
 };
@@ -231,6 +231,27 @@ impl SimRouter {
         if let Some(t) = self.targets.get(slot as usize) {
             t.load.set_reading(engine, t.load.snapshot(), None);
         }
+    }
+
+    /// Announces every booking of this replica to `sink` from now on (a replica bus).
+    pub fn announce_to(&self, sink: Arc<dyn BookingSink>) {
+        for t in &self.targets {
+            t.load.announce_to(Announcer::new(
+                Arc::clone(&sink),
+                TargetKey {
+                    worker: Arc::clone(&t.label),
+                    rank: 0,
+                },
+            ));
+        }
+    }
+
+    /// This replica's load of the worker another replica names `target`.
+    pub fn load_of(&self, target: &TargetKey) -> Option<Arc<Load>> {
+        self.targets
+            .iter()
+            .find(|t| t.label == target.worker && target.rank == 0)
+            .map(|t| Arc::clone(&t.load))
     }
 
     /// Every worker's router-side load, by slot.

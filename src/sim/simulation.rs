@@ -37,6 +37,7 @@ use crate::workload::trace::Trace;
 use super::config::{FleetChange, IndexMode, SimConfig, SimConfigError};
 use super::queue::EventQueue;
 use super::record::SimRecord;
+use super::replica_sync::SimBus;
 use super::router::{Routed, SimRouter};
 
 /// Steps retried at the same instant when a step only preempted (it freed blocks).
@@ -82,6 +83,11 @@ enum Event {
     Change(usize),
     /// Every replica reads every engine's load.
     SampleLoad,
+    /// A replica's announcement of a booking reaches the other replicas.
+    Sync {
+        from: usize,
+        note: crate::fleet::BookingNote,
+    },
     /// A worker may have something to do without a new request (a KV transfer lands).
     Wake(u32),
     /// A decode worker finished pulling a request's KV: its prefill worker frees the blocks.
@@ -114,6 +120,8 @@ pub struct Simulation<'t> {
     routers: Vec<SimRouter>,
     /// Whether the replicas share one exact index (events mode).
     shared_index: bool,
+    /// The replica bus, when replicas share their bookings.
+    bus: Option<SimBus>,
     workers: Vec<SimWorker>,
     joined: u32,
     queue: EventQueue<Event>,
@@ -211,6 +219,10 @@ impl<'t> Simulation<'t> {
                 .plan()
                 .map_err(|e| SimConfigError::Pd(e.to_string()))?;
         }
+        let bus = config
+            .replica_sync_s
+            .filter(|_| routers.len() > 1)
+            .map(|delay| SimBus::attach(&routers, delay));
         let mut queue = EventQueue::default();
         if config.load_sample_s.is_some() {
             queue.push(0.0, Event::SampleLoad);
@@ -226,6 +238,7 @@ impl<'t> Simulation<'t> {
             config: config.clone(),
             routers,
             shared_index,
+            bus,
             workers,
             joined: config.workers,
             queue,
@@ -261,6 +274,7 @@ impl<'t> Simulation<'t> {
         while self.queue.peek_at().is_some_and(|t| t < until) {
             if let Some((t, e)) = self.queue.pop() {
                 self.handle(t, e);
+                self.sync(t);
             }
         }
     }
@@ -309,6 +323,11 @@ impl<'t> Simulation<'t> {
             }
             Event::Change(k) => self.change(k, now),
             Event::SampleLoad => self.sample_load(now),
+            Event::Sync { from, note } => {
+                if let Some(bus) = self.bus.as_mut() {
+                    bus.deliver(&self.routers, from, &note);
+                }
+            }
             Event::Wake(w) => self.try_step(w, now),
             Event::Release {
                 worker,
@@ -427,6 +446,25 @@ impl<'t> Simulation<'t> {
         } else {
             for r in &self.routers {
                 r.apply_events(slot, ts, events.clone());
+            }
+        }
+    }
+
+    /// Sends the bookings announced while handling an event at `now` over the replica bus:
+    /// delivered at once without a delay, else scheduled.
+    fn sync(&mut self, now: f64) {
+        let Some(bus) = self.bus.as_mut() else {
+            return;
+        };
+        let notes = bus.take();
+        if bus.delay_s > 0.0 {
+            for (from, note) in notes {
+                self.queue
+                    .push(now + bus.delay_s, Event::Sync { from, note });
+            }
+        } else {
+            for (from, note) in &notes {
+                bus.deliver(&self.routers, *from, note);
             }
         }
     }

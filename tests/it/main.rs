@@ -75,6 +75,7 @@ mod real_vllm_pd;
 mod real_vllm_quickstart;
 mod real_vllm_routing;
 mod reliability;
+mod replica_bus;
 mod request_ids;
 mod responses_api;
 mod router_lifecycle;

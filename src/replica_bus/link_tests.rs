@@ -1,0 +1,163 @@
+use super::*;
+use crate::fleet::{BaseUrl, WorkerSpec};
+
+fn fleet() -> Arc<Fleet> {
+    let spec = |id: &str, dp: u32| WorkerSpec {
+        id: id.into(),
+        url: BaseUrl::parse(&format!("http://{id}:1")).unwrap(),
+        models: vec!["m".into()],
+        kv_events: None,
+        kv_replay: None,
+        kv_blocks: None,
+        data_parallel_size: dp,
+        role: crate::fleet::Role::Both,
+        bootstrap_port: None,
+    };
+    Arc::new(Fleet::new(vec![spec("a", 1), spec("b", 2)]))
+}
+
+/// A replica: its fleet (same workers as the others), its link and the receiver of its
+/// outbox (what the connection task would drain).
+struct Replica {
+    fleet: Arc<Fleet>,
+    link: Link,
+    notes: tokio::sync::mpsc::Receiver<BookingNote>,
+    metrics: ReplicaBusMetrics,
+}
+
+fn replica(id: &str) -> Replica {
+    let fleet = fleet();
+    let metrics = crate::metrics::Metrics::new().replica_bus;
+    let (outbox, notes) = Outbox::new(metrics.clone());
+    let link = Link::new(
+        id.into(),
+        Duration::from_secs(3),
+        Arc::clone(&fleet),
+        Arc::new(outbox),
+        metrics.clone(),
+    );
+    Replica {
+        fleet,
+        link,
+        notes,
+        metrics,
+    }
+}
+
+impl Replica {
+    fn in_flight(&self, worker: usize, rank: u32) -> u64 {
+        self.fleet.workers()[worker]
+            .rank(rank)
+            .load
+            .snapshot()
+            .in_flight
+    }
+
+    /// Its queued announcements as messages.
+    fn drain(&mut self) -> Vec<Envelope> {
+        let mut out = Vec::new();
+        while let Ok(n) = self.notes.try_recv() {
+            out.extend(self.link.announce(&n));
+        }
+        out
+    }
+}
+
+fn deliver(to: &mut Replica, msgs: &[Envelope], now: Duration) -> Vec<Envelope> {
+    msgs.iter()
+        .flat_map(|m| to.link.receive(&m.encode(), now))
+        .collect()
+}
+
+const T0: Duration = Duration::ZERO;
+
+#[test]
+fn a_booking_on_one_replica_is_known_load_on_the_other_until_it_ends() {
+    let (mut a, mut b) = (replica("ra"), replica("rb"));
+    a.link.connected();
+    b.link.connected();
+    // Replica a routes one request to worker b's rank 1 and one to worker a.
+    let mut g1 = a.fleet.workers()[1].rank(1).load.admit(500, 300);
+    let g2 = a.fleet.workers()[0].rank(0).load.admit(100, 100);
+    let sent = a.drain();
+    assert_eq!(sent.len(), 2);
+    deliver(&mut b, &sent, T0);
+    assert_eq!(
+        (b.in_flight(1, 1), b.in_flight(0, 0), b.in_flight(1, 0)),
+        (1, 1, 0)
+    );
+    assert_eq!(
+        b.fleet.workers()[1]
+            .rank(1)
+            .load
+            .snapshot()
+            .queued_prefill_tokens,
+        300
+    );
+    assert_eq!(b.metrics.bookings.get(), 2);
+    // Its own echo changes nothing on a.
+    deliver(&mut a, &sent, T0);
+    assert_eq!(a.in_flight(1, 1), 1);
+    g1.first_token();
+    drop(g1);
+    drop(g2);
+    let sent = a.drain();
+    deliver(&mut b, &sent, T0);
+    assert_eq!((b.in_flight(1, 1), b.in_flight(0, 0)), (0, 0));
+    assert_eq!(b.link.booked(), 0);
+}
+
+#[test]
+fn losing_the_bus_releases_the_others_and_reconnecting_resyncs_from_snapshots() {
+    let (mut a, mut b) = (replica("ra"), replica("rb"));
+    a.link.connected();
+    b.link.connected();
+    let _held = a.fleet.workers()[0].rank(0).load.admit(100, 100);
+    let sent = a.drain();
+    deliver(&mut b, &sent, T0);
+    assert_eq!(b.in_flight(0, 0), 1);
+    b.link.disconnected();
+    assert_eq!(b.in_flight(0, 0), 0, "without the bus only own requests");
+    assert_eq!(b.metrics.connected.get(), 0);
+    // While a is cut off too, its bookings are not sent.
+    a.link.disconnected();
+    let _later = a.fleet.workers()[1].rank(0).load.admit(10, 10);
+    assert!(a.drain().is_empty());
+    // Both come back: b's hello makes a answer with its snapshot.
+    let hello_b = b.link.connected();
+    let hello_a = a.link.connected();
+    let answers = deliver(&mut a, &hello_b, T0);
+    deliver(&mut b, &hello_a, T0);
+    deliver(&mut b, &answers, T0);
+    assert_eq!((b.in_flight(0, 0), b.in_flight(1, 0)), (1, 1));
+    assert_eq!(b.link.booked(), 2, "each once, though sent twice");
+}
+
+#[test]
+fn a_gap_asks_the_sender_for_a_snapshot_and_a_silent_replica_expires() {
+    let (mut a, mut b) = (replica("ra"), replica("rb"));
+    a.link.connected();
+    b.link.connected();
+    let g1 = a.fleet.workers()[0].rank(0).load.admit(100, 100);
+    let _g2 = a.fleet.workers()[0].rank(0).load.admit(100, 100);
+    let mut sent = a.drain();
+    deliver(&mut b, &sent[..1], T0);
+    drop(g1);
+    sent = a.drain();
+    // The second booking is lost; the end of the first arrives.
+    let answer = deliver(&mut b, &sent, T0);
+    assert_eq!(b.metrics.lost.with_label_values(&["gap"]).get(), 1);
+    assert!(
+        matches!(&answer[..], [Envelope { body: Body::Hello { of: Some(of) }, .. }] if of == "ra")
+    );
+    assert_eq!(b.in_flight(0, 0), 0);
+    let snapshot = deliver(&mut a, &answer, T0);
+    deliver(&mut b, &snapshot, T0);
+    assert_eq!(b.in_flight(0, 0), 1, "the lost booking, from the snapshot");
+    // a falls silent: its booking is released after the expiry.
+    assert!(b.link.tick(Duration::from_secs(3)).is_some());
+    assert_eq!(b.in_flight(0, 0), 1);
+    b.link.tick(Duration::from_secs(4));
+    assert_eq!(b.in_flight(0, 0), 0);
+    assert_eq!(b.metrics.expired.get(), 1);
+}
