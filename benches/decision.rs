@@ -5,7 +5,10 @@
 //! (~500 tokens) and a long one (~2,000). The short one is also measured with every new piece
 //! encoded by the `tokenizers` crate instead of the byte-level BPE fast path (`_tokenizers_crate`).
 //! The short one is also decided among 256 and 1,024 workers of the model, an eighth of which
-//! hold the system prompt in the exact index (applied as KV events).
+//! hold the system prompt in the exact index (applied as KV events); and among 16 and 1,024
+//! workers whose caches are full (`_full_index`: every worker holds 4,096 blocks, two of 64
+//! shared 8k-token prefixes and conversations of its own, `common/population.rs`), as a busy
+//! fleet's index is.
 //!
 //! Each case is measured twice: `decision_8k_chat` in wall time and `decision_8k_chat_cpu` in
 //! the deciding thread's CPU time, which is the latency on an idle core (on a shared machine
@@ -37,6 +40,8 @@ use kvroute::tokens::ModelTokens;
 use kvroute::tokens::model::DEFAULT_CACHE_UNITS;
 use serde_json::json;
 
+#[path = "common/population.rs"]
+mod population;
 #[path = "common/prose.rs"]
 mod prose;
 #[path = "common/thread_cpu.rs"]
@@ -169,7 +174,7 @@ fn benches<M: Measurement>(c: &mut Criterion<M>, group: &str) {
             )
         });
     }
-    for n in [256u32, 1024] {
+    for (n, full) in [(256u32, false), (1024, false), (16, true), (1024, true)] {
         let (workers, _guards) = fleet(n);
         let (system_words, question_words) = (5_600, 380);
         let system = prose::words(system_words, 1);
@@ -180,17 +185,21 @@ fn benches<M: Measurement>(c: &mut Criterion<M>, group: &str) {
             Arc::new(KvAware::new(KvAwareConfig::default(), 1)),
             Arc::clone(&holdings),
         );
+        if full {
+            let pairs = population::Population::default().fill(&holdings.exact, n, "qwen3");
+            eprintln!("{n} workers, full index: {pairs} pairs");
+        }
         // An eighth of the fleet holds the system prompt's blocks, as its engines announced.
-        let full = ids.len() / 16 * 16;
+        let whole = ids.len() / 16 * 16;
         let seeds = kvroute::index::seeds_for("qwen3");
         for w in (3..n).step_by(8) {
             let batch = EventBatch {
                 ts: 0.0,
                 events: vec![KvEvent::Stored(BlockStored {
-                    block_hashes: (0..(full / 16) as u64)
-                        .map(|i| EngineHash(u64::from(w) << 32 | i))
+                    block_hashes: (0..(whole / 16) as u64)
+                        .map(|i| EngineHash(u64::from(w) << 32 | 1 << 31 | i))
                         .collect(),
-                    token_ids: ids[..full].to_vec(),
+                    token_ids: ids[..whole].to_vec(),
                     block_size: 16,
                     ..BlockStored::default()
                 })],
@@ -199,8 +208,9 @@ fn benches<M: Measurement>(c: &mut Criterion<M>, group: &str) {
             holdings.exact.apply(WorkerId(w), &batch, &seeds);
         }
         let n_q = AtomicU64::new(10);
+        let suffix = if full { "_full_index" } else { "" };
         g.bench_function(
-            format!("seen_system_prompt_new_500_token_question_{n}_workers"),
+            format!("seen_system_prompt_new_500_token_question_{n}_workers{suffix}"),
             |b| {
                 b.iter_batched(
                     || {

@@ -16,6 +16,10 @@
 //!   served endpoint, the engine's answer) so the picker releases the request's load as it
 //!   would behind a gateway; that part is not timed.
 //!
+//! `KVROUTE_BENCH_BASELINE` may name another `kvroute` binary (say, one built from main): its
+//! `kvroute epp` over the same engines is a fourth path of the same run, so a change to the
+//! picker is measured against what it changes.
+//!
 //! Run: `flock /tmp/kvroute-bench.lock cargo bench --bench epp_decision` (N defaults to 2,000
 //! per path; set `KVROUTE_BENCH_N`).
 
@@ -157,11 +161,11 @@ fn start_serve(dir: &Path, engines: &[SocketAddr]) -> (Process, String) {
     (process, format!("http://{addr}{PATH}"))
 }
 
-fn start_epp(dir: &Path, engines: &[SocketAddr]) -> (Process, SocketAddr) {
+fn start_epp(binary: &Path, dir: &Path, engines: &[SocketAddr]) -> (Process, SocketAddr) {
     let grpc = free_addr();
     let file = config(dir, engines, free_addr());
     let process = spawn_quiet(
-        Command::new(env!("CARGO_BIN_EXE_kvroute"))
+        Command::new(binary)
             .args(["epp", "--config"])
             .arg(&file)
             .args(["--grpc-listen", &grpc.to_string()])
@@ -210,6 +214,28 @@ struct Figures {
     serve: Histogram<u64>,
     pick: Histogram<u64>,
     body_back: Histogram<u64>,
+    /// The baseline binary's picker (`KVROUTE_BENCH_BASELINE`), when one is given.
+    baseline_pick: Option<Histogram<u64>>,
+    baseline_body_back: Option<Histogram<u64>>,
+}
+
+/// Sends one round's requests through `gateway`, recording those after the warm-up.
+async fn epp_round(
+    gateway: &Gateway,
+    first: u64,
+    per_round: usize,
+    pick: &mut Histogram<u64>,
+    body_back: &mut Histogram<u64>,
+) {
+    for i in 0..per_round + WARM_UP {
+        let (p, back) = epp_request(gateway, first + i as u64)
+            .await
+            .expect("the picker picks");
+        if i >= WARM_UP {
+            pick.record(p).expect("record");
+            body_back.record(back).expect("record");
+        }
+    }
 }
 
 async fn run(
@@ -217,6 +243,7 @@ async fn run(
     direct: &str,
     serve: &str,
     gateway: &Gateway,
+    baseline: Option<&Gateway>,
     n: usize,
 ) -> Figures {
     let new = || Histogram::<u64>::new(3).expect("histogram");
@@ -225,6 +252,8 @@ async fn run(
         serve: new(),
         pick: new(),
         body_back: new(),
+        baseline_pick: baseline.map(|_| new()),
+        baseline_body_back: baseline.map(|_| new()),
     };
     let per_round = n / ROUNDS;
     let mut seed = 1;
@@ -242,14 +271,13 @@ async fn run(
                 f.serve.record(ns).expect("record");
             }
         }
-        for i in 0..per_round + WARM_UP {
-            let (pick, back) = epp_request(gateway, first + i as u64)
-                .await
-                .expect("the picker picks");
-            if i >= WARM_UP {
-                f.pick.record(pick).expect("record");
-                f.body_back.record(back).expect("record");
-            }
+        epp_round(gateway, first, per_round, &mut f.pick, &mut f.body_back).await;
+        if let (Some(b), Some(pick), Some(back)) = (
+            baseline,
+            f.baseline_pick.as_mut(),
+            f.baseline_body_back.as_mut(),
+        ) {
+            epp_round(b, first, per_round, pick, back).await;
         }
         seed += (per_round + WARM_UP) as u64;
     }
@@ -259,12 +287,17 @@ async fn run(
 fn report(f: &Figures) {
     let us = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
     println!("requests per path: {}", f.direct.len());
-    for (name, h) in [
+    let mut paths = vec![
         ("direct to an engine", &f.direct),
         ("through kvroute serve", &f.serve),
         ("epp: body end -> pick", &f.pick),
         ("epp: body end -> body back", &f.body_back),
-    ] {
+    ];
+    if let (Some(p), Some(b)) = (&f.baseline_pick, &f.baseline_body_back) {
+        paths.push(("baseline epp: -> pick", p));
+        paths.push(("baseline epp: -> body back", b));
+    }
+    for (name, h) in paths {
         println!(
             "{name:<28}: median {:>8.1} µs  p99 {:>8.1} µs",
             us(h, 0.5),
@@ -279,7 +312,12 @@ fn report(f: &Figures) {
         "serve adds                  : median {:>8.1} µs  p99 {:>8.1} µs",
         added.0, added.1
     );
-    for (name, h) in [("pick", &f.pick), ("body back", &f.body_back)] {
+    let mut ratios = vec![("pick", &f.pick), ("body back", &f.body_back)];
+    if let (Some(p), Some(b)) = (&f.baseline_pick, &f.baseline_body_back) {
+        ratios.push(("(baseline) pick", p));
+        ratios.push(("(baseline) body back", b));
+    }
+    for (name, h) in ratios {
         println!(
             "epp {name} / serve's added: {:.2}× (median), {:.2}× (p99)",
             us(h, 0.5) / added.0,
@@ -306,14 +344,29 @@ fn main() {
             engines.push(serve_backend().await);
         }
         let (serve_process, serve) = start_serve(&dir, &engines);
-        let (epp_process, grpc) = start_epp(&dir, &engines);
+        let own = Path::new(env!("CARGO_BIN_EXE_kvroute"));
+        let (epp_process, grpc) = start_epp(own, &dir, &engines);
+        let baseline = std::env::var_os("KVROUTE_BENCH_BASELINE")
+            .map(|b| start_epp(Path::new(&b), &dir, &engines));
         let client: BenchClient = Client::builder(TokioExecutor::new()).build_http();
         let direct = format!("http://{}{PATH}", engines[0]);
         ready_http(&client, &serve).await;
         let gateway = ready_epp(grpc).await;
-        let figures = run(&client, &direct, &serve, &gateway, n).await;
+        let baseline_gateway = match &baseline {
+            Some((_, addr)) => Some(ready_epp(*addr).await),
+            None => None,
+        };
+        let figures = run(
+            &client,
+            &direct,
+            &serve,
+            &gateway,
+            baseline_gateway.as_ref(),
+            n,
+        )
+        .await;
         report(&figures);
-        drop((serve_process, epp_process));
+        drop((serve_process, epp_process, baseline));
     });
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -10,6 +10,7 @@
 //! cargo bench --bench index -- --floor           # the work no exact index can skip, alone
 //! cargo bench --bench index -- --fleet           # lookup/decision/memory/churn vs fleet size
 //! cargo bench --bench index -- --threads         # sharded apply with 1, 2, 4 writer threads
+//! cargo bench --bench index -- --population      # memory per pair, full caches, 16 vs 1,024
 //! ```
 #![allow(
     clippy::unwrap_used,
@@ -31,6 +32,8 @@ use kvroute::kv_events::EventBatch;
 mod index_fleet;
 #[path = "common/index_floor.rs"]
 mod index_floor;
+#[path = "common/population.rs"]
+mod population;
 #[path = "common/thread_cpu.rs"]
 mod thread_cpu;
 pub use thread_cpu::thread_cpu;
@@ -237,6 +240,10 @@ fn main() {
     }
     if has("--threads") {
         index_fleet::threads();
+        return;
+    }
+    if has("--population") {
+        index_fleet::population();
         return;
     }
     let t = Instant::now();

@@ -224,3 +224,40 @@ pub fn threads() {
         }
     }
 }
+
+/// `--population`: live heap per (block, worker) pair of an index holding full caches
+/// (`common/population.rs`: 4,096 blocks per worker, shared prefixes and own conversations)
+/// for 16, 256 and 1,024 workers, with capacities unknown (a cold router) and reserved (each
+/// worker's `num_gpu_blocks` known), and the ratio to the 16-worker figure.
+pub fn population() {
+    let p = super::population::Population::default();
+    println!("full caches: {p:?}");
+    let mut base = [0.0f64; 2];
+    for workers in [16u32, 256, 1024] {
+        let mut per_pair = [0.0f64; 2];
+        for (i, reserved) in [false, true].into_iter().enumerate() {
+            let before = live_heap();
+            let h = holdings();
+            if reserved {
+                for w in 0..workers {
+                    h.exact.reserve(WorkerId(w), p.blocks_per_worker);
+                }
+            }
+            let t = Instant::now();
+            let pairs = p.fill(&h.exact, workers, "qwen3");
+            let took = t.elapsed();
+            per_pair[i] = (live_heap() - before) as f64 / pairs as f64;
+            if workers == 16 {
+                base[i] = per_pair[i];
+            }
+            println!(
+                "  {workers:>5} workers, capacities {}: {pairs} pairs, heap {:.1} bytes/pair \
+                 ({:.2}× 16 workers), filled in {took:.1?}",
+                if reserved { "reserved" } else { "unknown" },
+                per_pair[i],
+                per_pair[i] / base[i],
+            );
+            drop(h);
+        }
+    }
+}

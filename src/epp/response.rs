@@ -25,6 +25,8 @@ struct Watch {
     detector: Option<FirstTokenDetector>,
     first_token: bool,
     bytes: u64,
+    /// Its end was recorded.
+    ended: bool,
 }
 
 impl Watch {
@@ -52,12 +54,19 @@ impl Watch {
         } else {
             End::Complete
         };
+        self.ended = true;
         self.served.end(end, self.bytes);
     }
+}
 
-    /// The gateway went away (client gone, upstream reset) before the body's end.
-    fn cancelled(mut self) {
-        self.served.end(End::Cancelled, self.bytes);
+/// A watch dropped before the body's end — the gateway went away (client gone, upstream
+/// reset; the stream dropped or its requests ended), or the exchange broke — is a
+/// cancellation.
+impl Drop for Watch {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.served.end(End::Cancelled, self.bytes);
+        }
     }
 }
 
@@ -93,12 +102,10 @@ pub(super) async fn phase(
         detector: sse.then(FirstTokenDetector::default),
         first_token: false,
         bytes: 0,
+        ended: false,
     };
     let set = vec![header(WORKER_HEADER, worker.as_bytes())];
-    if !out.send(protocol::response_headers(set)).await {
-        watch.cancelled();
-        return Ok(());
-    }
+    out.send(protocol::response_headers(set)).await;
     if head.end_of_stream {
         watch.complete();
         return Ok(());
@@ -116,10 +123,8 @@ async fn body(
     loop {
         let request = match inbound.message().await {
             Ok(Some(m)) => m.request,
-            Ok(None) | Err(_) => {
-                watch.cancelled();
-                return Ok(());
-            }
+            // Dropping the watch records the cancellation.
+            Ok(None) | Err(_) => return Ok(()),
         };
         match request {
             Some(Request::ResponseBody(HttpBody {
@@ -134,10 +139,7 @@ async fn body(
                     vec![protocol::body_unchanged(false)]
                 };
                 for a in answers {
-                    if !out.send(a).await {
-                        watch.cancelled();
-                        return Ok(());
-                    }
+                    out.send(a).await;
                 }
                 if end_of_stream {
                     watch.complete();
@@ -150,7 +152,6 @@ async fn body(
                 return Ok(());
             }
             _ => {
-                watch.cancelled();
                 return Err(Status::invalid_argument(
                     "expected the response body or trailers",
                 ));

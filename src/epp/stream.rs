@@ -9,21 +9,17 @@
 //! (a 413, a 429 from admission) or after — is answered with an `ImmediateResponse`. A stream
 //! the gateway resets at any point drops the request: its admission and load are released.
 
-use std::pin::Pin;
 use std::sync::Arc;
 
 use axum::body::Body;
 use bytes::Bytes;
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessor;
 use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request;
-use envoy_types::pb::envoy::service::ext_proc::v3::{
-    HttpHeaders, ProcessingRequest, ProcessingResponse,
-};
-use futures_util::Stream;
+use envoy_types::pb::envoy::service::ext_proc::v3::{HttpHeaders, ProcessingRequest};
 use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 
-use super::channel::{Out, modes};
+use super::channel::{Answers, Out, modes};
 use super::metadata::{self, Headers};
 use super::protocol::{self, header};
 use super::response;
@@ -50,31 +46,20 @@ impl Picker {
     }
 }
 
-type Answers = Pin<Box<dyn Stream<Item = Result<ProcessingResponse, Status>> + Send>>;
-
 #[tonic::async_trait]
 impl ExternalProcessor for Picker {
     type ProcessStream = Answers;
 
+    /// The answers stream drives the conversation itself (see [`channel`](super::channel)).
     async fn process(
         &self,
         request: tonic::Request<Streaming<ProcessingRequest>>,
     ) -> Result<tonic::Response<Answers>, Status> {
         let inbound = request.into_inner();
-        let (tx, rx) = mpsc::channel(32);
         let (state, fallbacks) = (Arc::clone(&self.state), self.fallbacks);
-        tokio::spawn(async move {
-            let out = Out(tx);
-            if let Err(status) = converse(state, fallbacks, inbound, &out).await {
-                let _ = out.0.send(Err(status)).await;
-            }
-        });
         let answers =
-            futures_util::stream::unfold(
-                rx,
-                |mut rx| async move { rx.recv().await.map(|m| (m, rx)) },
-            );
-        Ok(tonic::Response::new(Box::pin(answers)))
+            Answers::new(move |out| async move { converse(state, fallbacks, inbound, &out).await });
+        Ok(tonic::Response::new(answers))
     }
 }
 
@@ -100,9 +85,7 @@ async fn converse(
     else {
         return Ok(());
     };
-    if !send_pick(&picked, ending, out).await {
-        return Ok(());
-    }
+    send_pick(&picked, ending, out).await;
     response::phase(picked, modes, &mut inbound, out).await
 }
 
@@ -152,16 +135,15 @@ async fn request_phase(
             rx.recv().await.map(|chunk| (chunk, rx))
         }))
     };
-    let state = Arc::clone(state);
-    let mut pick = tokio::spawn(async move {
-        let allowed = |w: &crate::fleet::Worker| {
-            wanted
-                .subset
-                .as_ref()
-                .is_none_or(|s| metadata::allows(s, &gateway::endpoint(w)))
-        };
-        gateway::pick(&state, request, body, &allowed, wanted.fallbacks).await
-    });
+    let allowed = |w: &crate::fleet::Worker| {
+        wanted
+            .subset
+            .as_ref()
+            .is_none_or(|s| metadata::allows(s, &gateway::endpoint(w)))
+    };
+    // Polled beside the body's feed on this stream's own task: no task of its own.
+    let pick = gateway::pick(state, request, body, &allowed, wanted.fallbacks);
+    tokio::pin!(pick);
     let mut feed = (!head.end_of_stream).then_some(body_tx);
     let mut ending = if head.end_of_stream {
         Ending::NoBody
@@ -169,31 +151,37 @@ async fn request_phase(
         Ending::Body
     };
     while let Some(tx) = &feed {
-        tokio::select! {
+        // Room for a chunk before the next message is read: a pick that is not reading (it
+        // waits for admission) holds the rest of the body back, as `serve`'s socket would. The
+        // pick is polled all the while (it may answer early, a timeout or a refusal).
+        let next = async { (tx.reserve().await, inbound.message().await) };
+        let ended = tokio::select! {
+            biased;
             done = &mut pick => return answer_early(done, ending, out).await,
-            message = inbound.message() => match body_part(message) {
+            (room, message) = next => match body_part(message) {
                 Part::Chunk(bytes, end) => {
-                    // A send fails only when the pick stopped reading: its answer follows.
-                    if !bytes.is_empty() {
-                        let _ = tx.send(Ok(bytes)).await;
+                    // No room only when the pick stopped reading: its answer follows.
+                    if let Ok(room) = room
+                        && !bytes.is_empty()
+                    {
+                        room.send(Ok(bytes));
                     }
-                    if end {
-                        feed = None;
-                    }
+                    end
                 }
                 Part::Trailers => {
                     ending = Ending::Trailers;
-                    feed = None;
+                    true
                 }
-                Part::Gone => {
-                    pick.abort();
-                    return Ok(None);
-                }
+                // The pick is dropped with this stream: its admission and load are released.
+                Part::Gone => return Ok(None),
                 Part::Unexpected => {
-                    pick.abort();
                     return Err(Status::invalid_argument("expected the request body or trailers"));
                 }
             },
+        };
+        if ended {
+            // The body's sender goes: the pick's reader sees the end.
+            feed = None;
         }
     }
     answer_early(pick.await, ending, out).await
@@ -201,14 +189,13 @@ async fn request_phase(
 
 /// The pick, or the gateway's answer to the client when it failed.
 async fn answer_early(
-    done: Result<Result<Picked, ApiError>, tokio::task::JoinError>,
+    done: Result<Picked, ApiError>,
     ending: Ending,
     out: &Out,
 ) -> Result<Option<(Picked, Ending)>, Status> {
     let error = match done {
-        Ok(Ok(picked)) => return Ok(Some((picked, ending))),
-        Ok(Err(e)) => e,
-        Err(e) => return Err(Status::internal(format!("the pick failed: {e}"))),
+        Ok(picked) => return Ok(Some((picked, ending))),
+        Err(e) => e,
     };
     tracing::debug!(
         status = error.status.as_u16(),
@@ -244,7 +231,7 @@ fn body_part(message: Result<Option<ProcessingRequest>, Status>) -> Part {
 
 /// The headers answer (the destination, the rank or prefill endpoint it needs, the body's
 /// new length) and then the body, ended as the request's was.
-async fn send_pick(picked: &Picked, ending: Ending, out: &Out) -> bool {
+async fn send_pick(picked: &Picked, ending: Ending, out: &Out) {
     let endpoint = std::iter::once(gateway::endpoint(&picked.attempt.worker))
         .chain(picked.fallbacks.iter().cloned())
         .collect::<Vec<_>>()
@@ -274,17 +261,15 @@ async fn send_pick(picked: &Picked, ending: Ending, out: &Out) -> bool {
         let length = picked.body.len().to_string();
         set.push(header("content-length", length.as_bytes()));
     }
-    if !out.send(protocol::pick(&endpoint, set, remove)).await {
-        return false;
-    }
+    out.send(protocol::pick(&endpoint, set, remove)).await;
     if ending == Ending::NoBody {
-        return true;
+        return;
     }
     let trailers = ending == Ending::Trailers;
     for chunk in protocol::body_chunks(&picked.body, !trailers, true) {
-        if !out.send(chunk).await {
-            return false;
-        }
+        out.send(chunk).await;
     }
-    !trailers || out.send(protocol::trailers_unchanged(true)).await
+    if trailers {
+        out.send(protocol::trailers_unchanged(true)).await;
+    }
 }

@@ -16,6 +16,8 @@ use std::time::Instant;
 
 use super::booking::{Announcer, BookingStep, Ticket};
 use super::load_view::{Admissions, EngineLoad, LoadSnapshot, Reading, combine};
+use super::running_blocks::RunningBlocks;
+use crate::tokens::BlockHash;
 
 /// Live load counters of one worker.
 #[derive(Debug, Default)]
@@ -34,6 +36,8 @@ pub struct Load {
     /// `finished` when the engine was last asked for its load.
     finished_at_ask: AtomicU64,
     reading: Mutex<Option<(Reading, Option<Instant>)>>,
+    /// The KV blocks of the requests in flight, shared prefixes once.
+    running: Mutex<RunningBlocks>,
     /// Where this replica announces what it books here, with a replica bus.
     announcer: OnceLock<Announcer>,
 }
@@ -103,6 +107,17 @@ impl Load {
         self.reading.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn lock_running(&self) -> std::sync::MutexGuard<'_, RunningBlocks> {
+        self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Tokens the requests in flight here hold in the KV cache (shared prefixes once), and how
+    /// many leading blocks of `hashes` they already hold.
+    pub fn running(&self, hashes: &[BlockHash], block_size: u32) -> (u64, usize) {
+        let running = self.lock_running();
+        (running.tokens(block_size), running.held_prefix(hashes))
+    }
+
     /// From now on, every request admitted here is announced through `announcer` (once: a
     /// later call changes nothing and returns false).
     pub fn announce_to(&self, announcer: Announcer) -> bool {
@@ -118,7 +133,18 @@ impl Load {
     /// compute (the rest is expected from the worker's prefix cache), and announces it to the
     /// other router replicas when a bus is attached.
     pub fn admit(self: &Arc<Self>, prompt_tokens: u64, prefill_tokens: u64) -> LoadGuard {
-        let mut guard = self.admit_quietly(prompt_tokens, prefill_tokens);
+        self.admit_holding(prompt_tokens, prefill_tokens, Arc::from([]))
+    }
+
+    /// [`Load::admit`] for a prompt whose chained block hashes are known: its blocks count
+    /// once among the running requests' ([`RunningBlocks`]).
+    pub fn admit_holding(
+        self: &Arc<Self>,
+        prompt_tokens: u64,
+        prefill_tokens: u64,
+        hashes: Arc<[BlockHash]>,
+    ) -> LoadGuard {
+        let mut guard = self.count(prompt_tokens, prefill_tokens, hashes);
         guard.ticket = self
             .announcer
             .get()
@@ -132,8 +158,19 @@ impl Load {
     /// would on one router that routed everything. (Counting only own requests in the
     /// tie-break, to decorrelate replicas deciding at one instant, was measured worse: each
     /// replica then balances only its own share; `docs/benchmarks.md`, "Several router
-    /// replicas".)
+    /// replicas".) Its blocks are not known: its prompt counts whole among the running KV.
     pub fn admit_quietly(self: &Arc<Self>, prompt_tokens: u64, prefill_tokens: u64) -> LoadGuard {
+        self.count(prompt_tokens, prefill_tokens, Arc::from([]))
+    }
+
+    /// Counts a request, unannounced.
+    fn count(
+        self: &Arc<Self>,
+        prompt_tokens: u64,
+        prefill_tokens: u64,
+        hashes: Arc<[BlockHash]>,
+    ) -> LoadGuard {
+        self.lock_running().add(&hashes, prompt_tokens);
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         self.active_prompt_tokens
             .fetch_add(prompt_tokens, Ordering::Relaxed);
@@ -148,6 +185,7 @@ impl Load {
             load: Arc::clone(self),
             prompt_tokens,
             prefill_tokens,
+            hashes,
             stage: Stage::Prefill,
             ticket: None,
         }
@@ -167,6 +205,7 @@ pub struct LoadGuard {
     load: Arc<Load>,
     prompt_tokens: u64,
     prefill_tokens: u64,
+    hashes: Arc<[BlockHash]>,
     stage: Stage,
     /// The announcement of an own request (none for a quiet one, or without a bus).
     ticket: Option<Ticket>,
@@ -203,6 +242,9 @@ impl LoadGuard {
         self.load
             .active_prompt_tokens
             .fetch_sub(self.prompt_tokens, Ordering::Relaxed);
+        self.load
+            .lock_running()
+            .remove(&self.hashes, self.prompt_tokens);
         self.load.in_flight.fetch_sub(1, Ordering::Relaxed);
         self.load.finished.fetch_add(1, Ordering::Relaxed);
         self.stage = Stage::Done;

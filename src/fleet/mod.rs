@@ -19,6 +19,7 @@ pub mod rank;
 pub mod replica_ledger;
 pub mod role;
 pub mod roster;
+pub mod running_blocks;
 pub mod worker;
 pub mod worker_id;
 pub mod worker_rank;

@@ -4,6 +4,7 @@
 //! Pure parts ([`decode`], [`encode`], [`sequence`]) are separate from the socket parts
 //! ([`subscriber`], [`publisher`]), so the layout logic is tested without ZeroMQ.
 
+mod contexts;
 pub mod decode;
 pub mod encode;
 mod fields;

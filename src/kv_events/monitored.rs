@@ -12,7 +12,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::subscription::zmq_context;
+use super::contexts::ContextLease;
 
 /// Distinct inproc names for socket monitors in this process.
 static MONITORS: AtomicU64 = AtomicU64::new(0);
@@ -23,13 +23,23 @@ pub(super) struct MonitoredSub {
     events: zmq::Socket,
     /// Where the monitor is moved, with no events, before the sockets are dropped.
     off_endpoint: String,
+    /// The context both sockets are in; declared last, so it is given back after they drop.
+    lease: ContextLease,
 }
 
 impl MonitoredSub {
     /// A SUB socket (linger 0, unbounded receive queue, subscribed to `topic`) with its
     /// connection events readable on a PAIR socket. Not connected yet.
     pub(super) fn new(topic: &[u8]) -> Result<MonitoredSub, zmq::Error> {
-        let sub = zmq_context().socket(zmq::SUB)?;
+        match Self::new_in(ContextLease::take(), topic) {
+            // The context's sockets of dropped subscribers are not reaped yet.
+            Err(zmq::Error::EMFILE) => Self::new_in(ContextLease::fresh(), topic),
+            made => made,
+        }
+    }
+
+    fn new_in(lease: ContextLease, topic: &[u8]) -> Result<MonitoredSub, zmq::Error> {
+        let sub = lease.context().socket(zmq::SUB)?;
         sub.set_linger(0)?;
         // The default high-water mark (1,000) silently drops bursts.
         sub.set_rcvhwm(0)?;
@@ -41,19 +51,25 @@ impl MonitoredSub {
         // that warms the worker.
         let mask = zmq::SocketEvent::DISCONNECTED.to_raw() | zmq::SocketEvent::CONNECTED.to_raw();
         sub.monitor(&endpoint, i32::from(mask))?;
-        let events = zmq_context().socket(zmq::PAIR)?;
+        let events = lease.context().socket(zmq::PAIR)?;
         events.set_linger(0)?;
         events.connect(&endpoint)?;
         Ok(MonitoredSub {
             sub,
             events,
             off_endpoint: format!("inproc://kv-sub-monitor-{n}-off"),
+            lease,
         })
     }
 
     /// The SUB socket.
     pub(super) fn sub(&self) -> &zmq::Socket {
         &self.sub
+    }
+
+    /// The context its sockets are in, where its replays' sockets are made too.
+    pub(super) fn context(&self) -> &zmq::Context {
+        self.lease.context()
     }
 
     /// The PAIR socket its connection events arrive on.

@@ -30,7 +30,7 @@ use super::monitored::MonitoredSub;
 use super::replay::{self, ReplayBound, ReplayError, ReplayRun, Replayed};
 use super::sequence::{Arrival, SequenceTracker};
 use super::subscription::{
-    DropReason, SubscriberConfig, SubscriberEvent, SubscriberStats, WorkerEvent, bump, zmq_context,
+    DropReason, SubscriberConfig, SubscriberEvent, SubscriberStats, WorkerEvent, bump,
 };
 use super::wire::KvEvent;
 
@@ -70,6 +70,8 @@ pub(super) struct Stream {
     backoff_until: Option<Instant>,
     /// Numbers the last replay delivered: a live copy of one is a duplicate.
     delivered_by_replay: Option<Range<u64>>,
+    /// The context of the subscriber's sockets, where replay sockets are made.
+    context: zmq::Context,
 }
 
 impl Stream {
@@ -78,6 +80,7 @@ impl Stream {
         tx: mpsc::Sender<WorkerEvent>,
         stop: Arc<AtomicBool>,
         stats: Arc<SubscriberStats>,
+        context: zmq::Context,
     ) -> Stream {
         Stream {
             config,
@@ -88,6 +91,7 @@ impl Stream {
             replaying: None,
             backoff_until: None,
             delivered_by_replay: None,
+            context,
         }
     }
 
@@ -281,7 +285,7 @@ impl Stream {
         };
         let now = Instant::now();
         let run = ReplayRun::request(
-            zmq_context(),
+            &self.context,
             endpoint,
             start,
             self.config.replay_limits,

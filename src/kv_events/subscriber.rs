@@ -72,7 +72,8 @@ impl Subscriber {
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(SubscriberStats::default());
         let name = format!("kv-sub-{}", config.worker);
-        let mut stream = Stream::new(config, tx, stop.clone(), stats.clone());
+        let context = socket.context().clone();
+        let mut stream = Stream::new(config, tx, stop.clone(), stats.clone(), context);
         let thread = std::thread::Builder::new()
             .name(name)
             .spawn(move || stream.run(&socket))?;

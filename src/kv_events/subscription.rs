@@ -12,8 +12,9 @@ use super::decode::DecodeError;
 use super::replay::{ReplayError, ReplayLimits};
 use super::wire::EventBatch;
 
-/// The process-wide ZeroMQ context: one I/O thread serves every subscriber and publisher.
-/// Never terminated, so dropping a socket never waits on another's queued messages.
+/// The process-wide ZeroMQ context of publishers (subscribers spread over the contexts of
+/// `super::contexts`, since one holds at most 1,023 sockets). Never terminated, so dropping a
+/// socket never waits on another's queued messages.
 pub(crate) fn zmq_context() -> &'static zmq::Context {
     static CONTEXT: OnceLock<zmq::Context> = OnceLock::new();
     CONTEXT.get_or_init(zmq::Context::new)

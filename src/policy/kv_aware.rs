@@ -60,6 +60,7 @@ use rand::{Rng, SeedableRng};
 
 use super::calibration::Rates;
 use super::fleet_calibration::FleetCalibration;
+use super::kv_room::{Residence, Room};
 use super::tier_cost::{TierCostConfig, TierPricing};
 use super::{Candidate, Observation, Policy, RouteDecision, RouteRequest};
 use crate::fleet::WorkerId;
@@ -134,6 +135,8 @@ pub struct KvAware {
     config: Mutex<KvAwareConfig>,
     calibration: Mutex<FleetCalibration<WorkerId>>,
     tiers: TierPricing,
+    /// How long running requests keep their KV blocks ([`super::kv_room`]).
+    residence: Mutex<Residence>,
     rng: Mutex<StdRng>,
 }
 
@@ -144,6 +147,7 @@ impl KvAware {
             config: Mutex::new(config),
             calibration: Mutex::new(FleetCalibration::new(config.prior(), config.forgetting)),
             tiers: TierPricing::new(config.forgetting),
+            residence: Mutex::new(Residence::default()),
             rng: Mutex::new(StdRng::seed_from_u64(seed)),
         }
     }
@@ -163,6 +167,18 @@ impl KvAware {
         self.tiers.factors()
     }
 
+    /// What `c` holds and runs, when its KV capacity is known.
+    fn room(request: &RouteRequest, c: &Candidate) -> Option<Room> {
+        let capacity = c.cache.capacity_blocks?;
+        let shared = c.cache.running_prefix_blocks * u64::from(request.block_size);
+        Some(Room {
+            capacity_tokens: capacity as f64 * f64::from(request.block_size),
+            active_tokens: c.cache.running_tokens as f64,
+            in_flight: c.load.in_flight,
+            needed_tokens: request.prompt_tokens.saturating_sub(shared) as f64,
+        })
+    }
+
     /// Predicted TTFT of `request` on `c`, and the cost of sending it there; `quote` is what
     /// its GPU and offloaded blocks are worth (tokens not computed, seconds of loading).
     fn predict(
@@ -171,12 +187,15 @@ impl KvAware {
         c: &Candidate,
         rates: &Rates,
         quote: &super::TierQuote,
+        residence_s: f64,
     ) -> (f64, f64) {
         let uncached = request.prompt_tokens.saturating_sub(quote.cached_tokens) as f64;
         let tokens = c.load.queued_prefill_tokens as f64 + uncached;
         let decoding = c.load.decoding as f64;
         // A load from host memory or disk delays this request only (it runs beside others).
-        let ttft = rates.predict(tokens, decoding) + quote.load_s();
+        let ttft = rates.predict(tokens, decoding)
+            + quote.load_s()
+            + Self::room(request, c).map_or(0.0, |room| room.wait_s(residence_s));
         let stall = uncached * rates.seconds_per_token + rates.overhead_s;
         let recompute =
             c.cache.returning_evictions * f64::from(request.block_size) * rates.seconds_per_token;
@@ -208,6 +227,7 @@ impl Policy for KvAware {
             .iter()
             .map(|c| self.tiers.quote(&config.tiers, request, c, factors))
             .collect();
+        let residence_s = super::lock(&self.residence).mean_s();
         let (predicted, cost): (Vec<f64>, Vec<f64>) = {
             let calibration = super::lock(&self.calibration);
             candidates
@@ -215,7 +235,7 @@ impl Policy for KvAware {
                 .zip(&quotes)
                 .map(|(c, quote)| {
                     let rates = calibration.rates_in_view(c.worker, partial);
-                    Self::predict(&config, request, c, &rates, quote)
+                    Self::predict(&config, request, c, &rates, quote, residence_s)
                 })
                 .unzip()
         };
@@ -274,6 +294,11 @@ impl Policy for KvAware {
         let config = settings.kv_aware;
         *super::lock(&self.config) = config;
         super::lock(&self.calibration).set_prior(config.prior());
+    }
+
+    fn observe_decode(&self, _worker: WorkerId, decode_s: f64) {
+        let forgetting = self.config().forgetting;
+        super::lock(&self.residence).observe(decode_s, forgetting);
     }
 
     fn observe(&self, o: &Observation) {

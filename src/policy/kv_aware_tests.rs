@@ -2,6 +2,7 @@
 
 use super::super::testing::idle;
 use super::*;
+use crate::policy::kv_room::PRIOR_RESIDENCE_S;
 
 fn req(tokens: u64) -> RouteRequest {
     RouteRequest {
@@ -391,4 +392,36 @@ fn a_session_home_wins_ties_but_is_never_a_pin() {
     c[0].session_home = true;
     c[1].overlap_blocks = 200;
     assert_eq!(p.choose(&req(4000), &c).unwrap().chosen, 1);
+}
+
+#[test]
+fn a_warm_worker_whose_running_requests_fill_its_cache_is_priced_by_the_wait() {
+    // Worker 0 holds the whole 80k-token prompt, but one running 1M-token session fills
+    // its 1,048,576-token cache: the prompt cannot start there until that session ends.
+    let mut c = idle(2);
+    for w in &mut c {
+        w.cache.capacity_blocks = Some(65_536); // × 16 tokens
+    }
+    c[0].overlap_blocks = 5_000;
+    c[0].load.in_flight = 1;
+    c[0].load.decoding = 1;
+    c[0].cache.running_tokens = 1_000_000;
+    let p = policy();
+    let d = p.choose(&req(80_000), &c).unwrap();
+    assert_eq!(d.chosen, 1, "{:?}", d.predicted_ttft_s);
+    let waits = d.predicted_ttft_s[0].unwrap();
+    assert!(
+        waits >= PRIOR_RESIDENCE_S,
+        "the prior residence is waited: {waits}"
+    );
+    // The running session shares the prompt's prefix: no new room is needed, so it stays.
+    c[0].cache.running_prefix_blocks = 5_000;
+    assert_eq!(p.choose(&req(80_000), &c).unwrap().chosen, 0);
+    // Short answers learned: the wait shrinks to what decoding lasts, and the warm worker
+    // wins again once that is below recomputing 80k tokens.
+    c[0].cache.running_prefix_blocks = 0;
+    for _ in 0..50 {
+        p.observe_decode(WorkerId(0), 0.5);
+    }
+    assert_eq!(p.choose(&req(80_000), &c).unwrap().chosen, 0);
 }

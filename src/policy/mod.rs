@@ -11,6 +11,7 @@ pub mod dynamo_cost;
 pub mod fleet_calibration;
 mod kind;
 pub mod kv_aware;
+pub mod kv_room;
 pub mod least_request;
 pub mod power_of_two;
 pub mod random;
@@ -74,6 +75,11 @@ pub struct WorkingSet {
     pub live_blocks: u64,
     /// The worker's KV cache size in blocks, when known.
     pub capacity_blocks: Option<u64>,
+    /// Tokens the requests in flight there hold in its KV cache, shared prefixes once
+    /// (`fleet::running_blocks`).
+    pub running_tokens: u64,
+    /// Leading blocks of this prompt those requests already hold (no new room needed).
+    pub running_prefix_blocks: u64,
     /// Of the blocks that writing this request's uncached blocks there would evict (oldest
     /// first, as its engine does), how many are expected to be asked for again (each weighed
     /// by the measured chance that a block idle that long comes back).
@@ -144,6 +150,10 @@ pub trait Policy: Send + Sync {
 
     /// Feeds back an observed time to first token (default: ignored).
     fn observe(&self, _observation: &Observation) {}
+
+    /// A request routed to `worker` completed `decode_s` seconds after its first token: how
+    /// long a running request keeps its KV blocks (default: nothing learned).
+    fn observe_decode(&self, _worker: WorkerId, _decode_s: f64) {}
 
     /// Forgets what was learned about `worker`: it left the fleet, and its id may later name
     /// another worker (default: nothing kept).

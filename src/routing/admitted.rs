@@ -139,6 +139,13 @@ impl Admitted {
         }
     }
 
+    /// The request completed `decode_s` seconds after its first token: the policy learns how
+    /// long requests keep their KV blocks. Only for completed requests (a failure or a
+    /// cancellation says nothing about how long answers run).
+    pub fn observe_decode(&self, decode_s: f64) {
+        self.policy.observe_decode(self.worker, decode_s);
+    }
+
     /// The request ended (completed, failed or cancelled): everything it held is released.
     pub fn finish(&mut self) {
         self.guard.finish();

@@ -156,9 +156,14 @@ impl Decider {
         let capacity_blocks = target.kv_blocks().map(|b| b as u64);
         let overlap = (analysis.overlaps.get(worker) as usize).min(analysis.hashes.len());
         let new_blocks = (analysis.hashes.len() - overlap) as u64;
+        let (running_tokens, running_prefix) = target
+            .load()
+            .running(&analysis.hashes, analysis.request.block_size);
         WorkingSet {
             live_blocks: residency.live_blocks(worker, analysis.at),
             capacity_blocks,
+            running_tokens,
+            running_prefix_blocks: running_prefix as u64,
             returning_evictions: capacity_blocks.map_or(0.0, |capacity| {
                 residency.returning_evictions(
                     worker,
@@ -259,10 +264,11 @@ impl Decider {
             now,
             choice.target.kv_blocks().map(|b| b as u64),
         );
-        let guard = choice
-            .target
-            .load()
-            .admit(analysis.request.prompt_tokens, uncached);
+        let guard = choice.target.load().admit_holding(
+            analysis.request.prompt_tokens,
+            uncached,
+            Arc::from(analysis.hashes.as_slice()),
+        );
         Admitted::new(
             worker,
             guard,

@@ -43,6 +43,12 @@ impl<'d> DecodeSession<'d> {
         }
     }
 
+    /// The same session choosing only rank `rank` of each worker (see `Session::on_rank`).
+    pub fn on_rank(mut self, rank: u32) -> DecodeSession<'d> {
+        self.eligible.retain(|t| t.rank == rank);
+        self
+    }
+
     /// Tells the session which worker computes the prompt: the decode goes elsewhere while
     /// another decode-capable worker is left ([`Decider::choose_decode`]).
     pub fn prefilled_on(&mut self, worker: &Worker) {
@@ -58,22 +64,39 @@ impl<'d> DecodeSession<'d> {
     /// Routes the decode to a worker not tried yet and admits it there; `None` when none is
     /// left. Every call after the first means the previous decode attempt failed.
     pub fn next_attempt(&mut self) -> Option<Attempt> {
+        self.attempt(false).map(|(attempt, _)| attempt)
+    }
+
+    /// [`Self::next_attempt`], with the pick's runners-up: the other decode targets it
+    /// weighed, best first by its own order ([`super::decode_runners_up`]), none of them
+    /// admitted — where a gateway may fall back for the decode, which reads the same prefill.
+    pub fn next_attempt_ranked(&mut self) -> Option<(Attempt, Vec<WorkerRank>)> {
+        self.attempt(true)
+    }
+
+    fn attempt(&mut self, rank: bool) -> Option<(Attempt, Vec<WorkerRank>)> {
         let mut skip = self.tried.clone();
         let choice =
             self.decider
                 .choose_decode(&self.analysis, &self.eligible, &mut skip, &self.prefill)?;
+        let runners_up = if rank {
+            choice.runners_up().into_iter().cloned().collect()
+        } else {
+            Vec::new()
+        };
         let target = choice.target.clone();
         let admitted = self
             .decider
             .admit_decode(&self.analysis, &choice, (self.clock)());
         // As for a whole request: a retry goes to another worker, not another rank of this one.
         self.tried.extend(target.siblings());
-        Some(Attempt {
+        let attempt = Attempt {
             rank: target.rank,
             worker: target.worker,
             admitted,
             at: Instant::now(),
-        })
+        };
+        Some((attempt, runners_up))
     }
 }
 

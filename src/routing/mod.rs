@@ -56,7 +56,7 @@ pub use pair::{
     DecodeCandidate, DecodeChoice, DecodeDecision, MissingSide, Plan, choose_decode, plan,
     plan_roles,
 };
-pub use runners_up::runners_up;
+pub use runners_up::{decode_runners_up, runners_up};
 pub use seed::{request_seed, tenant_salt};
 pub use session::{Attempt, Attempts, Session};
 pub use target::Target;

@@ -12,6 +12,7 @@
 //! Both are pure and read no clock, like the rest of the core, so the simulator's
 //! disaggregated fleets are routed by this very code.
 
+use std::cmp::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -100,19 +101,30 @@ pub fn choose_decode(tokens: u64, candidates: &[DecodeCandidate]) -> Option<Deco
                 .map(|cap| (c.load.active_prompt_tokens + tokens) as f64 / cap as f64)
         })
         .collect();
+    let chosen =
+        (0..candidates.len()).min_by(|&a, &b| decode_order(&kv_usage, candidates, a, b))?;
+    Some(DecodeDecision { chosen, kv_usage })
+}
+
+/// How [`choose_decode`] ranks candidates `a` and `b` (`Less`: `a` is the better decode),
+/// given the KV usage each would have with the request admitted; the runners-up of a decode
+/// pick follow the same order (`routing::decode_runners_up`).
+pub(super) fn decode_order(
+    kv_usage: &[Option<f64>],
+    candidates: &[DecodeCandidate],
+    a: usize,
+    b: usize,
+) -> Ordering {
     let key = |i: usize| {
         let c = &candidates[i];
-        let usage = kv_usage[i].unwrap_or(0.0);
+        let usage = kv_usage.get(i).copied().flatten().unwrap_or(0.0);
         (usage > 1.0, c.load.in_flight, usage, c.load.admitted)
     };
-    let chosen = (0..candidates.len()).min_by(|&a, &b| {
-        let (ka, kb) = (key(a), key(b));
-        ka.0.cmp(&kb.0)
-            .then(ka.1.cmp(&kb.1))
-            .then(ka.2.total_cmp(&kb.2))
-            .then(ka.3.cmp(&kb.3))
-    })?;
-    Some(DecodeDecision { chosen, kv_usage })
+    let (ka, kb) = (key(a), key(b));
+    ka.0.cmp(&kb.0)
+        .then(ka.1.cmp(&kb.1))
+        .then(ka.2.total_cmp(&kb.2))
+        .then(ka.3.cmp(&kb.3))
 }
 
 /// A decode target chosen for a request, with what the pick saw.
@@ -120,10 +132,29 @@ pub fn choose_decode(tokens: u64, candidates: &[DecodeCandidate]) -> Option<Deco
 pub struct DecodeChoice<'t, T> {
     /// The chosen target.
     pub target: &'t T,
-    /// Its candidate entry at decision time.
-    pub candidate: DecodeCandidate,
     /// The pick over all candidates.
     pub decision: DecodeDecision,
+    /// Every target the pick weighed (the chosen one included), in the order of `decision`'s
+    /// per-candidate figures.
+    pub weighed: Vec<&'t T>,
+    /// Their candidate entries, in the same order.
+    pub candidates: Vec<DecodeCandidate>,
+}
+
+impl<'t, T> DecodeChoice<'t, T> {
+    /// The chosen target's candidate entry at decision time.
+    pub fn candidate(&self) -> &DecodeCandidate {
+        &self.candidates[self.decision.chosen]
+    }
+
+    /// The targets weighed and not chosen, best first by the pick's own order
+    /// ([`super::decode_runners_up`]): where a gateway may fall back for the decode.
+    pub fn runners_up(&self) -> Vec<&'t T> {
+        super::decode_runners_up(&self.decision, &self.candidates)
+            .into_iter()
+            .filter_map(|i| self.weighed.get(i).copied())
+            .collect()
+    }
 }
 
 impl Decider {
@@ -208,15 +239,15 @@ impl Decider {
         skip: &mut Vec<WorkerId>,
     ) -> Option<DecodeChoice<'t, T>> {
         loop {
-            let (picked, mut candidates) = self.decode_candidates(analysis, targets, skip);
+            let (weighed, candidates) = self.decode_candidates(analysis, targets, skip);
             let decision = choose_decode(analysis.request.prompt_tokens, &candidates)?;
-            let target = *picked.get(decision.chosen)?;
+            let target = *weighed.get(decision.chosen)?;
             if target.acquire() {
-                let candidate = candidates.swap_remove(decision.chosen);
                 return Some(DecodeChoice {
                     target,
-                    candidate,
                     decision,
+                    weighed,
+                    candidates,
                 });
             }
             skip.push(target.worker());

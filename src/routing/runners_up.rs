@@ -6,6 +6,7 @@
 
 use std::cmp::Ordering;
 
+use super::pair::{DecodeCandidate, DecodeDecision, decode_order};
 use crate::policy::{Candidate, RouteDecision};
 
 /// The indices of `candidates` other than `decision.chosen`, best first: by the cost the
@@ -33,6 +34,19 @@ pub fn runners_up(decision: &RouteDecision, candidates: &[Candidate]) -> Vec<usi
             })
             .then_with(|| a.cmp(&b))
     });
+    others
+}
+
+/// The indices of a decode pick's `candidates` other than `decision.chosen`, best first by the
+/// pick's own order (room in the KV cache, then requests in flight, then KV usage, then
+/// requests admitted; see [`super::choose_decode`]), then in the candidates' own order. Every
+/// decode pod of a disaggregated request reads the same prefill endpoint, so any of them can
+/// take the decode the chosen one could not.
+pub fn decode_runners_up(decision: &DecodeDecision, candidates: &[DecodeCandidate]) -> Vec<usize> {
+    let mut others: Vec<usize> = (0..candidates.len())
+        .filter(|&i| i != decision.chosen)
+        .collect();
+    others.sort_by(|&a, &b| decode_order(&decision.kv_usage, candidates, a, b).then(a.cmp(&b)));
     others
 }
 
@@ -68,5 +82,39 @@ mod tests {
         let decision = RouteDecision::pick(2, 4);
         assert_eq!(runners_up(&decision, &candidates), vec![1, 3, 0]);
         assert!(runners_up(&RouteDecision::pick(0, 1), &candidates[..1]).is_empty());
+    }
+
+    fn decode(worker: u32, in_flight: u64, active: u64, kv: Option<u64>) -> DecodeCandidate {
+        let load = crate::fleet::LoadSnapshot {
+            in_flight,
+            active_prompt_tokens: active,
+            ..Default::default()
+        };
+        DecodeCandidate {
+            id: format!("d{worker}").into(),
+            worker: crate::fleet::WorkerId(worker),
+            load,
+            kv_tokens: kv,
+        }
+    }
+
+    #[test]
+    fn decode_runners_up_follow_the_decode_picks_order_without_the_chosen_one() {
+        let candidates = vec![
+            // Its cache would overflow: last, whatever its load.
+            decode(0, 0, 9_900, Some(10_000)),
+            decode(1, 2, 100, Some(10_000)),
+            // The pick: fewest in flight.
+            decode(2, 0, 100, Some(10_000)),
+            // As loaded as 1 but fuller: after it.
+            decode(3, 2, 5_000, Some(10_000)),
+            // Unknown capacity fits; fewer in flight than 1 and 3.
+            decode(4, 1, 0, None),
+        ];
+        let decision = crate::routing::choose_decode(200, &candidates).unwrap();
+        assert_eq!(decision.chosen, 2);
+        assert_eq!(decode_runners_up(&decision, &candidates), vec![4, 1, 3, 0]);
+        let alone = crate::routing::choose_decode(200, &candidates[..1]).unwrap();
+        assert!(decode_runners_up(&alone, &candidates[..1]).is_empty());
     }
 }

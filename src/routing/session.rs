@@ -109,6 +109,13 @@ impl<'d> Session<'d> {
         self
     }
 
+    /// The same session choosing only rank `rank` of each worker: where a request already
+    /// carries that rank's pin (`x-data-parallel-rank`), as a gateway's fallback does.
+    pub fn on_rank(mut self, rank: u32) -> Session<'d> {
+        self.eligible.retain(|t| t.rank == rank);
+        self
+    }
+
     /// The same session never choosing a target of the workers whose targets (exact rank
     /// keys) are in `failed`: a disaggregated request's prefill targets that failed it
     /// already. Every rank of such a worker is left out, as on a retry: they share the

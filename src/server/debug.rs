@@ -182,6 +182,8 @@ fn candidates(analysis: &Analysis, e: &Explanation<'_, WorkerRank>) -> Vec<serde
                 "cost_s": d.cost.get(i).copied().flatten(),
                 "live_blocks": c.cache.live_blocks,
                 "kv_capacity_blocks": c.cache.capacity_blocks,
+                "running_kv_tokens": c.cache.running_tokens,
+                "running_prefix_blocks": c.cache.running_prefix_blocks,
                 "returning_evictions": c.cache.returning_evictions,
                 "tiers": tiers(c, d.tiers.get(i).copied().flatten(), analysis.request.block_size),
                 "session_home": c.session_home,

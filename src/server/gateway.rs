@@ -225,8 +225,8 @@ pub async fn pick(
 
 /// The worker of a whole request (the policy's, through a `Session`) with the decision's
 /// runners-up, or the decode and prefill workers of a disaggregated one (prefill by the
-/// policy, decode by `routing::choose_decode` away from it; no runners-up: a fallback decode
-/// would need its own prefill).
+/// policy, decode by `routing::choose_decode` away from it) with the decode pick's runners-up:
+/// every decode pod reads the same prefill endpoint, so any of them can take the decode.
 fn choose(
     state: &AppState,
     plan: Plan,
@@ -256,28 +256,35 @@ fn choose(
         .ok_or_else(ApiError::no_worker)?;
     let mut decode = DecodeSession::new(&state.decider, &eligible, analysis.clone(), &clock);
     decode.prefilled_on(&prefill.worker);
-    let decode = decode.next_attempt().ok_or_else(ApiError::no_worker)?;
-    Ok((decode, Some(prefill), Vec::new()))
+    let (decode, runners_up) = decode
+        .next_attempt_ranked()
+        .ok_or_else(ApiError::no_worker)?;
+    Ok((decode, Some(prefill), runners_up))
 }
 
 /// Up to `n` endpoints for the gateway to fall back on, from the decision's `runners_up`
 /// (eligible, permitted by the subset, routable, best first): other workers than the chosen
 /// one, each once, whose circuit is closed (a half-open one's probe is the router's to send).
-/// None when the chosen target is a data-parallel rank: the rank header the gateway sends
-/// with every endpoint of the list names that worker's rank, so the list holds only workers
-/// that need no rank, and then only after a pick that needs none either.
+///
+/// The gateway sends the same request headers to every endpoint of the list, so a fallback
+/// must be served right by the headers the pick set: after a pick pinned to data-parallel
+/// rank R (`x-data-parallel-rank: R`) only other workers' rank R, after an unpinned pick only
+/// workers that need no rank. A decode's fallbacks read the same `x-prefiller-host-port`. A
+/// request pinned to the worker that stores its response has no runner-up on another worker
+/// (no other worker holds that response), so none is named.
 fn fallbacks(chosen: &Attempt, runners_up: Vec<WorkerRank>, n: usize) -> Vec<String> {
-    if n == 0 || chosen.pinned().is_some() {
+    if n == 0 {
         return Vec::new();
     }
     let now = Instant::now();
+    let rank = chosen.pinned();
     let mut named = vec![endpoint(&chosen.worker)];
     for r in runners_up {
         if named.len() > n {
             break;
         }
         let at = endpoint(&r.worker);
-        if r.pinned().is_none()
+        if r.pinned() == rank
             && r.worker.breaker.state(now) == CircuitState::Closed
             && !named.contains(&at)
         {
@@ -306,16 +313,13 @@ impl Picked {
             tracing::warn!(served, picked = %endpoint(&self.attempt.worker), "the gateway reports an endpoint outside the pool");
             return;
         };
-        let clock = || state.now();
-        let moved = Session::new(
-            &state.decider,
-            &state.metrics,
-            vec![Arc::clone(worker)],
-            self.pending.analysis.clone(),
-            &clock,
-            Instant::now(),
-        )
-        .next_attempt();
+        let moved = readmit(
+            state,
+            worker,
+            &self.pending.analysis,
+            &self.attempt,
+            self.prefill.is_some(),
+        );
         if let Some(moved) = moved {
             self.attempt = moved;
         }
@@ -375,6 +379,43 @@ impl Picked {
             ids: learn.then(|| ResponseIdScanner::new(sse)),
         }
     }
+}
+
+/// The request admitted again on `worker`, which served it in place of `picked`: on the same
+/// data-parallel rank when the pick was pinned to one (the gateway sent every endpoint of its
+/// list the same `x-data-parallel-rank`), as a decode when `picked` was one (the fallback
+/// decode reads the same prefill endpoint). `None` when `worker` cannot take it.
+fn readmit(
+    state: &AppState,
+    worker: &Arc<Worker>,
+    analysis: &Analysis,
+    picked: &Attempt,
+    decode: bool,
+) -> Option<Attempt> {
+    let clock = || state.now();
+    let one = vec![Arc::clone(worker)];
+    let rank = picked.pinned();
+    if decode {
+        let session = DecodeSession::new(&state.decider, &one, analysis.clone(), &clock);
+        let mut session = match rank {
+            Some(r) => session.on_rank(r),
+            None => session,
+        };
+        return session.next_attempt();
+    }
+    let session = Session::new(
+        &state.decider,
+        &state.metrics,
+        one,
+        analysis.clone(),
+        &clock,
+        Instant::now(),
+    );
+    let mut session = match rank {
+        Some(r) => session.on_rank(r),
+        None => session,
+    };
+    session.next_attempt()
 }
 
 /// A response's observer: `serve`'s, plus the prefill side of a disaggregated request, whose

@@ -1,24 +1,17 @@
 //! Refusing a request that has gone round a routing loop (see [`crate::proxy::hops`]).
 
-use std::sync::Arc;
-
-use axum::extract::{Request, State};
-use axum::middleware::Next;
+use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 
 use super::AppState;
 use crate::openai::ApiError;
 
-/// Answers 508 Loop Detected to a request that carries this router's own hop id: forwarding
-/// it again would recurse until a limit is hit.
-pub(super) async fn refuse_loops(
-    State(state): State<Arc<AppState>>,
-    request: Request,
-    next: Next,
-) -> Response {
+/// The 508 Loop Detected answer to a request that carries this router's own hop id
+/// (forwarding it again would recurse until a limit is hit); `None` for any other request.
+pub(super) fn loop_refused(state: &AppState, request: &Request) -> Option<Response> {
     if !state.upstream.hop().seen_in(request.headers()) {
-        return next.run(request).await;
+        return None;
     }
     tracing::warn!(
         path = request.uri().path(),
@@ -37,4 +30,5 @@ pub(super) async fn refuse_loops(
          check the workers' URLs",
     )
     .into_response()
+    .into()
 }

@@ -17,6 +17,7 @@ mod debug;
 mod decide;
 mod endpoints;
 mod forward;
+mod front;
 mod gate;
 #[cfg(feature = "epp")]
 pub mod gateway;
@@ -326,11 +327,9 @@ pub fn app(state: Arc<AppState>, metrics_apart: bool) -> Router {
         .route("/admin/workers/{id}", axum::routing::delete(admin::remove))
         .fallback(endpoints::other)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(axum::middleware::from_fn(request_id::stamp))
-        .layer(axum::middleware::from_fn(peer::scope))
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&state),
-            hops::refuse_loops,
+            front::front,
         ))
         .with_state(state)
 }

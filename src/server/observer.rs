@@ -229,6 +229,14 @@ impl ResponseObserver for Observer {
     }
 
     fn end(&mut self, end: End, bytes: u64) {
+        if end == End::Complete
+            && self.status.is_success()
+            && let Some(first) = self.first_token_at
+        {
+            self.attempt
+                .admitted
+                .observe_decode(first.elapsed().as_secs_f64());
+        }
         self.attempt.admitted.finish();
         if end == End::Complete && self.status.is_success() {
             self.account_tokens();

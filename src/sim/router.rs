@@ -39,6 +39,8 @@ pub struct Routed {
     pub warmest_blocks: u32,
     admitted: Admitted,
     at: f64,
+    /// When its first token arrived.
+    first_token_at: Option<f64>,
 }
 
 impl Routed {
@@ -47,6 +49,16 @@ impl Routed {
     pub fn first_token(&mut self, now: f64) {
         self.admitted.first_token();
         self.admitted.observe_ttft(now - self.at);
+        self.first_token_at = Some(now);
+    }
+
+    /// The request completed at `now`: the policy learns how long it decoded, and its load is
+    /// released.
+    pub fn complete(&mut self, now: f64) {
+        if let Some(first) = self.first_token_at {
+            self.admitted.observe_decode(now - first);
+        }
+        self.finish();
     }
 
     /// The time to first token the policy predicted, if it predicts one.
@@ -346,6 +358,7 @@ impl SimRouter {
             warmest_blocks: admitted.overlap_blocks,
             admitted,
             at: now,
+            first_token_at: None,
         }
     }
 

@@ -531,7 +531,7 @@ impl<'t> Simulation<'t> {
                 rec.preemptions = s.preemptions;
             }
             if let Some(mut routed) = self.routed[i].take() {
-                routed.finish();
+                routed.complete(s.finished);
             }
             self.workers[slot as usize].requests.remove(&i);
         }

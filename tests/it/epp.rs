@@ -237,7 +237,10 @@ async fn two_thousand_concurrent_streams_lose_nothing() {
     let mut ok = 0;
     for t in tasks {
         let (status, destination, intact) = t.await.unwrap();
-        assert!(intact, "a body changed on the way");
+        assert!(
+            intact,
+            "a body changed on the way: {status} {destination:?}"
+        );
         if status == 200 {
             ok += 1;
         }

@@ -6,6 +6,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use envoy_types::pb::envoy::service::ext_proc::v3::ProcessingResponse;
+use envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response;
 use kvroute::epp::{EppHandle, Listeners};
 use kvroute::fleet::Worker;
 
@@ -172,5 +174,149 @@ async fn a_fallback_that_served_carries_the_load() {
         eventually(|| fleet.workers().iter().all(|w| w.in_flight() == 0)).await,
         "released at the end"
     );
+    epp.shutdown().await;
+}
+
+/// The value the pick sets for request header `name`.
+fn set_header(pick: &ProcessingResponse, name: &str) -> Option<String> {
+    let Some(Response::RequestHeaders(h)) = &pick.response else {
+        panic!("not a pick: {pick:?}");
+    };
+    let mutation = h.response.as_ref()?.header_mutation.as_ref()?;
+    mutation
+        .set_headers
+        .iter()
+        .filter_map(|o| o.header.as_ref())
+        .find(|h| h.key == name)
+        .map(|h| String::from_utf8_lossy(&h.raw_value).into_owned())
+}
+
+/// A pick and its stream, the request's body sent back.
+async fn pick_whole(gateway: &Gateway, call: Call<'_>) -> (ProcessingResponse, Stream) {
+    let mut stream = gateway.open(&call).await;
+    gateway.send_body(&stream, call.body).await;
+    let first = stream.next().await;
+    stream.body_back().await;
+    (first, stream)
+}
+
+/// Two data-parallel pods of two ranks behind one port each, and a plain pod: a pick pinned to
+/// rank R names the other pod as its fallback (the gateway sends it the same
+/// `x-data-parallel-rank: R`), never the plain pod (a rank it has not) nor the pick's own pod;
+/// when that fallback serves, the load moves to its rank R.
+#[tokio::test]
+async fn a_rank_pinned_pick_falls_back_on_the_same_rank_of_another_pod() {
+    let pool = [
+        Backend::start("dp0", &["m"]).await,
+        Backend::start("dp1", &["m"]).await,
+        Backend::start("plain", &["m"]).await,
+    ];
+    let workers: Vec<(String, Vec<&str>)> = pool.iter().map(|b| (b.url(), vec!["m"])).collect();
+    let mut config = router_config(PolicyKind::LeastRequest, &workers, "");
+    config.workers[0].data_parallel_size = 2;
+    config.workers[1].data_parallel_size = 2;
+    let epp = start_naming(&config, 3).await;
+    let gateway = Gateway::connect(epp.grpc_addr).await;
+    let index = |e: &str| pool.iter().position(|b| endpoint(b) == e).unwrap();
+    let mut pinned = 0;
+    for turn in 0..6 {
+        let body = completion(&prompt(&format!("ranked {turn}")));
+        let (first, mut stream) = pick_whole(&gateway, Call::post("/v1/completions", &body)).await;
+        let endpoints = endpoints_of(&first);
+        let rank = set_header(&first, "x-data-parallel-rank");
+        match index(&endpoints[0]) {
+            2 => {
+                assert_eq!(rank, None, "the plain pod needs no rank");
+                assert_eq!(
+                    endpoints.len(),
+                    1,
+                    "no plain pod to fall back on: {endpoints:?}"
+                );
+                drop(stream);
+            }
+            picked => {
+                let rank: u32 = rank.expect("a pinned pick").parse().unwrap();
+                pinned += 1;
+                assert_eq!(
+                    endpoints,
+                    vec![endpoint(&pool[picked]), endpoint(&pool[1 - picked])],
+                    "turn {turn}: the other pod's rank {rank} alone"
+                );
+                let other = worker(&epp, 1 - picked);
+                stream.report_head(200, &endpoints[1]).await;
+                assert_eq!(worker(&epp, picked).in_flight(), 0, "the pick's load moved");
+                let on_rank = other.rank(rank).load.snapshot().in_flight;
+                assert_eq!(on_rank, 1, "to the same rank");
+                assert_eq!(other.in_flight(), 1);
+                stream.report_body(br#"{"choices":[]}"#).await;
+            }
+        }
+        let fleet = Arc::clone(&epp.state.fleet);
+        assert!(eventually(|| fleet.workers().iter().all(|w| w.in_flight() == 0)).await);
+    }
+    assert!(pinned > 0, "some pick went to a data-parallel pod");
+    epp.shutdown().await;
+}
+
+/// A disaggregated pool of one prefill and three decode pods: the decode's fallbacks are the
+/// other decode pods in the decode pick's own order (the busier one last), never the prefill
+/// pod, and each reads the same `x-prefiller-host-port`; when one serves, the decode's load
+/// moves there.
+#[tokio::test]
+async fn a_decode_falls_back_on_the_other_decode_pods_in_the_decode_picks_order() {
+    let pool = [
+        Backend::start("p", &["m"]).await,
+        Backend::start("d1", &["m"]).await,
+        Backend::start("d2", &["m"]).await,
+        Backend::start("d3", &["m"]).await,
+    ];
+    let mut text = String::from("policy = \"kv_aware\"\nshutdown_grace_s = 1.0\n");
+    for (i, (b, role)) in pool
+        .iter()
+        .zip(["prefill", "decode", "decode", "decode"])
+        .enumerate()
+    {
+        text.push_str(&format!(
+            "[[workers]]\nid = \"w{i}\"\nurl = \"{}\"\nmodels = [\"m\"]\nrole = \"{role}\"\n",
+            b.url()
+        ));
+    }
+    let config = kvroute::config::Config::from_toml(&text, std::path::Path::new("test")).unwrap();
+    let epp = start_naming(&config, 3).await;
+    let gateway = Gateway::connect(epp.grpc_addr).await;
+    // One request held on d3 (the subset allows the prefill pod and d3 alone).
+    let body = completion(&prompt("held"));
+    let mut call = Call::post("/v1/completions", &body);
+    call.subset = Some(vec![endpoint(&pool[0]), endpoint(&pool[3])]);
+    let (held, _held_stream) = pick_whole(&gateway, call).await;
+    assert_eq!(
+        endpoints_of(&held),
+        vec![endpoint(&pool[3])],
+        "no other decode in the subset"
+    );
+
+    let body = completion(&prompt("fresh"));
+    let (first, mut stream) = pick_whole(&gateway, Call::post("/v1/completions", &body)).await;
+    let endpoints = endpoints_of(&first);
+    assert_eq!(
+        set_header(&first, "x-prefiller-host-port"),
+        Some(endpoint(&pool[0]))
+    );
+    assert_eq!(
+        endpoints,
+        vec![endpoint(&pool[1]), endpoint(&pool[2]), endpoint(&pool[3])],
+        "the idle decodes first (the pick, then its runner-up), the busy one last, no prefill pod"
+    );
+    stream.report_head(200, &endpoints[1]).await;
+    assert_eq!(
+        worker(&epp, 1).in_flight(),
+        0,
+        "the pick's decode load moved"
+    );
+    assert_eq!(worker(&epp, 2).in_flight(), 1, "to the decode that served");
+    stream.report_body(br#"{"choices":[]}"#).await;
+    drop(_held_stream);
+    let fleet = Arc::clone(&epp.state.fleet);
+    assert!(eventually(|| fleet.workers().iter().all(|w| w.in_flight() == 0)).await);
     epp.shutdown().await;
 }

@@ -30,10 +30,12 @@ mod disaggregation;
 mod disaggregation_pools;
 mod discovery_dns;
 mod discovery_kubernetes;
+mod discovery_kubernetes_fleet;
 mod endpoints;
 mod engine_block_size;
 mod engine_events;
 mod engine_http;
+mod engine_scrape_cost;
 #[cfg(feature = "epp")]
 mod epp;
 #[cfg(feature = "epp")]

@@ -241,6 +241,19 @@ impl EngineProc {
             .unwrap_or(0.0)
     }
 
+    /// CPU seconds the engine has used so far: the process it was started as (vLLM's API
+    /// server, which answers `/metrics`), and its whole process group (with the engine core).
+    pub fn cpu_seconds(&self) -> (f64, f64) {
+        let Some(leader) = self.child.as_ref().map(Child::id) else {
+            return (0.0, 0.0);
+        };
+        let group: f64 = group_members(leader)
+            .iter()
+            .map(|&(pid, _)| cpu_seconds(pid))
+            .sum();
+        (cpu_seconds(leader), group)
+    }
+
     /// SIGTERM to the engine's process group, SIGKILL after 30 s; returns when every process
     /// of the group is gone.
     pub fn stop(&mut self) {
@@ -297,6 +310,20 @@ fn signal_group(group: u32, signal: &str) {
 }
 
 /// The live (not zombie) processes of group `group` with their resident memory in MiB.
+/// User + system CPU seconds of process `pid` (0 when it is gone).
+fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+        return 0.0;
+    };
+    // After `)`: state is field 3, utime 14, stime 15 (in clock ticks, 100 a second).
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let tick = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (tick(11) + tick(12)) / 100.0
+}
+
 fn group_members(group: u32) -> Vec<(u32, f64)> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();

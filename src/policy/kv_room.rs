@@ -1,0 +1,147 @@
+//! Room in a worker's KV cache for a request's prompt, and the wait when there is none.
+//!
+//! An engine computes a prompt only once it can give all of the prompt's blocks a place in
+//! its KV cache beside the sequences it is already running; until then the request waits
+//! (vLLM's scheduler leaves it in the waiting queue, and a running sequence that cannot grow is
+//! preempted and later recomputed). The prefix and queue terms of the cost model do not see
+//! this: a warm worker running one 800k-token agent session has a short queue in tokens and
+//! the whole prefix of the next turn, yet cannot start it until that session's answer ends.
+//! In the simulator's tiered agentic fleet (docs/benchmarks.md, "Tiered caches") such requests
+//! were predicted at 0.3–1 s and waited 3–24 s, preempting others on the way.
+//!
+//! The wait is priced from what the router books per worker: the prompt tokens of its
+//! unfinished requests (`active`) and how many there are (`in_flight`). When `active` plus the
+//! new prompt exceeds the worker's capacity, the request waits until enough of those requests
+//! end to free the excess. With each request holding `active / in_flight` tokens, that is the
+//! `k`-th of `n` to end; with remaining lifetimes taken as memoryless with mean `D` (the
+//! fleet's measured time from first token to end, [`Residence`]), the expected wait is
+//! `D × (1/n + 1/(n−1) + … + 1/(n−k+1))`. It is 0 whenever the prompt fits, which is every
+//! request of a fleet with room, so it moves nothing until a worker's running set is full.
+
+/// Until the first request ends, the residence assumed: a few hundred output tokens at
+/// tens of milliseconds per step.
+pub const PRIOR_RESIDENCE_S: f64 = 5.0;
+
+/// The fleet's mean time from a request's first token to its end, learned from requests that
+/// completed: how long a running request keeps its KV blocks once it has them.
+#[derive(Clone, Copy, Debug)]
+pub struct Residence {
+    mean_s: f64,
+    observed: u64,
+}
+
+impl Default for Residence {
+    fn default() -> Self {
+        Residence {
+            mean_s: PRIOR_RESIDENCE_S,
+            observed: 0,
+        }
+    }
+}
+
+impl Residence {
+    /// The current estimate, seconds.
+    pub fn mean_s(&self) -> f64 {
+        self.mean_s
+    }
+
+    /// A request decoded for `decode_s` seconds after its first token. `forgetting` weighs
+    /// older requests as the rate fit does; the first `1 / (1 − forgetting)` observations are
+    /// averaged plainly so the prior does not linger.
+    pub fn observe(&mut self, decode_s: f64, forgetting: f64) {
+        if !decode_s.is_finite() || decode_s < 0.0 {
+            return;
+        }
+        self.observed += 1;
+        let plain = 1.0 / self.observed as f64;
+        let keep = forgetting.clamp(0.0, 1.0);
+        let new = plain.max(1.0 - keep);
+        self.mean_s += new * (decode_s - self.mean_s);
+    }
+}
+
+/// What a worker holds and runs, in tokens, as the router booked it, and what a new prompt
+/// needs there.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Room {
+    /// The worker's KV cache size in tokens.
+    pub capacity_tokens: f64,
+    /// Tokens the requests routed there and not yet finished hold (shared prefixes once).
+    pub active_tokens: f64,
+    /// How many such requests.
+    pub in_flight: u64,
+    /// Tokens of the new prompt the running requests do not already hold.
+    pub needed_tokens: f64,
+}
+
+impl Room {
+    /// The expected seconds the prompt waits for room, with running requests keeping their
+    /// blocks `residence_s` on average.
+    pub fn wait_s(&self, residence_s: f64) -> f64 {
+        let over = self.active_tokens + self.needed_tokens - self.capacity_tokens;
+        let n = self.in_flight;
+        // Nothing running: a prompt larger than the whole cache is the engine's to refuse,
+        // and waiting would not help.
+        if over <= 0.0 || n == 0 || self.active_tokens <= 0.0 {
+            return 0.0;
+        }
+        let each = self.active_tokens / n as f64;
+        let k = ((over / each).ceil() as u64).clamp(1, n);
+        (0..k).map(|i| residence_s / (n - i) as f64).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn room(active: f64, n: u64, needed: f64) -> Room {
+        Room {
+            capacity_tokens: 1000.0,
+            active_tokens: active,
+            in_flight: n,
+            needed_tokens: needed,
+        }
+    }
+
+    #[test]
+    fn a_prompt_that_fits_waits_for_nothing() {
+        assert_eq!(room(600.0, 3, 400.0).wait_s(10.0), 0.0);
+        assert_eq!(room(0.0, 0, 5000.0).wait_s(10.0), 0.0);
+    }
+
+    #[test]
+    fn one_running_request_in_the_way_is_waited_for_whole() {
+        // One 900-token session running: any prompt over 100 tokens waits for it to end.
+        assert!((room(900.0, 1, 200.0).wait_s(8.0) - 8.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_wait_is_the_kth_of_n_to_end() {
+        // Four requests of 200 tokens; 300 over needs two of them gone: D/4 + D/3.
+        let w = room(800.0, 4, 500.0).wait_s(12.0);
+        assert!((w - (3.0 + 4.0)).abs() < 1e-9, "{w}");
+        // A small excess needs only the first of them to end.
+        assert!((room(800.0, 4, 250.0).wait_s(12.0) - 3.0).abs() < 1e-9);
+        // More than everything running frees: all of them, and no more.
+        let all = 12.0 * (1.0 / 4.0 + 1.0 / 3.0 + 1.0 / 2.0 + 1.0);
+        assert!((room(800.0, 4, 5000.0).wait_s(12.0) - all).abs() < 1e-9);
+    }
+
+    #[test]
+    fn residence_averages_plainly_then_forgets() {
+        let mut r = Residence::default();
+        assert_eq!(r.mean_s(), PRIOR_RESIDENCE_S);
+        r.observe(2.0, 0.99);
+        assert_eq!(r.mean_s(), 2.0, "the first observation replaces the prior");
+        r.observe(4.0, 0.99);
+        assert!((r.mean_s() - 3.0).abs() < 1e-12);
+        for _ in 0..2000 {
+            r.observe(10.0, 0.99);
+        }
+        assert!((r.mean_s() - 10.0).abs() < 1e-6);
+        r.observe(f64::NAN, 0.99);
+        r.observe(-1.0, 0.99);
+        assert!((r.mean_s() - 10.0).abs() < 1e-6, "nonsense is ignored");
+    }
+}
