@@ -10,7 +10,7 @@
 set -euo pipefail
 what=$1 binary=$2 n=${3:-2000}
 dir=$(mktemp -d)
-trap 'kill $(cat "$dir"/*.pid 2>/dev/null) 2>/dev/null; rm -rf "$dir"' EXIT
+trap 'kill $(cat "$dir"/*.pid 2>/dev/null) 2>/dev/null; rm -rf "$dir"; perf probe -q -d probe_libc:malloc 2>/dev/null' EXIT
 cat > "$dir/backend.py" <<'PY'
 import http.server, socketserver, sys
 BODY = b'{"id":"c","object":"text_completion","choices":[{"index":0,"text":"hi","finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}'
