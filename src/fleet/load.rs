@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use super::booking::{Announcer, BookingStep, Ticket};
 use super::load_view::{Admissions, EngineLoad, LoadSnapshot, Reading, combine};
-use super::running_blocks::RunningBlocks;
+use super::running_blocks::{RunningBlocks, marks};
 use crate::tokens::BlockHash;
 
 /// Live load counters of one worker.
@@ -133,18 +133,19 @@ impl Load {
     /// compute (the rest is expected from the worker's prefix cache), and announces it to the
     /// other router replicas when a bus is attached.
     pub fn admit(self: &Arc<Self>, prompt_tokens: u64, prefill_tokens: u64) -> LoadGuard {
-        self.admit_holding(prompt_tokens, prefill_tokens, Arc::from([]))
+        self.admit_holding(prompt_tokens, prefill_tokens, &[], 0)
     }
 
-    /// [`Load::admit`] for a prompt whose chained block hashes are known: its blocks count
-    /// once among the running requests' ([`RunningBlocks`]).
+    /// [`Load::admit`] for a prompt whose chained block hashes (of `block_size`-token blocks)
+    /// are known: its prefix counts once among the running requests' ([`RunningBlocks`]).
     pub fn admit_holding(
         self: &Arc<Self>,
         prompt_tokens: u64,
         prefill_tokens: u64,
-        hashes: Arc<[BlockHash]>,
+        hashes: &[BlockHash],
+        block_size: u32,
     ) -> LoadGuard {
-        let mut guard = self.count(prompt_tokens, prefill_tokens, hashes);
+        let mut guard = self.count(prompt_tokens, prefill_tokens, marks(hashes), block_size);
         guard.ticket = self
             .announcer
             .get()
@@ -160,7 +161,7 @@ impl Load {
     /// replica then balances only its own share; `docs/benchmarks.md`, "Several router
     /// replicas".) Its blocks are not known: its prompt counts whole among the running KV.
     pub fn admit_quietly(self: &Arc<Self>, prompt_tokens: u64, prefill_tokens: u64) -> LoadGuard {
-        self.count(prompt_tokens, prefill_tokens, Arc::from([]))
+        self.count(prompt_tokens, prefill_tokens, Arc::from([]), 0)
     }
 
     /// Counts a request, unannounced.
@@ -168,9 +169,10 @@ impl Load {
         self: &Arc<Self>,
         prompt_tokens: u64,
         prefill_tokens: u64,
-        hashes: Arc<[BlockHash]>,
+        marks: Arc<[BlockHash]>,
+        block_size: u32,
     ) -> LoadGuard {
-        self.lock_running().add(&hashes, prompt_tokens);
+        self.lock_running().add(&marks, prompt_tokens, block_size);
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         self.active_prompt_tokens
             .fetch_add(prompt_tokens, Ordering::Relaxed);
@@ -185,7 +187,8 @@ impl Load {
             load: Arc::clone(self),
             prompt_tokens,
             prefill_tokens,
-            hashes,
+            marks,
+            block_size,
             stage: Stage::Prefill,
             ticket: None,
         }
@@ -205,7 +208,9 @@ pub struct LoadGuard {
     load: Arc<Load>,
     prompt_tokens: u64,
     prefill_tokens: u64,
-    hashes: Arc<[BlockHash]>,
+    /// The prompt's prefix marks among the running requests' ([`RunningBlocks`]).
+    marks: Arc<[BlockHash]>,
+    block_size: u32,
     stage: Stage,
     /// The announcement of an own request (none for a quiet one, or without a bus).
     ticket: Option<Ticket>,
@@ -244,7 +249,7 @@ impl LoadGuard {
             .fetch_sub(self.prompt_tokens, Ordering::Relaxed);
         self.load
             .lock_running()
-            .remove(&self.hashes, self.prompt_tokens);
+            .remove(&self.marks, self.prompt_tokens, self.block_size);
         self.load.in_flight.fetch_sub(1, Ordering::Relaxed);
         self.load.finished.fetch_add(1, Ordering::Relaxed);
         self.stage = Stage::Done;

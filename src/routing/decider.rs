@@ -267,7 +267,8 @@ impl Decider {
         let guard = choice.target.load().admit_holding(
             analysis.request.prompt_tokens,
             uncached,
-            Arc::from(analysis.hashes.as_slice()),
+            &analysis.hashes,
+            analysis.request.block_size,
         );
         Admitted::new(
             worker,
