@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use kvroute::config::Config;
 use kvroute::engine::EngineArgs;
-use kvroute::fleet::{BaseUrl, WorkerSpec};
 use kvroute::policy::PolicyKind;
 use kvroute::server::RouterHandle;
 use serde_json::{Value, json};
@@ -38,17 +37,7 @@ impl Stack {
             .enumerate()
             .map(|(i, e)| {
                 let e = e.as_ref().unwrap();
-                WorkerSpec {
-                    id: format!("e{i}"),
-                    url: BaseUrl::parse(&format!("http://{}", e.addr)).unwrap(),
-                    models: vec![MODEL.into()],
-                    kv_events: Some(e.events.clone()),
-                    kv_replay: Some(e.replay.clone()),
-                    kv_blocks: None,
-                    data_parallel_size: 1,
-                    role: kvroute::fleet::Role::Both,
-                    bootstrap_port: None,
-                }
+                e.worker(&format!("e{i}"), MODEL)
             })
             .collect();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -10,27 +10,12 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use kvroute::config::Config;
-use kvroute::fleet::{BaseUrl, WorkerSpec};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
 use crate::support::{self, SimEngine};
 
 const MODEL: &str = "sim";
-
-fn worker(id: &str, e: &SimEngine) -> WorkerSpec {
-    WorkerSpec {
-        id: id.into(),
-        url: BaseUrl::parse(&format!("http://{}", e.addr)).unwrap(),
-        models: vec![MODEL.into()],
-        kv_events: Some(e.events.clone()),
-        kv_replay: Some(e.replay.clone()),
-        kv_blocks: None,
-        data_parallel_size: 1,
-        role: kvroute::fleet::Role::Both,
-        bootstrap_port: None,
-    }
-}
 
 /// The counter `kvroute_kv_events_total{kind,worker}` in a metrics page (0 when absent).
 fn stream_counter(page: &str, kind: &str, worker: &str) -> f64 {
@@ -57,7 +42,7 @@ async fn a_worker_storing_blocks_of_another_size_is_refused_by_the_index_and_rep
          [[models]]\nname = \"{MODEL}\"\nblock_size = 16\n"
     );
     let mut config = Config::from_toml(&text, Path::new("test")).unwrap();
-    config.workers = vec![worker("b16", &at16), worker("b32", &at32)];
+    config.workers = vec![at16.worker("b16", MODEL), at32.worker("b32", MODEL)];
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let router = kvroute::server::start(&config, listener).unwrap();
     let prompt =

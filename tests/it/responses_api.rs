@@ -8,7 +8,6 @@ use std::path::Path;
 use std::time::Duration;
 
 use kvroute::config::Config;
-use kvroute::fleet::{BaseUrl, WorkerSpec};
 use kvroute::server::RouterHandle;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -45,17 +44,7 @@ impl Stack {
         config.workers = engines
             .iter()
             .enumerate()
-            .map(|(i, e)| WorkerSpec {
-                id: format!("e{i}"),
-                url: BaseUrl::parse(&e.url()).unwrap(),
-                models: vec![MODEL.into()],
-                kv_events: Some(e.events.clone()),
-                kv_replay: Some(e.replay.clone()),
-                kv_blocks: None,
-                data_parallel_size: 1,
-                role: kvroute::fleet::Role::Both,
-                bootstrap_port: None,
-            })
+            .map(|(i, e)| e.worker(&format!("e{i}"), MODEL))
             .collect();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let router = kvroute::server::start(&config, listener).unwrap();

@@ -16,7 +16,6 @@ use std::path::Path;
 use std::time::Duration;
 
 use kvroute::config::Config;
-use kvroute::fleet::{BaseUrl, WorkerSpec};
 use kvroute::server::RouterHandle;
 use serde_json::json;
 use tokio::net::TcpListener;
@@ -47,17 +46,7 @@ impl Replicas {
         config.workers = engines
             .iter()
             .enumerate()
-            .map(|(i, e)| WorkerSpec {
-                id: format!("e{i}"),
-                url: BaseUrl::parse(&format!("http://{}", e.addr)).unwrap(),
-                models: vec![MODEL.into()],
-                kv_events: Some(e.events.clone()),
-                kv_replay: Some(e.replay.clone()),
-                kv_blocks: None,
-                data_parallel_size: 1,
-                role: kvroute::fleet::Role::Both,
-                bootstrap_port: None,
-            })
+            .map(|(i, e)| e.worker(&format!("e{i}"), MODEL))
             .collect();
         let mut handles = Vec::new();
         for _ in 0..routers {

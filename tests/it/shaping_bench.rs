@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kvroute::config::Config;
-use kvroute::fleet::{BaseUrl, WorkerSpec};
 use kvroute::server::RouterHandle;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -53,17 +52,7 @@ async fn start() -> (RouterHandle, Vec<SimEngine>) {
     config.workers = engines
         .iter()
         .enumerate()
-        .map(|(i, e)| WorkerSpec {
-            id: format!("e{i}"),
-            url: BaseUrl::parse(&format!("http://{}", e.addr)).expect("url"),
-            models: vec![MODEL.into()],
-            kv_events: Some(e.events.clone()),
-            kv_replay: Some(e.replay.clone()),
-            kv_blocks: None,
-            data_parallel_size: 1,
-            role: kvroute::fleet::Role::Both,
-            bootstrap_port: None,
-        })
+        .map(|(i, e)| e.worker(&format!("e{i}"), MODEL))
         .collect();
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     (

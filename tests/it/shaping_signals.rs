@@ -8,7 +8,6 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use kvroute::config::Config;
-use kvroute::fleet::{BaseUrl, WorkerSpec};
 use kvroute::server::RouterHandle;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -17,20 +16,6 @@ use tokio::net::TcpListener;
 use crate::support::{self, SimEngine};
 
 const MODEL: &str = "sim";
-
-fn worker(id: &str, e: &SimEngine) -> WorkerSpec {
-    WorkerSpec {
-        id: id.into(),
-        url: BaseUrl::parse(&format!("http://{}", e.addr)).expect("url"),
-        models: vec![MODEL.into()],
-        kv_events: Some(e.events.clone()),
-        kv_replay: Some(e.replay.clone()),
-        kv_blocks: None,
-        data_parallel_size: 1,
-        role: kvroute::fleet::Role::Both,
-        bootstrap_port: None,
-    }
-}
 
 fn digest(key: &str) -> String {
     Sha256::digest(key.as_bytes())
@@ -46,7 +31,7 @@ fn router(id: &str, engine: &SimEngine, extra: &str) -> RouterHandle {
          [[models]]\nname = \"{MODEL}\"\nblock_size = 16\n"
     );
     let mut config = Config::from_toml(&text, Path::new("test")).expect("config");
-    config.workers = vec![worker(id, engine)];
+    config.workers = vec![engine.worker(id, MODEL)];
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     listener.set_nonblocking(true).expect("nonblocking");
     let listener = TcpListener::from_std(listener).expect("listener");

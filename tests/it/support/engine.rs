@@ -150,6 +150,21 @@ impl SimEngine {
         format!("http://{}", self.addr)
     }
 
+    /// The worker `id` serving `model` on this engine, with its KV events and replay.
+    pub fn worker(&self, id: &str, model: &str) -> kvroute::fleet::WorkerSpec {
+        kvroute::fleet::WorkerSpec {
+            id: id.into(),
+            url: kvroute::fleet::BaseUrl::parse(&self.url()).expect("an engine's own address"),
+            models: vec![model.into()],
+            kv_events: Some(self.events.clone()),
+            kv_replay: Some(self.replay.clone()),
+            kv_blocks: None,
+            data_parallel_size: 1,
+            role: Role::Both,
+            bootstrap_port: None,
+        }
+    }
+
     async fn start_with(
         model: &str,
         addr: SocketAddr,
