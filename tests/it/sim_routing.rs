@@ -123,15 +123,10 @@ fn a_restart_mid_run_fails_in_flight_requests_and_a_joining_worker_gets_traffic(
     assert_eq!(run.workers, 3);
 }
 
-/// Router replicas in virtual time (`simulate --routers N --load-sample-ms M`): one router
-/// with engine load readings decides exactly as without (the engine holds only its own
-/// requests), and replicas that read the engines' load get closer to one router than replicas
-/// that see only their own requests.
-#[test]
-fn replicas_reading_engine_load_route_closer_to_one_router() {
-    // Unique 4k-token prompts at about three quarters of four workers' prefill capacity:
-    // where each request lands is all load, nothing cache.
-    let trace = SyntheticSpec {
+/// Unique 4k-token prompts at 30/s, about three quarters of four workers' prefill capacity:
+/// where each request lands is all load, nothing cache.
+fn unique_4k_at_30_per_s() -> kvroute::workload::Trace {
+    SyntheticSpec {
         kind: SyntheticKind::Unique,
         requests: 800,
         rate: 30.0,
@@ -141,7 +136,16 @@ fn replicas_reading_engine_load_route_closer_to_one_router() {
         seed: 5,
     }
     .generate()
-    .unwrap();
+    .unwrap()
+}
+
+/// Router replicas in virtual time (`simulate --routers N --load-sample-ms M`): one router
+/// with engine load readings decides exactly as without (the engine holds only its own
+/// requests), and replicas that read the engines' load get closer to one router than replicas
+/// that see only their own requests.
+#[test]
+fn replicas_reading_engine_load_route_closer_to_one_router() {
+    let trace = unique_4k_at_30_per_s();
     let run = |routers: u32, sample: Option<f64>| {
         let config = SimConfig {
             routers,
@@ -196,17 +200,7 @@ fn replicas_reading_engine_load_route_closer_to_one_router() {
 /// one router, 0.1442 readings every 5 ms, 0.1286 1-ms bus, 0.1236 instant bus).
 #[test]
 fn replicas_sharing_bookings_over_a_bus_route_like_one_router() {
-    let trace = SyntheticSpec {
-        kind: SyntheticKind::Unique,
-        requests: 800,
-        rate: 30.0,
-        input_tokens: 4096,
-        output_tokens: 64,
-        block_tokens: 64,
-        seed: 5,
-    }
-    .generate()
-    .unwrap();
+    let trace = unique_4k_at_30_per_s();
     let run = |routers: u32, sample: Option<f64>, sync: Option<f64>| {
         let config = SimConfig {
             routers,
