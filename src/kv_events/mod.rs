@@ -8,6 +8,8 @@ mod contexts;
 pub mod decode;
 pub mod encode;
 mod fields;
+mod intake;
+mod intake_plan;
 mod monitored;
 mod msgpack;
 pub mod publisher;
@@ -20,6 +22,7 @@ pub mod wire;
 
 pub use decode::{DecodeError, decode_batch};
 pub use encode::{Layout, encode_batch};
+pub use intake_plan::DEFAULT_ENGINES_PER_INTAKE;
 pub use publisher::{Publisher, PublisherConfig, PublisherError};
 pub use replay::{ReplayBound, ReplayError, ReplayLimits};
 pub use subscriber::{Subscriber, SubscriberError, SubscriberHandle};

@@ -16,10 +16,13 @@
 //!   ends the pause), so a broken or endless peer cannot keep the live batches held.
 //! - The replay socket is polled with the live socket, never waited on: a replay never holds
 //!   the thread.
+//! - Nothing waits on the consumer: what its channel has no room for waits in the stream's
+//!   outbox, and while it does the live socket is not read (ZeroMQ queues for it, its receive
+//!   high-water mark is unbounded). The intake thread serves other engines meanwhile.
 
+use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
@@ -55,14 +58,15 @@ struct Replaying {
     held_bytes: usize,
 }
 
-/// The consumer is gone or a stop was requested: end the thread.
+/// The consumer is gone: end the subscription.
 pub(super) struct Closed;
 
-/// State of the subscriber thread.
+/// State of one engine's stream.
 pub(super) struct Stream {
     config: SubscriberConfig,
     tx: mpsc::Sender<WorkerEvent>,
-    stop: Arc<AtomicBool>,
+    /// Events the channel had no room for yet, oldest first.
+    outbox: VecDeque<WorkerEvent>,
     stats: Arc<SubscriberStats>,
     tracker: SequenceTracker,
     replaying: Option<Replaying>,
@@ -78,14 +82,13 @@ impl Stream {
     pub(super) fn new(
         config: SubscriberConfig,
         tx: mpsc::Sender<WorkerEvent>,
-        stop: Arc<AtomicBool>,
         stats: Arc<SubscriberStats>,
         context: zmq::Context,
     ) -> Stream {
         Stream {
             config,
             tx,
-            stop,
+            outbox: VecDeque::new(),
             stats,
             tracker: SequenceTracker::default(),
             replaying: None,
@@ -95,52 +98,50 @@ impl Stream {
         }
     }
 
-    pub(super) fn run(&mut self, socket: &MonitoredSub) {
-        let (sub, monitor) = (socket.sub(), socket.events());
-        let timeout = self.config.poll_interval.as_millis().max(1) as i64;
-        while !self.stop.load(Ordering::Relaxed) && !self.tx.is_closed() {
-            let polled = {
-                let mut items = vec![
-                    sub.as_poll_item(zmq::POLLIN),
-                    monitor.as_poll_item(zmq::POLLIN),
-                ];
-                if let Some(r) = &self.replaying {
-                    items.push(r.run.socket().as_poll_item(zmq::POLLIN));
-                }
-                zmq::poll(&mut items, timeout)
-                    .map(|_| (items[0].is_readable(), items[1].is_readable()))
-            };
-            let (data, events) = match polled {
-                Ok(readable) => readable,
-                Err(e) => {
-                    tracing::warn!(worker = %self.config.worker, error = %e, "kv-events poll failed");
-                    std::thread::sleep(self.config.poll_interval);
-                    continue;
-                }
-            };
-            if self.step(sub, data, monitor, events).is_err() {
-                return;
-            }
-        }
+    /// Whether the consumer is gone (its receiver dropped): the subscription ends.
+    pub(super) fn is_closed(&self) -> bool {
+        self.tx.is_closed()
     }
 
-    /// Live batches first (queued before any disconnect), then replies and replay deadlines,
-    /// then connection events.
-    fn step(
+    /// Whether events wait for room in the consumer's channel: the live socket is not read
+    /// meanwhile.
+    pub(super) fn is_backlogged(&self) -> bool {
+        !self.outbox.is_empty()
+    }
+
+    /// The DEALER of the replay in flight, to poll with the live socket.
+    pub(super) fn replay_socket(&self) -> Option<&zmq::Socket> {
+        self.replaying.as_ref().map(|r| r.run.socket())
+    }
+
+    /// How long the thread may sleep before this stream needs it (replay deadlines, a
+    /// backlog to offer again).
+    pub(super) fn poll_interval(&self) -> Duration {
+        self.config.poll_interval
+    }
+
+    /// One wake-up of the intake thread for this stream: what waits in the outbox first, then
+    /// live batches (queued before any disconnect; not while the consumer is behind), then
+    /// replies and replay deadlines, then connection events. `data` and `events` say whether
+    /// the SUB socket and the monitor were readable.
+    pub(super) fn step(
         &mut self,
-        sub: &zmq::Socket,
+        socket: &MonitoredSub,
         data: bool,
-        monitor: &zmq::Socket,
         events: bool,
     ) -> Result<(), Closed> {
+        self.flush()?;
         if data {
-            while let Ok(frames) = sub.recv_multipart(zmq::DONTWAIT) {
-                self.on_message(frames)?;
+            while !self.is_backlogged() {
+                match socket.sub().recv_multipart(zmq::DONTWAIT) {
+                    Ok(frames) => self.on_message(frames)?,
+                    Err(_) => break,
+                }
             }
         }
         self.poll_replay()?;
         if events {
-            while let Ok(frames) = monitor.recv_multipart(zmq::DONTWAIT) {
+            while let Ok(frames) = socket.events().recv_multipart(zmq::DONTWAIT) {
                 let raw = frames
                     .first()
                     .and_then(|f| f.get(..2))
@@ -444,25 +445,27 @@ impl Stream {
         self.send(event)
     }
 
-    /// Sends without blocking the thread forever: while the channel is full, retries briefly
-    /// and keeps checking for a stop request.
-    fn send(&self, event: SubscriberEvent) -> Result<(), Closed> {
-        let mut msg = WorkerEvent {
+    /// Queues `event` for the consumer and hands over what its channel has room for.
+    fn send(&mut self, event: SubscriberEvent) -> Result<(), Closed> {
+        self.outbox.push_back(WorkerEvent {
             worker: self.config.worker.clone(),
             event,
-        };
-        loop {
+        });
+        self.flush()
+    }
+
+    /// Hands the outbox to the channel, oldest first, until it is empty or the channel full.
+    fn flush(&mut self) -> Result<(), Closed> {
+        while let Some(msg) = self.outbox.pop_front() {
             match self.tx.try_send(msg) {
-                Ok(()) => return Ok(()),
+                Ok(()) => {}
                 Err(TrySendError::Closed(_)) => return Err(Closed),
                 Err(TrySendError::Full(back)) => {
-                    if self.stop.load(Ordering::Relaxed) {
-                        return Err(Closed);
-                    }
-                    msg = back;
-                    std::thread::sleep(Duration::from_millis(1));
+                    self.outbox.push_front(back);
+                    return Ok(());
                 }
             }
         }
+        Ok(())
     }
 }

@@ -1,10 +1,11 @@
-//! One engine's event stream: a ZMQ SUB on its own thread, sequence tracking, replay, and
-//! decoded batches handed to the async world through a tokio channel.
+//! One engine's event stream: a ZMQ SUB read by one of a few intake threads shared by every
+//! subscription ([`super::intake`]), sequence tracking, replay, and decoded batches handed to
+//! the async world through a tokio channel.
 //!
-//! Why a thread and the blocking `zmq` crate: libzmq's SUB reconnects every 100 ms on its own,
+//! Why threads and the blocking `zmq` crate: libzmq's SUB reconnects every 100 ms on its own,
 //! also to a publisher that starts later or restarts, which the pure-Rust async `zeromq` crate
-//! does not (see ARCHITECTURE.md). The thread polls with a timeout so it notices a stop request
-//! or a closed channel promptly.
+//! does not (see ARCHITECTURE.md). An intake thread polls its subscriptions' sockets together
+//! with a timeout, so it notices a closed channel promptly.
 //!
 //! On connecting to a publisher (router start, worker added, reconnection after an engine
 //! restart) the subscriber asks the replay socket for everything the engine still buffers, so
@@ -23,11 +24,11 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::thread::JoinHandle;
 
 use thiserror::Error;
 use tokio::sync::mpsc;
 
+use super::intake::{self, Placed, Subscription};
 use super::monitored::MonitoredSub;
 use super::stream::Stream;
 use super::subscription::{SubscriberConfig, SubscriberStats, WorkerEvent};
@@ -43,8 +44,8 @@ pub enum SubscriberError {
         /// The ZeroMQ error.
         source: zmq::Error,
     },
-    /// The OS refused to start a thread.
-    #[error("cannot start subscriber thread: {0}")]
+    /// The OS refused to start an intake thread.
+    #[error("cannot start a kv-events intake thread: {0}")]
     Thread(#[from] std::io::Error),
 }
 
@@ -52,9 +53,9 @@ pub enum SubscriberError {
 pub struct Subscriber;
 
 impl Subscriber {
-    /// Connects to `config.endpoint` and starts the subscriber thread, which sends to `tx`
-    /// until the handle is dropped or `tx`'s receiver is closed. Connecting succeeds even if
-    /// the engine is not up yet; ZeroMQ keeps retrying.
+    /// Connects to `config.endpoint` and gives the subscription to an intake thread, which
+    /// sends to `tx` until the handle is dropped or `tx`'s receiver is closed. Connecting
+    /// succeeds even if the engine is not up yet; ZeroMQ keeps retrying.
     pub fn spawn(
         config: SubscriberConfig,
         tx: mpsc::Sender<WorkerEvent>,
@@ -69,28 +70,31 @@ impl Subscriber {
             .connect(&config.endpoint)
             .map_err(connect_err)?;
 
-        let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(SubscriberStats::default());
-        let name = format!("kv-sub-{}", config.worker);
+        let finished = Arc::new(AtomicBool::new(false));
+        let per_thread = config.engines_per_intake;
         let context = socket.context().clone();
-        let mut stream = Stream::new(config, tx, stop.clone(), stats.clone(), context);
-        let thread = std::thread::Builder::new()
-            .name(name)
-            .spawn(move || stream.run(&socket))?;
+        let subscription = Subscription {
+            id: intake::next_id(),
+            socket,
+            stream: Stream::new(config, tx, stats.clone(), context),
+            finished: finished.clone(),
+        };
+        let placed = intake::add(subscription, per_thread)?;
         Ok(SubscriberHandle {
-            stop,
             stats,
-            thread: Some(thread),
+            finished,
+            _placed: placed,
         })
     }
 }
 
-/// Owns a running subscriber; dropping it stops the thread and waits for it (about one poll
-/// interval: a replay in flight is polled, never waited on).
+/// Owns a running subscription; dropping it removes the subscription from its intake thread
+/// and waits until the thread has let go of it (one wake-up of that thread).
 pub struct SubscriberHandle {
-    stop: Arc<AtomicBool>,
     stats: Arc<SubscriberStats>,
-    thread: Option<JoinHandle<()>>,
+    finished: Arc<AtomicBool>,
+    _placed: Placed,
 }
 
 impl SubscriberHandle {
@@ -99,17 +103,8 @@ impl SubscriberHandle {
         &self.stats
     }
 
-    /// Whether the thread has exited (its channel closed, typically).
+    /// Whether the subscription has ended (its channel closed, typically).
     pub fn is_finished(&self) -> bool {
-        self.thread.as_ref().is_none_or(JoinHandle::is_finished)
-    }
-}
-
-impl Drop for SubscriberHandle {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
+        self.finished.load(Ordering::Relaxed)
     }
 }

@@ -1,6 +1,6 @@
 //! What one engine's subscription is: its settings ([`SubscriberConfig`]), what it tells the
 //! consumer ([`SubscriberEvent`] in a [`WorkerEvent`]) and what it counts
-//! ([`SubscriberStats`]). Kept apart from the socket thread ([`super::stream`]) and from
+//! ([`SubscriberStats`]). Kept apart from the stream's logic ([`super::stream`]) and from
 //! starting it ([`super::subscriber`]), so both use these types without importing each other.
 //! See [`super::subscriber`] for what the consumer must do with each event.
 
@@ -31,7 +31,8 @@ pub struct SubscriberConfig {
     pub replay_endpoint: Option<String>,
     /// Topic prefix to subscribe to; empty receives every topic.
     pub topic: String,
-    /// How long the thread waits for a message before checking whether to stop.
+    /// Longest its intake thread sleeps without a message (replay deadlines and a closed
+    /// channel are noticed within it).
     pub poll_interval: Duration,
     /// How long a replay waits for each reply before giving up.
     pub replay_timeout: Duration,
@@ -43,6 +44,9 @@ pub struct SubscriberConfig {
     /// without data parallelism, or one rank of an externally balanced server configured as a
     /// worker of its own, whose batches name its rank in the whole server).
     pub dp_rank: Option<u32>,
+    /// Subscriptions an intake thread takes before another thread is started for this one
+    /// ([`super::DEFAULT_ENGINES_PER_INTAKE`] unless set).
+    pub engines_per_intake: usize,
 }
 
 impl SubscriberConfig {
@@ -58,6 +62,7 @@ impl SubscriberConfig {
             replay_timeout: Duration::from_secs(1),
             replay_limits: ReplayLimits::default(),
             dp_rank: None,
+            engines_per_intake: super::intake_plan::DEFAULT_ENGINES_PER_INTAKE,
         }
     }
 

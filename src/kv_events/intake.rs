@@ -1,0 +1,253 @@
+//! The intake threads: a few threads, each polling the sockets of many engines' subscriptions
+//! (SUB, connection monitor, replay DEALER) in one `zmq::poll`, and running each ready
+//! stream's logic ([`super::stream`]). Which thread a subscription joins and how poll results
+//! map back to streams are decided in [`super::intake_plan`].
+//!
+//! Why: a thread per engine cost a wake-up, a context switch and a channel hand-over per
+//! batch; at 1,024 engines × 50 batches/s that was the router's whole CPU and the lag reached
+//! seconds. A thread that polls many sockets takes everything ready since its last wake-up at
+//! once, so its wake-ups grow slower than the event rate.
+//!
+//! Subscriptions come and go at runtime (workers found and lost by discovery): the handle's
+//! owner sends the thread a command and wakes it through an `inproc` PAIR; a removal waits for
+//! the thread's acknowledgement, so nothing of the removed stream is sent afterwards (as
+//! joining its thread did). A subscription whose consumer is gone is removed by the thread
+//! itself at its next wake-up (at least every poll interval).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
+
+use super::intake_plan::{PollLayout, Ready, Role, place};
+use super::monitored::MonitoredSub;
+use super::stream::Stream;
+
+/// Longest a thread sleeps without subscriptions asking for less (each asks for its
+/// `poll_interval`).
+const MAX_SLEEP: Duration = Duration::from_millis(50);
+
+/// Distinct numbers for subscriptions and threads.
+static IDS: AtomicU64 = AtomicU64::new(0);
+
+/// Every intake thread started so far (they never end: the process keeps them).
+static THREADS: Mutex<Vec<Arc<IntakeThread>>> = Mutex::new(Vec::new());
+
+/// One engine's subscription as an intake thread runs it.
+pub(super) struct Subscription {
+    pub(super) id: u64,
+    pub(super) socket: MonitoredSub,
+    pub(super) stream: Stream,
+    /// Set when the thread removed it because its consumer was gone.
+    pub(super) finished: Arc<AtomicBool>,
+}
+
+enum Command {
+    Add(Box<Subscription>),
+    /// Remove a subscription, then acknowledge.
+    Remove(u64, mpsc::Sender<()>),
+}
+
+/// The owner's side of one intake thread.
+pub(super) struct IntakeThread {
+    commands: Mutex<mpsc::Sender<Command>>,
+    /// Our end of the thread's wake-up PAIR.
+    waker: Mutex<zmq::Socket>,
+    /// Subscriptions placed on it whose handles live (for placing new ones).
+    load: AtomicUsize,
+}
+
+/// A subscription's place on its thread; dropping it removes the subscription and waits
+/// until the thread has let go of it.
+pub(super) struct Placed {
+    id: u64,
+    thread: Arc<IntakeThread>,
+}
+
+impl Drop for Placed {
+    fn drop(&mut self) {
+        let (ack, acked) = mpsc::channel();
+        if self.thread.send(Command::Remove(self.id, ack)) {
+            // An error means the thread is gone, and the subscription with it.
+            let _ = acked.recv();
+        }
+        self.thread.load.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Gives `subscription` to an intake thread with room (fewer than `per_thread`
+/// subscriptions), starting a thread when none has.
+pub(super) fn add(subscription: Subscription, per_thread: usize) -> std::io::Result<Placed> {
+    let id = subscription.id;
+    let thread = {
+        // A poisoned lock only means a thread panicked while holding it; every change to the
+        // list is one push.
+        let mut all = THREADS.lock().unwrap_or_else(|p| p.into_inner());
+        let loads: Vec<usize> = all
+            .iter()
+            .map(|t| t.load.load(Ordering::Relaxed))
+            .collect();
+        let thread = match place(&loads, per_thread).and_then(|i| all.get(i)) {
+            Some(t) => Arc::clone(t),
+            None => {
+                let t = IntakeThread::start(all.len())?;
+                all.push(Arc::clone(&t));
+                t
+            }
+        };
+        thread.load.fetch_add(1, Ordering::Relaxed);
+        thread
+    };
+    if !thread.send(Command::Add(Box::new(subscription))) {
+        thread.load.fetch_sub(1, Ordering::Relaxed);
+        return Err(std::io::Error::other("the kv-events intake thread is gone"));
+    }
+    Ok(Placed { id, thread })
+}
+
+/// A number for a new subscription.
+pub(super) fn next_id() -> u64 {
+    IDS.fetch_add(1, Ordering::Relaxed)
+}
+
+impl IntakeThread {
+    fn start(n: usize) -> std::io::Result<Arc<IntakeThread>> {
+        let zmq_err = |e: zmq::Error| std::io::Error::other(format!("kv-events intake: {e}"));
+        // A context of its own: the wake-up PAIRs are `inproc`, which needs no I/O thread.
+        let context = zmq::Context::new();
+        let endpoint = format!("inproc://kv-intake-wake-{}", next_id());
+        let wake = context.socket(zmq::PAIR).map_err(zmq_err)?;
+        wake.set_linger(0).map_err(zmq_err)?;
+        wake.bind(&endpoint).map_err(zmq_err)?;
+        let waker = context.socket(zmq::PAIR).map_err(zmq_err)?;
+        waker.set_linger(0).map_err(zmq_err)?;
+        waker.connect(&endpoint).map_err(zmq_err)?;
+        let (tx, rx) = mpsc::channel();
+        std::thread::Builder::new()
+            .name(format!("kv-intake-{n}"))
+            .spawn(move || {
+                let _context = context;
+                Running::default().run(&wake, &rx);
+            })?;
+        Ok(Arc::new(IntakeThread {
+            commands: Mutex::new(tx),
+            waker: Mutex::new(waker),
+            load: AtomicUsize::new(0),
+        }))
+    }
+
+    /// Queues `command` and wakes the thread; `false` if the thread is gone.
+    fn send(&self, command: Command) -> bool {
+        let sent = self
+            .commands
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .send(command)
+            .is_ok();
+        if sent {
+            // A full wake-up queue means the thread has wake-ups pending already.
+            let waker = self.waker.lock().unwrap_or_else(|p| p.into_inner());
+            if let Err(e) = waker.send(&[][..], zmq::DONTWAIT)
+                && e != zmq::Error::EAGAIN
+            {
+                tracing::warn!(error = %e, "cannot wake a kv-events intake thread");
+            }
+        }
+        sent
+    }
+}
+
+/// The thread's own state: its subscriptions.
+#[derive(Default)]
+struct Running {
+    subs: Vec<Subscription>,
+}
+
+impl Running {
+    fn run(&mut self, wake: &zmq::Socket, commands: &mpsc::Receiver<Command>) {
+        loop {
+            let (woken, ready) = match self.poll(wake) {
+                Ok(polled) => polled,
+                Err(e) => {
+                    tracing::warn!(error = %e, "kv-events intake poll failed");
+                    std::thread::sleep(MAX_SLEEP);
+                    (true, Vec::new())
+                }
+            };
+            if woken {
+                while wake.recv_bytes(zmq::DONTWAIT).is_ok() {}
+                if !self.obey(commands) {
+                    return;
+                }
+            }
+            self.serve(&ready);
+        }
+    }
+
+    /// Polls the wake-up PAIR and every subscription's sockets (not the SUB of one whose
+    /// consumer is behind); returns whether the thread was woken and what is ready.
+    fn poll(&self, wake: &zmq::Socket) -> Result<(bool, Vec<Ready>), zmq::Error> {
+        let mut layout = PollLayout::with_capacity(self.subs.len() * 3);
+        let mut items = Vec::with_capacity(self.subs.len() * 3 + 1);
+        items.push(wake.as_poll_item(zmq::POLLIN));
+        let mut sleep = MAX_SLEEP;
+        for (slot, s) in self.subs.iter().enumerate() {
+            sleep = sleep.min(s.stream.poll_interval());
+            if s.stream.is_backlogged() {
+                // Offer the backlog again soon.
+                sleep = sleep.min(Duration::from_millis(1));
+            } else {
+                items.push(s.socket.sub().as_poll_item(zmq::POLLIN));
+                layout.push(slot, Role::Data);
+            }
+            items.push(s.socket.events().as_poll_item(zmq::POLLIN));
+            layout.push(slot, Role::Events);
+            if let Some(replay) = s.stream.replay_socket() {
+                items.push(replay.as_poll_item(zmq::POLLIN));
+                layout.push(slot, Role::Replay);
+            }
+        }
+        zmq::poll(&mut items, sleep.as_millis().max(1) as i64)?;
+        let readable: Vec<bool> = items[1..].iter().map(zmq::PollItem::is_readable).collect();
+        Ok((items[0].is_readable(), layout.ready(&readable)))
+    }
+
+    /// Runs the commands queued; `false` when the owners' side is gone (never, in a process
+    /// that keeps its threads).
+    fn obey(&mut self, commands: &mpsc::Receiver<Command>) -> bool {
+        loop {
+            match commands.try_recv() {
+                Ok(Command::Add(s)) => self.subs.push(*s),
+                Ok(Command::Remove(id, ack)) => {
+                    // Dropped here, before the acknowledgement: nothing is sent after it.
+                    self.subs.retain(|s| s.id != id);
+                    let _ = ack.send(());
+                }
+                Err(mpsc::TryRecvError::Empty) => return true,
+                Err(mpsc::TryRecvError::Disconnected) => return false,
+            }
+        }
+    }
+
+    /// Steps every ready stream, and every other one that has a backlog, a replay in flight
+    /// (its deadlines) or a consumer that is gone; removes the ones that ended.
+    fn serve(&mut self, ready: &[Ready]) {
+        let mut next = ready.iter().peekable();
+        let mut ended = Vec::new();
+        for (slot, s) in self.subs.iter_mut().enumerate() {
+            let r = next.next_if(|r| r.slot == slot).copied().unwrap_or_default();
+            let due = r.data
+                || r.events
+                || r.replay
+                || s.stream.is_backlogged()
+                || s.stream.replay_socket().is_some();
+            if s.stream.is_closed() || (due && s.stream.step(&s.socket, r.data, r.events).is_err())
+            {
+                ended.push(slot);
+            }
+        }
+        for slot in ended.into_iter().rev() {
+            let s = self.subs.remove(slot);
+            s.finished.store(true, Ordering::Relaxed);
+        }
+    }
+}
