@@ -1,6 +1,6 @@
 //! Feeding one worker's KV events into the index.
 //!
-//! A [`WorkerFeed`] owns the worker's ZeroMQ subscriber (a thread, see
+//! A [`WorkerFeed`] owns the worker's ZeroMQ subscription (read by a shared intake thread, see
 //! `kv_events::subscriber`) and a task that applies what it receives: batches in sequence
 //! order, and a full clear of the worker's entries whenever the subscriber says the stream
 //! cannot be trusted (publisher restart, unrecoverable gap, a batch that cannot be decoded).
@@ -26,8 +26,8 @@ use crate::kv_events::{
 use crate::tokens::HashSeed;
 use crate::tokens::model::hash_seed;
 
-/// Events queued between the subscriber thread and the applying task; beyond it the thread
-/// waits (ZeroMQ then buffers, since the receive high-water mark is unbounded).
+/// Events queued between the intake thread and the applying task; beyond it the subscription's
+/// socket is not read (ZeroMQ then buffers, since the receive high-water mark is unbounded).
 const QUEUE: usize = 4096;
 
 /// How long events wait for their worker's model to become known (its first health check
@@ -99,72 +99,77 @@ impl WorkerFeed {
             let mut other_rank = Throttle::new(BLOCK_SIZE_LOG_EVERY);
             // Whatever ends the task (a stop, a closed channel), the worker is not warming.
             let warming = WarmingGuard(warming);
-            while let Some(msg) = rx.recv().await {
-                match msg.event {
-                    SubscriberEvent::Batch { batch, .. } => {
-                        if let Some(named) = foreign_rank(&batch, rank) {
-                            index.exact.count_skipped(batch.events.len() as u64);
-                            stats.dp_rank_mismatch.fetch_add(1, Ordering::Relaxed);
-                            if let Some(suppressed) = other_rank.allow(Instant::now()) {
-                                tracing::error!(
-                                    worker = %msg.worker,
-                                    expected = rank.unwrap_or_default(),
-                                    named,
-                                    suppressed,
-                                    "a KV-event batch names another data-parallel rank than the one this endpoint was subscribed for: its blocks are not indexed; check the worker's data_parallel_size and kv_events port (rank N publishes on the port plus N)"
-                                );
+            // Everything queued is taken per wake-up: an intake thread hands over a busy
+            // engine's batches several at a time.
+            let mut queued = Vec::with_capacity(256);
+            while rx.recv_many(&mut queued, 256).await > 0 {
+                for msg in queued.drain(..) {
+                    match msg.event {
+                        SubscriberEvent::Batch { batch, .. } => {
+                            if let Some(named) = foreign_rank(&batch, rank) {
+                                index.exact.count_skipped(batch.events.len() as u64);
+                                stats.dp_rank_mismatch.fetch_add(1, Ordering::Relaxed);
+                                if let Some(suppressed) = other_rank.allow(Instant::now()) {
+                                    tracing::error!(
+                                        worker = %msg.worker,
+                                        expected = rank.unwrap_or_default(),
+                                        named,
+                                        suppressed,
+                                        "a KV-event batch names another data-parallel rank than the one this endpoint was subscribed for: its blocks are not indexed; check the worker's data_parallel_size and kv_events port (rank N publishes on the port plus N)"
+                                    );
+                                }
+                                continue;
                             }
-                            continue;
-                        }
-                        let Some(model) = model_wait.model(&model).await else {
-                            if model_wait.first_skip() {
-                                tracing::warn!(worker = %msg.worker, "KV events arrive but the worker's model is not known yet; skipping them until it is");
+                            let Some(model) = model_wait.model(&model).await else {
+                                if model_wait.first_skip() {
+                                    tracing::warn!(worker = %msg.worker, "KV events arrive but the worker's model is not known yet; skipping them until it is");
+                                }
+                                index.exact.count_skipped(batch.events.len() as u64);
+                                continue;
+                            };
+                            let (batch, refused) = same_block_size(batch, model.block_size);
+                            if let Some(refused) = refused {
+                                index.exact.count_skipped(refused.events);
+                                stats
+                                    .block_size_mismatch
+                                    .fetch_add(refused.events, Ordering::Relaxed);
+                                if let Some(suppressed) = other_size.allow(Instant::now()) {
+                                    tracing::error!(
+                                        worker = %msg.worker,
+                                        model = %model.name,
+                                        engine_block_size = refused.block_size,
+                                        model_block_size = model.block_size,
+                                        suppressed,
+                                        "the worker's engine stores KV blocks of another size than its model's block_size: its blocks can never match a request, so they are not indexed and the worker is routed as if its cache were cold; run the engine with the model's block (page) size, or serve it under another model name with its own block_size"
+                                    );
+                                }
                             }
-                            index.exact.count_skipped(batch.events.len() as u64);
-                            continue;
-                        };
-                        let (batch, refused) = same_block_size(batch, model.block_size);
-                        if let Some(refused) = refused {
-                            index.exact.count_skipped(refused.events);
-                            stats
-                                .block_size_mismatch
-                                .fetch_add(refused.events, Ordering::Relaxed);
-                            if let Some(suppressed) = other_size.allow(Instant::now()) {
-                                tracing::error!(
-                                    worker = %msg.worker,
-                                    model = %model.name,
-                                    engine_block_size = refused.block_size,
-                                    model_block_size = model.block_size,
-                                    suppressed,
-                                    "the worker's engine stores KV blocks of another size than its model's block_size: its blocks can never match a request, so they are not indexed and the worker is routed as if its cache were cold; run the engine with the model's block (page) size, or serve it under another model name with its own block_size"
-                                );
+                            index.exact.apply(worker, &batch, &seeds_for(&model.name));
+                        }
+                        SubscriberEvent::Reset { last_seq, seq } => {
+                            tracing::info!(worker = %msg.worker, last_seq, seq, "KV-event publisher restarted; worker starts cold");
+                            index.exact.clear_worker(worker);
+                        }
+                        SubscriberEvent::Disconnected => {
+                            tracing::info!(worker = %msg.worker, "KV-event publisher disconnected; worker starts cold");
+                            index.exact.clear_worker(worker);
+                        }
+                        SubscriberEvent::Dropped { from, to, reason } => {
+                            tracing::warn!(worker = %msg.worker, from, to, ?reason, "KV events lost; dropping the worker's index entries");
+                            index.exact.clear_worker(worker);
+                        }
+                        SubscriberEvent::Undecodable { seq, error } => {
+                            // The batch is lost: what it removed may still be listed.
+                            index.exact.clear_worker(worker);
+                            if let Some(suppressed) = undecodable.allow(Instant::now()) {
+                                tracing::warn!(worker = %msg.worker, seq, %error, suppressed, "undecodable KV-event batch: the worker's entries are dropped (later ones in this interval are counted, not logged)");
                             }
                         }
-                        index.exact.apply(worker, &batch, &seeds_for(&model.name));
-                    }
-                    SubscriberEvent::Reset { last_seq, seq } => {
-                        tracing::info!(worker = %msg.worker, last_seq, seq, "KV-event publisher restarted; worker starts cold");
-                        index.exact.clear_worker(worker);
-                    }
-                    SubscriberEvent::Disconnected => {
-                        tracing::info!(worker = %msg.worker, "KV-event publisher disconnected; worker starts cold");
-                        index.exact.clear_worker(worker);
-                    }
-                    SubscriberEvent::Dropped { from, to, reason } => {
-                        tracing::warn!(worker = %msg.worker, from, to, ?reason, "KV events lost; dropping the worker's index entries");
-                        index.exact.clear_worker(worker);
-                    }
-                    SubscriberEvent::Undecodable { seq, error } => {
-                        // The batch is lost: what it removed may still be listed.
-                        index.exact.clear_worker(worker);
-                        if let Some(suppressed) = undecodable.allow(Instant::now()) {
-                            tracing::warn!(worker = %msg.worker, seq, %error, suppressed, "undecodable KV-event batch: the worker's entries are dropped (later ones in this interval are counted, not logged)");
+                        SubscriberEvent::Warming => (warming.0)(true),
+                        SubscriberEvent::Warmed { result } => {
+                            tracing::debug!(worker = %msg.worker, ?result, "KV-event warm-up replay ended");
+                            (warming.0)(false);
                         }
-                    }
-                    SubscriberEvent::Warming => (warming.0)(true),
-                    SubscriberEvent::Warmed { result } => {
-                        tracing::debug!(worker = %msg.worker, ?result, "KV-event warm-up replay ended");
-                        (warming.0)(false);
                     }
                 }
             }
@@ -181,7 +186,7 @@ impl WorkerFeed {
     /// worker's entries: nothing of this feed reaches the index afterwards, so the worker's
     /// number can be given to another worker.
     pub async fn stop(mut self) {
-        // Joins the subscriber thread: no more events are queued.
+        // Waits until the intake thread has let go of the subscription: no more events are queued.
         self.subscriber.take();
         self.task.abort();
         // An abort takes effect at the task's next await; a batch being applied finishes.
@@ -306,7 +311,7 @@ impl Throttle {
 
 impl Drop for WorkerFeed {
     fn drop(&mut self) {
-        // Stop the thread first so nothing is applied after the clear.
+        // Remove the subscription first so nothing is applied after the clear.
         self.subscriber.take();
         self.task.abort();
         self.holdings.exact.remove_worker(self.worker);

@@ -82,10 +82,7 @@ pub(super) fn add(subscription: Subscription, per_thread: usize) -> std::io::Res
         // A poisoned lock only means a thread panicked while holding it; every change to the
         // list is one push.
         let mut all = THREADS.lock().unwrap_or_else(|p| p.into_inner());
-        let loads: Vec<usize> = all
-            .iter()
-            .map(|t| t.load.load(Ordering::Relaxed))
-            .collect();
+        let loads: Vec<usize> = all.iter().map(|t| t.load.load(Ordering::Relaxed)).collect();
         let thread = match place(&loads, per_thread).and_then(|i| all.get(i)) {
             Some(t) => Arc::clone(t),
             None => {
@@ -234,7 +231,10 @@ impl Running {
         let mut next = ready.iter().peekable();
         let mut ended = Vec::new();
         for (slot, s) in self.subs.iter_mut().enumerate() {
-            let r = next.next_if(|r| r.slot == slot).copied().unwrap_or_default();
+            let r = next
+                .next_if(|r| r.slot == slot)
+                .copied()
+                .unwrap_or_default();
             let due = r.data
                 || r.events
                 || r.replay
