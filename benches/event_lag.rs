@@ -15,8 +15,11 @@
 //! ```text
 //! cargo bench --bench event_lag -- [--workers 1024] [--seconds 20] [--blocks-per-s 100]
 //!     [--batches-per-s 10] [--capacity 4096] [--request-blocks 256] [--lookups-per-s 200]
-//!     [--publisher-threads 4]
+//!     [--publisher-threads 4] [--engines-per-thread 256]
 //! ```
+//! `--engines-per-thread` is the subscriptions each of the router's intake threads polls
+//! (`SubscriberConfig::engines_per_intake`); 1 gives every engine a thread of its own, as
+//! before the intake threads.
 //! `--blocks-per-s` and `--batches-per-s` are per engine; blocks are stored and removed half
 //! and half once an engine's cache is full (a fill phase fills every cache first, untimed, in
 //! batches of 64 blocks).
@@ -40,7 +43,10 @@ use kvroute::kv_events::SubscriberConfig;
 
 #[path = "common/fleet_engines.rs"]
 mod fleet_engines;
-use fleet_engines::{Engine, Published, Shape, Tracer, drive};
+#[path = "common/publisher_process.rs"]
+mod publisher_process;
+use fleet_engines::{Published, Shape, Tracer, unix_ns};
+use publisher_process::{Plan, Publishers, cpu_by_kind};
 
 const MODEL: &str = "fleet";
 
@@ -53,6 +59,7 @@ struct Args {
     request_blocks: usize,
     lookups_per_s: f64,
     publisher_threads: usize,
+    engines_per_thread: usize,
 }
 
 impl Args {
@@ -74,6 +81,20 @@ impl Args {
             request_blocks: get("--request-blocks", 256.0) as usize,
             lookups_per_s: get("--lookups-per-s", 200.0),
             publisher_threads: get("--publisher-threads", 4.0) as usize,
+            engines_per_thread: get(
+                "--engines-per-thread",
+                kvroute::kv_events::DEFAULT_ENGINES_PER_INTAKE as f64,
+            ) as usize,
+        }
+    }
+
+    fn plan(&self) -> Plan {
+        Plan {
+            workers: self.workers,
+            threads: self.publisher_threads,
+            shape: self.shape(),
+            batches_per_s: self.batches_per_s,
+            seconds: self.seconds,
         }
     }
 
@@ -101,68 +122,11 @@ fn holdings() -> Holdings {
     )
 }
 
-/// CPU ticks of every thread of this process, by thread name with digits dropped
-/// (`kv-sub-w17` → `kv-sub-w`), so the kinds of threads can be compared.
-fn cpu_by_kind() -> BTreeMap<String, u64> {
-    let mut out = BTreeMap::new();
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return out;
-    };
-    for t in tasks.flatten() {
-        let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
-            continue;
-        };
-        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
-            continue;
-        };
-        let name: String = stat[open + 1..close]
-            .chars()
-            .filter(|c| !c.is_ascii_digit())
-            .collect();
-        let fields: Vec<&str> = stat[close + 2..].split(' ').collect();
-        let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-        *out.entry(name).or_default() += ticks;
-    }
-    out
-}
-
 fn percentile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
     sorted[((sorted.len() - 1) as f64 * q).round() as usize]
-}
-
-/// Publishes from `threads` threads over the engines until `until`; returns the engines.
-fn run_engines(
-    engines: Vec<Vec<Engine>>,
-    shape: Shape,
-    hz: f64,
-    until: Instant,
-    tracers: Option<&mpsc::Sender<Tracer>>,
-) -> (Vec<Vec<Engine>>, Published) {
-    let seed = seeds_for(MODEL)(None, None);
-    let handles: Vec<_> = engines
-        .into_iter()
-        .enumerate()
-        .map(|(i, slice)| {
-            let tx = tracers.cloned();
-            std::thread::Builder::new()
-                .name(format!("engines-{i}"))
-                .spawn(move || drive(slice, shape, seed, hz, until, tx))
-                .unwrap()
-        })
-        .collect();
-    let mut total = Published::default();
-    let mut back = Vec::new();
-    for h in handles {
-        let (slice, p) = h.join().unwrap();
-        total.batches += p.batches;
-        total.blocks += p.blocks;
-        total.late += p.late;
-        back.push(slice);
-    }
-    (back, total)
 }
 
 /// What the lookups thread measured.
@@ -194,18 +158,18 @@ fn lookups(
         while let Ok(t) = rx.try_recv() {
             pending.push_back(t);
         }
-        let now = Instant::now();
+        let now = unix_ns();
         pending.retain(|t| {
             let o = holdings.lookup(&t.hashes[..1], start.elapsed());
+            let waited_ms = now.saturating_sub(t.published) as f64 / 1e6;
             if o.get(WorkerId(t.worker)) >= 1 {
-                out.lags_ms
-                    .push(now.duration_since(t.published).as_secs_f64() * 1e3);
+                out.lags_ms.push(waited_ms);
                 if recent.len() == 4096 {
                     recent.pop_front();
                 }
                 recent.push_back(Arc::clone(&t.hashes));
                 false
-            } else if now.duration_since(t.published) > Duration::from_secs(10) {
+            } else if waited_ms > 10_000.0 {
                 out.unseen += 1;
                 false
             } else {
@@ -231,21 +195,21 @@ fn lookups(
 
 /// One `WorkerFeed` per engine, worker ids in engine order; prints how many started.
 fn start_feeds(
-    slices: &[Vec<Engine>],
+    endpoints: &[String],
     holdings: &Arc<Holdings>,
-    workers: u32,
+    args: &Args,
 ) -> HashMap<u32, WorkerFeed> {
     let mut feeds = HashMap::new();
     let mut failed = Vec::new();
-    for e in slices.iter().flatten() {
-        let w = feeds.len() as u32 + failed.len() as u32;
+    for (w, endpoint) in (0u32..).zip(endpoints) {
         let model = Box::new(|| {
             Some(FeedModel {
                 name: MODEL.into(),
                 block_size: 16,
             })
         });
-        let config = SubscriberConfig::new(format!("w{w}"), e.endpoint.clone());
+        let mut config = SubscriberConfig::new(format!("w{w}"), endpoint.clone());
+        config.engines_per_intake = args.engines_per_thread;
         match WorkerFeed::start(
             Arc::clone(holdings),
             WorkerId(w),
@@ -260,7 +224,8 @@ fn start_feeds(
         }
     }
     println!(
-        "{workers} workers: {} feeds started, {} failed{}",
+        "{} workers: {} feeds started, {} failed{}",
+        args.workers,
         feeds.len(),
         failed.len(),
         failed
@@ -271,21 +236,16 @@ fn start_feeds(
     feeds
 }
 
-/// Fills every engine's cache, untimed, in batches of 64 blocks, 10 a second per engine (or as
-/// fast as the feeds apply), and waits until the index holds them.
+/// Has the publisher process fill every engine's cache (untimed) and waits until the index
+/// holds them.
 fn fill(
-    slices: Vec<Vec<Engine>>,
-    shape: Shape,
+    publishers: &mut Publishers,
     args: &Args,
     holdings: &Holdings,
     feeds: &HashMap<u32, WorkerFeed>,
-) -> Vec<Vec<Engine>> {
-    let fill = Shape { store: 64, ..shape };
-    let fill_batches = args.capacity.div_ceil(fill.store) + 1;
-    let fill_hz = 10.0;
+) {
     let t = Instant::now();
-    let until = t + Duration::from_secs_f64(fill_batches as f64 / fill_hz);
-    let (slices, filled) = run_engines(slices, fill, fill_hz, until, None);
+    let (batches, blocks) = publishers.fill();
     let connected = feeds
         .values()
         .filter(|f| {
@@ -306,40 +266,33 @@ fn fill(
         }
     }
     println!(
-        "fill: {} batches, {} blocks in {:.1} s; {connected} feeds received batches; index {} pairs",
-        filled.batches,
-        filled.blocks,
+        "fill: {batches} batches, {blocks} blocks in {:.1} s; {connected} feeds received batches; index {} pairs",
         t.elapsed().as_secs_f64(),
         holdings.exact.entries()
     );
-
-    slices
 }
 
 fn main() {
     let args = Args::parse();
     let shape = args.shape();
+    let seed = seeds_for(MODEL)(None, None);
+    if std::env::args().any(|a| a == "--publish") {
+        publisher_process::serve(args.plan(), seed);
+    }
     let rt = tokio::runtime::Runtime::new().unwrap();
     let _guard = rt.enter();
     let holdings = Arc::new(holdings());
 
-    // Engines: `publisher_threads` slices, each with its own ZeroMQ context.
-    let per = (args.workers as usize).div_ceil(args.publisher_threads);
-    let contexts: Vec<zmq::Context> = (0..args.publisher_threads)
-        .map(|_| zmq::Context::new())
-        .collect();
-    let mut slices: Vec<Vec<Engine>> = (0..args.publisher_threads).map(|_| Vec::new()).collect();
-    for w in 0..args.workers {
-        let i = w as usize / per;
-        slices[i].push(Engine::bind(&contexts[i], w));
-    }
+    // The engines, in a process of their own.
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let mut publishers = Publishers::start(&argv);
 
     // The router's feeds, as `serve` starts them.
-    let feeds = start_feeds(&slices, &holdings, args.workers);
+    let feeds = start_feeds(&publishers.endpoints, &holdings, &args);
 
     // Connect, then fill every cache (untimed).
     std::thread::sleep(Duration::from_secs(2));
-    let slices = fill(slices, shape, &args, &holdings, &feeds);
+    fill(&mut publishers, &args, &holdings, &feeds);
 
     // The measured phase.
     let (tx, rx) = mpsc::channel();
@@ -353,24 +306,23 @@ fn main() {
     };
     let cpu_before = cpu_by_kind();
     let t = Instant::now();
-    let until = t + Duration::from_secs_f64(args.seconds);
-    let (_slices, published) = run_engines(slices, shape, args.batches_per_s, until, Some(&tx));
+    let engines = publishers.run(shape, seed, tx);
     let elapsed = t.elapsed().as_secs_f64();
     let cpu_after = cpu_by_kind();
-    drop(tx);
     done.store(true, Ordering::Relaxed);
     let mut seen = prober.join().unwrap();
     report(
         &args,
         shape,
-        &published,
+        &engines.published,
         elapsed,
         &mut seen,
         &cpu_before,
         &cpu_after,
     );
+    print_cpu("publisher process", &BTreeMap::new(), &engines.cpu, elapsed);
     println!("index at the end: {} pairs", holdings.exact.entries());
-    // Dropping 1,000 feeds joins their threads one by one; the process ends instead.
+    // Dropping 1,000 feeds removes their subscriptions one by one; the process ends instead.
     std::process::exit(0);
 }
 
@@ -421,6 +373,16 @@ fn report(
         percentile(q, 0.5),
         percentile(q, 0.99)
     );
+    print_cpu("router side (this process)", before, after, elapsed);
+}
+
+/// CPU by thread kind between two readings, in cores over `elapsed` seconds.
+fn print_cpu(
+    what: &str,
+    before: &BTreeMap<String, u64>,
+    after: &BTreeMap<String, u64>,
+    elapsed: f64,
+) {
     let hz = 100.0; // USER_HZ: /proc's ticks
     let mut total = 0.0;
     let mut rows = Vec::new();
@@ -432,7 +394,7 @@ fn report(
         }
     }
     rows.sort_by(|a, b| b.1.total_cmp(&a.1));
-    println!("process CPU: {:.2} cores over the phase", total / elapsed);
+    println!("{what} CPU: {:.2} cores over the phase", total / elapsed);
     for (kind, d) in rows {
         println!("  {kind:<24} {:.2} cores", d / elapsed);
     }

@@ -27,8 +27,12 @@ use kvroute::tokens::{BlockHash, HashSeed, chain_hash};
 /// A request whose first batch was just published: the lookups thread times how long until
 /// the index shows `worker` holding `hashes[0]`.
 pub struct Tracer {
-    pub published: Instant,
+    /// When its first batch was sent, in ns of the wall clock ([`unix_ns`]): the publishers run
+    /// in another process, and both read the same clock.
+    pub published: u128,
     pub worker: u32,
+    /// The engine's request number (its tokens follow from it and the worker).
+    pub counter: u64,
     /// kvroute hashes of the request's whole prompt (what a lookup for it would ask).
     pub hashes: Arc<Vec<BlockHash>>,
 }
@@ -66,6 +70,35 @@ pub struct Engine {
     counter: u64,
 }
 
+/// Now, in ns since the Unix epoch: a clock both bench processes read.
+pub fn unix_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
+/// The kvroute hashes and token ids of engine `worker`'s request number `counter`.
+pub fn request(
+    worker: u32,
+    counter: u64,
+    shape: Shape,
+    seed: HashSeed,
+) -> (Vec<BlockHash>, Vec<u32>) {
+    let n = shape.request_blocks * shape.block_size;
+    let tokens: Vec<u32> = (0..n).map(|i| token(worker, counter, i)).collect();
+    let mut parent = None;
+    let hashes: Vec<BlockHash> = tokens
+        .chunks_exact(shape.block_size)
+        .map(|b| {
+            let h = chain_hash(seed, parent, b);
+            parent = Some(h);
+            h
+        })
+        .collect();
+    (hashes, tokens)
+}
+
 fn token(worker: u32, counter: u64, i: usize) -> u32 {
     let mut x = (u64::from(worker) << 40) ^ (counter << 12) ^ i as u64;
     x = x.wrapping_mul(0x9E37_79B9_7F4A_7C15);
@@ -98,23 +131,12 @@ impl Engine {
         let mut tracer = None;
         if self.current.is_none() {
             self.counter += 1;
-            let n = shape.request_blocks * shape.block_size;
-            let tokens: Vec<u32> = (0..n)
-                .map(|i| token(self.worker, self.counter, i))
-                .collect();
-            let mut parent = None;
-            let hashes: Vec<BlockHash> = tokens
-                .chunks_exact(shape.block_size)
-                .map(|b| {
-                    let h = chain_hash(seed, parent, b);
-                    parent = Some(h);
-                    h
-                })
-                .collect();
+            let (hashes, tokens) = request(self.worker, self.counter, shape, seed);
             let hashes = Arc::new(hashes);
             tracer = Some(Tracer {
-                published: Instant::now(),
+                published: unix_ns(),
                 worker: self.worker,
+                counter: self.counter,
                 hashes: Arc::clone(&hashes),
             });
             self.current = Some((hashes, tokens, 0));
@@ -199,7 +221,7 @@ impl Engine {
         let seq = self.seq.to_be_bytes();
         self.seq += 1;
         if let Some(t) = tracer.as_mut() {
-            t.published = Instant::now();
+            t.published = unix_ns();
         }
         self.socket
             .send_multipart([&b"kv-events"[..], &seq[..], &payload[..]], 0)

@@ -251,3 +251,119 @@ impl Running {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use tokio::sync::mpsc::{Receiver, channel};
+
+    use super::super::{
+        EventBatch, Publisher, PublisherConfig, Subscriber, SubscriberConfig, SubscriberEvent,
+        WorkerEvent,
+    };
+    use super::*;
+
+    const WAIT: Duration = Duration::from_secs(10);
+
+    fn batch(n: u64) -> EventBatch {
+        EventBatch {
+            ts: n as f64,
+            events: Vec::new(),
+            dp_rank: None,
+        }
+    }
+
+    /// The sequence numbers of the batches received so far.
+    fn drain(rx: &mut Receiver<WorkerEvent>, into: &mut Vec<u64>) {
+        while let Ok(msg) = rx.try_recv() {
+            match msg.event {
+                SubscriberEvent::Batch { seq, .. } => into.push(seq),
+                other => panic!("{}: expected batches only, got {other:?}", msg.worker),
+            }
+        }
+    }
+
+    /// Two engines read by one intake thread; one consumer stops taking events. Its engine's
+    /// batches wait (in ZeroMQ and the stream's outbox) while the other engine's keep
+    /// arriving, and once it takes them again every one arrives, in order, none twice.
+    #[test]
+    fn a_consumer_that_falls_behind_holds_up_no_other_engine_and_loses_nothing() {
+        let slow_pub = Publisher::bind(PublisherConfig::new("tcp://127.0.0.1:*")).expect("bind");
+        let other_pub = Publisher::bind(PublisherConfig::new("tcp://127.0.0.1:*")).expect("bind");
+        let (slow_tx, mut slow_rx) = channel(2);
+        let (other_tx, mut other_rx) = channel(4096);
+        let slow = Subscriber::spawn(SubscriberConfig::new("slow", slow_pub.endpoint()), slow_tx)
+            .expect("subscribe");
+        let other = Subscriber::spawn(
+            SubscriberConfig::new("other", other_pub.endpoint()),
+            other_tx,
+        )
+        .expect("subscribe");
+        assert_eq!(
+            THREADS.lock().map(|t| t.len()).unwrap_or(0),
+            1,
+            "both subscriptions on one intake thread"
+        );
+        // Until both are connected (a PUB drops what it sends before that).
+        let (mut slow_got, mut other_got) = (Vec::new(), Vec::new());
+        let deadline = Instant::now() + WAIT;
+        while slow_got.is_empty() || other_got.is_empty() {
+            assert!(Instant::now() < deadline, "never connected");
+            slow_pub.publish(&batch(0));
+            other_pub.publish(&batch(0));
+            std::thread::sleep(Duration::from_millis(20));
+            drain(&mut slow_rx, &mut slow_got);
+            drain(&mut other_rx, &mut other_got);
+        }
+        let slow_last = slow_pub.publish(&batch(1));
+        // The slow consumer takes nothing from here on; the other engine publishes 500.
+        let other_last = (0..500).map(|i| other_pub.publish(&batch(i))).last();
+        for i in 0..500 {
+            slow_pub.publish(&batch(i));
+        }
+        let slow_last = slow_last + 500;
+        while other_got.last() != other_last.as_ref() {
+            assert!(
+                Instant::now() < deadline,
+                "the other engine's batches are held up: got {} of them",
+                other_got.len()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+            drain(&mut other_rx, &mut other_got);
+        }
+        assert!(
+            slow.stats().batches.load(Ordering::Relaxed) < 500,
+            "the slow consumer's engine was read on regardless"
+        );
+        while slow_got.last() != Some(&slow_last) {
+            assert!(
+                Instant::now() < deadline,
+                "the slow consumer's batches never came"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+            drain(&mut slow_rx, &mut slow_got);
+        }
+        for got in [&slow_got, &other_got] {
+            assert!(
+                got.windows(2).all(|w| w[1] == w[0] + 1),
+                "not every batch once and in order: {got:?}"
+            );
+        }
+        for stats in [slow.stats(), other.stats()] {
+            assert_eq!(stats.gaps.load(Ordering::Relaxed), 0);
+            assert_eq!(stats.dropped.load(Ordering::Relaxed), 0);
+        }
+        drop(slow);
+        // The other subscription is served on after one is removed.
+        let last = other_pub.publish(&batch(7));
+        while other_got.last() != Some(&last) {
+            assert!(
+                Instant::now() < deadline,
+                "the other engine stopped after a removal"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+            drain(&mut other_rx, &mut other_got);
+        }
+    }
+}
