@@ -46,7 +46,7 @@ mod fleet_engines;
 #[path = "common/publisher_process.rs"]
 mod publisher_process;
 use fleet_engines::{Published, Shape, Tracer, unix_ns};
-use publisher_process::{Plan, Publishers, cpu_by_kind};
+use publisher_process::{Plan, Publishers, cpu_by_kind, machine_ticks, process_ticks};
 
 const MODEL: &str = "fleet";
 
@@ -305,10 +305,12 @@ fn main() {
             .unwrap()
     };
     let cpu_before = cpu_by_kind();
+    let (own_before, machine_before) = (process_ticks(), machine_ticks());
     let t = Instant::now();
     let engines = publishers.run(shape, seed, tx);
     let elapsed = t.elapsed().as_secs_f64();
     let cpu_after = cpu_by_kind();
+    let (own_after, machine_after) = (process_ticks(), machine_ticks());
     done.store(true, Ordering::Relaxed);
     let mut seen = prober.join().unwrap();
     report(
@@ -321,6 +323,33 @@ fn main() {
         &cpu_after,
     );
     print_cpu("publisher process", &BTreeMap::new(), &engines.cpu, elapsed);
+    let cores = |ticks: u64| ticks as f64 / 100.0 / elapsed;
+    let (busy, all) = (
+        machine_after.0 - machine_before.0,
+        machine_after.1 - machine_before.1,
+    );
+    println!(
+        "router process in all: {:.2} cores; the machine: {:.2} of {:.2} cores busy (every process)",
+        cores(own_after - own_before),
+        cores(busy),
+        cores(all)
+    );
+    let sum = |f: fn(&kvroute::kv_events::SubscriberStats) -> &std::sync::atomic::AtomicU64| {
+        feeds
+            .values()
+            .filter_map(WorkerFeed::stats)
+            .map(|s| f(s).load(Ordering::Relaxed))
+            .sum::<u64>()
+    };
+    println!(
+        "feeds: {} batches, {} gaps, {} dropped, {} disconnects, {} restarts, {} duplicates",
+        sum(|s| &s.batches),
+        sum(|s| &s.gaps),
+        sum(|s| &s.dropped),
+        sum(|s| &s.disconnects),
+        sum(|s| &s.restarts),
+        sum(|s| &s.duplicates)
+    );
     println!("index at the end: {} pairs", holdings.exact.entries());
     // Dropping 1,000 feeds removes their subscriptions one by one; the process ends instead.
     std::process::exit(0);
