@@ -11,8 +11,8 @@ use std::collections::HashMap;
 
 use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
 use prometheus::{
-    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 mod block_size;
@@ -66,8 +66,6 @@ pub struct Metrics {
     pub response_affinity_entries: IntGauge,
     /// `kvroute_time_to_first_token_seconds{model,worker}`.
     pub ttft: HistogramVec,
-    /// `kvroute_worker_in_flight{worker}`: requests routed to a worker and not finished.
-    pub in_flight: IntGaugeVec,
     /// `kvroute_routing_decision_seconds{policy,stage}`: time to decide (tokenize, score, total).
     pub decision: HistogramVec,
     /// `kvroute_retries_total{reason}`: requests sent again to another worker.
@@ -76,22 +74,8 @@ pub struct Metrics {
     pub retries_denied: IntCounter,
     /// `kvroute_rejected_total{reason}`: requests refused at admission (429).
     pub rejected: IntCounterVec,
-    /// `kvroute_worker_circuit_state{worker}`: 0 closed, 1 open, 2 half-open.
-    pub circuit_state: IntGaugeVec,
     /// `kvroute_upstream_errors_total{worker,kind}`: failures talking to a worker.
     pub upstream_errors: IntCounterVec,
-    /// `kvroute_worker_healthy{worker}`: 1 when the worker may receive requests.
-    pub worker_healthy: IntGaugeVec,
-    /// `kvroute_worker_kv_blocks{worker}`: the worker's KV cache capacity in blocks, configured
-    /// or read from its metrics; absent while unknown.
-    pub worker_kv_blocks: IntGaugeVec,
-    /// `kvroute_worker_warming{worker}`: 1 while the worker's KV-event warm-up replay runs (its
-    /// index entries are a lower bound of its cache).
-    pub worker_warming: IntGaugeVec,
-    /// Age of the last reading of each worker's own load, seconds (absent without one).
-    pub worker_load_age: GaugeVec,
-    /// Requests on each worker that other router replicas sent, from that reading.
-    pub worker_unseen_in_flight: IntGaugeVec,
     /// `kvroute_prefix_hit_blocks_total{worker}`: prompt blocks the chosen worker held.
     pub prefix_hit_blocks: IntCounterVec,
     /// `kvroute_prefix_queried_blocks_total{worker}`: prompt blocks routed to the worker.
@@ -101,15 +85,6 @@ pub struct Metrics {
     /// `kvroute_trace_records_dropped_total{reason}`: requests not recorded (`queue_full`,
     /// `write_error`, `no_usage`, `untokenized`).
     pub trace_records_dropped: IntCounterVec,
-    /// `kvroute_index_entries`: (block, worker) entries in the event-fed index.
-    pub index_entries: IntGauge,
-    /// `kvroute_index_bytes`: heap bytes of the event-fed index; divided by
-    /// `kvroute_index_entries`, the bytes each (block, worker) entry costs.
-    pub index_bytes: IntGauge,
-    /// `kvroute_index_events_total{outcome}`: KV events applied or skipped by the index.
-    pub index_events: IntCounterVec,
-    /// `kvroute_index_evictions_total`: entries evicted to stay within `index.max_entries`.
-    pub index_evictions: IntCounter,
     /// `kvroute_kv_events_total{worker,kind}`: per-worker event-stream counters (batches,
     /// undecodable, gaps, restarts, replays_ok, replays_failed, replays_abandoned, duplicates,
     /// dropped, block_size_mismatch).
@@ -162,14 +137,7 @@ impl Metrics {
     pub fn forget_worker(&self, id: &str) {
         forget(&self.requests, id);
         forget(&self.ttft, id);
-        forget(&self.in_flight, id);
-        forget(&self.circuit_state, id);
         forget(&self.upstream_errors, id);
-        forget(&self.worker_healthy, id);
-        forget(&self.worker_kv_blocks, id);
-        forget(&self.worker_warming, id);
-        forget(&self.worker_load_age, id);
-        forget(&self.worker_unseen_in_flight, id);
         forget(&self.prefix_hit_blocks, id);
         forget(&self.prefix_queried_blocks, id);
         forget(&self.kv_stream, id);
@@ -213,14 +181,6 @@ impl Metrics {
             &["model", "worker"],
         )
         .expect("static metric definition");
-        let in_flight = IntGaugeVec::new(
-            Opts::new(
-                "kvroute_worker_in_flight",
-                "Requests routed to a worker and not yet finished.",
-            ),
-            &["worker"],
-        )
-        .expect("static metric definition");
         let decision = HistogramVec::new(
             HistogramOpts::new(
                 "kvroute_routing_decision_seconds",
@@ -244,46 +204,6 @@ impl Metrics {
                 "Failures talking to a worker, by kind.",
             ),
             &["worker", "kind"],
-        )
-        .expect("static metric definition");
-        let worker_healthy = IntGaugeVec::new(
-            Opts::new(
-                "kvroute_worker_healthy",
-                "1 when the worker may receive new requests.",
-            ),
-            &["worker"],
-        )
-        .expect("static metric definition");
-        let worker_kv_blocks = IntGaugeVec::new(
-            Opts::new(
-                "kvroute_worker_kv_blocks",
-                "KV cache capacity of the worker in blocks (configured or read from its metrics).",
-            ),
-            &["worker"],
-        )
-        .expect("static metric definition");
-        let worker_warming = IntGaugeVec::new(
-            Opts::new(
-                "kvroute_worker_warming",
-                "1 while the worker's KV-event warm-up replay runs (its index entries are a lower bound).",
-            ),
-            &["worker"],
-        )
-        .expect("static metric definition");
-        let worker_load_age = GaugeVec::new(
-            Opts::new(
-                "kvroute_worker_load_reading_age_seconds",
-                "Age of the last reading of the worker's own load from its /metrics ([health] load_interval_ms); absent without one.",
-            ),
-            &["worker"],
-        )
-        .expect("static metric definition");
-        let worker_unseen_in_flight = IntGaugeVec::new(
-            Opts::new(
-                "kvroute_worker_unseen_in_flight",
-                "Requests on the worker that this router did not send (other router replicas'), from the last load reading.",
-            ),
-            &["worker"],
         )
         .expect("static metric definition");
         let counter = |name: &str, help: &str, labels: &[&str]| {
@@ -311,27 +231,6 @@ impl Metrics {
              behind), write_error, no_usage (the response told no output length), untokenized.",
             &["reason"],
         );
-        let index_entries = IntGauge::new(
-            "kvroute_index_entries",
-            "(block, worker) entries in the event-fed KV index.",
-        )
-        .expect("static metric definition");
-        let index_bytes = IntGauge::new(
-            "kvroute_index_bytes",
-            "Heap bytes held by the event-fed KV index (divide by kvroute_index_entries for bytes \
-             per entry).",
-        )
-        .expect("static metric definition");
-        let index_events = counter(
-            "kvroute_index_events_total",
-            "KV events applied to or skipped by the index.",
-            &["outcome"],
-        );
-        let index_evictions = IntCounter::new(
-            "kvroute_index_evictions_total",
-            "Index entries evicted to stay within index.max_entries.",
-        )
-        .expect("static metric definition");
         let kv_stream = counter(
             "kvroute_kv_events_total",
             "Per-worker KV-event stream counters (a data-parallel worker's per rank, `worker` = `id/dpN`): batches, undecodable, gaps, restarts, replays, drops, block_size_mismatch, dp_rank_mismatch.",
@@ -347,14 +246,6 @@ impl Metrics {
             "Requests refused at admission with 429, by reason.",
             &["reason"],
         );
-        let circuit_state = IntGaugeVec::new(
-            Opts::new(
-                "kvroute_worker_circuit_state",
-                "Circuit breaker state per worker: 0 closed, 1 open, 2 half-open.",
-            ),
-            &["worker"],
-        )
-        .expect("static metric definition");
         // Client connections (the front door).
         let open_connections =
             IntGauge::new("kvroute_open_connections", "Client connections open now.")
@@ -427,27 +318,16 @@ impl Metrics {
             Box::new(requests.clone()),
             Box::new(request_duration.clone()),
             Box::new(ttft.clone()),
-            Box::new(in_flight.clone()),
             Box::new(decision.clone()),
             Box::new(retries.clone()),
             Box::new(upstream_errors.clone()),
-            Box::new(worker_healthy.clone()),
-            Box::new(worker_kv_blocks.clone()),
-            Box::new(worker_warming.clone()),
-            Box::new(worker_load_age.clone()),
-            Box::new(worker_unseen_in_flight.clone()),
             Box::new(prefix_hit_blocks.clone()),
             Box::new(prefix_queried_blocks.clone()),
             Box::new(trace_records.clone()),
             Box::new(trace_records_dropped.clone()),
-            Box::new(index_entries.clone()),
-            Box::new(index_bytes.clone()),
-            Box::new(index_events.clone()),
-            Box::new(index_evictions.clone()),
             Box::new(kv_stream.clone()),
             Box::new(retries_denied.clone()),
             Box::new(rejected.clone()),
-            Box::new(circuit_state.clone()),
         ] {
             registry.register(c).expect("metric names are unique");
         }
@@ -469,27 +349,16 @@ impl Metrics {
             response_affinity,
             response_affinity_entries,
             ttft,
-            in_flight,
             decision,
             retries,
             upstream_errors,
-            worker_healthy,
-            worker_kv_blocks,
-            worker_warming,
-            worker_load_age,
-            worker_unseen_in_flight,
             prefix_hit_blocks,
             prefix_queried_blocks,
             trace_records,
             trace_records_dropped,
-            index_entries,
-            index_bytes,
-            index_events,
-            index_evictions,
             kv_stream,
             retries_denied,
             rejected,
-            circuit_state,
             open_connections,
             connections_refused,
             tls_reloads,
@@ -507,6 +376,13 @@ impl Metrics {
             tokens,
             cache_prediction,
             replica_bus,
+        }
+    }
+
+    /// Adds a collector of live state (read at scrape time) to this router's registry.
+    pub fn register(&self, collector: Box<dyn prometheus::core::Collector>) {
+        if let Err(e) = self.registry.register(collector) {
+            tracing::error!(error = %e, "cannot register a metrics collector");
         }
     }
 
