@@ -60,10 +60,17 @@ pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let m = &state.metrics;
     if let Some(tls) = state.tls() {
         let (applied, refused) = tls.reload_counts();
-        sync_counter(&m.tls_reloads.with_label_values(&["applied"]), applied);
-        sync_counter(&m.tls_reloads.with_label_values(&["refused"]), refused);
+        sync_counter(
+            &m.connections.tls_reloads.with_label_values(&["applied"]),
+            applied,
+        );
+        sync_counter(
+            &m.connections.tls_reloads.with_label_values(&["refused"]),
+            refused,
+        );
     }
-    m.response_affinity_entries
+    m.response_affinity
+        .entries
         .set(i64::try_from(state.affinity.len()).unwrap_or(i64::MAX));
     let workers = state.fleet.workers();
     for (slot, stats) in state.lifecycle.feed_stats() {
