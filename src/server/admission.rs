@@ -464,7 +464,11 @@ mod tests {
             }
             tokio::task::yield_now().await;
         }
-        assert_eq!(a.waiting(), 1, "the flood's fourth request took the reserve");
+        assert_eq!(
+            a.waiting(),
+            1,
+            "the flood's fourth request took the reserve"
+        );
         let b = a.admit(&at(Some("b")), &m).now_or_never();
         assert!(matches!(b, Some(Ok(_))), "b waited or was refused");
         drop(b);
@@ -472,7 +476,10 @@ mod tests {
         tokio::task::yield_now().await;
         assert_eq!(a.waiting(), 1);
         drop(flood.pop());
-        assert!(waiter.await.unwrap(), "the flood's waiter got its own freed slot");
+        assert!(
+            waiter.await.unwrap(),
+            "the flood's waiter got its own freed slot"
+        );
         assert_eq!(a.waiting(), 0);
     }
 

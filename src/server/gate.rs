@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use crate::metrics::ShapingMetrics;
+use crate::shaping::saturation::Part;
 use crate::shaping::{Arrival, Ask, FairQueue, Priorities, Refusal, SlotBook, Waiter};
 
 /// What a waiter is told.
@@ -284,6 +285,7 @@ impl Gate {
         } else {
             st.queue.len() as f64 / st.max_queue as f64
         };
-        self.metrics.saturation.set(slots.max(queue).min(1.0));
+        self.metrics.saturate(Part::Slots, slots);
+        self.metrics.saturate(Part::Queue, queue);
     }
 }

@@ -9,6 +9,7 @@
 pub mod priority;
 pub mod queue;
 pub mod rate;
+pub mod saturation;
 pub mod slots;
 
 pub use priority::{Placement, Priorities, PriorityError, TenantPriority};
