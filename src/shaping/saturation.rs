@@ -55,7 +55,7 @@ pub const TTFT_SMOOTHING: f64 = 0.1;
 /// The TTFT part after one more request with a target: `predicted / target` folded into
 /// `previous` (exponentially weighted), each clamped to 0–1.
 pub fn ttft_part(previous: f64, predicted_s: f64, target_s: f64) -> f64 {
-    if !(target_s > 0.0) || !predicted_s.is_finite() {
+    if target_s.is_nan() || target_s <= 0.0 || !predicted_s.is_finite() {
         return clamp(previous);
     }
     let now = clamp(predicted_s / target_s);
