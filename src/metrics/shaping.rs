@@ -19,8 +19,9 @@ pub struct ShapingMetrics {
     /// `saturation_part` (`shaping::saturation`). Set through [`ShapingMetrics::saturate`].
     saturation: Gauge,
     /// `kvroute_saturation_part{part}`: each limit's own 0–1 (`slots`, `queue`, `kv`,
-    /// `ttft`), so an operator sees which one binds.
-    saturation_part: GaugeVec,
+    /// `ttft`), so an operator sees which one binds; in [`Part::ALL`]'s order (resolved once:
+    /// the gate sets two parts on every admission).
+    saturation_part: [Gauge; 4],
 }
 
 /// Buckets from 1 ms to 60 s: a queue wait is short when the fleet keeps up and bounded by
@@ -61,9 +62,7 @@ impl ShapingMetrics {
             &["part"],
         )
         .expect("static metric definition");
-        for part in Part::ALL {
-            saturation_part.with_label_values(&[part.label()]).set(0.0);
-        }
+        let parts = Part::ALL.map(|p| saturation_part.with_label_values(&[p.label()]));
         for c in [
             Box::new(queue_time.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(queue_depth.clone()),
@@ -76,25 +75,25 @@ impl ShapingMetrics {
             queue_time,
             queue_depth,
             saturation,
-            saturation_part,
+            saturation_part: parts,
         }
     }
 
     /// Sets `part` of the saturation and the whole (the largest part).
     pub fn saturate(&self, part: Part, value: f64) {
-        self.saturation_part
-            .with_label_values(&[part.label()])
-            .set(saturation::clamp(value));
+        self.part(part).set(saturation::clamp(value));
         self.saturation.set(saturation::combine(
-            Part::ALL.map(|p| self.saturation_part.with_label_values(&[p.label()]).get()),
+            self.saturation_part.iter().map(Gauge::get),
         ));
+    }
+
+    fn part(&self, part: Part) -> &Gauge {
+        &self.saturation_part[part.index()]
     }
 
     /// A part's current value.
     pub fn saturation_part(&self, part: Part) -> f64 {
-        self.saturation_part
-            .with_label_values(&[part.label()])
-            .get()
+        self.part(part).get()
     }
 
     /// The whole saturation now.

@@ -26,6 +26,11 @@ impl Part {
     /// Every part, in label order.
     pub const ALL: [Part; 4] = [Part::Slots, Part::Queue, Part::Kv, Part::Ttft];
 
+    /// Its place in [`Part::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     /// Its `part` label.
     pub fn label(self) -> &'static str {
         match self {
