@@ -161,6 +161,47 @@ async fn a_models_target_sits_between_the_header_and_the_tenants() {
     let _ = engine.handle.shutdown().await;
 }
 
+/// The saturation's `kv` part is the engines' KV usage as the router reads it: a long stream
+/// holding KV blocks on the engine raises it above 0, and the whole is at least it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_saturation_counts_the_engines_kv_usage() {
+    let engine = SimEngine::start(MODEL, 0, 1.0).await;
+    let r = router("e0", &engine, "load_interval_ms = 50");
+    let body = json!({"model": MODEL, "prompt": "a long prompt to hold blocks ".repeat(64), "max_tokens": 3000, "stream": true});
+    let url = format!("http://{}/v1/completions", r.addr);
+    let mut stream = reqwest::Client::new()
+        .post(&url)
+        .json(&body)
+        .send()
+        .await
+        .expect("router answers");
+    assert_eq!(stream.status(), 200);
+    stream.chunk().await.expect("first chunk");
+    let read = |page: &str, prefix: &str| -> f64 {
+        page.lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    let mut page = String::new();
+    for _ in 0..200 {
+        page = support::metrics_text(r.addr).await;
+        if read(&page, "kvroute_saturation_part{part=\"kv\"} ") > 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let kv = read(&page, "kvroute_saturation_part{part=\"kv\"} ");
+    assert!(
+        kv > 0.0 && kv <= 1.0,
+        "the engine's KV usage never showed: {page}"
+    );
+    assert!(read(&page, "kvroute_saturation ") >= kv, "{page}");
+    drop(stream);
+    r.shutdown().await;
+    let _ = engine.handle.shutdown().await;
+}
+
 /// Sends `prompt` once, waits until the router's index sees its blocks on the worker (or
 /// `limit` passes, for a worker whose events it refuses), then `repeats` times more.
 async fn warm_then_repeat(r: &RouterHandle, prompt: &str, repeats: usize, wait: bool) {
