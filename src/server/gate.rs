@@ -63,8 +63,12 @@ impl State {
     /// The next waiter that may take a slot now, in the queue's order (bands strict, fair
     /// share among flows; flows that may not take one are passed over).
     fn next(&mut self) -> Option<Waiter<oneshot::Sender<Grant>>> {
-        let waiting: Vec<(Arc<str>, u32)> =
-            self.queue.flows().map(|(f, w)| (Arc::from(f), w)).collect();
+        // The flows waiting, for the shares (listed only when the fair reserve is reached).
+        let waiting: Vec<(Arc<str>, u32)> = if self.slots.needs_shares() {
+            self.queue.flows().map(|(f, w)| (Arc::from(f), w)).collect()
+        } else {
+            Vec::new()
+        };
         let slots = &self.slots;
         self.queue.pop_where(|band, flow, weight| {
             slots.may_take(

@@ -82,6 +82,12 @@ impl SlotBook {
         self.held.get(flow).map_or(0, |h| h.slots)
     }
 
+    /// Whether [`SlotBook::may_take`] would look at the flows waiting now: only when a fair
+    /// reserve is set and the slots left reach into it (callers skip listing them otherwise).
+    pub fn needs_shares(&self) -> bool {
+        self.reserve > 0 && self.in_use + self.headroom + self.reserve >= self.limit
+    }
+
     /// Whether `ask` may take a slot now, `waiting` being the flows waiting and their
     /// weights (any band; a flow listed twice counts once).
     ///
