@@ -31,7 +31,10 @@ fn without_a_reserve_one_flow_takes_every_slot() {
 fn a_flow_alone_leaves_the_reserve_free_and_a_newcomer_takes_it() {
     let mut book = SlotBook::new(8, 0, 2);
     fill(&mut book, "a", 5);
-    assert!(!book.needs_shares(), "outside the reserve, shares do not matter");
+    assert!(
+        !book.needs_shares(),
+        "outside the reserve, shares do not matter"
+    );
     fill(&mut book, "a", 1);
     assert!(book.needs_shares());
     // `a` is alone: its share is the 6 slots outside the reserve, and it holds them.
