@@ -362,6 +362,7 @@ impl Observer {
             map.learn(tenant.as_deref(), &id, &self.attempt.worker, Instant::now());
             self.metrics
                 .response_affinity
+                .requests
                 .with_label_values(&["learned"])
                 .inc();
         }
