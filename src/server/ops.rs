@@ -11,6 +11,7 @@ use serde_json::json;
 use super::AppState;
 use crate::metrics::sync_counter;
 use crate::openai::ApiError;
+use crate::shaping::saturation::{Part, kv_part};
 
 /// `GET /health`: the process is alive.
 pub(super) async fn health() -> Json<serde_json::Value> {
@@ -124,6 +125,16 @@ pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
             }
         }
     }
+    // The engines' KV usage, as their last load readings report it (healthy workers only:
+    // a worker out of the fleet's capacity does not make it fuller).
+    let kv = kv_part(
+        workers
+            .iter()
+            .filter(|w| w.is_healthy())
+            .flat_map(|w| w.ranks())
+            .filter_map(|r| r.load.reading()?.engine.kv_usage),
+    );
+    m.shaping.saturate(Part::Kv, kv.unwrap_or(0.0));
     (
         [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         m.render(),
