@@ -11,17 +11,21 @@ use std::collections::HashMap;
 
 use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
 use prometheus::{
-    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 mod block_size;
 mod cache_prediction;
 mod config;
+mod connections;
 mod data_parallel;
 mod disaggregation;
+mod discovery;
 mod prediction;
+mod recording;
 mod replica_bus;
+mod response_affinity;
 mod shaping;
 mod slo;
 mod tokens;
@@ -29,10 +33,14 @@ mod tokens;
 pub use block_size::BlockSizeMetrics;
 pub use cache_prediction::CachePredictionMetrics;
 pub use config::ConfigMetrics;
+pub use connections::ConnectionMetrics;
 pub use data_parallel::DataParallelMetrics;
 pub use disaggregation::DisaggregationMetrics;
+pub use discovery::DiscoveryMetrics;
 pub use prediction::PredictionMetrics;
+pub use recording::RecordingMetrics;
 pub use replica_bus::ReplicaBusMetrics;
+pub use response_affinity::ResponseAffinityMetrics;
 pub use shaping::ShapingMetrics;
 pub use slo::SloMetrics;
 pub use tokens::TokenMetrics;
@@ -59,15 +67,8 @@ pub struct Metrics {
     pub requests: IntCounterVec,
     /// `kvroute_request_duration_seconds{endpoint,model}`: arrival to last byte.
     pub request_duration: HistogramVec,
-    /// `kvroute_response_affinity_total{outcome}`: Responses API requests that name a stored
-    /// response (`routed`, `unknown`, `holder_gone`, `holder_unavailable`), and ids `learned`.
-    pub response_affinity: IntCounterVec,
-    /// `kvroute_response_affinity_entries`: stored responses whose worker is remembered.
-    pub response_affinity_entries: IntGauge,
     /// `kvroute_time_to_first_token_seconds{model,worker}`.
     pub ttft: HistogramVec,
-    /// `kvroute_worker_in_flight{worker}`: requests routed to a worker and not finished.
-    pub in_flight: IntGaugeVec,
     /// `kvroute_routing_decision_seconds{policy,stage}`: time to decide (tokenize, score, total).
     pub decision: HistogramVec,
     /// `kvroute_retries_total{reason}`: requests sent again to another worker.
@@ -76,63 +77,24 @@ pub struct Metrics {
     pub retries_denied: IntCounter,
     /// `kvroute_rejected_total{reason}`: requests refused at admission (429).
     pub rejected: IntCounterVec,
-    /// `kvroute_worker_circuit_state{worker}`: 0 closed, 1 open, 2 half-open.
-    pub circuit_state: IntGaugeVec,
     /// `kvroute_upstream_errors_total{worker,kind}`: failures talking to a worker.
     pub upstream_errors: IntCounterVec,
-    /// `kvroute_worker_healthy{worker}`: 1 when the worker may receive requests.
-    pub worker_healthy: IntGaugeVec,
-    /// `kvroute_worker_kv_blocks{worker}`: the worker's KV cache capacity in blocks, configured
-    /// or read from its metrics; absent while unknown.
-    pub worker_kv_blocks: IntGaugeVec,
-    /// `kvroute_worker_warming{worker}`: 1 while the worker's KV-event warm-up replay runs (its
-    /// index entries are a lower bound of its cache).
-    pub worker_warming: IntGaugeVec,
-    /// Age of the last reading of each worker's own load, seconds (absent without one).
-    pub worker_load_age: GaugeVec,
-    /// Requests on each worker that other router replicas sent, from that reading.
-    pub worker_unseen_in_flight: IntGaugeVec,
     /// `kvroute_prefix_hit_blocks_total{worker}`: prompt blocks the chosen worker held.
     pub prefix_hit_blocks: IntCounterVec,
     /// `kvroute_prefix_queried_blocks_total{worker}`: prompt blocks routed to the worker.
     pub prefix_queried_blocks: IntCounterVec,
-    /// `kvroute_trace_records_total`: requests written to the recorded trace.
-    pub trace_records: IntCounter,
-    /// `kvroute_trace_records_dropped_total{reason}`: requests not recorded (`queue_full`,
-    /// `write_error`, `no_usage`, `untokenized`).
-    pub trace_records_dropped: IntCounterVec,
-    /// `kvroute_index_entries`: (block, worker) entries in the event-fed index.
-    pub index_entries: IntGauge,
-    /// `kvroute_index_bytes`: heap bytes of the event-fed index; divided by
-    /// `kvroute_index_entries`, the bytes each (block, worker) entry costs.
-    pub index_bytes: IntGauge,
-    /// `kvroute_index_events_total{outcome}`: KV events applied or skipped by the index.
-    pub index_events: IntCounterVec,
-    /// `kvroute_index_evictions_total`: entries evicted to stay within `index.max_entries`.
-    pub index_evictions: IntCounter,
     /// `kvroute_kv_events_total{worker,kind}`: per-worker event-stream counters (batches,
     /// undecodable, gaps, restarts, replays_ok, replays_failed, replays_abandoned, duplicates,
     /// dropped, block_size_mismatch).
     pub kv_stream: IntCounterVec,
-    /// `kvroute_open_connections`: client connections open now.
-    pub open_connections: IntGauge,
-    /// `kvroute_tls_reloads_total{result}`: changed TLS files of the front door, `applied` or
-    /// `refused` (unusable; the previous certificate is still served).
-    pub tls_reloads: IntCounterVec,
-    /// `kvroute_tls_handshake_failures_total`: client connections whose TLS handshake failed
-    /// or timed out.
-    pub tls_handshake_failures: IntCounter,
-    /// `kvroute_connections_refused_total`: client connections closed on accept because
-    /// `server.max_connections` were open.
-    pub connections_refused: IntCounter,
-    /// `kvroute_connections_closed_total{reason}`: client connections the router closed
-    /// (`first_request_timeout`, `idle`, `write_stalled`, `evicted`).
-    pub connections_closed: IntCounterVec,
-    /// `kvroute_discovery_events_total{source,kind}`: what worker discovery saw and did
-    /// (`join`, `join_failed`, `drain`, `undrain`, `leave`, `forced_leave`, `error`, `relist`).
-    pub discovery_events: IntCounterVec,
-    /// `kvroute_discovery_workers{source}`: workers a discovery source has in the fleet now.
-    pub discovery_workers: IntGaugeVec,
+    /// Client connections and the front door's TLS.
+    pub connections: ConnectionMetrics,
+    /// Worker discovery.
+    pub discovery: DiscoveryMetrics,
+    /// The recorded trace.
+    pub recording: RecordingMetrics,
+    /// The Responses API's stored responses.
+    pub response_affinity: ResponseAffinityMetrics,
     /// The loaded configuration and its reloads.
     pub config: ConfigMetrics,
     /// Disaggregated requests' picks, hand-offs and retries by phase.
@@ -162,14 +124,7 @@ impl Metrics {
     pub fn forget_worker(&self, id: &str) {
         forget(&self.requests, id);
         forget(&self.ttft, id);
-        forget(&self.in_flight, id);
-        forget(&self.circuit_state, id);
         forget(&self.upstream_errors, id);
-        forget(&self.worker_healthy, id);
-        forget(&self.worker_kv_blocks, id);
-        forget(&self.worker_warming, id);
-        forget(&self.worker_load_age, id);
-        forget(&self.worker_unseen_in_flight, id);
         forget(&self.prefix_hit_blocks, id);
         forget(&self.prefix_queried_blocks, id);
         forget(&self.kv_stream, id);
@@ -213,14 +168,6 @@ impl Metrics {
             &["model", "worker"],
         )
         .expect("static metric definition");
-        let in_flight = IntGaugeVec::new(
-            Opts::new(
-                "kvroute_worker_in_flight",
-                "Requests routed to a worker and not yet finished.",
-            ),
-            &["worker"],
-        )
-        .expect("static metric definition");
         let decision = HistogramVec::new(
             HistogramOpts::new(
                 "kvroute_routing_decision_seconds",
@@ -246,46 +193,6 @@ impl Metrics {
             &["worker", "kind"],
         )
         .expect("static metric definition");
-        let worker_healthy = IntGaugeVec::new(
-            Opts::new(
-                "kvroute_worker_healthy",
-                "1 when the worker may receive new requests.",
-            ),
-            &["worker"],
-        )
-        .expect("static metric definition");
-        let worker_kv_blocks = IntGaugeVec::new(
-            Opts::new(
-                "kvroute_worker_kv_blocks",
-                "KV cache capacity of the worker in blocks (configured or read from its metrics).",
-            ),
-            &["worker"],
-        )
-        .expect("static metric definition");
-        let worker_warming = IntGaugeVec::new(
-            Opts::new(
-                "kvroute_worker_warming",
-                "1 while the worker's KV-event warm-up replay runs (its index entries are a lower bound).",
-            ),
-            &["worker"],
-        )
-        .expect("static metric definition");
-        let worker_load_age = GaugeVec::new(
-            Opts::new(
-                "kvroute_worker_load_reading_age_seconds",
-                "Age of the last reading of the worker's own load from its /metrics ([health] load_interval_ms); absent without one.",
-            ),
-            &["worker"],
-        )
-        .expect("static metric definition");
-        let worker_unseen_in_flight = IntGaugeVec::new(
-            Opts::new(
-                "kvroute_worker_unseen_in_flight",
-                "Requests on the worker that this router did not send (other router replicas'), from the last load reading.",
-            ),
-            &["worker"],
-        )
-        .expect("static metric definition");
         let counter = |name: &str, help: &str, labels: &[&str]| {
             IntCounterVec::new(Opts::new(name, help), labels).expect("static metric definition")
         };
@@ -300,38 +207,6 @@ impl Metrics {
             "Prompt blocks of requests routed to the worker (block-weighted queries).",
             &["worker"],
         );
-        let trace_records = IntCounter::new(
-            "kvroute_trace_records_total",
-            "Requests written to the recorded trace ([recording] trace).",
-        )
-        .expect("static metric definition");
-        let trace_records_dropped = counter(
-            "kvroute_trace_records_dropped_total",
-            "Routed requests not written to the recorded trace: queue_full (the writer fell \
-             behind), write_error, no_usage (the response told no output length), untokenized.",
-            &["reason"],
-        );
-        let index_entries = IntGauge::new(
-            "kvroute_index_entries",
-            "(block, worker) entries in the event-fed KV index.",
-        )
-        .expect("static metric definition");
-        let index_bytes = IntGauge::new(
-            "kvroute_index_bytes",
-            "Heap bytes held by the event-fed KV index (divide by kvroute_index_entries for bytes \
-             per entry).",
-        )
-        .expect("static metric definition");
-        let index_events = counter(
-            "kvroute_index_events_total",
-            "KV events applied to or skipped by the index.",
-            &["outcome"],
-        );
-        let index_evictions = IntCounter::new(
-            "kvroute_index_evictions_total",
-            "Index entries evicted to stay within index.max_entries.",
-        )
-        .expect("static metric definition");
         let kv_stream = counter(
             "kvroute_kv_events_total",
             "Per-worker KV-event stream counters (a data-parallel worker's per rank, `worker` = `id/dpN`): batches, undecodable, gaps, restarts, replays, drops, block_size_mismatch, dp_rank_mismatch.",
@@ -347,111 +222,27 @@ impl Metrics {
             "Requests refused at admission with 429, by reason.",
             &["reason"],
         );
-        let circuit_state = IntGaugeVec::new(
-            Opts::new(
-                "kvroute_worker_circuit_state",
-                "Circuit breaker state per worker: 0 closed, 1 open, 2 half-open.",
-            ),
-            &["worker"],
-        )
-        .expect("static metric definition");
         // Client connections (the front door).
-        let open_connections =
-            IntGauge::new("kvroute_open_connections", "Client connections open now.")
-                .expect("static metric definition");
-        let connections_refused = IntCounter::new(
-            "kvroute_connections_refused_total",
-            "Client connections closed on accept because server.max_connections were open.",
-        )
-        .expect("static metric definition");
-        let connections_closed = counter(
-            "kvroute_connections_closed_total",
-            "Client connections the router closed: first_request_timeout (no request within \
-             server.header_read_timeout_s), idle (no request in progress for \
-             server.idle_timeout_s), write_stalled (a response its client did not take for \
-             proxy.idle_timeout_s, or past proxy.total_timeout_s; the router's own answers: \
-             server.idle_timeout_s), evicted (idle the longest when a new client came at \
-             server.max_connections).",
-            &["reason"],
-        );
-        let tls_reloads = counter(
-            "kvroute_tls_reloads_total",
-            "Changed TLS files of the front door: applied, or refused (unusable; the previous \
-             certificate is still served).",
-            &["result"],
-        );
-        let tls_handshake_failures = IntCounter::new(
-            "kvroute_tls_handshake_failures_total",
-            "Client connections whose TLS handshake failed or timed out.",
-        )
-        .expect("static metric definition");
-        let discovery_events = counter(
-            "kvroute_discovery_events_total",
-            "Worker discovery, by source (kubernetes, dns) and kind: join, join_failed (the \
-             endpoint's /v1/models did not answer; retried), drain, undrain, leave, forced_leave \
-             (drain timeout), error (the source could not be read; the last known workers are \
-             kept), relist (a full list after a start, a 410 Gone or a reconnect).",
-            &["source", "kind"],
-        );
-        let discovery_workers = IntGaugeVec::new(
-            Opts::new(
-                "kvroute_discovery_workers",
-                "Workers a discovery source has in the fleet now, draining ones included.",
-            ),
-            &["source"],
-        )
-        .expect("static metric definition");
-        let response_affinity = counter(
-            "kvroute_response_affinity_total",
-            "Responses API: ids of stored responses learned, and requests naming one, by \
-             outcome: routed (to the worker that stores it), unknown (never learned, or \
-             forgotten), holder_gone (its worker left the fleet), holder_unavailable (its worker \
-             is down, draining or open-circuited).",
-            &["outcome"],
-        );
-        let response_affinity_entries = IntGauge::new(
-            "kvroute_response_affinity_entries",
-            "Stored Responses API responses whose worker the router remembers.",
-        )
-        .expect("static metric definition");
         for c in [
-            Box::new(open_connections.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(response_affinity.clone()),
-            Box::new(response_affinity_entries.clone()),
-            Box::new(tls_reloads.clone()),
-            Box::new(tls_handshake_failures.clone()),
-            Box::new(discovery_events.clone()),
-            Box::new(discovery_workers.clone()),
-            Box::new(connections_refused.clone()),
-            Box::new(connections_closed.clone()),
-            Box::new(requests.clone()),
+            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(request_duration.clone()),
             Box::new(ttft.clone()),
-            Box::new(in_flight.clone()),
             Box::new(decision.clone()),
             Box::new(retries.clone()),
             Box::new(upstream_errors.clone()),
-            Box::new(worker_healthy.clone()),
-            Box::new(worker_kv_blocks.clone()),
-            Box::new(worker_warming.clone()),
-            Box::new(worker_load_age.clone()),
-            Box::new(worker_unseen_in_flight.clone()),
             Box::new(prefix_hit_blocks.clone()),
             Box::new(prefix_queried_blocks.clone()),
-            Box::new(trace_records.clone()),
-            Box::new(trace_records_dropped.clone()),
-            Box::new(index_entries.clone()),
-            Box::new(index_bytes.clone()),
-            Box::new(index_events.clone()),
-            Box::new(index_evictions.clone()),
             Box::new(kv_stream.clone()),
             Box::new(retries_denied.clone()),
             Box::new(rejected.clone()),
-            Box::new(circuit_state.clone()),
         ] {
             registry.register(c).expect("metric names are unique");
         }
         register_process_and_build(&registry);
+        let connections = ConnectionMetrics::register(&registry);
+        let discovery = DiscoveryMetrics::register(&registry);
+        let recording = RecordingMetrics::register(&registry);
+        let response_affinity = ResponseAffinityMetrics::register(&registry);
         let config = ConfigMetrics::register(&registry);
         let disaggregation = DisaggregationMetrics::register(&registry);
         let data_parallel = DataParallelMetrics::register(&registry);
@@ -466,37 +257,19 @@ impl Metrics {
             registry,
             requests,
             request_duration,
-            response_affinity,
-            response_affinity_entries,
             ttft,
-            in_flight,
             decision,
             retries,
             upstream_errors,
-            worker_healthy,
-            worker_kv_blocks,
-            worker_warming,
-            worker_load_age,
-            worker_unseen_in_flight,
             prefix_hit_blocks,
             prefix_queried_blocks,
-            trace_records,
-            trace_records_dropped,
-            index_entries,
-            index_bytes,
-            index_events,
-            index_evictions,
             kv_stream,
             retries_denied,
             rejected,
-            circuit_state,
-            open_connections,
-            connections_refused,
-            tls_reloads,
-            tls_handshake_failures,
-            connections_closed,
-            discovery_events,
-            discovery_workers,
+            connections,
+            discovery,
+            recording,
+            response_affinity,
             config,
             disaggregation,
             data_parallel,
@@ -507,6 +280,13 @@ impl Metrics {
             tokens,
             cache_prediction,
             replica_bus,
+        }
+    }
+
+    /// Adds a collector of live state (read at scrape time) to this router's registry.
+    pub fn register(&self, collector: Box<dyn prometheus::core::Collector>) {
+        if let Err(e) = self.registry.register(collector) {
+            tracing::error!(error = %e, "cannot register a metrics collector");
         }
     }
 

@@ -152,6 +152,8 @@ pub(super) struct FileModel {
     pub(super) engine: Option<String>,
     pub(super) max_model_len: Option<u64>,
     pub(super) disaggregation: Option<String>,
+    pub(super) ttft_target_ms: Option<f64>,
+    pub(super) itl_target_ms: Option<f64>,
 }
 
 impl FileModel {
@@ -166,6 +168,8 @@ impl FileModel {
             engine: None,
             max_model_len: None,
             disaggregation: None,
+            ttft_target_ms: None,
+            itl_target_ms: None,
         }
     }
 }

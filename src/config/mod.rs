@@ -376,6 +376,13 @@ impl Config {
                 "must be below limits.max_concurrency, or only the highest band could run",
             ));
         }
+        if priorities.headroom + priorities.fair_reserve >= limits.max_concurrency {
+            return Err(invalid(
+                "priority.fair_reserve",
+                "headroom + fair_reserve must be below limits.max_concurrency, or no tenant \
+                 would have a share outside them",
+            ));
+        }
         let tenants = tenants::tenants(file.tenants.unwrap_or_default(), &priorities)?;
         let admin = tenants::admin_access(file.admin, args.admin_open_on_loopback, &tenants)?;
         let own: Vec<SocketAddr> = std::iter::once(front.listen)

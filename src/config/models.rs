@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use super::file::{FileModel, FileTokens};
 use super::overrides::Override;
+use super::tenants::target_s;
 use super::{ConfigError, invalid};
 use crate::proxy::handoff::Protocol;
 pub use crate::tokens::TokenizerSource;
@@ -43,6 +44,12 @@ pub struct ModelConfig {
     /// prefill-only or decode-only (`disaggregation = "vllm" | "sglang"`); `None`: the
     /// protocol of its `engine` (see [`ModelConfig::handoff`]).
     pub disaggregation: Option<Protocol>,
+    /// Its requests' TTFT target, seconds (`ttft_target_ms`): below a request's own header,
+    /// above its tenant's default (a model's target says what its engines can give; a
+    /// tenant's is one figure for every model it uses).
+    pub ttft_target_s: Option<f64>,
+    /// Its requests' inter-token latency target, seconds (`itl_target_ms`), likewise.
+    pub itl_target_s: Option<f64>,
 }
 
 impl ModelConfig {
@@ -77,6 +84,8 @@ impl ModelConfig {
             base_model: None,
             engine: EngineKind::default(),
             max_model_len: None,
+            ttft_target_s: None,
+            itl_target_s: None,
             disaggregation: None,
         }
     }
@@ -251,6 +260,8 @@ fn model(
         engine,
         max_model_len: m.max_model_len,
         disaggregation,
+        ttft_target_s: target_s(key, "ttft_target_ms", m.ttft_target_ms)?,
+        itl_target_s: target_s(key, "itl_target_ms", m.itl_target_ms)?,
     })
 }
 

@@ -18,6 +18,7 @@ pub(super) struct FilePriority {
     pub(super) header: Option<String>,
     pub(super) sheddable_header: Option<String>,
     pub(super) headroom: Option<usize>,
+    pub(super) fair_reserve: Option<usize>,
 }
 
 /// Most bands: each is scanned in turn for the next request to admit.
@@ -84,6 +85,7 @@ pub(super) fn priorities(file: &FilePriority) -> Result<Priorities, ConfigError>
         default_band,
         sheddable,
         headroom: file.headroom.unwrap_or(0),
+        fair_reserve: file.fair_reserve.unwrap_or(0),
     })
 }
 

@@ -172,7 +172,11 @@ fn shaping(
 }
 
 /// A latency target in milliseconds, as seconds: positive and finite.
-fn target_s(key: &str, field: &str, ms: Option<f64>) -> Result<Option<f64>, ConfigError> {
+pub(super) fn target_s(
+    key: &str,
+    field: &str,
+    ms: Option<f64>,
+) -> Result<Option<f64>, ConfigError> {
     match ms {
         Some(v) if !(v.is_finite() && v > 0.0) => Err(invalid(
             format!("{key}.{field}"),

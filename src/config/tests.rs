@@ -70,6 +70,14 @@ fn errors_name_the_key() {
             "[[workers]]\nurl = \"http://a:1\"\n[[workers]]\nurl = \"http://a:1\"",
             "workers",
         ),
+        (
+            "[[models]]\nname = \"m\"\nttft_target_ms = 0",
+            "models[0].ttft_target_ms",
+        ),
+        (
+            "[limits]\nmax_concurrency = 4\n[priority]\nheadroom = 2\nfair_reserve = 2",
+            "priority.fair_reserve",
+        ),
     ];
     for (text, key) in cases {
         match load(text) {

@@ -129,7 +129,8 @@ fn pool_defaults() -> crate::config::KubernetesDiscovery {
 
 fn count(metrics: &Metrics, source: Source, kind: &str) {
     metrics
-        .discovery_events
+        .discovery
+        .events
         .with_label_values(&[source.name(), kind])
         .inc();
 }

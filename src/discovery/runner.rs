@@ -72,7 +72,8 @@ pub async fn run(
     }
     let count = |kind: &str| {
         ctx.metrics
-            .discovery_events
+            .discovery
+            .events
             .with_label_values(&[source.name(), kind])
             .inc();
     };
@@ -140,7 +141,8 @@ pub async fn run(
             }
         }
         ctx.metrics
-            .discovery_workers
+            .discovery
+            .workers
             .with_label_values(&[source.name()])
             .set(rec.in_fleet() as i64);
     }

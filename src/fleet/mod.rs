@@ -11,6 +11,7 @@ pub mod breaker;
 pub mod capacity;
 pub mod engine_block_size;
 pub mod engine_ranks;
+pub mod gauges;
 pub mod health;
 pub mod load;
 pub mod load_poller;

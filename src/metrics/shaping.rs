@@ -2,7 +2,9 @@
 //! band and tenant, and how full the router is (the `kvroute_saturation` gauge an autoscaler
 //! reads, see `deploy/kubernetes/keda-scaledobject.yaml`).
 
-use prometheus::{Gauge, HistogramOpts, HistogramVec, IntGaugeVec, Opts, Registry};
+use prometheus::{Gauge, GaugeVec, HistogramOpts, HistogramVec, IntGaugeVec, Opts, Registry};
+
+use crate::shaping::saturation::{self, Part};
 
 /// The admission queue's metrics.
 #[derive(Clone)]
@@ -13,9 +15,13 @@ pub struct ShapingMetrics {
     /// `kvroute_queue_depth{band,tenant}`: requests waiting for a slot now (tenant `-`: no
     /// authentication).
     pub queue_depth: IntGaugeVec,
-    /// `kvroute_saturation`: 0–1, how close the router is to refusing: the larger of its
-    /// slots in use over `max_concurrency` and its queue over `max_queue`.
-    pub saturation: Gauge,
+    /// `kvroute_saturation`: 0–1, how close the fleet is to its limits: the largest of
+    /// `saturation_part` (`shaping::saturation`). Set through [`ShapingMetrics::saturate`].
+    saturation: Gauge,
+    /// `kvroute_saturation_part{part}`: each limit's own 0–1 (`slots`, `queue`, `kv`,
+    /// `ttft`), so an operator sees which one binds; in [`Part::ALL`]'s order (resolved once:
+    /// the gate sets two parts on every admission).
+    saturation_part: [Gauge; 4],
 }
 
 /// Buckets from 1 ms to 60 s: a queue wait is short when the fleet keeps up and bounded by
@@ -45,13 +51,23 @@ impl ShapingMetrics {
         .expect("static metric definition");
         let saturation = Gauge::new(
             "kvroute_saturation",
-            "How close the router is to refusing requests, 0-1: the larger of slots in use over limits.max_concurrency and waiting requests over limits.max_queue.",
+            "How close the fleet is to its limits, 0-1: the largest of kvroute_saturation_part (router slots, queue, engines' KV usage, predicted TTFT over target).",
         )
         .expect("static metric definition");
+        let saturation_part = GaugeVec::new(
+            Opts::new(
+                "kvroute_saturation_part",
+                "Each limit's saturation, 0-1: slots (in use over limits.max_concurrency), queue (waiting over limits.max_queue), kv (engines' mean KV-cache usage), ttft (predicted TTFT over target, smoothed over recent requests with a target).",
+            ),
+            &["part"],
+        )
+        .expect("static metric definition");
+        let parts = Part::ALL.map(|p| saturation_part.with_label_values(&[p.label()]));
         for c in [
             Box::new(queue_time.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(queue_depth.clone()),
             Box::new(saturation.clone()),
+            Box::new(saturation_part.clone()),
         ] {
             registry.register(c).expect("metric names are unique");
         }
@@ -59,6 +75,29 @@ impl ShapingMetrics {
             queue_time,
             queue_depth,
             saturation,
+            saturation_part: parts,
         }
+    }
+
+    /// Sets `part` of the saturation and the whole (the largest part).
+    pub fn saturate(&self, part: Part, value: f64) {
+        self.part(part).set(saturation::clamp(value));
+        self.saturation.set(saturation::combine(
+            self.saturation_part.iter().map(Gauge::get),
+        ));
+    }
+
+    fn part(&self, part: Part) -> &Gauge {
+        &self.saturation_part[part.index()]
+    }
+
+    /// A part's current value.
+    pub fn saturation_part(&self, part: Part) -> f64 {
+        self.part(part).get()
+    }
+
+    /// The whole saturation now.
+    pub fn saturation(&self) -> f64 {
+        self.saturation.get()
     }
 }

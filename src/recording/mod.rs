@@ -144,7 +144,8 @@ impl Recorder {
     /// Counts a request that is not recorded, and why.
     pub fn dropped(&self, reason: &str) {
         self.metrics
-            .trace_records_dropped
+            .recording
+            .dropped
             .with_label_values(&[reason])
             .inc();
     }
@@ -211,10 +212,11 @@ impl Writer {
         let line = mooncake_line(record, &self.ids, self.seq);
         self.seq += 1;
         match self.file.write_line(&line) {
-            Ok(()) => self.metrics.trace_records.inc(),
+            Ok(()) => self.metrics.recording.records.inc(),
             Err(e) => {
                 self.metrics
-                    .trace_records_dropped
+                    .recording
+                    .dropped
                     .with_label_values(&["write_error"])
                     .inc();
                 self.complain(&e);
@@ -269,7 +271,7 @@ mod tests {
                 .filter_map(|p| std::fs::read_to_string(p).ok())
                 .map(|t| t.lines().count())
                 .sum::<usize>();
-            if lines == 6 && metrics.trace_records.get() == 6 {
+            if lines == 6 && metrics.recording.records.get() == 6 {
                 break;
             }
             std::thread::sleep(Duration::from_millis(10));
@@ -316,7 +318,8 @@ mod tests {
             let _ = writer.file.flush();
         });
         let dropped = metrics
-            .trace_records_dropped
+            .recording
+            .dropped
             .with_label_values(&["write_error"])
             .get();
         assert!(dropped > 1000, "the disk is full: {dropped} dropped");
@@ -362,7 +365,7 @@ mod tests {
         };
         recorder.record(record(0));
         recorder.record(record(1));
-        let dropped = |r: &str| metrics.trace_records_dropped.with_label_values(&[r]).get();
+        let dropped = |r: &str| metrics.recording.dropped.with_label_values(&[r]).get();
         assert_eq!(dropped("queue_full"), 1);
         drop(rx);
         recorder.record(record(2));

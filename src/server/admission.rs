@@ -433,6 +433,56 @@ mod tests {
         assert!(a.admit(&at(None), &m).await.is_ok());
     }
 
+    /// A tenant flooding the router holds every slot but the fair reserve; another tenant's
+    /// request is admitted on its first poll (no release waited for), the flood's waiter is
+    /// not given the reserve, and is served — not lost — when one of its own slots ends.
+    #[tokio::test]
+    async fn a_tenant_under_its_share_takes_the_fair_reserve_at_once() {
+        use futures_util::FutureExt;
+        let m = Metrics::new();
+        let limits = Limits {
+            max_concurrency: 4,
+            max_queue: 16,
+            queue_timeout: Duration::from_secs(600),
+            ..Limits::default()
+        };
+        let priorities = Priorities {
+            fair_reserve: 1,
+            ..Priorities::default()
+        };
+        let a = Arc::new(Admission::new(limits, &[], &priorities, &m));
+        let mut flood = Vec::new();
+        for _ in 0..3 {
+            flood.push(a.admit(&at(Some("a")), &m).await.unwrap());
+        }
+        let (a2, m2) = (Arc::clone(&a), m.clone());
+        let waiter = tokio::spawn(async move { a2.admit(&at(Some("a")), &m2).await.is_ok() });
+        // The runtime is single-threaded: the waiter runs (and queues) while this one yields.
+        for _ in 0..100 {
+            if a.waiting() > 0 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            a.waiting(),
+            1,
+            "the flood's fourth request took the reserve"
+        );
+        let b = a.admit(&at(Some("b")), &m).now_or_never();
+        assert!(matches!(b, Some(Ok(_))), "b waited or was refused");
+        drop(b);
+        // The reserve is free again, and still not `a`'s.
+        tokio::task::yield_now().await;
+        assert_eq!(a.waiting(), 1);
+        drop(flood.pop());
+        assert!(
+            waiter.await.unwrap(),
+            "the flood's waiter got its own freed slot"
+        );
+        assert_eq!(a.waiting(), 0);
+    }
+
     #[tokio::test]
     async fn tenant_limits_are_separate() {
         let m = Metrics::new();

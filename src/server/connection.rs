@@ -257,7 +257,8 @@ impl<B: Body<Data = Bytes> + Unpin> Body for TrackedBody<B> {
 /// its slot.
 fn stalled(metrics: &Metrics) {
     metrics
-        .connections_closed
+        .connections
+        .closed
         .with_label_values(&["write_stalled"])
         .inc();
 }
@@ -333,7 +334,7 @@ pub(super) async fn drive<C>(
                     deadline.as_mut().reset(until);
                     continue;
                 }
-                metrics.connections_closed.with_label_values(&[reason]).inc();
+                metrics.connections.closed.with_label_values(&[reason]).inc();
                 closing = true;
                 conn.as_mut().graceful_shutdown();
                 deadline.as_mut().reset(now + CLOSE_WAIT);

@@ -268,6 +268,7 @@ async fn forward(
         state,
         &caller,
         &call.headers,
+        model_ref,
         &mut decided.analysis,
         &decided.eligible,
     )?;

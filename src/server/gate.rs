@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use crate::metrics::ShapingMetrics;
-use crate::shaping::{Arrival, FairQueue, Priorities, Refusal};
+use crate::shaping::saturation::Part;
+use crate::shaping::{Arrival, Ask, FairQueue, Priorities, Refusal, SlotBook, Waiter};
 
 /// What a waiter is told.
 #[derive(Debug)]
@@ -46,20 +47,35 @@ pub(super) struct Entry {
 }
 
 struct State {
-    limit: usize,
-    /// Slots only band 0 may take.
-    headroom: usize,
-    in_use: usize,
+    /// Who holds the slots, and who may take one (headroom, fair reserve).
+    slots: SlotBook,
     max_queue: usize,
     queue: FairQueue<oneshot::Sender<Grant>>,
 }
 
 impl State {
-    /// Whether a request of `band` may take a slot now: one is free, beyond the headroom kept
-    /// for band 0 unless it is band 0.
-    fn room(&self, band: usize) -> bool {
-        let reserve = if band == 0 { 0 } else { self.headroom };
-        self.in_use + reserve < self.limit
+    /// Whether a request of `band` and `flow` may take a slot now (`shaping::slots`).
+    fn room(&self, band: usize, flow: &str, weight: u32) -> bool {
+        self.slots
+            .may_take(Ask { band, flow, weight }, self.queue.flows())
+    }
+
+    /// The next waiter that may take a slot now, in the queue's order (bands strict, fair
+    /// share among flows; flows that may not take one are passed over).
+    fn next(&mut self) -> Option<Waiter<oneshot::Sender<Grant>>> {
+        // The flows waiting, for the shares (listed only when the fair reserve is reached).
+        let waiting: Vec<(Arc<str>, u32)> = if self.slots.needs_shares() {
+            self.queue.flows().map(|(f, w)| (Arc::from(f), w)).collect()
+        } else {
+            Vec::new()
+        };
+        let slots = &self.slots;
+        self.queue.pop_where(|band, flow, weight| {
+            slots.may_take(
+                Ask { band, flow, weight },
+                waiting.iter().map(|(f, w)| (&**f, *w)),
+            )
+        })
     }
 }
 
@@ -82,12 +98,13 @@ impl std::fmt::Debug for Gate {
 #[derive(Debug)]
 pub(super) struct GateSlot {
     gate: Arc<Gate>,
+    flow: Arc<str>,
 }
 
 impl Drop for GateSlot {
     fn drop(&mut self) {
         let mut st = self.gate.lock();
-        st.in_use -= 1;
+        st.slots.release(&self.flow);
         self.gate.pump(&mut st);
     }
 }
@@ -108,6 +125,8 @@ impl Drop for Waiting<'_> {
             let mut st = self.gate.lock();
             if st.queue.remove(self.id).is_some() {
                 self.gate.depth(&st, self.band, &self.flow);
+                // One flow fewer waiting may raise the others' shares.
+                self.gate.pump(&mut st);
             }
         }
     }
@@ -123,9 +142,7 @@ impl Gate {
     ) -> Arc<Gate> {
         Arc::new(Gate {
             state: Mutex::new(State {
-                limit,
-                headroom: priorities.headroom,
-                in_use: 0,
+                slots: SlotBook::new(limit, priorities.headroom, priorities.fair_reserve),
                 max_queue,
                 queue: FairQueue::new(priorities.bands.len(), max_queue),
             }),
@@ -147,7 +164,7 @@ impl Gate {
     /// are returned (the requests running keep theirs).
     pub(super) fn resize(&self, limit: usize, max_queue: usize) {
         let mut st = self.lock();
-        st.limit = limit;
+        st.slots.set_limit(limit);
         st.max_queue = max_queue;
         st.queue.set_capacity(max_queue);
         self.pump(&mut st);
@@ -164,9 +181,10 @@ impl Gate {
         let band_label = self.bands.get(entry.band).map_or("-", String::as_str);
         let (id, mut rx) = {
             let mut st = self.lock();
-            // Nobody of its band or above waits, and a slot is free for its band.
-            if st.room(entry.band) && st.queue.peek_band().is_none_or(|b| b > entry.band) {
-                st.in_use += 1;
+            // A slot it may take is free. No waiter may take it (each release and departure
+            // hands free slots to every waiter that may), so it overtakes nobody.
+            if st.room(entry.band, &entry.flow, entry.weight) {
+                st.slots.take(&entry.flow, entry.weight);
                 self.saturation(&st);
                 self.metrics
                     .queue_time
@@ -174,6 +192,7 @@ impl Gate {
                     .observe(0.0);
                 return Ok(GateSlot {
                     gate: Arc::clone(self),
+                    flow: entry.flow,
                 });
             }
             let (tx, rx) = oneshot::channel();
@@ -208,6 +227,7 @@ impl Gate {
                 let mut st = self.lock();
                 if st.queue.remove(id).is_some() {
                     self.depth(&st, waiting.band, &waiting.flow);
+                    self.pump(&mut st);
                     Grant::Expired
                 } else {
                     // Handed a slot (or shed) just as the wait ran out: the answer is sent.
@@ -224,6 +244,7 @@ impl Gate {
                     .observe(started.elapsed().as_secs_f64());
                 Ok(GateSlot {
                     gate: Arc::clone(self),
+                    flow: Arc::clone(&waiting.flow),
                 })
             }
             Grant::Shed => Err(Denied::Shed),
@@ -237,14 +258,10 @@ impl Gate {
             let _ = late.item.send(Grant::Expired);
             self.depth(st, late.arrival.band, &late.arrival.flow);
         }
-        while let Some(band) = st.queue.peek_band() {
-            if !st.room(band) {
-                break;
-            }
-            let Some(next) = st.queue.pop() else { break };
+        while let Some(next) = st.next() {
             // A waiter whose client left no longer listens: the slot goes to the next one.
             if next.item.send(Grant::Slot).is_ok() {
-                st.in_use += 1;
+                st.slots.take(&next.arrival.flow, next.arrival.weight);
             }
             self.depth(st, next.arrival.band, &next.arrival.flow);
         }
@@ -266,12 +283,13 @@ impl Gate {
     }
 
     fn saturation(&self, st: &State) {
-        let slots = st.in_use as f64 / st.limit.max(1) as f64;
+        let slots = st.slots.in_use() as f64 / st.slots.limit().max(1) as f64;
         let queue = if st.max_queue == 0 {
             0.0
         } else {
             st.queue.len() as f64 / st.max_queue as f64
         };
-        self.metrics.saturation.set(slots.max(queue).min(1.0));
+        self.metrics.saturate(Part::Slots, slots);
+        self.metrics.saturate(Part::Queue, queue);
     }
 }

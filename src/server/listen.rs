@@ -89,7 +89,7 @@ pub(super) async fn serve_until(
         };
         let activity = Activity::new(peer.ip(), deadlines.idle);
         let Some(slot) = open.take(cap, &activity) else {
-            metrics.connections_refused.inc();
+            metrics.connections.refused.inc();
             tracing::debug!(%peer, cap, "connection refused: server.max_connections are open");
             drop(stream);
             continue;
@@ -125,12 +125,12 @@ pub(super) async fn serve_until(
                     let stream = match shake {
                         Ok(Ok(s)) => s,
                         Ok(Err(e)) => {
-                            metrics.tls_handshake_failures.inc();
+                            metrics.connections.tls_handshake_failures.inc();
                             tracing::debug!(%peer, error = %e, "TLS handshake failed");
                             return;
                         }
                         Err(_) => {
-                            metrics.tls_handshake_failures.inc();
+                            metrics.connections.tls_handshake_failures.inc();
                             tracing::debug!(%peer, "TLS handshake timed out");
                             return;
                         }

@@ -147,6 +147,12 @@ impl AppState {
             .with_replay_limits(config.replay_limits)
             .with_default_block_size(config.default_block_size),
         );
+        metrics.register(Box::new(crate::fleet::gauges::FleetGauges::new(
+            Arc::clone(lifecycle.fleet()),
+        )));
+        metrics.register(Box::new(crate::index::IndexGauges::new(Arc::clone(
+            &holdings,
+        ))));
         Ok(AppState {
             decider: Decider::new(Arc::clone(&policy), Arc::clone(&holdings)),
             fleet: Arc::clone(lifecycle.fleet()),

@@ -16,6 +16,7 @@ use crate::proxy::output_tokens::OutputTokens;
 use crate::proxy::usage::UsageScan;
 use crate::proxy::{End, ResponseObserver};
 use crate::routing::Attempt;
+use crate::shaping::saturation::{Part, ttft_part};
 use crate::telemetry::TARGET as TRACE;
 
 /// Who asked, for the access log.
@@ -138,6 +139,9 @@ impl Observer {
                 "predicted_missed"
             };
             self.metrics.slo.count("ttft", outcome);
+            let shaping = &self.metrics.shaping;
+            let part = ttft_part(shaping.saturation_part(Part::Ttft), predicted, target);
+            shaping.saturate(Part::Ttft, part);
         }
         self.slo = slo;
         self
@@ -358,6 +362,7 @@ impl Observer {
             map.learn(tenant.as_deref(), &id, &self.attempt.worker, Instant::now());
             self.metrics
                 .response_affinity
+                .requests
                 .with_label_values(&["learned"])
                 .inc();
         }

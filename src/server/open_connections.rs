@@ -62,7 +62,7 @@ impl OpenConnections {
             // Over the cap for as long as the evicted connection takes to drop.
             self.count.fetch_add(1, Ordering::AcqRel);
         }
-        self.metrics.open_connections.inc();
+        self.metrics.connections.open.inc();
         let mut all = self.lock();
         // Closed connections' entries are swept once they are as many as the open ones, so
         // an accept costs a push, not a scan.
@@ -94,7 +94,8 @@ impl OpenConnections {
             .map(|(_, a)| a)?;
         victim.evict();
         self.metrics
-            .connections_closed
+            .connections
+            .closed
             .with_label_values(&["evicted"])
             .inc();
         Some(())
@@ -117,7 +118,7 @@ pub(super) struct Slot(Arc<OpenConnections>);
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.0.metrics.open_connections.dec();
+        self.0.metrics.connections.open.dec();
         if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.0.closed.notify_waiters();
         }

@@ -11,6 +11,7 @@ use serde_json::json;
 use super::AppState;
 use crate::metrics::sync_counter;
 use crate::openai::ApiError;
+use crate::shaping::saturation::{Part, kv_part};
 
 /// `GET /health`: the process is alive.
 pub(super) async fn health() -> Json<serde_json::Value> {
@@ -53,40 +54,26 @@ fn not_ready_message(fleet: &crate::fleet::Fleet) -> String {
     message
 }
 
-/// `GET /metrics`: Prometheus text. Fleet gauges are read from the live counters at scrape
-/// time, so they can never drift from what routing sees.
+/// `GET /metrics`: Prometheus text. The fleet's and the index's gauges are collectors of live
+/// state (`fleet::gauges`, `index::gauges`) read by the render; what is copied here is
+/// monotonic or set per label, never reset, so concurrent scrapes cannot see it half-done.
 pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let m = &state.metrics;
     if let Some(tls) = state.tls() {
         let (applied, refused) = tls.reload_counts();
-        sync_counter(&m.tls_reloads.with_label_values(&["applied"]), applied);
-        sync_counter(&m.tls_reloads.with_label_values(&["refused"]), refused);
+        sync_counter(
+            &m.connections.tls_reloads.with_label_values(&["applied"]),
+            applied,
+        );
+        sync_counter(
+            &m.connections.tls_reloads.with_label_values(&["refused"]),
+            refused,
+        );
     }
-    m.response_affinity_entries
+    m.response_affinity
+        .entries
         .set(i64::try_from(state.affinity.len()).unwrap_or(i64::MAX));
-    m.in_flight.reset();
-    m.worker_healthy.reset();
-    m.worker_kv_blocks.reset();
-    m.worker_warming.reset();
-    m.worker_load_age.reset();
-    m.worker_unseen_in_flight.reset();
-    m.circuit_state.reset();
-    let now = std::time::Instant::now();
     let workers = state.fleet.workers();
-    let index = state.holdings.exact.stats();
-    m.index_entries
-        .set(i64::try_from(index.entries).unwrap_or(i64::MAX));
-    m.index_bytes
-        .set(i64::try_from(state.holdings.exact.heap_bytes()).unwrap_or(i64::MAX));
-    sync_counter(
-        &m.index_events.with_label_values(&["applied"]),
-        index.events_applied,
-    );
-    sync_counter(
-        &m.index_events.with_label_values(&["skipped"]),
-        index.events_skipped,
-    );
-    sync_counter(&m.index_evictions, index.evictions);
     for (slot, stats) in state.lifecycle.feed_stats() {
         let Some(label) = workers
             .iter()
@@ -118,35 +105,6 @@ pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         }
     }
     for w in workers.iter() {
-        m.worker_healthy
-            .with_label_values(&[w.id()])
-            .set(i64::from(w.is_healthy()));
-        if let Some(blocks) = w.kv_blocks() {
-            m.worker_kv_blocks
-                .with_label_values(&[w.id()])
-                .set(i64::try_from(blocks).unwrap_or(i64::MAX));
-        }
-        // Load and warm-up are a routing target's: a data-parallel worker's per rank.
-        for rank in w.ranks() {
-            let label = &*rank.label;
-            let load = rank.load.snapshot();
-            m.in_flight
-                .with_label_values(&[label])
-                .set(i64::try_from(load.in_flight).unwrap_or(i64::MAX));
-            if w.has_event_feed() {
-                m.worker_warming
-                    .with_label_values(&[label])
-                    .set(i64::from(rank.is_kv_warming()));
-            }
-            if let Some(at) = rank.load.reading_taken() {
-                m.worker_load_age
-                    .with_label_values(&[label])
-                    .set(now.saturating_duration_since(at).as_secs_f64());
-                m.worker_unseen_in_flight
-                    .with_label_values(&[label])
-                    .set(i64::try_from(rank.load.view().unseen_in_flight).unwrap_or(i64::MAX));
-            }
-        }
         if w.engine_ranks.listed().is_some() {
             let wrong = w.engine_ranks.disagrees(w.data_parallel_size());
             m.data_parallel
@@ -166,10 +124,17 @@ pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
                     .set(i64::from(configured != size));
             }
         }
-        m.circuit_state
-            .with_label_values(&[w.id()])
-            .set(w.breaker.state(now).as_metric());
     }
+    // The engines' KV usage, as their last load readings report it (healthy workers only:
+    // a worker out of the fleet's capacity does not make it fuller).
+    let kv = kv_part(
+        workers
+            .iter()
+            .filter(|w| w.is_healthy())
+            .flat_map(|w| w.ranks())
+            .filter_map(|r| r.load.reading()?.engine.kv_usage),
+    );
+    m.shaping.saturate(Part::Kv, kv.unwrap_or(0.0));
     (
         [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         m.render(),

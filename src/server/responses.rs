@@ -122,6 +122,7 @@ fn holder(
     state
         .metrics
         .response_affinity
+        .requests
         .with_label_values(&[outcome])
         .inc();
     result

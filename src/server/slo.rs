@@ -1,6 +1,6 @@
 //! A request's latency targets (SLO hints): a time-to-first-token and an inter-token latency
-//! target, from its headers (`x-kvroute-ttft-target-ms`, `x-kvroute-itl-target-ms`) or its
-//! tenant's `ttft_target_ms` / `itl_target_ms`.
+//! target, from its headers (`x-kvroute-ttft-target-ms`, `x-kvroute-itl-target-ms`), else its
+//! model's `[[models]]` `ttft_target_ms` / `itl_target_ms`, else its tenant's.
 //!
 //! The TTFT target steers the decision (`routing::slo`: a worker predicted to meet it is
 //! preferred); a sheddable request that no worker is predicted to meet it on is refused at
@@ -29,9 +29,15 @@ pub(super) struct Hints {
     pub(super) sheddable: bool,
 }
 
-/// The targets of `caller`'s request: its headers', else its tenant's; 400 for a header that
-/// is not a positive number of milliseconds.
-fn hints(state: &AppState, caller: &Caller, headers: &HeaderMap) -> Result<Hints, ApiError> {
+/// The targets of `caller`'s request for `model`: its headers', else its model's
+/// (`[[models]]`), else its tenant's; 400 for a header that is not a positive number of
+/// milliseconds.
+fn hints(
+    state: &AppState,
+    caller: &Caller,
+    headers: &HeaderMap,
+    model: Option<&str>,
+) -> Result<Hints, ApiError> {
     let tenant = match caller {
         Caller::Tenant(t) => Some(t.shaping),
         Caller::Anonymous => None,
@@ -40,9 +46,14 @@ fn hints(state: &AppState, caller: &Caller, headers: &HeaderMap) -> Result<Hints
         .admission
         .place(caller, headers)
         .is_ok_and(|p| p.placement.sheddable);
+    let model = model.and_then(|m| state.model_config(m));
     Ok(Hints {
-        ttft_s: header_s(headers, TTFT_HEADER)?.or(tenant.and_then(|t| t.ttft_target_s)),
-        itl_s: header_s(headers, ITL_HEADER)?.or(tenant.and_then(|t| t.itl_target_s)),
+        ttft_s: header_s(headers, TTFT_HEADER)?
+            .or(model.and_then(|m| m.ttft_target_s))
+            .or(tenant.and_then(|t| t.ttft_target_s)),
+        itl_s: header_s(headers, ITL_HEADER)?
+            .or(model.and_then(|m| m.itl_target_s))
+            .or(tenant.and_then(|t| t.itl_target_s)),
         sheddable,
     })
 }
@@ -69,10 +80,11 @@ pub(super) fn apply(
     state: &AppState,
     caller: &Caller,
     headers: &HeaderMap,
+    model: Option<&str>,
     analysis: &mut Analysis,
     eligible: &Eligible,
 ) -> Result<Hints, ApiError> {
-    let hints = hints(state, caller, headers)?;
+    let hints = hints(state, caller, headers, model)?;
     analysis.ttft_target_s = hints.ttft_s;
     refuse_unmeetable(state, &hints, analysis, eligible)?;
     Ok(hints)

@@ -18,8 +18,12 @@
 //! `kvroute_prefix_queried_blocks_total` are counted for it, exactly as a prefix-aware policy's
 //! session does, so policies can be compared on kvroute's own metrics. The lookup is made
 //! within microseconds to milliseconds of the decision rather than at it: a block that
-//! arrives or leaves in between counts the other way, and the engine cannot have stored this
-//! request's own blocks yet (that takes its prefill and an event's trip back). A worker
+//! arrives or leaves in between counts the other way. The engine has normally not stored this
+//! request's own blocks yet (that takes its prefill and an event's trip back); on a starved
+//! machine, where the blocking thread runs later than that, the request counts its own blocks
+//! as hits (seen once in a full test run under heavy load: `load_only_hits`). Telling them
+//! apart would take a per-block store time in the index, which the request path does not
+//! need; the over-count is bounded by the requests hashed that late. A worker
 //! without KV events gets the prompt's blocks predicted when the worker is known (its
 //! response head), as a prefix-aware policy's admission predicts them, so the approximate
 //! index answers for load-only policies too.

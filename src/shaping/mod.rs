@@ -9,6 +9,9 @@
 pub mod priority;
 pub mod queue;
 pub mod rate;
+pub mod saturation;
+pub mod slots;
 
 pub use priority::{Placement, Priorities, PriorityError, TenantPriority};
 pub use queue::{Arrival, FairQueue, Queued, Refusal, Waiter};
+pub use slots::{Ask, SlotBook};

@@ -32,6 +32,9 @@ pub struct Priorities {
     /// Router slots only the highest band may take: a request of another band waits while
     /// fewer than this many are free, so one of the highest band finds a slot at once.
     pub headroom: usize,
+    /// Router slots only a tenant under its fair share may take (`shaping::slots`), so one
+    /// arriving behind a flood starts at once instead of waiting for a slot to end.
+    pub fair_reserve: usize,
 }
 
 impl Default for Priorities {
@@ -43,6 +46,7 @@ impl Default for Priorities {
             header: DEFAULT_HEADER.into(),
             sheddable_header: DEFAULT_SHEDDABLE_HEADER.into(),
             headroom: 0,
+            fair_reserve: 0,
         }
     }
 }

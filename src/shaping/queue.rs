@@ -83,8 +83,19 @@ impl<T> Band<T> {
         }
     }
 
-    fn pop(&mut self) -> Option<Waiter<T>> {
-        let key = self.ring.front()?.clone();
+    /// The next waiter of the first flow in turn order that `may` admits; flows skipped keep
+    /// their place and credit (they are not served, so they lose nothing of their turn).
+    fn pop(
+        &mut self,
+        band: usize,
+        may: &mut impl FnMut(usize, &str, u32) -> bool,
+    ) -> Option<Waiter<T>> {
+        let at = self
+            .ring
+            .iter()
+            .position(|k| self.flows.get(k).is_some_and(|f| may(band, k, f.weight)))?;
+        // Served in its place in the ring: the flows passed over keep theirs.
+        let key = self.ring.get(at)?.clone();
         let flow = self.flows.get_mut(&key)?;
         if flow.credit == 0 {
             flow.credit = flow.weight.max(1);
@@ -93,9 +104,10 @@ impl<T> Band<T> {
         flow.credit -= 1;
         if flow.items.is_empty() {
             self.flows.remove(&key);
-            self.ring.pop_front();
+            self.ring.remove(at);
         } else if flow.credit == 0 {
-            self.ring.rotate_left(1);
+            self.ring.remove(at);
+            self.ring.push_back(key);
         }
         Some(waiter)
     }
@@ -155,6 +167,13 @@ impl<T> FairQueue<T> {
     /// The highest band with a waiting request.
     pub fn peek_band(&self) -> Option<usize> {
         self.bands.iter().position(|b| !b.ring.is_empty())
+    }
+
+    /// Every flow waiting and its weight (once per band it waits in).
+    pub fn flows(&self) -> impl Iterator<Item = (&str, u32)> {
+        self.bands
+            .iter()
+            .flat_map(|b| b.flows.iter().map(|(k, f)| (&**k, f.weight)))
     }
 
     /// Requests of `flow` waiting in `band`.
@@ -235,7 +254,20 @@ impl<T> FairQueue<T> {
     /// The next request to grant a slot: the highest band with a waiter, and in it the flow
     /// whose turn it is.
     pub fn pop(&mut self) -> Option<Waiter<T>> {
-        let waiter = self.bands.iter_mut().find_map(Band::pop)?;
+        self.pop_where(|_, _, _| true)
+    }
+
+    /// Like [`FairQueue::pop`], among the flows `may(band, flow, weight)` admits (the others
+    /// are passed over and keep their turn): bands stay strict among the admitted.
+    pub fn pop_where(
+        &mut self,
+        mut may: impl FnMut(usize, &str, u32) -> bool,
+    ) -> Option<Waiter<T>> {
+        let waiter = self
+            .bands
+            .iter_mut()
+            .enumerate()
+            .find_map(|(b, band)| band.pop(b, &mut may))?;
         self.place.remove(&waiter.id);
         self.len -= 1;
         Some(waiter)

@@ -183,3 +183,20 @@ fn an_unknown_band_is_refused() {
         Refusal::NoSuchBand
     );
 }
+
+/// A flow passed over (it may not take a slot now) keeps its place: the next grant it may take
+/// is its own, in turn.
+#[test]
+fn a_flow_passed_over_keeps_its_turn() {
+    let mut q = FairQueue::new(1, 100);
+    for i in 0..3 {
+        q.push(at(i), arrival(0, "a", 1, false), "a").unwrap();
+        q.push(at(i), arrival(0, "b", 1, false), "b").unwrap();
+    }
+    // `a` is first in turn but may not: `b` is served, twice.
+    let not_a = |_: usize, flow: &str, _: u32| flow != "a";
+    assert_eq!(q.pop_where(not_a).map(|w| w.item), Some("b"));
+    assert_eq!(q.pop_where(not_a).map(|w| w.item), Some("b"));
+    // Allowed again, `a` is served before `b`'s last.
+    assert_eq!(drain(&mut q), ["a", "b", "a", "a"]);
+}

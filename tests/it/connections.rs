@@ -136,8 +136,8 @@ async fn connections_without_work_are_closed() {
     );
 
     let m = &router.state.metrics;
-    assert!(eventually(|| m.open_connections.get() == 0).await);
-    let closed = |reason: &str| m.connections_closed.with_label_values(&[reason]).get();
+    assert!(eventually(|| m.connections.open.get() == 0).await);
+    let closed = |reason: &str| m.connections.closed.with_label_values(&[reason]).get();
     assert!(
         closed("first_request_timeout") >= 3,
         "{}",
@@ -182,9 +182,9 @@ async fn connections_over_the_cap_are_closed_and_counted() {
     let w = router.state.fleet.workers()[0].clone();
     assert!(eventually(|| w.in_flight() == 4).await, "{}", w.in_flight());
     assert!(
-        eventually(|| m.open_connections.get() == 4).await,
+        eventually(|| m.connections.open.get() == 4).await,
         "gauge {}",
-        m.open_connections.get()
+        m.connections.open.get()
     );
     for i in 0..3 {
         let mut extra = connect(addr, b"").await;
@@ -194,13 +194,13 @@ async fn connections_over_the_cap_are_closed_and_counted() {
             i + 5
         );
     }
-    assert_eq!(m.connections_refused.get(), 3);
-    assert_eq!(m.open_connections.get(), 4);
+    assert_eq!(m.connections.refused.get(), 3);
+    assert_eq!(m.connections.open.get(), 4);
 
     // Room again once the held ones go.
     backend.release();
     drop(held);
-    assert!(eventually(|| m.open_connections.get() == 0).await);
+    assert!(eventually(|| m.connections.open.get() == 0).await);
     assert!(health_ok(addr).await);
     let text = metrics_text(addr).await;
     assert!(
@@ -236,7 +236,7 @@ async fn idle_clients_do_not_hold_shutdown() {
     let _h1 = h1_after_one_request(addr).await;
     let _h2 = h2_after_one_request(addr).await;
     let m = router.state.metrics.clone();
-    assert!(eventually(|| m.open_connections.get() == 4).await);
+    assert!(eventually(|| m.connections.open.get() == 4).await);
 
     let stopped = tokio::time::timeout(Duration::from_secs(20), router.shutdown()).await;
     assert!(
@@ -264,9 +264,9 @@ async fn a_new_client_at_the_cap_takes_the_place_of_a_silent_connection() {
         silent.push(connect(addr, b"").await);
     }
     assert!(
-        eventually(|| m.open_connections.get() == 4).await,
+        eventually(|| m.connections.open.get() == 4).await,
         "gauge {}",
-        m.open_connections.get()
+        m.connections.open.get()
     );
     for i in 0..3 {
         assert!(
@@ -274,9 +274,9 @@ async fn a_new_client_at_the_cap_takes_the_place_of_a_silent_connection() {
             "client {i} was locked out at the cap"
         );
     }
-    let evicted = m.connections_closed.with_label_values(&["evicted"]).get();
+    let evicted = m.connections.closed.with_label_values(&["evicted"]).get();
     assert!(evicted >= 1, "{evicted}");
-    assert_eq!(m.connections_refused.get(), 0);
+    assert_eq!(m.connections.refused.get(), 0);
     // The oldest silent one went first.
     assert!(closed_by_server(&mut silent[0], Duration::from_secs(10)).await);
     router.shutdown().await;
@@ -305,7 +305,7 @@ async fn at_the_cap_the_client_with_the_most_idle_connections_gives_way() {
         socket.bind(SocketAddr::from(([127, 0, 0, 7], 0))).unwrap();
         silent.push(socket.connect(addr).await.unwrap());
     }
-    assert!(eventually(|| m.open_connections.get() == 4).await);
+    assert!(eventually(|| m.connections.open.get() == 4).await);
     assert!(
         health_ok(addr).await,
         "a new client was locked out at the cap"

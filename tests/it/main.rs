@@ -86,6 +86,7 @@ mod routing_parity;
 mod serve_cli;
 mod session_hints;
 mod shaping_bench;
+mod shaping_floor;
 mod shaping_signals;
 mod sim_capacity;
 mod sim_disaggregated;

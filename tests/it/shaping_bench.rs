@@ -28,14 +28,20 @@ fn digest(key: &str) -> String {
         .collect()
 }
 
-async fn start() -> (RouterHandle, Vec<SimEngine>) {
+async fn engines() -> Vec<SimEngine> {
     let mut engines = Vec::new();
     for i in 0..2 {
         engines.push(SimEngine::start(MODEL, i, 1.0).await);
     }
+    engines
+}
+
+/// A router over `engines` with 2 slots of headroom for `high` and `reserve` slots of fair
+/// reserve.
+async fn start(engines: &[SimEngine], reserve: usize) -> RouterHandle {
     let mut text = format!(
         "shutdown_grace_s = 1.0\n[limits]\nmax_concurrency = {SLOTS}\nmax_queue = 4096\n\
-         queue_timeout_s = 300\n[priority]\nheadroom = 2\n"
+         queue_timeout_s = 300\n[priority]\nheadroom = 2\nfair_reserve = {reserve}\n"
     );
     for (name, extra) in [
         ("a", ""),
@@ -55,10 +61,24 @@ async fn start() -> (RouterHandle, Vec<SimEngine>) {
         .map(|(i, e)| e.worker(&format!("e{i}"), MODEL))
         .collect();
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    (
-        kvroute::server::start(&config, listener).expect("router"),
-        engines,
-    )
+    kvroute::server::start(&config, listener).expect("router")
+}
+
+/// The sum and count of `name{labels}` (a histogram) on the router's metrics page.
+async fn histogram(router: &RouterHandle, name: &str, labels: &str) -> (f64, f64) {
+    let page = crate::support::metrics_text(router.addr).await;
+    let read = |suffix: &str| -> f64 {
+        page.lines()
+            .filter(|l| l.starts_with(&format!("{name}_{suffix}")) && l.contains(labels))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    (read("sum"), read("count"))
+}
+
+/// Mean ms of a histogram between two readings.
+fn mean_ms(before: (f64, f64), after: (f64, f64)) -> f64 {
+    (after.0 - before.0) / (after.1 - before.1).max(1.0) * 1000.0
 }
 
 fn prompt(tag: &str) -> String {
@@ -146,41 +166,63 @@ fn flood(url: &str, loops: usize, stop: Arc<Mutex<bool>>) -> Vec<tokio::task::Jo
         .collect()
 }
 
+/// One round on `router`: `b` and `high` alone, then under `a`'s flood; p90s, and the means of
+/// `high`'s router queue and of the routing decision while the flood runs.
+async fn round(router: &RouterHandle, tag: &str) -> [f64; 6] {
+    let url = format!("http://{}/v1/completions", router.addr);
+    let (rate, secs) = (3.0, 20.0);
+    let b_alone = p90(open_loop(&url, "b", None, rate, secs, &format!("ba{tag}")).await);
+    let h_alone = p90(open_loop(&url, "h", Some("high"), rate, secs, &format!("ha{tag}")).await);
+    // `a` keeps 40 requests in flight: 10 x its share (half of 8 slots).
+    let stop = Arc::new(Mutex::new(false));
+    let loops = flood(&url, 40, Arc::clone(&stop));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let b_loaded = p90(open_loop(&url, "b", None, rate, secs, &format!("bl{tag}")).await);
+    let queue = "band=\"high\"";
+    let q0 = histogram(router, "kvroute_queue_seconds", queue).await;
+    let d0 = histogram(router, "kvroute_routing_decision_seconds", "").await;
+    let h_loaded = p90(open_loop(&url, "h", Some("high"), rate, secs, &format!("hl{tag}")).await);
+    let q1 = histogram(router, "kvroute_queue_seconds", queue).await;
+    let d1 = histogram(router, "kvroute_routing_decision_seconds", "").await;
+    *stop.lock().unwrap() = true;
+    for l in loops {
+        let _ = l.await;
+    }
+    [
+        b_alone,
+        b_loaded,
+        h_alone,
+        h_loaded,
+        mean_ms(q0, q1),
+        mean_ms(d0, d1),
+    ]
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement for docs/benchmarks.md: run under flock /tmp/kvroute-bench.lock"]
 async fn shaping_bench() {
-    let (router, engines) = start().await;
-    let url = format!("http://{}/v1/completions", router.addr);
-    let (rate, secs) = (3.0, 20.0);
-    // Alternating: alone, loaded, alone, loaded (the machine is noisy).
+    let engines = engines().await;
+    // Alternating: without and with a fair reserve of 2, twice (the machine is noisy).
     let mut rows = Vec::new();
-    for round in 0..2 {
-        let b_alone = p90(open_loop(&url, "b", None, rate, secs, &format!("ba{round}")).await);
-        let h_alone =
-            p90(open_loop(&url, "h", Some("high"), rate, secs, &format!("ha{round}")).await);
-        // `a` keeps 40 requests in flight: 10 x its share (half of 8 slots).
-        let stop = Arc::new(Mutex::new(false));
-        let loops = flood(&url, 40, Arc::clone(&stop));
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        let b_loaded = p90(open_loop(&url, "b", None, rate, secs, &format!("bl{round}")).await);
-        let h_loaded =
-            p90(open_loop(&url, "h", Some("high"), rate, secs, &format!("hl{round}")).await);
-        *stop.lock().unwrap() = true;
-        for l in loops {
-            let _ = l.await;
+    for r in 0..2 {
+        for reserve in [0, 2] {
+            let router = start(&engines, reserve).await;
+            rows.push((r, reserve, round(&router, &format!("{r}r{reserve}")).await));
+            router.shutdown().await;
         }
-        rows.push((b_alone, b_loaded, h_alone, h_loaded));
     }
     println!(
-        "round | b alone p90 ms | b with a at 10x share p90 ms | ratio | high alone p90 ms | high under flood p90 ms | ratio"
+        "round | fair_reserve | b alone p90 ms | b with a at 10x share p90 ms | ratio | high alone p90 ms | high under flood p90 ms | ratio | high's mean router queue ms | mean decision ms"
     );
-    for (i, (ba, bl, ha, hl)) in rows.iter().enumerate() {
+    for (r, reserve, [ba, bl, ha, hl, q, d]) in &rows {
         println!(
-            "{i} | {ba:.0} | {bl:.0} | {:.2} | {ha:.0} | {hl:.0} | {:.2}",
+            "{r} | {reserve} | {ba:.0} | {bl:.0} | {:.2} | {ha:.0} | {hl:.0} | {:.2} | {q:.2} | {d:.2}",
             bl / ba,
             hl / ha
         );
     }
+    let router = start(&engines, 0).await;
+    let url = format!("http://{}/v1/completions", router.addr);
     // A 60 s token limit (20,000 tokens/min): 8 clients back to back for 65 s; the tokens of
     // every success (usage.total_tokens) by send time, the most in any 60 s window.
     let http = reqwest::Client::new();

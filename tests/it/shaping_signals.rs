@@ -26,9 +26,14 @@ fn digest(key: &str) -> String {
 
 /// A `kv_aware` router over `engine` (as worker `id`), models at block size 16, with `extra`.
 fn router(id: &str, engine: &SimEngine, extra: &str) -> RouterHandle {
+    router_with_model(id, engine, extra, "")
+}
+
+/// [`router`], with `model_keys` added to the model's `[[models]]` entry.
+fn router_with_model(id: &str, engine: &SimEngine, extra: &str, model_keys: &str) -> RouterHandle {
     let text = format!(
         "policy = \"kv_aware\"\nshutdown_grace_s = 1.0\n[health]\ninterval_s = 0.2\n{extra}\n\
-         [[models]]\nname = \"{MODEL}\"\nblock_size = 16\n"
+         [[models]]\nname = \"{MODEL}\"\nblock_size = 16\n{model_keys}\n"
     );
     let mut config = Config::from_toml(&text, Path::new("test")).expect("config");
     config.workers = vec![engine.worker(id, MODEL)];
@@ -111,6 +116,88 @@ async fn ttft_targets_steer_refuse_sheddable_requests_and_are_counted() {
     // The impossible target was missed (no first token comes within a microsecond), the easy
     // one met.
     assert_eq!((slo("met"), slo("missed")), (1.0, 1.0));
+    r.shutdown().await;
+    let _ = engine.handle.shutdown().await;
+}
+
+/// A model's target (`[[models]] ttft_target_ms`) is below the request's header and above
+/// its tenant's default; requests routed with a target move the saturation's `ttft` part.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_models_target_sits_between_the_header_and_the_tenants() {
+    let engine = SimEngine::start(MODEL, 0, 1.0).await;
+    let tenants = format!(
+        "[[tenants]]\nname = \"s\"\napi_key_sha256 = \"{}\"\nsheddable = true\nttft_target_ms = 60000\n\
+         [[tenants]]\nname = \"a\"\napi_key_sha256 = \"{}\"\n",
+        digest("key-s"),
+        digest("key-a"),
+    );
+    let r = router_with_model("e0", &engine, &tenants, "ttft_target_ms = 0.001");
+    // The model's impossible target wins over the tenant's easy one: refused.
+    let (status, code, _) = complete(&r, Some("key-s"), &[], "model target").await;
+    assert_eq!((status, code.as_deref()), (503, Some("slo_unmeetable")));
+    // The request's own header wins over the model's.
+    let easy = [("x-kvroute-ttft-target-ms", "60000")];
+    let (status, _, _) = complete(&r, Some("key-s"), &easy, "header target").await;
+    assert_eq!(status, 200);
+    let page = support::metrics_text(r.addr).await;
+    let ttft_part = |page: &str| value(page, "kvroute_saturation_part", "part=\"ttft\"");
+    assert!(
+        ttft_part(&page) < 0.01,
+        "an easy target leaves it near 0: {page}"
+    );
+    // Not sheddable: routed past the model's target, and predicted to miss it.
+    let (status, _, _) = complete(&r, Some("key-a"), &[], "routed late").await;
+    assert_eq!(status, 200);
+    let page = support::metrics_text(r.addr).await;
+    let part = ttft_part(&page);
+    assert!(part > 0.0 && part <= 1.0, "{page}");
+    let whole: f64 = page
+        .lines()
+        .find_map(|l| l.strip_prefix("kvroute_saturation "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0);
+    assert!(whole >= part, "the whole is the largest part: {page}");
+    r.shutdown().await;
+    let _ = engine.handle.shutdown().await;
+}
+
+/// The saturation's `kv` part is the engines' KV usage as the router reads it: a long stream
+/// holding KV blocks on the engine raises it above 0, and the whole is at least it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_saturation_counts_the_engines_kv_usage() {
+    let engine = SimEngine::start(MODEL, 0, 1.0).await;
+    let r = router("e0", &engine, "load_interval_ms = 50");
+    let body = json!({"model": MODEL, "prompt": "a long prompt to hold blocks ".repeat(64), "max_tokens": 3000, "stream": true});
+    let url = format!("http://{}/v1/completions", r.addr);
+    let mut stream = reqwest::Client::new()
+        .post(&url)
+        .json(&body)
+        .send()
+        .await
+        .expect("router answers");
+    assert_eq!(stream.status(), 200);
+    stream.chunk().await.expect("first chunk");
+    let read = |page: &str, prefix: &str| -> f64 {
+        page.lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    let mut page = String::new();
+    for _ in 0..200 {
+        page = support::metrics_text(r.addr).await;
+        if read(&page, "kvroute_saturation_part{part=\"kv\"} ") > 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let kv = read(&page, "kvroute_saturation_part{part=\"kv\"} ");
+    assert!(
+        kv > 0.0 && kv <= 1.0,
+        "the engine's KV usage never showed: {page}"
+    );
+    assert!(read(&page, "kvroute_saturation ") >= kv, "{page}");
+    drop(stream);
     r.shutdown().await;
     let _ = engine.handle.shutdown().await;
 }

@@ -24,7 +24,8 @@ const BOUND: Duration = Duration::from_secs(30);
 fn closed_for(r: &kvroute::server::RouterHandle, reason: &str) -> u64 {
     r.state
         .metrics
-        .connections_closed
+        .connections
+        .closed
         .with_label_values(&[reason])
         .get()
 }

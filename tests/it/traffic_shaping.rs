@@ -219,6 +219,36 @@ async fn another_tenant_and_a_high_priority_request_pass_a_flood() {
     s.shutdown().await;
 }
 
+/// With `fair_reserve = 1` of the 2 slots, `a`'s long requests hold one slot and queue
+/// behind it; `b`, under its share, takes the reserved slot at once: both of its requests end
+/// before any of `a`'s (without the reserve, `a` would hold both slots and `b` would wait for
+/// one of them to end). Every request is answered once and served once by the engine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_under_its_share_starts_at_once_beside_a_flood_holding_its_cap() {
+    let s = Shaped::start_with(64, "[priority]\nfair_reserve = 1\n").await;
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let flood: Vec<_> = (0..3)
+        .map(|i| s.send_body("a", &[], &log, format!("flood{i}"), 300))
+        .collect();
+    // One runs, two wait: `a` alone does not take the reserve.
+    s.until_queued("a", 2).await;
+    for i in 0..2 {
+        let b = s.send("b", &[], &log, format!("b{i}"));
+        assert_eq!(b.await.unwrap(), (200, None));
+    }
+    assert_eq!(
+        log.lock().unwrap().clone(),
+        ["b0", "b1"],
+        "b finished behind the flood"
+    );
+    for t in flood {
+        assert_eq!(t.await.unwrap(), (200, None));
+    }
+    assert_eq!(log.lock().unwrap().len(), 5);
+    assert_eq!(s.engine_successes().await, 5, "served once each");
+    s.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sheddable_requests_make_room_and_nothing_is_lost_or_duplicated() {
     let s = Shaped::start(8).await;
