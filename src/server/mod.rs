@@ -59,8 +59,8 @@ use tokio_util::sync::CancellationToken;
 pub use forward::WORKER_HEADER;
 
 use crate::config::{Config, EndpointsConfig, ModelConfig};
-use crate::fleet::Fleet;
-use crate::index::{ApproxConfig, ApproxIndex, Holdings, IndexConfig, KvIndex};
+use crate::fleet::{Fleet, gauges::FleetGauges};
+use crate::index::{ApproxConfig, ApproxIndex, Holdings, IndexConfig, IndexGauges, KvIndex};
 use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
 use crate::openai::{ApiError, ECHO_MAX, shorten};
@@ -147,12 +147,8 @@ impl AppState {
             .with_replay_limits(config.replay_limits)
             .with_default_block_size(config.default_block_size),
         );
-        metrics.register(Box::new(crate::fleet::gauges::FleetGauges::new(
-            Arc::clone(lifecycle.fleet()),
-        )));
-        metrics.register(Box::new(crate::index::IndexGauges::new(Arc::clone(
-            &holdings,
-        ))));
+        metrics.register(Box::new(FleetGauges::new(Arc::clone(lifecycle.fleet()))));
+        metrics.register(Box::new(IndexGauges::new(Arc::clone(&holdings))));
         Ok(AppState {
             decider: Decider::new(Arc::clone(&policy), Arc::clone(&holdings)),
             fleet: Arc::clone(lifecycle.fleet()),
