@@ -93,6 +93,8 @@ pub struct Lifecycle {
     feeds: Mutex<HashMap<WorkerId, WorkerFeed>>,
     /// Bounds of the feeds' replays.
     replay_limits: ReplayLimits,
+    /// Engines one KV-event intake thread reads (`[kv_events] engines_per_intake`).
+    engines_per_intake: usize,
     /// Where each worker that joined at run time came from, by id (absent: `Config`). Written
     /// under the same lock as the fleet's insertion and removal, so a worker is never seen
     /// without its source.
@@ -133,6 +135,7 @@ impl Lifecycle {
             default_block_size: DEFAULT_BLOCK_SIZE,
             feeds: Mutex::new(HashMap::new()),
             replay_limits: ReplayLimits::default(),
+            engines_per_intake: crate::kv_events::DEFAULT_ENGINES_PER_INTAKE,
             sources: Mutex::new(HashMap::new()),
         }
     }
@@ -140,6 +143,13 @@ impl Lifecycle {
     /// Bounds every feed's replays by `limits` (`[kv_events]`); set before [`Lifecycle::start`].
     pub fn with_replay_limits(mut self, limits: ReplayLimits) -> Lifecycle {
         self.replay_limits = limits;
+        self
+    }
+
+    /// Reads up to `engines` subscriptions per KV-event intake thread (`[kv_events]`); set
+    /// before [`Lifecycle::start`].
+    pub fn with_engines_per_intake(mut self, engines: usize) -> Lifecycle {
+        self.engines_per_intake = engines.max(1);
         self
     }
 
@@ -367,6 +377,7 @@ impl Lifecycle {
             };
             let mut sub = SubscriberConfig::new(&*rank.label, events);
             sub.replay_limits = self.replay_limits;
+            sub.engines_per_intake = self.engines_per_intake;
             sub.dp_rank = (w.data_parallel_size() > 1).then_some(rank.index);
             if let Some(replay) = w
                 .spec

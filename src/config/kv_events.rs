@@ -1,5 +1,6 @@
 //! `[kv_events]`: bounds of the KV-event replays (`replay_max_batches`, `replay_max_bytes`,
-//! `replay_max_s`). Defaults are [`ReplayLimits::default`].
+//! `replay_max_s`; defaults are [`ReplayLimits::default`]), and how many engines' subscriptions
+//! one intake thread reads (`engines_per_intake`).
 
 use serde::Deserialize;
 
@@ -14,6 +15,21 @@ pub(super) struct FileKvEvents {
     pub(super) replay_max_batches: Option<usize>,
     pub(super) replay_max_bytes: Option<usize>,
     pub(super) replay_max_s: Option<f64>,
+    pub(super) engines_per_intake: Option<usize>,
+}
+
+/// Engines one intake thread polls before another is started: at least 1.
+pub(super) fn engines_per_intake(file: &FileKvEvents) -> Result<usize, ConfigError> {
+    match file.engines_per_intake {
+        Some(0) => Err(invalid(
+            "kv_events.engines_per_intake",
+            format!(
+                "must be at least 1; the default is {}",
+                crate::kv_events::DEFAULT_ENGINES_PER_INTAKE
+            ),
+        )),
+        v => Ok(v.unwrap_or(crate::kv_events::DEFAULT_ENGINES_PER_INTAKE)),
+    }
 }
 
 /// The replay bounds of `[kv_events]`: each at least 1 (batch, byte) and 0.01 s.
@@ -52,7 +68,19 @@ mod tests {
             replay_max_batches: Some(10),
             replay_max_bytes: Some(1000),
             replay_max_s: Some(0.5),
+            engines_per_intake: Some(64),
         };
+        assert_eq!(engines_per_intake(&set).unwrap(), 64);
+        assert_eq!(
+            engines_per_intake(&FileKvEvents::default()).unwrap(),
+            crate::kv_events::DEFAULT_ENGINES_PER_INTAKE
+        );
+        let none = FileKvEvents {
+            engines_per_intake: Some(0),
+            ..Default::default()
+        };
+        let e = engines_per_intake(&none).unwrap_err().to_string();
+        assert!(e.contains("kv_events.engines_per_intake"), "{e}");
         let l = replay_limits(&set).unwrap();
         assert_eq!(
             (l.max_batches, l.max_bytes, l.max_duration),

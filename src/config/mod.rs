@@ -222,6 +222,8 @@ pub struct Config {
     pub index: IndexSettings,
     /// Bounds of the KV-event replays (`[kv_events]`).
     pub replay_limits: crate::kv_events::ReplayLimits,
+    /// Engines' subscriptions one KV-event intake thread reads (`[kv_events]`).
+    pub engines_per_intake: usize,
     /// Per-worker circuit breakers.
     pub breaker: BreakerConfig,
     /// Longest a client may take to send its request body.
@@ -357,6 +359,7 @@ impl Config {
         let kv_aware = policy::kv_aware(&file.kv_aware)?;
         let index = IndexSettings::from_file(&file.index)?;
         let replay_limits = kv_events::replay_limits(&file.kv_events)?;
+        let engines_per_intake = kv_events::engines_per_intake(&file.kv_events)?;
         let discovery = discovery::discovery(file.discovery)?;
         let recording = recording::recording(&file.recording, args.record_trace.as_deref())?;
         let endpoints = endpoints::endpoints(&file.endpoints)?;
@@ -409,6 +412,7 @@ impl Config {
             kv_aware,
             index,
             replay_limits,
+            engines_per_intake,
             breaker,
             body_read_timeout: front.body_read_timeout,
             header_read_timeout: front.header_read_timeout,

@@ -145,6 +145,7 @@ impl AppState {
                 &config.models,
             )
             .with_replay_limits(config.replay_limits)
+            .with_engines_per_intake(config.engines_per_intake)
             .with_default_block_size(config.default_block_size),
         );
         metrics.register(Box::new(FleetGauges::new(Arc::clone(lifecycle.fleet()))));

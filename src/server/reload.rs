@@ -340,7 +340,13 @@ fn restart_needed(running: &Config, new: &Config) -> Vec<&'static str> {
             ),
         ),
         ("[index]", differs(&a.index, &b.index)),
-        ("[kv_events]", differs(&a.replay_limits, &b.replay_limits)),
+        (
+            "[kv_events]",
+            differs(
+                &(a.replay_limits, a.engines_per_intake),
+                &(b.replay_limits, b.engines_per_intake),
+            ),
+        ),
         ("[discovery]", differs(&a.discovery, &b.discovery)),
         ("[tracing]", differs(&a.tracing, &b.tracing)),
         ("[recording]", differs(&a.recording, &b.recording)),
