@@ -2,9 +2,12 @@
 //! band and tenant, and how full the router is (the `kvroute_saturation` gauge an autoscaler
 //! reads, see `deploy/kubernetes/keda-scaledobject.yaml`).
 
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
 use prometheus::{Gauge, GaugeVec, HistogramOpts, HistogramVec, IntGaugeVec, Opts, Registry};
 
-use crate::shaping::saturation::{self, Part};
+use crate::shaping::saturation::{self, Part, TtftPart};
 
 /// The admission queue's metrics.
 #[derive(Clone)]
@@ -22,6 +25,9 @@ pub struct ShapingMetrics {
     /// `ttft`), so an operator sees which one binds; in [`Part::ALL`]'s order (resolved once:
     /// the gate sets two parts on every admission).
     saturation_part: [Gauge; 4],
+    /// The TTFT part before fading, and the clock it fades on.
+    ttft: Arc<Mutex<TtftPart>>,
+    started: Instant,
 }
 
 /// Buckets from 1 ms to 60 s: a queue wait is short when the fleet keeps up and bounded by
@@ -57,7 +63,7 @@ impl ShapingMetrics {
         let saturation_part = GaugeVec::new(
             Opts::new(
                 "kvroute_saturation_part",
-                "Each limit's saturation, 0-1: slots (in use over limits.max_concurrency), queue (waiting over limits.max_queue), kv (engines' mean KV-cache usage), ttft (predicted TTFT over target, smoothed over recent requests with a target).",
+                "Each limit's saturation, 0-1: slots (in use over limits.max_concurrency), queue (waiting over limits.max_queue), kv (engines' mean KV-cache usage), ttft (predicted TTFT over target, smoothed over recent requests with a target, fading while none come).",
             ),
             &["part"],
         )
@@ -76,6 +82,8 @@ impl ShapingMetrics {
             queue_depth,
             saturation,
             saturation_part: parts,
+            ttft: Arc::default(),
+            started: Instant::now(),
         }
     }
 
@@ -85,6 +93,28 @@ impl ShapingMetrics {
         self.saturation.set(saturation::combine(
             self.saturation_part.iter().map(Gauge::get),
         ));
+    }
+
+    /// One more request with a TTFT target: `predicted_s` against `target_s`.
+    pub fn observe_ttft(&self, predicted_s: f64, target_s: f64) {
+        let now_s = self.started.elapsed().as_secs_f64();
+        let value = {
+            let mut ttft = self.ttft.lock().unwrap_or_else(PoisonError::into_inner);
+            ttft.observe(now_s, predicted_s, target_s);
+            ttft.at(now_s)
+        };
+        self.saturate(Part::Ttft, value);
+    }
+
+    /// The TTFT part faded to now (at a scrape: it moves without requests).
+    pub fn fade_ttft(&self) {
+        let now_s = self.started.elapsed().as_secs_f64();
+        let value = self
+            .ttft
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .at(now_s);
+        self.saturate(Part::Ttft, value);
     }
 
     fn part(&self, part: Part) -> &Gauge {

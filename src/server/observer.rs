@@ -16,7 +16,6 @@ use crate::proxy::output_tokens::OutputTokens;
 use crate::proxy::usage::UsageScan;
 use crate::proxy::{End, ResponseObserver};
 use crate::routing::Attempt;
-use crate::shaping::saturation::{Part, ttft_part};
 use crate::telemetry::TARGET as TRACE;
 
 /// Who asked, for the access log.
@@ -139,9 +138,7 @@ impl Observer {
                 "predicted_missed"
             };
             self.metrics.slo.count("ttft", outcome);
-            let shaping = &self.metrics.shaping;
-            let part = ttft_part(shaping.saturation_part(Part::Ttft), predicted, target);
-            shaping.saturate(Part::Ttft, part);
+            self.metrics.shaping.observe_ttft(predicted, target);
         }
         self.slo = slo;
         self

@@ -135,6 +135,7 @@ pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
             .filter_map(|r| r.load.reading()?.engine.kv_usage),
     );
     m.shaping.saturate(Part::Kv, kv.unwrap_or(0.0));
+    m.shaping.fade_ttft();
     (
         [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         m.render(),

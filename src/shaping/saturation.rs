@@ -67,6 +67,33 @@ pub fn ttft_part(previous: f64, predicted_s: f64, target_s: f64) -> f64 {
     clamp(previous + TTFT_SMOOTHING * (now - previous))
 }
 
+/// How long the TTFT part takes to fade to 1/e of its value when no request with a target
+/// comes: a part that only moved when such requests arrived stayed at its last value through a
+/// quiet hour, and an autoscaler reading it kept the replicas a burst had asked for.
+pub const TTFT_FADE_S: f64 = 60.0;
+
+/// The TTFT part over time: the smoothed ratio, fading while no request with a target comes.
+/// Times are given (seconds on any clock that only goes forward), never read.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct TtftPart {
+    value: f64,
+    at_s: f64,
+}
+
+impl TtftPart {
+    /// Its value at `now_s`: the last one, faded for the time since.
+    pub fn at(&self, now_s: f64) -> f64 {
+        let idle_s = (now_s - self.at_s).max(0.0);
+        clamp(self.value * (-idle_s / TTFT_FADE_S).exp())
+    }
+
+    /// One more request with a target at `now_s`, folded into the faded value.
+    pub fn observe(&mut self, now_s: f64, predicted_s: f64, target_s: f64) {
+        self.value = ttft_part(self.at(now_s), predicted_s, target_s);
+        self.at_s = now_s.max(self.at_s);
+    }
+}
+
 /// The KV part: the mean usage of the engines that reported one; `None` when none did.
 pub fn kv_part(usages: impl IntoIterator<Item = f64>) -> Option<f64> {
     let (sum, n) = usages
@@ -103,5 +130,25 @@ mod tests {
         }
         assert!((p - 0.9).abs() < 0.01, "{p}");
         assert_eq!(ttft_part(0.3, 1.0, 0.0), 0.3, "no target: unchanged");
+    }
+
+    #[test]
+    fn the_ttft_part_fades_while_no_request_with_a_target_comes() {
+        let mut part = TtftPart::default();
+        for i in 0..50 {
+            part.observe(f64::from(i) * 0.1, 2.0, 1.0);
+        }
+        let busy = part.at(5.0);
+        assert!(busy > 0.95, "{busy}");
+        assert!((part.at(5.0 + TTFT_FADE_S) - busy / std::f64::consts::E).abs() < 1e-9);
+        assert!(
+            part.at(5.0 + 10.0 * TTFT_FADE_S) < 1e-4,
+            "a quiet fleet reads unsaturated"
+        );
+        // A new request folds into the faded value, not the stale one.
+        part.observe(5.0 + 10.0 * TTFT_FADE_S, 0.5, 1.0);
+        assert!(part.at(5.0 + 10.0 * TTFT_FADE_S) < 0.06);
+        // A clock read out of order never raises it.
+        assert!(part.at(0.0) <= 1.0);
     }
 }
