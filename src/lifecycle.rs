@@ -6,6 +6,10 @@
 //! worker's metric series, and only then let its number name another worker. Static config, the
 //! admin API and discovery sources all go through here, so no path does half of it.
 
+mod gauges;
+
+pub use gauges::LifecycleGauges;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 

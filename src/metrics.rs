@@ -15,11 +15,9 @@ use prometheus::{
     TextEncoder,
 };
 
-mod block_size;
 mod cache_prediction;
 mod config;
 mod connections;
-mod data_parallel;
 mod disaggregation;
 mod discovery;
 mod prediction;
@@ -30,11 +28,9 @@ mod shaping;
 mod slo;
 mod tokens;
 
-pub use block_size::BlockSizeMetrics;
 pub use cache_prediction::CachePredictionMetrics;
 pub use config::ConfigMetrics;
 pub use connections::ConnectionMetrics;
-pub use data_parallel::DataParallelMetrics;
 pub use disaggregation::DisaggregationMetrics;
 pub use discovery::DiscoveryMetrics;
 pub use prediction::PredictionMetrics;
@@ -83,10 +79,6 @@ pub struct Metrics {
     pub prefix_hit_blocks: IntCounterVec,
     /// `kvroute_prefix_queried_blocks_total{worker}`: prompt blocks routed to the worker.
     pub prefix_queried_blocks: IntCounterVec,
-    /// `kvroute_kv_events_total{worker,kind}`: per-worker event-stream counters (batches,
-    /// undecodable, gaps, restarts, replays_ok, replays_failed, replays_abandoned, duplicates,
-    /// dropped, block_size_mismatch).
-    pub kv_stream: IntCounterVec,
     /// Client connections and the front door's TLS.
     pub connections: ConnectionMetrics,
     /// Worker discovery.
@@ -99,10 +91,6 @@ pub struct Metrics {
     pub config: ConfigMetrics,
     /// Disaggregated requests' picks, hand-offs and retries by phase.
     pub disaggregation: DisaggregationMetrics,
-    /// Workers whose data-parallel ranks disagree with their engine's.
-    pub data_parallel: DataParallelMetrics,
-    /// Workers' engine block sizes and the models that disagree with them.
-    pub block_size: BlockSizeMetrics,
     /// The cost model's TTFT prediction error per worker.
     pub prediction: PredictionMetrics,
     /// The admission queue: waits, depth, saturation.
@@ -127,10 +115,7 @@ impl Metrics {
         forget(&self.upstream_errors, id);
         forget(&self.prefix_hit_blocks, id);
         forget(&self.prefix_queried_blocks, id);
-        forget(&self.kv_stream, id);
         self.disaggregation.forget_worker(id);
-        self.data_parallel.forget_worker(id);
-        self.block_size.forget_worker(id);
         self.prediction.forget_worker(id);
         self.tokens.forget_worker(id);
         self.cache_prediction.forget_worker(id);
@@ -207,11 +192,6 @@ impl Metrics {
             "Prompt blocks of requests routed to the worker (block-weighted queries).",
             &["worker"],
         );
-        let kv_stream = counter(
-            "kvroute_kv_events_total",
-            "Per-worker KV-event stream counters (a data-parallel worker's per rank, `worker` = `id/dpN`): batches, undecodable, gaps, restarts, replays, drops, block_size_mismatch, dp_rank_mismatch.",
-            &["worker", "kind"],
-        );
         let retries_denied = IntCounter::new(
             "kvroute_retries_denied_total",
             "Retries refused because the retry budget was spent.",
@@ -232,7 +212,6 @@ impl Metrics {
             Box::new(upstream_errors.clone()),
             Box::new(prefix_hit_blocks.clone()),
             Box::new(prefix_queried_blocks.clone()),
-            Box::new(kv_stream.clone()),
             Box::new(retries_denied.clone()),
             Box::new(rejected.clone()),
         ] {
@@ -245,8 +224,6 @@ impl Metrics {
         let response_affinity = ResponseAffinityMetrics::register(&registry);
         let config = ConfigMetrics::register(&registry);
         let disaggregation = DisaggregationMetrics::register(&registry);
-        let data_parallel = DataParallelMetrics::register(&registry);
-        let block_size = BlockSizeMetrics::register(&registry);
         let prediction = PredictionMetrics::register(&registry);
         let shaping = ShapingMetrics::register(&registry);
         let slo = SloMetrics::register(&registry);
@@ -263,7 +240,6 @@ impl Metrics {
             upstream_errors,
             prefix_hit_blocks,
             prefix_queried_blocks,
-            kv_stream,
             retries_denied,
             rejected,
             connections,
@@ -272,8 +248,6 @@ impl Metrics {
             response_affinity,
             config,
             disaggregation,
-            data_parallel,
-            block_size,
             prediction,
             shaping,
             slo,

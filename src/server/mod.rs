@@ -61,7 +61,7 @@ pub use forward::WORKER_HEADER;
 use crate::config::{Config, EndpointsConfig, ModelConfig};
 use crate::fleet::{Fleet, gauges::FleetGauges};
 use crate::index::{ApproxConfig, ApproxIndex, Holdings, IndexConfig, IndexGauges, KvIndex};
-use crate::lifecycle::Lifecycle;
+use crate::lifecycle::{Lifecycle, LifecycleGauges};
 use crate::metrics::Metrics;
 use crate::openai::{ApiError, ECHO_MAX, shorten};
 use crate::policy::{self, Policy};
@@ -150,6 +150,7 @@ impl AppState {
         );
         metrics.register(Box::new(FleetGauges::new(Arc::clone(lifecycle.fleet()))));
         metrics.register(Box::new(IndexGauges::new(Arc::clone(&holdings))));
+        metrics.register(Box::new(LifecycleGauges::new(Arc::downgrade(&lifecycle))));
         Ok(AppState {
             decider: Decider::new(Arc::clone(&policy), Arc::clone(&holdings)),
             fleet: Arc::clone(lifecycle.fleet()),

@@ -54,9 +54,9 @@ fn not_ready_message(fleet: &crate::fleet::Fleet) -> String {
     message
 }
 
-/// `GET /metrics`: Prometheus text. The fleet's and the index's gauges are collectors of live
-/// state (`fleet::gauges`, `index::gauges`) read by the render; what is copied here is
-/// monotonic or set per label, never reset, so concurrent scrapes cannot see it half-done.
+/// `GET /metrics`: Prometheus text. The fleet's, the index's and the workers' lives' metrics
+/// are collectors of live state (`fleet::gauges`, `index::gauges`, `lifecycle::gauges`) read by
+/// the render; what is set here is the front door's own state and the saturation's parts.
 pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let m = &state.metrics;
     if let Some(tls) = state.tls() {
@@ -74,57 +74,6 @@ pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         .entries
         .set(i64::try_from(state.affinity.len()).unwrap_or(i64::MAX));
     let workers = state.fleet.workers();
-    for (slot, stats) in state.lifecycle.feed_stats() {
-        let Some(label) = workers
-            .iter()
-            .flat_map(|w| w.ranks())
-            .find(|r| r.key == slot)
-            .map(|r| &*r.label)
-        else {
-            continue;
-        };
-        let r = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
-        for (kind, value) in [
-            ("batches", r(&stats.batches)),
-            ("events", r(&stats.events)),
-            ("undecodable", r(&stats.undecodable)),
-            ("malformed", r(&stats.malformed_messages)),
-            ("unknown_events", r(&stats.unknown_events)),
-            ("gaps", r(&stats.gaps)),
-            ("restarts", r(&stats.restarts)),
-            ("replays_ok", r(&stats.replays_ok)),
-            ("replays_failed", r(&stats.replays_failed)),
-            ("replays_abandoned", r(&stats.replays_abandoned)),
-            ("duplicates", r(&stats.duplicates)),
-            ("dropped", r(&stats.dropped)),
-            ("disconnects", r(&stats.disconnects)),
-            ("block_size_mismatch", r(&stats.block_size_mismatch)),
-            ("dp_rank_mismatch", r(&stats.dp_rank_mismatch)),
-        ] {
-            sync_counter(&m.kv_stream.with_label_values(&[label, kind]), value);
-        }
-    }
-    for w in workers.iter() {
-        if w.engine_ranks.listed().is_some() {
-            let wrong = w.engine_ranks.disagrees(w.data_parallel_size());
-            m.data_parallel
-                .mismatch
-                .with_label_values(&[w.id()])
-                .set(i64::from(wrong));
-        }
-        if let Some(size) = w.engine_block_size.reported() {
-            m.block_size
-                .engine
-                .with_label_values(&[w.id()])
-                .set(i64::from(size));
-            for (model, configured) in state.lifecycle.block_sizes_of(w) {
-                m.block_size
-                    .mismatch
-                    .with_label_values(&[w.id(), &model])
-                    .set(i64::from(configured != size));
-            }
-        }
-    }
     // The engines' KV usage, as their last load readings report it (healthy workers only:
     // a worker out of the fleet's capacity does not make it fuller).
     let kv = kv_part(
