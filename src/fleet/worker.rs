@@ -41,6 +41,25 @@ pub struct WorkerSpec {
     pub bootstrap_port: Option<u16>,
 }
 
+#[cfg(test)]
+impl WorkerSpec {
+    /// A worker `id` at `http://{id}:1` serving model `m` on `data_parallel_size` ranks, no KV
+    /// events: what unit tests of routing and fleet bookkeeping need.
+    pub(crate) fn for_test(id: &str, data_parallel_size: u32) -> WorkerSpec {
+        WorkerSpec {
+            id: id.into(),
+            url: BaseUrl::parse(&format!("http://{id}:1")).expect("a valid test url"),
+            models: vec!["m".into()],
+            kv_events: None,
+            kv_replay: None,
+            kv_blocks: None,
+            data_parallel_size,
+            role: Role::Both,
+            bootstrap_port: None,
+        }
+    }
+}
+
 /// A model a worker reported in its `GET /v1/models`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServedModel {

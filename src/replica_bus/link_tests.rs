@@ -1,18 +1,8 @@
 use super::*;
-use crate::fleet::{BaseUrl, WorkerSpec};
+use crate::fleet::WorkerSpec;
 
 fn fleet() -> Arc<Fleet> {
-    let spec = |id: &str, dp: u32| WorkerSpec {
-        id: id.into(),
-        url: BaseUrl::parse(&format!("http://{id}:1")).unwrap(),
-        models: vec!["m".into()],
-        kv_events: None,
-        kv_replay: None,
-        kv_blocks: None,
-        data_parallel_size: dp,
-        role: crate::fleet::Role::Both,
-        bootstrap_port: None,
-    };
+    let spec = WorkerSpec::for_test;
     Arc::new(Fleet::new(vec![spec("a", 1), spec("b", 2)]))
 }
 

@@ -207,22 +207,12 @@ impl<'d> Session<'d> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fleet::{BaseUrl, Fleet, Role, WorkerSpec};
+    use crate::fleet::{Fleet, WorkerSpec};
     use crate::index::{ApproxConfig, ApproxIndex, Holdings, IndexConfig, KvIndex};
     use crate::policy::{PolicyKind, seeded};
 
     fn spec(id: &str, ranks: u32) -> WorkerSpec {
-        WorkerSpec {
-            id: id.into(),
-            url: BaseUrl::parse(&format!("http://{id}:1")).unwrap(),
-            models: vec!["m".into()],
-            kv_events: None,
-            kv_replay: None,
-            kv_blocks: None,
-            data_parallel_size: ranks,
-            role: Role::Both,
-            bootstrap_port: None,
-        }
+        WorkerSpec::for_test(id, ranks)
     }
 
     /// A failed target is named by its own key, whichever rank it is: every rank of its

@@ -74,13 +74,7 @@ fn config(engines: &[SimEngine], nats_port: u16, id: &str) -> Config {
     let text = format!(
         "policy = \"kv_aware\"\nshutdown_grace_s = 0.5\n[health]\ninterval_s = 0.2\nload_interval_ms = 0\n[[models]]\nname = \"{MODEL}\"\nblock_size = 16\n[replica_bus]\nurl = \"nats://127.0.0.1:{nats_port}\"\nreplica_id = \"{id}\"\nheartbeat_ms = 200\nexpiry_ms = 1000\n"
     );
-    let mut config = Config::from_toml(&text, Path::new("test")).unwrap();
-    config.workers = engines
-        .iter()
-        .enumerate()
-        .map(|(i, e)| e.worker(&format!("e{i}"), MODEL))
-        .collect();
-    config
+    SimEngine::config_over(&text, engines, MODEL)
 }
 
 /// Requests in flight on all workers as `router` weighs them.

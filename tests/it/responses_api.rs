@@ -4,10 +4,8 @@
 //! to the worker that stored the response, learned from the id in its answer (JSON or stream);
 //! ids are per tenant; a worker that drains or leaves is a clear error, never a guess.
 
-use std::path::Path;
 use std::time::Duration;
 
-use kvroute::config::Config;
 use kvroute::server::RouterHandle;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -40,12 +38,7 @@ impl Stack {
             "policy = \"kv_aware\"\nshutdown_grace_s = 1.0\n[health]\ninterval_s = 0.2\n\
              [[models]]\nname = \"{MODEL}\"\nblock_size = 16\n[kv_aware]\ncalibrate = false\n{extra}"
         );
-        let mut config = Config::from_toml(&text, Path::new("test")).unwrap();
-        config.workers = engines
-            .iter()
-            .enumerate()
-            .map(|(i, e)| e.worker(&format!("e{i}"), MODEL))
-            .collect();
+        let config = SimEngine::config_over(&text, &engines, MODEL);
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let router = kvroute::server::start(&config, listener).unwrap();
         let http = reqwest::Client::builder()

@@ -12,10 +12,8 @@
 //! Counts only, never timings: between two requests the test waits (a condition, not a
 //! duration) until the next replica can know what was sent before.
 
-use std::path::Path;
 use std::time::Duration;
 
-use kvroute::config::Config;
 use kvroute::server::RouterHandle;
 use serde_json::json;
 use tokio::net::TcpListener;
@@ -42,12 +40,7 @@ impl Replicas {
         let text = format!(
             "policy = \"kv_aware\"\nshutdown_grace_s = 0.5\n[health]\ninterval_s = 0.2\nload_interval_ms = {load_interval_ms}\n[[models]]\nname = \"{MODEL}\"\nblock_size = 16\n[kv_aware]\ncalibrate = false\n"
         );
-        let mut config = Config::from_toml(&text, Path::new("test")).unwrap();
-        config.workers = engines
-            .iter()
-            .enumerate()
-            .map(|(i, e)| e.worker(&format!("e{i}"), MODEL))
-            .collect();
+        let config = SimEngine::config_over(&text, &engines, MODEL);
         let mut handles = Vec::new();
         for _ in 0..routers {
             let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -6,11 +6,9 @@
 //! Two simulated engines (real time) behind a router with 8 slots (the capacity it is told the
 //! fleet serves well). Client-side TTFT: send to the first body chunk of a stream.
 
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kvroute::config::Config;
 use kvroute::server::RouterHandle;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -54,12 +52,7 @@ async fn start(engines: &[SimEngine], reserve: usize) -> RouterHandle {
             digest(&format!("key-{name}"))
         );
     }
-    let mut config = Config::from_toml(&text, Path::new("bench")).expect("config");
-    config.workers = engines
-        .iter()
-        .enumerate()
-        .map(|(i, e)| e.worker(&format!("e{i}"), MODEL))
-        .collect();
+    let config = SimEngine::config_over(&text, engines, MODEL);
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     kvroute::server::start(&config, listener).expect("router")
 }

@@ -165,6 +165,19 @@ impl SimEngine {
         }
     }
 
+    /// A router configuration from TOML `text` routing `model` over `engines` (workers `e0`,
+    /// `e1`, … in order, each with its KV events and replay).
+    pub fn config_over(text: &str, engines: &[SimEngine], model: &str) -> kvroute::config::Config {
+        let mut config = kvroute::config::Config::from_toml(text, std::path::Path::new("test"))
+            .expect("a valid test configuration");
+        config.workers = engines
+            .iter()
+            .enumerate()
+            .map(|(i, e)| e.worker(&format!("e{i}"), model))
+            .collect();
+        config
+    }
+
     async fn start_with(
         model: &str,
         addr: SocketAddr,
