@@ -120,14 +120,4 @@ impl ShapingMetrics {
     fn part(&self, part: Part) -> &Gauge {
         &self.saturation_part[part.index()]
     }
-
-    /// A part's current value.
-    pub fn saturation_part(&self, part: Part) -> f64 {
-        self.part(part).get()
-    }
-
-    /// The whole saturation now.
-    pub fn saturation(&self) -> f64 {
-        self.saturation.get()
-    }
 }
