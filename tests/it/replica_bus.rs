@@ -79,13 +79,7 @@ fn config(engines: &[SimEngine], nats_port: u16, id: &str) -> Config {
 
 /// Requests in flight on all workers as `router` weighs them.
 fn seen(router: &RouterHandle) -> u64 {
-    router
-        .state
-        .fleet
-        .workers()
-        .iter()
-        .map(|w| w.rank(0).load.view().in_flight)
-        .sum()
+    support::in_flight_seen(router)
 }
 
 fn connected(router: &RouterHandle) -> bool {

@@ -101,13 +101,7 @@ impl Replicas {
     /// Requests in flight on all workers as `router` weighs them (its own plus, from engine
     /// readings, the other replica's).
     fn seen_in_flight(&self, router: usize) -> u64 {
-        self.routers[router]
-            .state
-            .fleet
-            .workers()
-            .iter()
-            .map(|w| w.rank(0).load.view().in_flight)
-            .sum()
+        support::in_flight_seen(&self.routers[router])
     }
 
     /// Overlap blocks `router`'s index reports for `worker` on `prompt`.

@@ -430,6 +430,18 @@ pub async fn assert_openai_error(resp: reqwest::Response, status: u16) -> serde_
     e
 }
 
+/// Requests in flight on every worker as `router` weighs them (its own and, with several
+/// replicas, what it learned of the others').
+pub fn in_flight_seen(router: &RouterHandle) -> u64 {
+    router
+        .state
+        .fleet
+        .workers()
+        .iter()
+        .map(|w| w.rank(0).load.view().in_flight)
+        .sum()
+}
+
 /// The router's Prometheus text.
 pub async fn metrics_text(addr: SocketAddr) -> String {
     client()
