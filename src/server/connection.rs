@@ -279,8 +279,11 @@ pub(super) async fn drive<C>(
 {
     tokio::pin!(conn);
     let (first, _) = activity.idle_until(deadlines);
-    let deadline = tokio::time::sleep_until(first);
+    let deadline = tokio::time::sleep_until(activity.watches.check_by(activity.born, first));
     tokio::pin!(deadline);
+    // Every new deadline is told to the watches: a body added later wakes this task only if
+    // it would be overdue before it (see `Watches::watch`).
+    let check_by = |at: Instant| activity.watches.check_by(activity.born, at);
     let mut closing = false;
     loop {
         tokio::select! {
@@ -293,7 +296,7 @@ pub(super) async fn drive<C>(
             _ = stop.cancelled(), if !closing => {
                 closing = true;
                 conn.as_mut().graceful_shutdown();
-                deadline.as_mut().reset(Instant::now() + CLOSE_WAIT);
+                deadline.as_mut().reset(check_by(Instant::now() + CLOSE_WAIT));
             }
             _ = cutoff.cancelled() => {
                 let _ = tokio::time::timeout(CUT_FLUSH, conn.as_mut()).await;
@@ -305,7 +308,7 @@ pub(super) async fn drive<C>(
                 match activity.watches.check(activity.born, Instant::now()) {
                     Verdict::Stalled => return stalled(&metrics),
                     Verdict::CheckBy(Some(at)) if at < deadline.deadline() => {
-                        deadline.as_mut().reset(at);
+                        deadline.as_mut().reset(check_by(at));
                     }
                     Verdict::CheckBy(_) => {}
                 }
@@ -318,7 +321,7 @@ pub(super) async fn drive<C>(
                         Verdict::Stalled => return stalled(&metrics),
                         Verdict::CheckBy(at) => {
                             let next = at.map_or(now + recheck, |at| at.min(now + recheck));
-                            deadline.as_mut().reset(next);
+                            deadline.as_mut().reset(check_by(next));
                         }
                     }
                     continue;
@@ -331,13 +334,13 @@ pub(super) async fn drive<C>(
                 }
                 let (until, reason) = activity.idle_until(deadlines);
                 if until > now {
-                    deadline.as_mut().reset(until);
+                    deadline.as_mut().reset(check_by(until));
                     continue;
                 }
                 metrics.connections.closed.with_label_values(&[reason]).inc();
                 closing = true;
                 conn.as_mut().graceful_shutdown();
-                deadline.as_mut().reset(now + CLOSE_WAIT);
+                deadline.as_mut().reset(check_by(now + CLOSE_WAIT));
             }
         }
     }

@@ -71,9 +71,18 @@ fn ms_since(born: Instant) -> u64 {
 /// The response bodies of one connection.
 #[derive(Debug, Default)]
 pub(super) struct Watches {
-    bodies: Mutex<Vec<Arc<Watch>>>,
-    /// Told when a body is added, so the connection's driver brings its next check forward.
+    bodies: Mutex<Bodies>,
+    /// Told when a body is added that would be overdue before the driver's next check, so the
+    /// driver brings that check forward.
     added: tokio::sync::Notify,
+}
+
+/// The watched bodies and when the connection's driver checks them next.
+#[derive(Debug, Default)]
+struct Bodies {
+    list: Vec<Arc<Watch>>,
+    /// The driver's next check (`None` until it says).
+    check_by: Option<Instant>,
 }
 
 /// What the connection learns from its bodies.
@@ -99,9 +108,37 @@ impl Watches {
             idle: limits.map_or(default_idle, |l| l.idle),
             total_at: limits.map(|l| l.total_at),
         });
-        self.lock().push(Arc::clone(&watch));
-        self.added.notify_one();
+        // A body is made inside the connection's own task (HTTP/1) while hyper polls it: a
+        // notification there wakes that running task, which tokio then requeues behind a wake
+        // of another worker thread — a context switch on every request. So the driver is told
+        // only when it would check too late, which the proxy's and the connection's timeouts
+        // (seconds to minutes, checked from the last request's end) make rare.
+        let due = watch.overdue_at(born);
+        let mut bodies = self.lock();
+        bodies.list.push(Arc::clone(&watch));
+        let late = match (bodies.check_by, due) {
+            (Some(check), Some(due)) => due < check,
+            _ => true,
+        };
+        drop(bodies);
+        if late {
+            self.added.notify_one();
+        }
         watch
+    }
+
+    /// Records that the connection's driver checks again by `at`, or earlier when a body
+    /// already watched would be overdue before (one added since the driver's last
+    /// [`check`](Self::check)), and returns the time it must check by.
+    pub(super) fn check_by(&self, born: Instant, at: Instant) -> Instant {
+        let mut bodies = self.lock();
+        let at = bodies
+            .list
+            .iter()
+            .filter_map(|w| w.overdue_at(born))
+            .fold(at, Instant::min);
+        bodies.check_by = Some(at);
+        at
     }
 
     /// Resolves when a body was added since the last time it resolved.
@@ -111,7 +148,7 @@ impl Watches {
 
     /// Forgets a body that hyper dropped.
     pub(super) fn forget(&self, watch: &Arc<Watch>) {
-        self.lock().retain(|w| !Arc::ptr_eq(w, watch));
+        self.lock().list.retain(|w| !Arc::ptr_eq(w, watch));
     }
 
     /// Whether a body has waited on its client too long at `now`; else when to check again: when
@@ -119,7 +156,7 @@ impl Watches {
     /// now (it may be handed a chunk the client does not take next).
     pub(super) fn check(&self, born: Instant, now: Instant) -> Verdict {
         let mut next: Option<Instant> = None;
-        for w in self.lock().iter() {
+        for w in self.lock().list.iter() {
             let at = match w.overdue_at(born) {
                 Some(at) if at <= now => return Verdict::Stalled,
                 Some(at) => at,
@@ -134,16 +171,16 @@ impl Watches {
     /// waiting on its client; `None` otherwise.
     pub(super) fn all_waiting_since(&self, born: Instant, in_flight: usize) -> Option<Instant> {
         let bodies = self.lock();
-        if bodies.len() != in_flight {
+        if bodies.list.len() != in_flight {
             return None;
         }
-        bodies.iter().try_fold(born, |latest, w| {
+        bodies.list.iter().try_fold(born, |latest, w| {
             let since = w.since_ms.load(Ordering::Acquire);
             (since != NOT_WAITING).then(|| latest.max(born + Duration::from_millis(since)))
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Watch>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Bodies> {
         self.bodies.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
