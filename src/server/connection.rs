@@ -28,6 +28,7 @@ use hyper_util::server::graceful::GracefulConnection;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::repoll::Repolled;
 use super::stall::{Verdict, Watch, Watches, WriteLimits};
 use crate::metrics::Metrics;
 
@@ -277,7 +278,8 @@ pub(super) async fn drive<C>(
     C: GracefulConnection,
     C::Error: std::fmt::Display,
 {
-    tokio::pin!(conn);
+    // A request's own wakes of its connection task are polls again, not requeues (`repoll`).
+    let mut conn = Repolled::new(conn);
     let (first, _) = activity.idle_until(deadlines);
     let deadline = tokio::time::sleep_until(activity.watches.check_by(activity.born, first));
     tokio::pin!(deadline);
@@ -287,7 +289,7 @@ pub(super) async fn drive<C>(
     let mut closing = false;
     loop {
         tokio::select! {
-            ended = conn.as_mut() => {
+            ended = &mut conn => {
                 if let Err(e) = ended {
                     tracing::debug!(error = %e, "connection ended with an error");
                 }
@@ -295,11 +297,11 @@ pub(super) async fn drive<C>(
             }
             _ = stop.cancelled(), if !closing => {
                 closing = true;
-                conn.as_mut().graceful_shutdown();
+                conn.inner_mut().graceful_shutdown();
                 deadline.as_mut().reset(check_by(Instant::now() + CLOSE_WAIT));
             }
             _ = cutoff.cancelled() => {
-                let _ = tokio::time::timeout(CUT_FLUSH, conn.as_mut()).await;
+                let _ = tokio::time::timeout(CUT_FLUSH, &mut conn).await;
                 return;
             }
             _ = activity.evicted() => return,
@@ -339,7 +341,7 @@ pub(super) async fn drive<C>(
                 }
                 metrics.connections.closed.with_label_values(&[reason]).inc();
                 closing = true;
-                conn.as_mut().graceful_shutdown();
+                conn.inner_mut().graceful_shutdown();
                 deadline.as_mut().reset(check_by(now + CLOSE_WAIT));
             }
         }

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Task hops per request of a router process: which code of the router wakes which thread, for
+# one small completion sent N times over one keep-alive connection (the request and backend of
+# scripts/alloc-per-request.sh). Prints the router's voluntary and involuntary context switches
+# per request (its threads' /proc counters, without perf attached), then — from a second pass
+# of N requests under `perf record -e sched:sched_wakeup,sched:sched_switch --call-graph dwarf`
+# — every wake-up the router's threads caused, per request, by the innermost frames that are
+# not the standard library's. A wake of another router thread is a hop between the runtime's
+# worker threads: an OS context switch on the latency path. Needs perf and root.
+#
+#   scripts/wakeups-per-request.sh serve target/release/kvroute [N]
+#   scripts/wakeups-per-request.sh floor target/release/deps/proxy_overhead-HASH [N]
+set -euo pipefail
+what=$1 binary=$2 n=${3:-300}
+here=$(cd "$(dirname "$0")" && pwd)
+dir=$(mktemp -d)
+trap 'kill $(cat "$dir"/*.pid 2>/dev/null) 2>/dev/null; rm -rf "$dir"' EXIT
+# The backend and client of alloc-per-request.sh, verbatim.
+for f in backend client; do
+  sed -n "/^cat > \"\\\$dir\\/$f.py\"/,/^PY\$/p" "$here/alloc-per-request.sh" | sed '1d;$d' > "$dir/$f.py"
+done
+python3 "$dir/backend.py" 18231 & echo $! > "$dir/backend.pid"
+if [ "$what" = serve ]; then
+  printf 'policy = "kv_aware"\n[server]\nlisten = "127.0.0.1:18230"\n[[workers]]\nid = "b"\nurl = "http://127.0.0.1:18231"\nmodels = ["m"]\n' > "$dir/kvroute.toml"
+  RUST_LOG=warn "$binary" serve --config "$dir/kvroute.toml" > "$dir/router.log" 2>&1 &
+else
+  KVROUTE_BENCH_BARE_FORWARDER="127.0.0.1:18230 127.0.0.1:18231" "$binary" > "$dir/router.log" 2>&1 &
+fi
+pid=$!; echo $pid > "$dir/router.pid"
+sleep 3
+python3 "$dir/client.py" 18230 200   # warm up
+switches() { cat /proc/"$pid"/task/*/status | awk '/^voluntary/ {v+=$2} /^nonvoluntary/ {i+=$2} END {print v, i}'; }
+read -r v0 i0 < <(switches)
+python3 "$dir/client.py" 18230 "$n"
+read -r v1 i1 < <(switches)
+awk -v v=$((v1 - v0)) -v i=$((i1 - i0)) -v n="$n" \
+  'BEGIN {printf "context switches per request: %.2f voluntary, %.2f involuntary\n", v / n, i / n}'
+perf record -q -o "$dir/perf.data" -e sched:sched_wakeup,sched:sched_switch \
+  --call-graph dwarf,16384 -p "$pid" 2>/dev/null & rec=$!
+sleep 1
+python3 "$dir/client.py" 18230 "$n"
+kill -INT $rec; wait $rec || true
+perf script -i "$dir/perf.data" -F comm,tid,event,trace,ip,sym 2>/dev/null > "$dir/events.txt"
+python3 - "$dir/events.txt" "$n" <<'PY'
+import collections, re, sys
+path, n = sys.argv[1], int(sys.argv[2])
+events = []
+for line in open(path, errors="replace"):
+    if not line.strip():
+        continue
+    if line[0] not in " \t":
+        m = re.match(r"(.+?)\s+(\d+)\s+(sched:\S+):\s*(.*)", line.rstrip())
+        if m:
+            events.append(dict(tid=int(m.group(2)), ev=m.group(3), trace=m.group(4), stack=[]))
+    elif events:
+        addr, _, sym = line.strip().partition(" ")
+        if not addr.startswith("ffffffff"):  # user frames only
+            events[-1]["stack"].append(sym)
+own = {e["tid"] for e in events}
+plain = re.compile(r"^(__|syscall|std::|<std::|core::|<core::|mio::|<mio|<&mio|<&std|\[unknown\])")
+wakes, voluntary = collections.Counter(), 0
+for e in events:
+    if e["ev"] == "sched:sched_switch":
+        voluntary += "prev_state=S" in e["trace"] or "prev_state=D" in e["trace"]
+        continue
+    m = re.search(r"comm=(\S+) pid=(\d+)", e["trace"])
+    wakee = "router thread" if int(m.group(2)) in own else m.group(1)
+    frames = [f for f in e["stack"] if not plain.match(f)
+              and not f.startswith("tokio::runtime::context::")]
+    # `<impl Schedule for Arc<Handle>>::yield_now` -> `Schedule::yield_now`
+    frames = [re.sub(r"^(?:[\w:]+::)?<impl (?:[\w:]+::)?(\w+)(?:<[^ ]*>)? for .*>::(\w+)$", r"\1::\2", f)
+              for f in frames][:3]
+    wakes[(wakee, " <- ".join(f[:110] for f in frames))] += 1
+print(f"under perf: {voluntary / n:.2f} voluntary switches per request; wake-ups caused per request:")
+for (wakee, where), c in wakes.most_common(12):
+    if c / n >= 0.01:
+        print(f"{c / n:6.2f}  -> {wakee}: {where}")
+PY
