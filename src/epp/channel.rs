@@ -18,6 +18,8 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, Processin
 use futures_util::Stream;
 use tonic::Status;
 
+use crate::server::repoll::Repolled;
+
 /// One answer on the gRPC stream.
 type Answer = Result<ProcessingResponse, Status>;
 
@@ -69,8 +71,10 @@ type Conversation = Pin<Box<dyn Future<Output = Result<(), Status>> + Send>>;
 /// sends, then the `Status` it ended with, if it failed.
 pub struct Answers {
     slot: Slot,
-    /// `None` once it ended.
-    conversation: Option<Conversation>,
+    /// `None` once it ended. Polled again at once when it wakes itself (a body chunk handed
+    /// from the stream's reader to the pick: both futures of this task), not requeued behind
+    /// a wake of another worker thread (`server::repoll`).
+    conversation: Option<Repolled<Conversation>>,
 }
 
 impl Answers {
@@ -84,7 +88,7 @@ impl Answers {
         let conversation = Box::pin(converse(Out(Arc::clone(&slot))));
         Answers {
             slot,
-            conversation: Some(conversation),
+            conversation: Some(Repolled::new(conversation)),
         }
     }
 }
@@ -100,7 +104,7 @@ impl Stream for Answers {
             let Some(conversation) = self.conversation.as_mut() else {
                 return Poll::Ready(None);
             };
-            match conversation.as_mut().poll(cx) {
+            match Pin::new(conversation).poll(cx) {
                 Poll::Ready(ended) => {
                     self.conversation = None;
                     if let Err(status) = ended {

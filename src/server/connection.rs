@@ -279,7 +279,7 @@ pub(super) async fn drive<C>(
     C::Error: std::fmt::Display,
 {
     // A request's own wakes of its connection task are polls again, not requeues (`repoll`).
-    let mut conn = Repolled::new(conn);
+    let mut conn = Repolled::new(Box::pin(conn));
     let (first, _) = activity.idle_until(deadlines);
     let deadline = tokio::time::sleep_until(activity.watches.check_by(activity.born, first));
     tokio::pin!(deadline);
@@ -297,7 +297,7 @@ pub(super) async fn drive<C>(
             }
             _ = stop.cancelled(), if !closing => {
                 closing = true;
-                conn.inner_mut().graceful_shutdown();
+                conn.inner_mut().as_mut().graceful_shutdown();
                 deadline.as_mut().reset(check_by(Instant::now() + CLOSE_WAIT));
             }
             _ = cutoff.cancelled() => {
@@ -341,7 +341,7 @@ pub(super) async fn drive<C>(
                 }
                 metrics.connections.closed.with_label_values(&[reason]).inc();
                 closing = true;
-                conn.inner_mut().graceful_shutdown();
+                conn.inner_mut().as_mut().graceful_shutdown();
                 deadline.as_mut().reset(check_by(now + CLOSE_WAIT));
             }
         }

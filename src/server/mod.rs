@@ -33,7 +33,7 @@ mod read;
 mod refusal;
 pub mod reload;
 mod reload_guard;
-mod repoll;
+pub(crate) mod repoll;
 mod request_id;
 mod reserve;
 mod responses;

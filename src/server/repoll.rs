@@ -9,6 +9,8 @@
 //! self-wakes per small request). [`Repolled`] gives the inner future a waker of its own: a
 //! wake that comes while the inner future is being polled only marks it, and the inner future
 //! is polled again before this poll returns; any other wake goes to the task as before.
+//! `kvroute epp` runs each ext_proc conversation the same way (its body chunks are handed
+//! between two futures of one task).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -55,31 +57,31 @@ impl Wake for Relay {
 }
 
 /// `inner`, polled again within the same poll when it wakes itself (see the module's doc).
-pub(super) struct Repolled<F> {
-    /// Boxed: pinned without `unsafe`, one allocation per connection.
-    inner: Pin<Box<F>>,
+/// `F` is `Unpin` (a boxed future: pinned without `unsafe`).
+pub(crate) struct Repolled<F> {
+    inner: F,
     relay: Arc<Relay>,
     waker: Waker,
 }
 
 impl<F> Repolled<F> {
-    pub(super) fn new(inner: F) -> Repolled<F> {
+    pub(crate) fn new(inner: F) -> Repolled<F> {
         let relay = Arc::new(Relay::default());
         let waker = Waker::from(Arc::clone(&relay));
         Repolled {
-            inner: Box::pin(inner),
+            inner,
             relay,
             waker,
         }
     }
 
     /// The inner future (hyper's graceful shutdown is asked of the connection itself).
-    pub(super) fn inner_mut(&mut self) -> Pin<&mut F> {
-        self.inner.as_mut()
+    pub(crate) fn inner_mut(&mut self) -> &mut F {
+        &mut self.inner
     }
 }
 
-impl<F: Future> Future for Repolled<F> {
+impl<F: Future + Unpin> Future for Repolled<F> {
     type Output = F::Output;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
@@ -88,7 +90,7 @@ impl<F: Future> Future for Repolled<F> {
         let mut inner_cx = Context::from_waker(&waker);
         for _ in 0..MOST_REPOLLS {
             relay.state.store(POLLING, Ordering::Release);
-            if let Poll::Ready(out) = self.inner.as_mut().poll(&mut inner_cx) {
+            if let Poll::Ready(out) = Pin::new(&mut self.inner).poll(&mut inner_cx) {
                 relay.state.store(IDLE, Ordering::Release);
                 return Poll::Ready(out);
             }
