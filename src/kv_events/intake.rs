@@ -1,12 +1,20 @@
-//! The intake threads: a few threads, each polling the sockets of many engines' subscriptions
-//! (SUB, connection monitor, replay DEALER) in one `zmq::poll`, and running each ready
-//! stream's logic ([`super::stream`]). Which thread a subscription joins and how poll results
-//! map back to streams are decided in [`super::intake_plan`].
+//! The intake threads: a few threads, each watching the sockets of many engines'
+//! subscriptions (SUB, connection monitor, replay DEALER) through one epoll set, and running
+//! each ready stream's logic ([`super::stream`]). Which thread a subscription joins, how a
+//! readiness token names a socket and when a socket still holds messages are decided in
+//! [`super::intake_plan`].
 //!
 //! Why: a thread per engine cost a wake-up, a context switch and a channel hand-over per
 //! batch; at 1,024 engines × 50 batches/s that was the router's whole CPU and the lag reached
-//! seconds. A thread that polls many sockets takes everything ready since its last wake-up at
+//! seconds. A thread that serves many sockets takes everything ready since its last wake-up at
 //! once, so its wake-ups grow slower than the event rate.
+//!
+//! Why epoll on each socket's `ZMQ_FD` rather than `zmq::poll`: a `zmq::poll` asks every socket
+//! of the thread for its state at every wake-up (about 770 sockets for 256 engines), so a
+//! thread spent about a core polling at 10 batches/s per engine whatever the rate. An epoll
+//! set reports only the sockets that signalled, so a wake-up costs what is ready. The price is
+//! `ZMQ_FD`'s edge-triggered contract: a signalled socket is read until it is empty, or kept
+//! pending ([`super::intake_plan::Pending`]).
 //!
 //! Subscriptions come and go at runtime (workers found and lost by discovery): the handle's
 //! owner sends the thread a command and wakes it through an `inproc` PAIR; a removal waits for
@@ -31,11 +39,11 @@ use super::stream::Stream;
 /// `poll_interval`).
 const MAX_SLEEP: Duration = Duration::from_millis(50);
 
-/// Shortest time between two polls of a thread that found sockets ready. A poll costs work
-/// for every socket of the thread (libzmq asks each for its events), not only the ready ones:
-/// polling again at once for the next single batch spent more than a core on 1,024 engines at
-/// 10 batches/s each (`benches/event_lag.rs`). Waiting this long lets a busy fleet's batches
-/// gather, so each poll takes many; it adds at most this to a batch's lag.
+/// Shortest time between two wake-ups of a thread that read sockets. Waiting this long lets a
+/// busy fleet's batches gather, so each wake-up (a context switch) takes many; it adds at most
+/// this to a batch's lag. (With `zmq::poll`, whose every call asked every socket for its
+/// state, polling again at once for the next single batch spent more than a core on 1,024
+/// engines at 10 batches/s each, `benches/event_lag.rs`.)
 const PACE: Duration = Duration::from_millis(1);
 
 /// Distinct numbers for subscriptions and threads.

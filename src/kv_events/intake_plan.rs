@@ -1,6 +1,7 @@
 //! The pure decisions of the intake threads ([`super::intake`]): which thread a new
-//! subscription joins, and which of a thread's sockets a poll found ready, subscription by
-//! subscription. Kept apart from the sockets so the rules are tested without ZeroMQ.
+//! subscription joins, which socket a readiness token names, and when a subscription's sockets
+//! still hold messages (ZeroMQ's edge-triggered readiness). Kept apart from the sockets so
+//! the rules are tested without ZeroMQ.
 //!
 //! Why a thread serves many subscriptions: with a thread per engine, 1,024 engines publishing
 //! 50 batches a second woke 1,024 threads 51,200 times a second (about 13 µs of CPU a batch),
