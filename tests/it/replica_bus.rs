@@ -84,9 +84,10 @@ fn seen(router: &RouterHandle) -> u64 {
     support::in_flight_seen(router)
 }
 
-/// A prompt of a few hundred tokens: more than one running-blocks mark (16 blocks).
+/// A prompt of 601 tokens (one a word with the builtin tokenizer): 37 blocks, two
+/// running-blocks marks (one in 16 blocks).
 fn held_prompt(i: u64) -> String {
-    (0..200).map(|w| format!("q{i}w{w} ")).collect()
+    (0..600).map(|w| format!("q{i}w{w} ")).collect()
 }
 
 /// Per candidate of `/debug/route` on `router` for `prompt`: its working set, running KV
