@@ -1,12 +1,20 @@
-//! The intake threads: a few threads, each polling the sockets of many engines' subscriptions
-//! (SUB, connection monitor, replay DEALER) in one `zmq::poll`, and running each ready
-//! stream's logic ([`super::stream`]). Which thread a subscription joins and how poll results
-//! map back to streams are decided in [`super::intake_plan`].
+//! The intake threads: a few threads, each watching the sockets of many engines'
+//! subscriptions (SUB, connection monitor, replay DEALER) through one epoll set, and running
+//! each ready stream's logic ([`super::stream`]). Which thread a subscription joins, how a
+//! readiness token names a socket and when a socket still holds messages are decided in
+//! [`super::intake_plan`].
 //!
 //! Why: a thread per engine cost a wake-up, a context switch and a channel hand-over per
 //! batch; at 1,024 engines × 50 batches/s that was the router's whole CPU and the lag reached
-//! seconds. A thread that polls many sockets takes everything ready since its last wake-up at
+//! seconds. A thread that serves many sockets takes everything ready since its last wake-up at
 //! once, so its wake-ups grow slower than the event rate.
+//!
+//! Why epoll on each socket's `ZMQ_FD` rather than `zmq::poll`: a `zmq::poll` asks every socket
+//! of the thread for its state at every wake-up (about 770 sockets for 256 engines), so a
+//! thread spent about a core polling at 10 batches/s per engine whatever the rate. An epoll
+//! set reports only the sockets that signalled, so a wake-up costs what is ready. The price is
+//! `ZMQ_FD`'s edge-triggered contract: a signalled socket is read until it is empty, or kept
+//! pending ([`super::intake_plan::Pending`]).
 //!
 //! Subscriptions come and go at runtime (workers found and lost by discovery): the handle's
 //! owner sends the thread a command and wakes it through an `inproc` PAIR; a removal waits for
@@ -14,11 +22,16 @@
 //! joining its thread did). A subscription whose consumer is gone is removed by the thread
 //! itself at its next wake-up (at least every poll interval).
 
+use std::collections::HashMap;
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
-use super::intake_plan::{PollLayout, Ready, Role, place};
+use mio::unix::SourceFd;
+use mio::{Interest, Token};
+
+use super::intake_plan::{Pending, Role, WAKE, named, place, token};
 use super::monitored::MonitoredSub;
 use super::stream::Stream;
 
@@ -26,11 +39,11 @@ use super::stream::Stream;
 /// `poll_interval`).
 const MAX_SLEEP: Duration = Duration::from_millis(50);
 
-/// Shortest time between two polls of a thread that found sockets ready. A poll costs work
-/// for every socket of the thread (libzmq asks each for its events), not only the ready ones:
-/// polling again at once for the next single batch spent more than a core on 1,024 engines at
-/// 10 batches/s each (`benches/event_lag.rs`). Waiting this long lets a busy fleet's batches
-/// gather, so each poll takes many; it adds at most this to a batch's lag.
+/// Shortest time between two wake-ups of a thread that read sockets. Waiting this long lets a
+/// busy fleet's batches gather, so each wake-up (a context switch) takes many; it adds at most
+/// this to a batch's lag. (With `zmq::poll`, whose every call asked every socket for its
+/// state, polling again at once for the next single batch spent more than a core on 1,024
+/// engines at 10 batches/s each, `benches/event_lag.rs`.)
 const PACE: Duration = Duration::from_millis(1);
 
 /// Distinct numbers for subscriptions and threads.
@@ -126,11 +139,12 @@ impl IntakeThread {
         waker.set_linger(0).map_err(zmq_err)?;
         waker.connect(&endpoint).map_err(zmq_err)?;
         let (tx, rx) = mpsc::channel();
+        let mut running = Running::new(&wake)?;
         std::thread::Builder::new()
             .name(format!("kv-intake-{n}"))
             .spawn(move || {
                 let _context = context;
-                Running::default().run(&wake, &rx);
+                running.run(&wake, &rx);
             })?;
         Ok(Arc::new(IntakeThread {
             commands: Mutex::new(tx),
@@ -160,22 +174,46 @@ impl IntakeThread {
     }
 }
 
-/// The thread's own state: its subscriptions.
-#[derive(Default)]
+/// One subscription as its thread keeps it.
+struct Entry {
+    sub: Subscription,
+    pending: Pending,
+    /// The replay DEALER's descriptor last registered, while a replay runs.
+    replay_fd: Option<RawFd>,
+}
+
+/// The thread's own state: its subscriptions and the readiness of their sockets.
 struct Running {
-    subs: Vec<Subscription>,
+    entries: Vec<Entry>,
+    /// Subscription id → position in `entries`.
+    slots: HashMap<u64, usize>,
+    poll: mio::Poll,
+    events: mio::Events,
 }
 
 impl Running {
+    fn new(wake: &zmq::Socket) -> std::io::Result<Running> {
+        let poll = mio::Poll::new()?;
+        let fd = wake.get_fd().map_err(std::io::Error::other)?;
+        poll.registry()
+            .register(&mut SourceFd(&fd), Token(WAKE), Interest::READABLE)?;
+        Ok(Running {
+            entries: Vec::new(),
+            slots: HashMap::new(),
+            poll,
+            events: mio::Events::with_capacity(1024),
+        })
+    }
+
     fn run(&mut self, wake: &zmq::Socket, commands: &mpsc::Receiver<Command>) {
         loop {
             let polled_at = std::time::Instant::now();
-            let (woken, ready) = match self.poll(wake) {
-                Ok(polled) => polled,
+            let woken = match self.wait() {
+                Ok(woken) => woken,
                 Err(e) => {
                     tracing::warn!(error = %e, "kv-events intake poll failed");
                     std::thread::sleep(MAX_SLEEP);
-                    (true, Vec::new())
+                    true
                 }
             };
             if woken {
@@ -184,8 +222,8 @@ impl Running {
                     return;
                 }
             }
-            self.serve(&ready);
-            if !ready.is_empty() {
+            let read = self.serve();
+            if read {
                 let since = polled_at.elapsed();
                 if since < PACE {
                     std::thread::sleep(PACE - since);
@@ -194,32 +232,37 @@ impl Running {
         }
     }
 
-    /// Polls the wake-up PAIR and every subscription's sockets (not the SUB of one whose
-    /// consumer is behind); returns whether the thread was woken and what is ready.
-    fn poll(&self, wake: &zmq::Socket) -> Result<(bool, Vec<Ready>), zmq::Error> {
-        let mut layout = PollLayout::with_capacity(self.subs.len() * 3);
-        let mut items = Vec::with_capacity(self.subs.len() * 3 + 1);
-        items.push(wake.as_poll_item(zmq::POLLIN));
+    /// Sleeps until a socket signals, a stream's interval passes, or at once when a socket is
+    /// known to hold messages; marks what signalled. Whether the thread was woken.
+    fn wait(&mut self) -> std::io::Result<bool> {
         let mut sleep = MAX_SLEEP;
-        for (slot, s) in self.subs.iter().enumerate() {
-            sleep = sleep.min(s.stream.poll_interval());
-            if s.stream.is_backlogged() {
+        for e in &self.entries {
+            let backlogged = e.sub.stream.is_backlogged();
+            sleep = sleep.min(e.sub.stream.poll_interval());
+            if e.pending.is_ready(backlogged) {
+                sleep = Duration::ZERO;
+            } else if backlogged {
                 // Offer the backlog again soon.
                 sleep = sleep.min(Duration::from_millis(1));
-            } else {
-                items.push(s.socket.sub().as_poll_item(zmq::POLLIN));
-                layout.push(slot, Role::Data);
-            }
-            items.push(s.socket.events().as_poll_item(zmq::POLLIN));
-            layout.push(slot, Role::Events);
-            if let Some(replay) = s.stream.replay_socket() {
-                items.push(replay.as_poll_item(zmq::POLLIN));
-                layout.push(slot, Role::Replay);
             }
         }
-        zmq::poll(&mut items, sleep.as_millis().max(1) as i64)?;
-        let readable: Vec<bool> = items[1..].iter().map(zmq::PollItem::is_readable).collect();
-        Ok((items[0].is_readable(), layout.ready(&readable)))
+        match self.poll.poll(&mut self.events, Some(sleep)) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => return Ok(false),
+            polled => polled?,
+        }
+        let mut woken = false;
+        for event in &self.events {
+            let Token(token) = event.token();
+            if token == WAKE {
+                woken = true;
+            } else if let Some((id, role)) = named(token)
+                && let Some(&slot) = self.slots.get(&id)
+                && let Some(e) = self.entries.get_mut(slot)
+            {
+                e.pending.signal(role);
+            }
+        }
+        Ok(woken)
     }
 
     /// Runs the commands queued; `false` when the owners' side is gone (never, in a process
@@ -227,10 +270,12 @@ impl Running {
     fn obey(&mut self, commands: &mpsc::Receiver<Command>) -> bool {
         loop {
             match commands.try_recv() {
-                Ok(Command::Add(s)) => self.subs.push(*s),
+                Ok(Command::Add(s)) => self.add(*s),
                 Ok(Command::Remove(id, ack)) => {
                     // Dropped here, before the acknowledgement: nothing is sent after it.
-                    self.subs.retain(|s| s.id != id);
+                    if let Some(slot) = self.slots.get(&id).copied() {
+                        self.remove(slot);
+                    }
                     let _ = ack.send(());
                 }
                 Err(mpsc::TryRecvError::Empty) => return true,
@@ -239,29 +284,99 @@ impl Running {
         }
     }
 
-    /// Steps every ready stream, and every other one that has a backlog, a replay in flight
-    /// (its deadlines) or a consumer that is gone; removes the ones that ended.
-    fn serve(&mut self, ready: &[Ready]) {
-        let mut next = ready.iter().peekable();
-        let mut ended = Vec::new();
-        for (slot, s) in self.subs.iter_mut().enumerate() {
-            let r = next
-                .next_if(|r| r.slot == slot)
-                .copied()
-                .unwrap_or_default();
-            let due = r.data
-                || r.events
-                || r.replay
-                || s.stream.is_backlogged()
-                || s.stream.replay_socket().is_some();
-            if s.stream.is_closed() || (due && s.stream.step(&s.socket, r.data, r.events).is_err())
-            {
-                ended.push(slot);
+    fn add(&mut self, sub: Subscription) {
+        let registry = self.poll.registry();
+        for (socket, role) in [
+            (sub.socket.sub(), Role::Data),
+            (sub.socket.events(), Role::Events),
+        ] {
+            let registered = socket
+                .get_fd()
+                .map_err(std::io::Error::other)
+                .and_then(|fd| {
+                    registry.register(
+                        &mut SourceFd(&fd),
+                        Token(token(sub.id, role)),
+                        Interest::READABLE,
+                    )
+                });
+            if let Err(e) = registered {
+                // Still read at every wake-up (its poll interval at least): late, never lost.
+                tracing::warn!(error = %e, "kv-events socket not watched for readiness");
             }
         }
+        self.slots.insert(sub.id, self.entries.len());
+        self.entries.push(Entry {
+            sub,
+            // Whatever arrived before the thread watched the sockets is read at once.
+            pending: Pending::all(),
+            replay_fd: None,
+        });
+    }
+
+    /// Removes the subscription at `slot`, its sockets no longer watched (they are open until
+    /// it drops, so no other socket's descriptor is touched).
+    fn remove(&mut self, slot: usize) -> Subscription {
+        let e = self.entries.remove(slot);
+        let registry = self.poll.registry();
+        let fds = [e.sub.socket.sub().get_fd(), e.sub.socket.events().get_fd()];
+        for fd in fds.into_iter().flatten().chain(e.replay_fd) {
+            // A replay socket already closed left the set by itself.
+            let _ = registry.deregister(&mut SourceFd(&fd));
+        }
+        self.slots = self
+            .entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (e.sub.id, i))
+            .collect();
+        e.sub
+    }
+
+    /// Steps every stream with a pending socket, a backlog, a replay in flight (its deadlines)
+    /// or a consumer that is gone; removes the ones that ended. Whether any socket was read.
+    fn serve(&mut self) -> bool {
+        let mut ended = Vec::new();
+        let mut read = false;
+        for (slot, e) in self.entries.iter_mut().enumerate() {
+            let stream = &mut e.sub.stream;
+            if stream.is_closed() {
+                ended.push(slot);
+                continue;
+            }
+            let due = e
+                .pending
+                .due(stream.is_backlogged(), stream.replay_socket().is_some());
+            let Some((data, events)) = due else { continue };
+            read |= data || events;
+            if stream.step(&e.sub.socket, data, events).is_err() {
+                ended.push(slot);
+                continue;
+            }
+            e.pending.stepped(data, stream.is_backlogged());
+            Self::watch_replay(self.poll.registry(), e);
+        }
         for slot in ended.into_iter().rev() {
-            let s = self.subs.remove(slot);
-            s.finished.store(true, Ordering::Relaxed);
+            self.remove(slot).finished.store(true, Ordering::Relaxed);
+        }
+        read
+    }
+
+    /// Watches the replay DEALER a step started. One that ended was closed with its replay
+    /// and left the readiness set by itself, so it is never deregistered by number (the
+    /// number may already name another socket).
+    fn watch_replay(registry: &mio::Registry, e: &mut Entry) {
+        let fd = e.sub.stream.replay_socket().and_then(|s| s.get_fd().ok());
+        if fd == e.replay_fd {
+            return;
+        }
+        e.replay_fd = fd;
+        if let Some(fd) = fd {
+            let token = Token(token(e.sub.id, Role::Replay));
+            if let Err(e) = registry.register(&mut SourceFd(&fd), token, Interest::READABLE) {
+                // The stream steps at every wake-up while its replay runs: read late, not lost.
+                tracing::debug!(error = %e, "kv-events replay socket not watched");
+            }
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The pure decisions of the intake threads ([`super::intake`]): which thread a new
-//! subscription joins, and which of a thread's sockets a poll found ready, subscription by
-//! subscription. Kept apart from the sockets so the rules are tested without ZeroMQ.
+//! subscription joins, which socket a readiness token names, and when a subscription's sockets
+//! still hold messages (ZeroMQ's edge-triggered readiness). Kept apart from the sockets so
+//! the rules are tested without ZeroMQ.
 //!
 //! Why a thread serves many subscriptions: with a thread per engine, 1,024 engines publishing
 //! 50 batches a second woke 1,024 threads 51,200 times a second (about 13 µs of CPU a batch),
@@ -25,70 +26,94 @@ pub(super) fn place(loads: &[usize], per_thread: usize) -> Option<usize> {
         .map(|(i, _)| i)
 }
 
-/// Which socket of a subscription a poll item is.
+/// Which socket of a subscription a readiness registration is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Role {
     /// The SUB socket: live batches.
-    Data,
+    Data = 0,
     /// The monitor's PAIR: connection events.
-    Events,
+    Events = 1,
     /// The DEALER of a replay in flight.
-    Replay,
+    Replay = 2,
 }
 
-/// What a poll found for one subscription.
+/// The token of a thread's own wake-up PAIR.
+pub(super) const WAKE: usize = usize::MAX;
+
+/// The readiness token of `role` of subscription `id`.
+pub(super) fn token(id: u64, role: Role) -> usize {
+    ((id as usize) << 2) | role as usize
+}
+
+/// The subscription and socket a token names; `None` for [`WAKE`] and for tokens no
+/// subscription uses.
+pub(super) fn named(token: usize) -> Option<(u64, Role)> {
+    if token == WAKE {
+        return None;
+    }
+    let role = match token & 3 {
+        0 => Role::Data,
+        1 => Role::Events,
+        2 => Role::Replay,
+        _ => return None,
+    };
+    Some(((token >> 2) as u64, role))
+}
+
+/// What one subscription's SUB and monitor sockets may still hold.
+///
+/// A ZeroMQ socket's `ZMQ_FD` signals that its state *changed*, not that it holds messages (it
+/// is edge-triggered, libzmq's `zmq_getsockopt(3)`): after a signal the socket must be read
+/// until it is empty, or it may never signal again for what it still holds. So a signalled
+/// socket stays pending until a step has read it dry; a live socket left unread because the
+/// consumer is behind (the stream's backlog) stays pending until the backlog clears and the
+/// socket is read. Replay sockets need no flag: a stream steps at every wake-up while its
+/// replay runs (deadlines), and reads the replay dry then.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(super) struct Ready {
-    /// Position of the subscription in the thread's list.
-    pub slot: usize,
-    /// Its SUB socket has messages.
-    pub data: bool,
-    /// Its monitor has connection events.
-    pub events: bool,
-    /// Its replay DEALER has replies.
-    pub replay: bool,
+pub(super) struct Pending {
+    data: bool,
+    events: bool,
 }
 
-/// The order of a thread's poll items: which subscription and socket each one is. Items of one
-/// subscription are pushed together.
-#[derive(Debug, Default)]
-pub(super) struct PollLayout {
-    items: Vec<(usize, Role)>,
-}
-
-impl PollLayout {
-    /// An empty layout with room for `n` items.
-    pub(super) fn with_capacity(n: usize) -> PollLayout {
-        PollLayout {
-            items: Vec::with_capacity(n),
+impl Pending {
+    /// A fresh subscription: both sockets are read once, whatever was signalled before the
+    /// thread watched them.
+    pub(super) fn all() -> Pending {
+        Pending {
+            data: true,
+            events: true,
         }
     }
 
-    /// The next poll item is `role` of subscription `slot`.
-    pub(super) fn push(&mut self, slot: usize, role: Role) {
-        self.items.push((slot, role));
+    /// `role`'s socket signalled.
+    pub(super) fn signal(&mut self, role: Role) {
+        match role {
+            Role::Data => self.data = true,
+            Role::Events => self.events = true,
+            Role::Replay => {}
+        }
     }
 
-    /// The subscriptions with at least one readable item, in slot order, given each item's
-    /// readability in push order (`readable[i]` for the i-th pushed item).
-    pub(super) fn ready(&self, readable: &[bool]) -> Vec<Ready> {
-        let mut out: Vec<Ready> = Vec::new();
-        for (&(slot, role), _) in self.items.iter().zip(readable).filter(|(_, r)| **r) {
-            if out.last().is_none_or(|r| r.slot != slot) {
-                out.push(Ready {
-                    slot,
-                    ..Ready::default()
-                });
-            }
-            if let Some(r) = out.last_mut() {
-                match role {
-                    Role::Data => r.data = true,
-                    Role::Events => r.events = true,
-                    Role::Replay => r.replay = true,
-                }
-            }
+    /// Whether the stream steps at this wake-up, and if so which sockets it reads (`data`,
+    /// `events`): it steps when a socket is pending, or while it has a backlog to offer or a
+    /// replay in flight. The SUB is not read while the consumer is behind.
+    pub(super) fn due(&self, backlogged: bool, replaying: bool) -> Option<(bool, bool)> {
+        let data = self.data && !backlogged;
+        (data || self.events || backlogged || replaying).then_some((data, self.events))
+    }
+
+    /// A step read what `due` asked for; `backlogged` is the stream's state after it (a SUB
+    /// read until the consumer fell behind still holds messages).
+    pub(super) fn stepped(&mut self, read_data: bool, backlogged: bool) {
+        if read_data && !backlogged {
+            self.data = false;
         }
-        out
+        self.events = false;
+    }
+
+    /// Whether a socket waits to be read at once (the thread must not sleep).
+    pub(super) fn is_ready(&self, backlogged: bool) -> bool {
+        (self.data && !backlogged) || self.events
     }
 }
 
@@ -107,33 +132,52 @@ mod tests {
     }
 
     #[test]
-    fn readiness_is_grouped_by_subscription() {
-        let mut layout = PollLayout::with_capacity(6);
-        layout.push(0, Role::Data);
-        layout.push(0, Role::Events);
-        // Subscription 1 is backlogged: its SUB is not polled.
-        layout.push(1, Role::Events);
-        layout.push(1, Role::Replay);
-        layout.push(2, Role::Data);
-        layout.push(2, Role::Events);
-        let ready = layout.ready(&[true, true, false, true, false, false]);
+    fn tokens_name_their_subscription_and_socket() {
+        for (id, role) in [(0, Role::Data), (7, Role::Events), (1 << 40, Role::Replay)] {
+            assert_eq!(named(token(id, role)), Some((id, role)));
+        }
+        assert_eq!(named(WAKE), None);
         assert_eq!(
-            ready,
-            vec![
-                Ready {
-                    slot: 0,
-                    data: true,
-                    events: true,
-                    replay: false
-                },
-                Ready {
-                    slot: 1,
-                    data: false,
-                    events: false,
-                    replay: true
-                },
-            ]
+            named(token(3, Role::Data) | 3),
+            None,
+            "no role has the value 3"
         );
-        assert!(layout.ready(&[false; 6]).is_empty());
+        assert_ne!(token(1, Role::Data), token(0, Role::Events));
+    }
+
+    #[test]
+    fn a_signalled_socket_stays_pending_until_a_step_reads_it_dry() {
+        let mut p = Pending::default();
+        assert_eq!(
+            p.due(false, false),
+            None,
+            "nothing signalled, nothing to do"
+        );
+        assert_eq!(
+            p.due(false, true),
+            Some((false, false)),
+            "a replay steps regardless"
+        );
+        p.signal(Role::Data);
+        assert_eq!(p.due(false, false), Some((true, false)));
+        // The consumer fell behind while the SUB was read: it still holds messages.
+        p.stepped(true, true);
+        assert_eq!(
+            p.due(true, false),
+            Some((false, false)),
+            "offer the backlog, read nothing"
+        );
+        assert!(!p.is_ready(true));
+        // The backlog cleared: read the SUB again although it signalled nothing new.
+        assert_eq!(p.due(false, false), Some((true, false)));
+        assert!(p.is_ready(false));
+        p.stepped(true, false);
+        assert_eq!(p.due(false, false), None);
+        p.signal(Role::Events);
+        p.signal(Role::Replay);
+        assert_eq!(p.due(false, false), Some((false, true)));
+        p.stepped(false, false);
+        assert_eq!(p, Pending::default());
+        assert_eq!(Pending::all().due(false, false), Some((true, true)));
     }
 }
