@@ -16,7 +16,7 @@ use std::sync::Arc;
 use crate::tokens::BlockHash;
 
 /// Most block hashes one booking carries: a prompt's first 65,536 blocks (a million tokens of
-/// 16-token blocks). Encoded, that is 699,064 bytes of base64 (`replica_bus::wire`), under
+/// 16-token blocks). Encoded, that is 699,052 bytes of base64 (`replica_bus::wire`), under
 /// NATS's default 1 MiB payload limit; past it, the rest of a prompt counts as its own tokens
 /// on the other replicas ([`super::running_blocks`]) and is not in their working sets.
 pub const MAX_ANNOUNCED_BLOCKS: usize = 1 << 16;
