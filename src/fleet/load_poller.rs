@@ -107,6 +107,9 @@ fn load_of(by_name: &ByRank, rank: Option<&str>) -> Option<EngineLoad> {
 
 /// Reads every worker's load each `interval` until `stop` is cancelled; `https://` workers are
 /// reached as `tls` says (the proxy's settings). Fails when its TLS files cannot be used.
+///
+/// While other replicas are heard on the replica bus, the interval is stretched by their
+/// number ([`super::PollShare`]): the engines see one reading per `interval` in all.
 pub fn spawn(
     fleet: Arc<Fleet>,
     interval: Duration,
@@ -116,16 +119,20 @@ pub fn spawn(
     let connector = crate::tls::upstream::connector(tls, timeout(interval))?;
     let client: ProbeClient = Client::builder(TokioExecutor::new()).build(connector);
     Ok(tokio::spawn(async move {
-        let mut tick = tokio::time::interval(interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut next = tokio::time::Instant::now();
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
-                _ = tick.tick() => {}
+                _ = tokio::time::sleep_until(next) => {}
             }
+            let every = fleet.poll_share.interval(interval);
+            next += every;
             let workers = fleet.workers();
-            let reads = workers.iter().map(|w| read_worker(&client, w, interval));
+            let reads = workers.iter().map(|w| read_worker(&client, w, every));
             futures_util::future::join_all(reads).await;
+            // A round that overran its interval (slow engines) starts the next one at once,
+            // not a burst of missed ones.
+            next = next.max(tokio::time::Instant::now());
         }
     }))
 }

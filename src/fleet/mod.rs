@@ -16,6 +16,7 @@ pub mod health;
 pub mod load;
 pub mod load_poller;
 pub mod load_view;
+pub mod poll_share;
 pub mod rank;
 pub mod replica_ledger;
 pub mod role;
@@ -37,6 +38,7 @@ pub use health::HealthConfig;
 pub use load::{Load, LoadGuard};
 pub use load_view::LoadSnapshot;
 pub use load_view::{EngineLoad, Reading};
+pub use poll_share::PollShare;
 pub use rank::{DP_RANK_HEADER, MAX_DATA_PARALLEL_SIZE, Rank};
 pub use role::{DEFAULT_BOOTSTRAP_PORT, Role, Side, UnknownRole};
 pub use roster::Roster;
@@ -75,6 +77,9 @@ pub struct Fleet {
     released: Mutex<Vec<(WorkerId, Weak<Worker>)>>,
     breaker: BreakerConfig,
     on_down: Option<DownHook>,
+    /// Replicas sharing the reading of the engines' load (set by the replica bus, read by the
+    /// load poller).
+    pub poll_share: PollShare,
 }
 
 impl std::fmt::Debug for Fleet {
@@ -119,6 +124,7 @@ impl Fleet {
             released: Mutex::new(Vec::new()),
             breaker,
             on_down,
+            poll_share: PollShare::default(),
         }
     }
 

@@ -237,7 +237,11 @@ impl Link {
     }
 
     fn gauges(&self) {
-        self.metrics.peers.set(self.ledger.replica_count() as i64);
+        let peers = self.ledger.replica_count();
+        self.metrics.peers.set(peers as i64);
+        // The peers share the engines' load reading with this replica (none once the bus is
+        // lost: the ledger is cleared then).
+        self.fleet.poll_share.set_peers(peers);
         self.metrics.bookings.set(self.ledger.booked() as i64);
     }
 }

@@ -106,6 +106,27 @@ fn a_booking_on_one_replica_is_known_load_on_the_other_until_it_ends() {
 }
 
 #[test]
+fn replicas_heard_on_the_bus_share_the_reading_of_engine_load() {
+    let (mut a, mut b, mut c) = (replica("ra"), replica("rb"), replica("rc"));
+    let base = Duration::from_millis(100);
+    assert_eq!(a.fleet.poll_share.interval(base), base, "alone");
+    a.link.connected();
+    let (from_b, from_c) = (b.link.connected(), c.link.connected());
+    deliver(&mut a, &from_b, T0);
+    deliver(&mut a, &from_c, T0);
+    assert_eq!(a.fleet.poll_share.replicas(), 3);
+    assert_eq!(a.fleet.poll_share.interval(base), base * 3);
+    // b keeps beating, c goes silent and expires: two share the reading.
+    let beat = b.link.tick(Duration::from_secs(2));
+    deliver(&mut a, &Vec::from_iter(beat), Duration::from_secs(2));
+    a.link.tick(Duration::from_secs(4));
+    assert_eq!(a.fleet.poll_share.replicas(), 2);
+    // Without the bus readings are all a replica has: the full rate again.
+    a.link.disconnected();
+    assert_eq!(a.fleet.poll_share.interval(base), base);
+}
+
+#[test]
 fn losing_the_bus_releases_the_others_and_reconnecting_resyncs_from_snapshots() {
     let (mut a, mut b) = (replica("ra"), replica("rb"));
     a.link.connected();

@@ -28,7 +28,7 @@ use thiserror::Error;
 use std::sync::Arc;
 
 use crate::engine::{EngineConfig, EngineCore, EngineCounters, Handoff, RequestId, StepOutcome};
-use crate::fleet::{EngineLoad, Role};
+use crate::fleet::{EngineLoad, Role, poll_share};
 use crate::index::Holdings;
 use crate::kv_events::KvEvent;
 use crate::policy::{self, PolicyKind};
@@ -129,6 +129,8 @@ pub struct Simulation<'t> {
     routed: Vec<Option<Routed>>,
     /// Arrivals dealt so far (the next one goes to replica `dealt % routers`).
     dealt: usize,
+    /// Engine load readings taken so far (with a bus, reading `n` is replica `n % routers`'s).
+    sampled: usize,
     /// Disaggregated fleet: where each request is in its prefill → decode journey.
     pairs: Vec<Option<handoff::Pair>>,
     /// When each request's latest client-visible token came.
@@ -247,6 +249,7 @@ impl<'t> Simulation<'t> {
             records: vec![SimRecord::default(); trace.len()],
             routed: (0..trace.len()).map(|_| None).collect(),
             dealt: 0,
+            sampled: 0,
             pairs: (0..trace.len()).map(|_| None).collect(),
             last_token: vec![0.0; trace.len()],
             itl_gaps: Vec::new(),
@@ -481,16 +484,20 @@ impl<'t> Simulation<'t> {
         }
     }
 
-    /// Every replica reads every engine's running and waiting counts now; the next reading is
-    /// scheduled while anything else is left to happen.
+    /// Every replica reads every engine's running and waiting counts now — or, with a replica
+    /// bus, one replica in turn (the live `fleet::PollShare`: replicas that hear each other
+    /// read each engine as often as one router would, in all); the next reading is scheduled
+    /// while anything else is left to happen.
     fn sample_load(&mut self, now: f64) {
+        let readers = poll_share::readers(self.routers.len(), self.bus.is_some(), self.sampled);
+        self.sampled += 1;
         for (slot, w) in self.workers.iter().enumerate().take(self.joined as usize) {
             let engine = EngineLoad {
                 running: w.engine.num_running() as u64,
                 waiting: w.engine.num_waiting() as u64,
                 kv_usage: Some(w.engine.kv_usage()),
             };
-            for r in &self.routers {
+            for r in &self.routers[readers.clone()] {
                 r.read_load(slot as u32, engine);
             }
         }
