@@ -90,6 +90,25 @@ def render_helm(helm: str, chart: Path, values: Path | None) -> list[dict]:
     return [d for d in yaml.safe_load_all(proc.stdout) if d]
 
 
+def helm_replica_bus(rendered: dict[str, list[dict]]) -> None:
+    """The chart's `replicaBus` value: unset, the router's config has no [replica_bus]; set (as
+    ci/full-values.yaml sets it), [replica_bus] names its URL and subject."""
+    chart = str(CHART.relative_to(DEPLOY.parent))
+    print(f"{chart}: replicaBus")
+    full_values = yaml.safe_load((CHART / "ci/full-values.yaml").read_text())
+    want = full_values.get("replicaBus", {})
+    for name, expected in ((chart, None), (f"{chart} -f full-values.yaml", want)):
+        cms = [d for d in rendered.get(name, []) if d["kind"] == "ConfigMap" and "kvroute.toml" in d.get("data", {})]
+        if not check(len(cms) == 1, f"{name}: one ConfigMap with kvroute.toml"):
+            continue
+        bus = tomllib.loads(cms[0]["data"]["kvroute.toml"]).get("replica_bus")
+        if expected is None:
+            check(bus is None, f"{name}: no [replica_bus] without replicaBus.url")
+        else:
+            check(bool(expected.get("url")) and bus == {"url": expected["url"], "subject": expected["subject"]},
+                  f"{name}: [replica_bus] url {expected.get('url')!r}, subject {expected.get('subject')!r} (got {bus})")
+
+
 def router_kinds(docs: list[dict]) -> set[str]:
     return {d["kind"] for d in docs if d["metadata"].get("labels", {}).get("app.kubernetes.io/name") == "kvroute"}
 
@@ -468,12 +487,13 @@ def main() -> int:
     if args.helm:
         renders += [(f"{CHART.relative_to(DEPLOY.parent)}{' -f ' + v.name if v else ''}", True,
                      lambda v=v: render_helm(args.helm, CHART, v)) for v in HELM_VALUES]
-    kinds = {}
+    kinds, rendered = {}, {}
     for name, overlay, make in renders:
         print(f"{name}:")
         docs = make()
         if not docs:
             continue
+        rendered[name] = docs
         kinds[name] = router_kinds(docs)
         validate(args.validator, docs, name)
         parts = semantics(docs, name, overlay=overlay)
@@ -486,6 +506,7 @@ def main() -> int:
         # The chart with every option on renders the router objects the example overlay does.
         example, full = kinds.get("deploy/kubernetes/overlays/example"), kinds.get(f"{CHART.relative_to(DEPLOY.parent)} -f full-values.yaml")
         check(example is not None and example == full, f"the chart renders the example overlay's router kinds ({sorted(full or [])})")
+        helm_replica_bus(rendered)
     overlay_ns = next(
         (d["metadata"]["name"] for p in KUSTOMIZATIONS if "overlays" in p.parts
          for d in render(args.kubectl, p) if d["kind"] == "Namespace"),

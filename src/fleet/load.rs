@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
-use super::booking::{Announcer, BookingStep, Ticket};
+use super::booking::{Announcer, BookingStep, PromptBlocks, Ticket};
 use super::load_view::{Admissions, EngineLoad, LoadSnapshot, Reading, combine};
 use super::running_blocks::{RunningBlocks, marks};
 use crate::tokens::BlockHash;
@@ -146,10 +146,13 @@ impl Load {
         block_size: u32,
     ) -> LoadGuard {
         let mut guard = self.count(prompt_tokens, prefill_tokens, marks(hashes), block_size);
-        guard.ticket = self
-            .announcer
-            .get()
-            .map(|a| a.book(prompt_tokens, prefill_tokens));
+        guard.ticket = self.announcer.get().map(|a| {
+            a.book(
+                prompt_tokens,
+                prefill_tokens,
+                PromptBlocks::of(hashes, block_size),
+            )
+        });
         guard
     }
 
@@ -159,9 +162,20 @@ impl Load {
     /// would on one router that routed everything. (Counting only own requests in the
     /// tie-break, to decorrelate replicas deciding at one instant, was measured worse: each
     /// replica then balances only its own share; `docs/benchmarks.md`, "Several router
-    /// replicas".) Its blocks are not known: its prompt counts whole among the running KV.
-    pub fn admit_quietly(self: &Arc<Self>, prompt_tokens: u64, prefill_tokens: u64) -> LoadGuard {
-        self.count(prompt_tokens, prefill_tokens, Arc::from([]), 0)
+    /// replicas".) Its prompt's `blocks` count among the running KV as an own request's do
+    /// (shared prefixes once); without them, its prompt counts whole.
+    pub fn admit_quietly(
+        self: &Arc<Self>,
+        prompt_tokens: u64,
+        prefill_tokens: u64,
+        blocks: &PromptBlocks,
+    ) -> LoadGuard {
+        self.count(
+            prompt_tokens,
+            prefill_tokens,
+            marks(&blocks.hashes),
+            blocks.block_size,
+        )
     }
 
     /// Counts a request, unannounced.
@@ -357,7 +371,7 @@ mod tests {
         g.first_token();
         g.first_token();
         drop(g);
-        let quiet = load.admit_quietly(7, 7);
+        let quiet = load.admit_quietly(7, 7, &PromptBlocks::default());
         drop(quiet);
         let steps: Vec<(u64, BookingStep)> = notes
             .notes
@@ -366,7 +380,7 @@ mod tests {
             .iter()
             .map(|n| {
                 assert_eq!(n.target, target);
-                (n.request, n.step)
+                (n.request, n.step.clone())
             })
             .collect();
         assert_eq!(
@@ -376,7 +390,8 @@ mod tests {
                     0,
                     BookingStep::Booked {
                         prompt_tokens: 100,
-                        prefill_tokens: 40
+                        prefill_tokens: 40,
+                        blocks: PromptBlocks::default(),
                     }
                 ),
                 (0, BookingStep::FirstToken),

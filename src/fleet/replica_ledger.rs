@@ -5,7 +5,11 @@
 //! ([`Load::admit_quietly`]): it is then *known* load, exactly like this replica's own, so the
 //! policy sees it at once and an engine load reading's excess over known load
 //! ([`super::load_view`]) shrinks by it — nothing is counted twice. Its first token and its
-//! end release it as they release an own request.
+//! end release it as they release an own request. Its prompt's block hashes, when it carries
+//! them, do here what an own admission's do: its prefix counts once among the target's running
+//! KV blocks ([`super::running_blocks`]), and they touch this replica's working set of the
+//! target ([`Landing::touch`], `index::Residency`), so the evictions a placement would cause
+//! are priced over every replica's traffic, not this one's share of it.
 //!
 //! The ledger keys bookings by (replica, request number), so a repeated announcement (a
 //! snapshot that overlaps what was already heard) is applied once. A replica whose messages
@@ -21,8 +25,21 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::booking::{BookingNote, BookingStep, TargetKey};
+use super::booking::{BookingNote, BookingStep, PromptBlocks, TargetKey};
 use super::load::{Load, LoadGuard};
+use crate::tokens::BlockHash;
+
+/// Where another replica's booking lands on this one: the live bus's fleet and index, the
+/// simulator's router.
+pub trait Landing {
+    /// This replica's load of `target`, if it routes there (yet).
+    fn load_of(&self, target: &TargetKey) -> Option<Arc<Load>>;
+
+    /// A booking of `hashes` (a prompt's chained block hashes) on `target` was heard at `now`:
+    /// they are the target's most recently used blocks, in this replica's working set of it,
+    /// exactly as if this replica had admitted the request there.
+    fn touch(&self, target: &TargetKey, hashes: &[BlockHash], now: Duration);
+}
 
 /// A booking still alive on its replica, as a snapshot lists it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -92,26 +109,31 @@ impl ReplicaLedger {
         lost
     }
 
-    /// Applies one announcement of `replica`; `resolve` finds this replica's load of a target.
+    /// Applies one announcement of `replica`, heard at `now`, on `landing`.
     pub fn apply(
         &mut self,
         replica: &str,
         note: &BookingNote,
-        resolve: impl FnOnce(&TargetKey) -> Option<Arc<Load>>,
+        landing: &dyn Landing,
+        now: Duration,
     ) -> Applied {
         let peer = self.peer(replica);
-        match note.step {
+        match &note.step {
             BookingStep::Booked {
                 prompt_tokens,
                 prefill_tokens,
+                blocks,
             } => {
                 if peer.bookings.contains_key(&note.request) {
                     return Applied::Ignored;
                 }
-                let Some(load) = resolve(&note.target) else {
+                let Some(load) = landing.load_of(&note.target) else {
                     return Applied::UnknownTarget;
                 };
-                let guard = load.admit_quietly(prompt_tokens, prefill_tokens);
+                let guard = load.admit_quietly(*prompt_tokens, *prefill_tokens, blocks);
+                if !blocks.hashes.is_empty() {
+                    landing.touch(&note.target, &blocks.hashes, now);
+                }
                 peer.bookings.insert(
                     note.request,
                     Held {
@@ -137,21 +159,22 @@ impl ReplicaLedger {
 
     /// `replica`'s complete list of live bookings: what it no longer holds is released, what
     /// is new is booked, what was known stays (advanced to its first token if the list says
-    /// so). `resolve` as in [`ReplicaLedger::apply`].
-    pub fn replace(
-        &mut self,
-        replica: &str,
-        live: &[LiveBooking],
-        resolve: impl Fn(&TargetKey) -> Option<Arc<Load>>,
-    ) {
+    /// so). A snapshot lists no block hashes (it would be every live prompt's at once): a
+    /// booking first heard in one counts its prompt whole, and touches no working set (its
+    /// blocks were used when it was booked, not now).
+    pub fn replace(&mut self, replica: &str, live: &[LiveBooking], landing: &dyn Landing) {
         let peer = self.peer(replica);
         let mut kept: HashMap<u64, Held> = HashMap::with_capacity(live.len());
         for b in live {
             let held = match peer.bookings.remove(&b.request) {
                 Some(h) if h.target == b.target => Some(h),
-                _ => resolve(&b.target).map(|load| Held {
+                _ => landing.load_of(&b.target).map(|load| Held {
                     target: b.target.clone(),
-                    guard: load.admit_quietly(b.prompt_tokens, b.prefill_tokens),
+                    guard: load.admit_quietly(
+                        b.prompt_tokens,
+                        b.prefill_tokens,
+                        &PromptBlocks::default(),
+                    ),
                 }),
             };
             if let Some(mut h) = held {

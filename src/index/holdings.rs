@@ -1,6 +1,7 @@
 //! Exact and approximate holdings together: what a routing decision asks.
 
 use std::cell::OnceCell;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::approx::ApproxIndex;
@@ -17,8 +18,9 @@ use crate::tokens::BlockHash;
 /// predictions cover workers without events and requests still in prefill.
 #[derive(Default)]
 pub struct Holdings {
-    /// Event-fed holdings.
-    pub exact: KvIndex,
+    /// Event-fed holdings (shared by the simulator's router replicas, which hear the same
+    /// events: [`Holdings::beside`]).
+    pub exact: Arc<KvIndex>,
     /// Predictions from routing decisions.
     pub approx: ApproxIndex,
     /// Each worker's working set, touched by admissions.
@@ -31,9 +33,22 @@ impl Holdings {
     /// Both indexes.
     pub fn new(exact: KvIndex, approx: ApproxIndex) -> Self {
         Holdings {
-            exact,
+            exact: Arc::new(exact),
             approx,
             residency: Residency::default(),
+            sessions: SessionHomes::default(),
+        }
+    }
+
+    /// Holdings of another router replica over the same KV events: this one's exact index,
+    /// shared (every replica subscribes to every engine's stream, so theirs are the same),
+    /// with its own `approx` predictions, working sets and session homes, which only its own
+    /// decisions (and, over a replica bus, the others' bookings) feed.
+    pub fn beside(&self, approx: ApproxIndex) -> Self {
+        Holdings {
+            exact: Arc::clone(&self.exact),
+            approx,
+            residency: Residency::new(self.residency.config()),
             sessions: SessionHomes::default(),
         }
     }

@@ -14,7 +14,8 @@ pub struct ReplicaBusMetrics {
     /// from other replicas (`received`).
     pub messages: IntCounterVec,
     /// `kvroute_replica_bus_lost_total{reason}`: announcements this replica could not send
-    /// (`outbox_full`: its outbox was full; `unsent`: the bus refused them) and messages of
+    /// (`outbox_full`: its outbox was full; `unsent`: the bus refused them; `hashes_dropped`:
+    /// a booking sent without its block hashes, the queued ones holding their share) and messages of
     /// other replicas it never heard (`gap`: found by their sequence numbers; each asks that
     /// replica for a snapshot).
     pub lost: IntCounterVec,
@@ -47,7 +48,7 @@ impl ReplicaBusMetrics {
             lost: IntCounterVec::new(
                 Opts::new(
                     "kvroute_replica_bus_lost_total",
-                    "Replica bus messages lost: announcements not sent (reason=outbox_full|unsent) and other replicas' messages never heard (reason=gap).",
+                    "Replica bus messages lost: announcements not sent (reason=outbox_full|unsent; hashes_dropped: a booking sent without its block hashes) and other replicas' messages never heard (reason=gap).",
                 ),
                 &["reason"],
             )

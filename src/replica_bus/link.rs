@@ -1,15 +1,19 @@
 //! What one replica does with the bus's traffic, free of the NATS connection: the messages it
-//! hears become bookings on its own load view ([`ReplicaLedger`]), its own announcements and
-//! heartbeats become messages, and losing or regaining the bus clears or resynchronises what
-//! it holds. [`super::run`] feeds it from the connection; tests feed it directly.
+//! hears become bookings on its own load view ([`ReplicaLedger`]) and touches of its own
+//! working sets (`index::Residency`, with the booked prompts' block hashes); its own
+//! announcements and heartbeats become messages, and losing or regaining the bus clears or
+//! resynchronises what it holds. [`super::run`] feeds it from the connection; tests feed it
+//! directly.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::fleet::replica_ledger::ReplicaLedger;
-use crate::fleet::{Announcer, BookingNote, Fleet, Load, TargetKey};
+use crate::fleet::replica_ledger::{Landing, ReplicaLedger};
+use crate::fleet::{Announcer, BookingNote, Fleet, Load, TargetKey, Worker, WorkerId};
+use crate::index::Holdings;
 use crate::metrics::ReplicaBusMetrics;
+use crate::tokens::BlockHash;
 
 use super::outbox::Outbox;
 use super::wire::{Body, Envelope, live_bookings};
@@ -24,16 +28,46 @@ pub struct Link {
     outbox: Arc<Outbox>,
     metrics: ReplicaBusMetrics,
     /// Targets by name, rebuilt when a name is not found (workers come and go).
-    targets: HashMap<TargetKey, Arc<Load>>,
+    targets: HashMap<TargetKey, Landed>,
+    /// The index whose working sets other replicas' bookings touch.
+    holdings: Arc<Holdings>,
+}
+
+/// A target as other replicas' bookings land on it.
+struct Landed {
+    load: Arc<Load>,
+    key: WorkerId,
+    worker: Arc<Worker>,
+}
+
+/// The targets and the index, as the ledger applies a booking to them.
+struct Targets<'a> {
+    targets: &'a HashMap<TargetKey, Landed>,
+    holdings: &'a Holdings,
+}
+
+impl Landing for Targets<'_> {
+    fn load_of(&self, target: &TargetKey) -> Option<Arc<Load>> {
+        self.targets.get(target).map(|t| Arc::clone(&t.load))
+    }
+
+    fn touch(&self, target: &TargetKey, hashes: &[BlockHash], now: Duration) {
+        if let Some(t) = self.targets.get(target) {
+            let capacity = t.worker.kv_blocks().map(|b| b as u64);
+            self.holdings.residency.touch(t.key, hashes, now, capacity);
+        }
+    }
 }
 
 impl Link {
-    /// The link of replica `id` over `fleet`, announcing through `outbox`; other replicas
-    /// silent for `expiry` are forgotten.
+    /// The link of replica `id` over `fleet` and its index `holdings`, announcing through
+    /// `outbox`; other replicas silent for `expiry` are forgotten. The times passed to
+    /// [`Link::receive`] must be the index's clock (what decisions pass the `Decider`).
     pub fn new(
         id: String,
         expiry: Duration,
         fleet: Arc<Fleet>,
+        holdings: Arc<Holdings>,
         outbox: Arc<Outbox>,
         metrics: ReplicaBusMetrics,
     ) -> Link {
@@ -46,6 +80,7 @@ impl Link {
             outbox,
             metrics,
             targets: HashMap::new(),
+            holdings,
         };
         link.attach();
         link
@@ -75,7 +110,14 @@ impl Link {
                     let sink: Arc<dyn crate::fleet::BookingSink> = self.outbox.clone();
                     r.load.announce_to(Announcer::new(sink, key.clone()));
                 }
-                self.targets.insert(key, Arc::clone(&r.load));
+                self.targets.insert(
+                    key,
+                    Landed {
+                        load: Arc::clone(&r.load),
+                        key: r.key,
+                        worker: Arc::clone(w),
+                    },
+                );
             }
         }
     }
@@ -93,6 +135,7 @@ impl Link {
     /// The message announcing this replica's `note`; `None` while the bus is lost (the
     /// snapshot sent on reconnecting tells the others instead).
     pub fn announce(&mut self, note: &BookingNote) -> Option<Envelope> {
+        self.outbox.taken(note);
         if !self.connected {
             self.metrics.lost.with_label_values(&["unsent"]).inc();
             return None;
@@ -165,14 +208,16 @@ impl Link {
             }
             Body::Snapshot { bookings } => {
                 let live = live_bookings(bookings);
-                let targets = &self.targets;
-                self.ledger
-                    .replace(&msg.replica, &live, |t| targets.get(t).cloned());
+                let landing = Targets {
+                    targets: &self.targets,
+                    holdings: &self.holdings,
+                };
+                self.ledger.replace(&msg.replica, &live, &landing);
             }
             Body::Heartbeat => {}
             body => {
                 if let Some(note) = body.note() {
-                    self.apply(&msg.replica, &note);
+                    self.apply(&msg.replica, &note, now);
                 }
             }
         }
@@ -180,13 +225,15 @@ impl Link {
         answer
     }
 
-    fn apply(&mut self, replica: &str, note: &BookingNote) {
+    fn apply(&mut self, replica: &str, note: &BookingNote, now: Duration) {
         if !self.targets.contains_key(&note.target) {
             self.attach();
         }
-        let targets = &self.targets;
-        self.ledger
-            .apply(replica, note, |t| targets.get(t).cloned());
+        let landing = Targets {
+            targets: &self.targets,
+            holdings: &self.holdings,
+        };
+        self.ledger.apply(replica, note, &landing, now);
     }
 
     fn gauges(&self) {

@@ -1,5 +1,6 @@
 use super::*;
 use crate::fleet::WorkerSpec;
+use crate::index::{ApproxConfig, ApproxIndex, IndexConfig, KvIndex};
 
 fn fleet() -> Arc<Fleet> {
     let spec = WorkerSpec::for_test;
@@ -10,6 +11,7 @@ fn fleet() -> Arc<Fleet> {
 /// outbox (what the connection task would drain).
 struct Replica {
     fleet: Arc<Fleet>,
+    holdings: Arc<Holdings>,
     link: Link,
     notes: tokio::sync::mpsc::Receiver<BookingNote>,
     metrics: ReplicaBusMetrics,
@@ -19,15 +21,21 @@ fn replica(id: &str) -> Replica {
     let fleet = fleet();
     let metrics = crate::metrics::Metrics::new().replica_bus;
     let (outbox, notes) = Outbox::new(metrics.clone());
+    let holdings = Arc::new(Holdings::new(
+        KvIndex::new(IndexConfig::default()),
+        ApproxIndex::new(ApproxConfig::default()),
+    ));
     let link = Link::new(
         id.into(),
         Duration::from_secs(3),
         Arc::clone(&fleet),
+        Arc::clone(&holdings),
         Arc::new(outbox),
         metrics.clone(),
     );
     Replica {
         fleet,
+        holdings,
         link,
         notes,
         metrics,
@@ -171,4 +179,36 @@ fn a_gap_asks_the_sender_for_a_snapshot_and_a_silent_replica_expires() {
     b.link.tick(Duration::from_secs(4));
     assert_eq!(b.in_flight(0, 0), 0);
     assert_eq!(b.metrics.expired.get(), 1);
+}
+
+#[test]
+fn a_bookings_block_hashes_reach_the_other_replicas_working_set_and_running_blocks() {
+    let (mut a, mut b) = (replica("ra"), replica("rb"));
+    a.link.connected();
+    b.link.connected();
+    // A 40-block prompt (16-token blocks) routed by replica a to worker b's rank 1.
+    let hashes: Vec<BlockHash> = (1..=40).map(BlockHash).collect();
+    let _g = a.fleet.workers()[1]
+        .rank(1)
+        .load
+        .admit_holding(640, 640, &hashes, 16);
+    let sent = a.drain();
+    let at = Duration::from_secs(2);
+    deliver(&mut b, &sent, at);
+    let target = b.fleet.workers()[1].rank(1).key;
+    let other = b.fleet.workers()[0].rank(0).key;
+    let residency = &b.holdings.residency;
+    assert_eq!(
+        (
+            residency.live_blocks(target, at),
+            residency.live_blocks(other, at)
+        ),
+        (40, 0),
+        "b's working set of the target holds every block a booked there"
+    );
+    // Its two marks (blocks 16 and 32) are running there; the last 8 blocks count as tokens.
+    assert_eq!(
+        b.fleet.workers()[1].rank(1).load.running(&hashes, 16),
+        (640, 32)
+    );
 }

@@ -3,10 +3,12 @@
 //! Several kvroute replicas behind one Service each count only the requests they route; engine
 //! load readings (`fleet::load_poller`) add the others' only as request counts, up to one
 //! reading interval late. With the bus, every replica publishes each booking it makes — the
-//! target (worker id and data-parallel rank), prompt and predicted prefill tokens — then its
-//! first token and its end ([`crate::fleet::booking`], announced from `fleet::Load` itself, so
-//! the server, the endpoint picker and the simulator all announce without knowing of it), and
-//! books the others' on its own load view ([`crate::fleet::replica_ledger`]) as known load: the
+//! target (worker id and data-parallel rank), prompt and predicted prefill tokens, the
+//! prompt's block hashes — then its first token and its end ([`crate::fleet::booking`],
+//! announced from `fleet::Load` itself, so the server, the endpoint picker and the simulator
+//! all announce without knowing of it). Each replica books the others' on its own load view
+//! ([`crate::fleet::replica_ledger`]) as known load, and touches its own working set of the
+//! target with their blocks (`index::Residency`, what the policy prices evictions from): the
 //! view is complete within a bus round trip, and an engine reading's excess over known load
 //! shrinks by it (nothing counts twice). Engine readings stay as the fallback and the truth
 //! check.
@@ -35,10 +37,10 @@ use std::time::Duration;
 use async_nats::{Client, ConnectOptions, Event};
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::fleet::Fleet;
+use crate::index::Holdings;
 use crate::metrics::ReplicaBusMetrics;
 
 pub use settings::{DEFAULT_EXPIRY, DEFAULT_HEARTBEAT, DEFAULT_SUBJECT, ReplicaBusSettings};
@@ -50,11 +52,20 @@ use wire::Envelope;
 /// Longest wait between two reconnection attempts.
 const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(2);
 
-/// Starts this replica's side of the bus: every rank of `fleet` announces its bookings, and
-/// the other replicas' are booked on it, until `stop`.
+/// Where this replica's side of the bus acts: its fleet, its index and the index's clock.
+pub struct Replica {
+    /// Every rank of it announces its bookings, and the other replicas' are booked on it.
+    pub fleet: Arc<Fleet>,
+    /// Whose working sets the other replicas' bookings touch.
+    pub holdings: Arc<Holdings>,
+    /// The origin of the index's clock (what decisions pass as `now`).
+    pub clock: std::time::Instant,
+}
+
+/// Starts this replica's side of the bus until `stop`.
 pub fn spawn(
     settings: ReplicaBusSettings,
-    fleet: Arc<Fleet>,
+    replica: Replica,
     metrics: ReplicaBusMetrics,
     stop: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
@@ -63,11 +74,13 @@ pub fn spawn(
         let link = Link::new(
             settings.replica_id.clone(),
             settings.expiry,
-            fleet,
+            replica.fleet,
+            replica.holdings,
             Arc::new(outbox),
             metrics.clone(),
         );
-        if let Err(e) = run(&settings, link, notes, &metrics, &stop).await {
+        let clock = replica.clock;
+        if let Err(e) = run(&settings, link, notes, clock, &metrics, &stop).await {
             tracing::error!(url = %settings.url, error = %e, "replica bus stopped; this replica routes on its own requests and engine load readings");
         }
     })
@@ -86,6 +99,7 @@ async fn run(
     settings: &ReplicaBusSettings,
     mut link: Link,
     mut notes: mpsc::Receiver<crate::fleet::BookingNote>,
+    clock: std::time::Instant,
     metrics: &ReplicaBusMetrics,
     stop: &CancellationToken,
 ) -> Result<(), BusError> {
@@ -108,7 +122,6 @@ async fn run(
         .await?;
     let mut heard = client.subscribe(settings.subject.clone()).await?;
     tracing::info!(url = %settings.url, subject = %settings.subject, replica = %settings.replica_id, "replica bus started");
-    let start = Instant::now();
     let mut heartbeat = tokio::time::interval(settings.heartbeat);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let send = |out: Vec<Envelope>| publish(&client, &settings.subject, out, metrics);
@@ -121,7 +134,7 @@ async fn run(
                 }
             }
             Some(msg) = heard.next() => {
-                let answer = link.receive(&msg.payload, start.elapsed());
+                let answer = link.receive(&msg.payload, clock.elapsed());
                 send(answer).await;
             }
             Some(event) = events.recv() => match event {
@@ -137,7 +150,7 @@ async fn run(
                 other => tracing::debug!(event = %other, "replica bus event"),
             },
             _ = heartbeat.tick() => {
-                if let Some(m) = link.tick(start.elapsed()) {
+                if let Some(m) = link.tick(clock.elapsed()) {
                     send(vec![m]).await;
                 }
             }

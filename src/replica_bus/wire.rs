@@ -1,7 +1,7 @@
 //! The replica bus's messages on the wire: one JSON object per NATS message, on one subject.
 //!
 //! ```json
-//! {"replica":"router-0-12","seq":41,"kind":"booked","worker":"w1","rank":0,"request":7,"prompt_tokens":8000,"prefill_tokens":2048}
+//! {"replica":"router-0-12","seq":41,"kind":"booked","worker":"w1","rank":0,"request":7,"prompt_tokens":40,"prefill_tokens":24,"block_size":16,"hashes":"AQAAAAAAAAACAAAAAAAAAA=="}
 //! {"replica":"router-0-12","seq":42,"kind":"first_token","worker":"w1","rank":0,"request":7}
 //! {"replica":"router-0-12","seq":43,"kind":"freed","worker":"w1","rank":0,"request":7}
 //! {"replica":"router-0-12","seq":44,"kind":"heartbeat"}
@@ -10,19 +10,31 @@
 //! {"replica":"router-0-12","seq":45,"kind":"snapshot","bookings":[{"worker":"w1","rank":0,"request":8,"prompt_tokens":900,"prefill_tokens":900,"first_token":false}]}
 //! ```
 //!
-//! Why JSON and not a compact binary: an announcement is about 150 bytes and a request makes
-//! three, so even 1,000 requests a second are under 0.5 MB/s on the bus — nothing for NATS or
-//! for the encoder next to tokenizing the prompt — while operators can read the bus with
-//! any NATS client (`nats sub 'kvroute.replicas'`) and a newer replica's extra fields are
-//! ignored by an older one (rolling upgrades). `seq` numbers every message a replica sends
+//! Why JSON: operators can read the bus with any NATS client (`nats sub 'kvroute.replicas'`)
+//! and a newer replica's extra fields are ignored by an older one (rolling upgrades). A step
+//! without hashes is about 150 bytes. A booking carries its prompt's chained block hashes
+//! (`hashes`, of `block_size`-token blocks; [`crate::fleet::booking::PromptBlocks`]) as one
+//! base64 string of their little-endian bytes: 10.7 bytes a block, where a JSON array of
+//! numbers takes about 20. The other replicas touch their working sets with every block, so
+//! all are sent (one mark in 16, as `fleet::running_blocks` keeps, would be a sixteenth of the
+//! bytes but cannot say which blocks a placement evicts); at most
+//! [`crate::fleet::booking::MAX_ANNOUNCED_BLOCKS`], under NATS's default 1 MiB payload. A
+//! booking without them (an older replica, a load-only policy) applies as token counts.
+//! Snapshots carry none: they list every live booking at once. `seq` numbers every message a replica sends
 //! (from 0 at its start), so a receiver counts what it missed and asks for a snapshot.
 //! `hello` (sent on every connect) asks every replica for a snapshot of its live bookings, or,
 //! with `of`, only the replica a receiver missed messages of.
 
-use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::fleet::booking::{MAX_ANNOUNCED_BLOCKS, PromptBlocks};
 use crate::fleet::replica_ledger::LiveBooking;
 use crate::fleet::{BookingNote, BookingStep, TargetKey};
+use crate::tokens::BlockHash;
 
 /// One message, with its sender and number.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -75,6 +87,12 @@ pub enum Body {
         prompt_tokens: u64,
         /// Predicted uncached prompt tokens.
         prefill_tokens: u64,
+        /// Tokens per block of `hashes` (absent without them).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        block_size: u32,
+        /// The prompt's chained block hashes (absent when the decision did not hash it).
+        #[serde(default, skip_serializing_if = "Hashes::is_empty")]
+        hashes: Hashes,
     },
     /// A request's first token came.
     FirstToken {
@@ -102,6 +120,52 @@ pub enum Body {
         /// The bookings.
         bookings: Vec<Live>,
     },
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// Block hashes on the wire: one base64 string of their little-endian bytes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Hashes(pub Arc<[BlockHash]>);
+
+impl Hashes {
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl Serialize for Hashes {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let bytes: Vec<u8> = self.0.iter().flat_map(|h| h.0.to_le_bytes()).collect();
+        s.serialize_str(&STANDARD.encode(bytes))
+    }
+}
+
+impl<'de> Deserialize<'de> for Hashes {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Hashes, D::Error> {
+        use serde::de::Error;
+        let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        let bytes = STANDARD.decode(text.as_bytes()).map_err(D::Error::custom)?;
+        if bytes.len() % 8 != 0 {
+            return Err(D::Error::custom(format!(
+                "hashes: {} bytes, not a whole number of 8-byte hashes",
+                bytes.len()
+            )));
+        }
+        Ok(Hashes(
+            bytes
+                .chunks_exact(8)
+                .take(MAX_ANNOUNCED_BLOCKS)
+                .map(|c| {
+                    let mut b = [0u8; 8];
+                    b.copy_from_slice(c);
+                    BlockHash(u64::from_le_bytes(b))
+                })
+                .collect(),
+        ))
+    }
 }
 
 /// Why a message could not be read.
@@ -143,14 +207,17 @@ impl Body {
     /// The message announcing `note`.
     pub fn of_note(note: &BookingNote) -> Body {
         let at = at(&note.target, note.request);
-        match note.step {
+        match &note.step {
             BookingStep::Booked {
                 prompt_tokens,
                 prefill_tokens,
+                blocks,
             } => Body::Booked {
                 at,
-                prompt_tokens,
-                prefill_tokens,
+                prompt_tokens: *prompt_tokens,
+                prefill_tokens: *prefill_tokens,
+                block_size: blocks.block_size,
+                hashes: Hashes(Arc::clone(&blocks.hashes)),
             },
             BookingStep::FirstToken => Body::FirstToken { at },
             BookingStep::Freed => Body::Freed { at },
@@ -164,11 +231,23 @@ impl Body {
                 at,
                 prompt_tokens,
                 prefill_tokens,
+                block_size,
+                hashes,
             } => (
                 at,
                 BookingStep::Booked {
                     prompt_tokens: *prompt_tokens,
                     prefill_tokens: *prefill_tokens,
+                    // Hashes without a block size cannot be counted in tokens: token counts
+                    // alone, as from an older replica.
+                    blocks: if *block_size == 0 {
+                        PromptBlocks::default()
+                    } else {
+                        PromptBlocks {
+                            hashes: Arc::clone(&hashes.0),
+                            block_size: *block_size,
+                        }
+                    },
                 },
             ),
             Body::FirstToken { at } => (at, BookingStep::FirstToken),
@@ -225,8 +304,9 @@ mod tests {
             },
             request: 7,
             step: BookingStep::Booked {
-                prompt_tokens: 8000,
-                prefill_tokens: 2048,
+                prompt_tokens: 40,
+                prefill_tokens: 24,
+                blocks: PromptBlocks::of(&[BlockHash(1), BlockHash(2)], 16),
             },
         };
         let e = Envelope {
@@ -237,7 +317,7 @@ mod tests {
         let text = String::from_utf8(e.encode()).unwrap();
         assert_eq!(
             text,
-            r#"{"replica":"router-0-12","seq":41,"kind":"booked","worker":"w1","rank":0,"request":7,"prompt_tokens":8000,"prefill_tokens":2048}"#
+            r#"{"replica":"router-0-12","seq":41,"kind":"booked","worker":"w1","rank":0,"request":7,"prompt_tokens":40,"prefill_tokens":24,"block_size":16,"hashes":"AQAAAAAAAAACAAAAAAAAAA=="}"#
         );
         let back = Envelope::decode(text.as_bytes()).unwrap();
         assert_eq!(back, e);
@@ -271,6 +351,33 @@ mod tests {
             unreachable!()
         };
         assert_eq!(live_bookings(&bookings), live);
+    }
+
+    #[test]
+    fn a_booking_without_hashes_applies_as_token_counts_and_bad_hashes_are_an_error() {
+        let old = br#"{"replica":"r","seq":1,"kind":"booked","worker":"w1","request":7,"prompt_tokens":8000,"prefill_tokens":2048}"#;
+        let note = Envelope::decode(old).unwrap().body.note().unwrap();
+        assert_eq!(
+            note.step,
+            BookingStep::Booked {
+                prompt_tokens: 8000,
+                prefill_tokens: 2048,
+                blocks: PromptBlocks::default(),
+            }
+        );
+        // Hashes without a block size cannot be counted: token counts alone.
+        let sizeless = br#"{"replica":"r","seq":1,"kind":"booked","worker":"w1","request":7,"prompt_tokens":40,"prefill_tokens":40,"hashes":"AQAAAAAAAAA="}"#;
+        let note = Envelope::decode(sizeless).unwrap().body.note().unwrap();
+        assert!(
+            matches!(note.step, BookingStep::Booked { blocks, .. } if blocks.hashes.is_empty())
+        );
+        // Not base64, or not whole 8-byte hashes: the message is unreadable.
+        for hashes in ["not base64!", "AQAA"] {
+            let text = format!(
+                r#"{{"replica":"r","seq":1,"kind":"booked","worker":"w1","request":7,"prompt_tokens":40,"prefill_tokens":40,"block_size":16,"hashes":"{hashes}"}}"#
+            );
+            assert!(Envelope::decode(text.as_bytes()).is_err(), "{hashes}");
+        }
     }
 
     #[test]

@@ -41,7 +41,11 @@ pub fn start_background(
     if let Some(bus) = &config.replica_bus {
         tasks.push(crate::replica_bus::spawn(
             bus.clone(),
-            Arc::clone(&state.fleet),
+            crate::replica_bus::Replica {
+                fleet: Arc::clone(&state.fleet),
+                holdings: Arc::clone(&state.holdings),
+                clock: state.started,
+            },
             state.metrics.replica_bus.clone(),
             stop.clone(),
         ));

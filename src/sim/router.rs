@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use crate::engine::events::batch;
 use crate::fleet::WorkerId;
+use crate::fleet::replica_ledger::Landing;
 use crate::fleet::{Announcer, BookingSink, EngineLoad, Load, LoadSnapshot, Role, Side, TargetKey};
 use crate::index::{
     ApproxConfig, ApproxIndex, Holdings, IndexConfig, KvIndex, SessionKey, seeds_for,
@@ -113,6 +114,25 @@ impl Target for SimTarget {
     }
 }
 
+/// Another replica's booking lands here as on a live replica: known load, and its prompt's
+/// blocks in this replica's working set of the worker (`fleet::replica_ledger`).
+impl Landing for SimRouter {
+    fn load_of(&self, target: &TargetKey) -> Option<Arc<Load>> {
+        self.target_named(target).map(|t| Arc::clone(&t.load))
+    }
+
+    fn touch(&self, target: &TargetKey, hashes: &[BlockHash], now: Duration) {
+        if let Some(t) = self.target_named(target) {
+            self.decider.holdings().residency.touch(
+                t.worker,
+                hashes,
+                now,
+                t.kv_blocks.map(|b| b as u64),
+            );
+        }
+    }
+}
+
 /// The router: the decision core over per-worker targets.
 pub struct SimRouter {
     decider: Decider,
@@ -154,11 +174,23 @@ impl SimRouter {
             KvIndex::new(IndexConfig {
                 max_entries: defaults.max_entries,
             }),
-            ApproxIndex::new(ApproxConfig {
-                ttl: defaults.approx_ttl,
-                capacity_per_worker: defaults.approx_capacity_blocks,
-            }),
+            Self::fresh_approx(),
         )
+    }
+
+    /// The index of another router replica hearing the same KV events as `shared`'s: the
+    /// exact index shared, the rest (predictions, working sets, session homes) its own, as a
+    /// live replica's are.
+    pub fn holdings_beside(shared: &Holdings) -> Holdings {
+        shared.beside(Self::fresh_approx())
+    }
+
+    fn fresh_approx() -> ApproxIndex {
+        let defaults = crate::config::IndexSettings::default();
+        ApproxIndex::new(ApproxConfig {
+            ttl: defaults.approx_ttl,
+            capacity_per_worker: defaults.approx_capacity_blocks,
+        })
     }
 
     /// A router over `holdings`, which other router replicas may share: with events, every
@@ -246,12 +278,11 @@ impl SimRouter {
         }
     }
 
-    /// This replica's load of the worker another replica names `target`.
-    pub fn load_of(&self, target: &TargetKey) -> Option<Arc<Load>> {
+    /// This replica's target another replica names `target`.
+    fn target_named(&self, target: &TargetKey) -> Option<&SimTarget> {
         self.targets
             .iter()
             .find(|t| t.label == target.worker && target.rank == 0)
-            .map(|t| Arc::clone(&t.load))
     }
 
     /// Every worker's router-side load, by slot.

@@ -182,8 +182,10 @@ impl<'t> Simulation<'t> {
                     seed: config.policy.seed.wrapping_add(u64::from(r)),
                     ..config.policy
                 };
+                // Replicas hear the same KV events (one exact index); the rest of what each
+                // knows is its own, as a live replica's is.
                 let holdings = if shared_index {
-                    Arc::clone(&shared)
+                    Arc::new(SimRouter::holdings_beside(&shared))
                 } else {
                     Arc::new(SimRouter::fresh_holdings())
                 };
@@ -284,6 +286,16 @@ impl<'t> Simulation<'t> {
 
     /// The records and totals; requests that never completed count as errors.
     pub fn finish(mut self) -> PolicyRun {
+        if let Some(bus) = &self.bus {
+            let w = bus.wire;
+            let per = |bytes: u64| bytes / w.bookings.max(1);
+            tracing::info!(
+                bookings = w.bookings,
+                bytes_per_booking = per(w.bytes),
+                marks_only_bytes_per_booking = per(w.marks_only_bytes),
+                "replica bus: what the bookings would take on the live bus"
+            );
+        }
         let mut counters = EngineCounters::default();
         for w in &self.workers {
             add(&mut counters, w.past);
@@ -328,7 +340,7 @@ impl<'t> Simulation<'t> {
             Event::SampleLoad => self.sample_load(now),
             Event::Sync { from, note } => {
                 if let Some(bus) = self.bus.as_mut() {
-                    bus.deliver(&self.routers, from, &note);
+                    bus.deliver(&self.routers, from, &note, now);
                 }
             }
             Event::Wake(w) => self.try_step(w, now),
@@ -467,7 +479,7 @@ impl<'t> Simulation<'t> {
             }
         } else {
             for (from, note) in &notes {
-                bus.deliver(&self.routers, *from, note);
+                bus.deliver(&self.routers, *from, note, now);
             }
         }
     }
@@ -582,12 +594,9 @@ impl<'t> Simulation<'t> {
         }
         w.pending = None;
         w.kicked = false;
-        let restarted = if self.shared_index {
-            &self.routers[..1]
-        } else {
-            &self.routers[..]
-        };
-        for r in restarted {
+        // Every replica forgets the worker's working set (its own); the shared exact index is
+        // cleared by the first and found clear by the rest.
+        for r in &self.routers {
             r.worker_restarted(slot);
         }
     }

@@ -2,7 +2,9 @@
 //! of simulated engines (real HTTP, real KV events over ZeroMQ):
 //!
 //! - with the bus, a replica's load view holds the requests the other replica has in flight
-//!   (engine load readings are off, so nothing else could tell it);
+//!   (engine load readings are off, so nothing else could tell it), and their prompts' blocks:
+//!   its working set of each worker and the running KV blocks there are what the replica that
+//!   routed them sees (`/debug/route`'s `live_blocks`, `running_prefix_blocks`);
 //! - when the NATS server is killed, each replica falls back to its own requests and says so
 //!   (`kvroute_replica_bus_connected` 0);
 //! - when it is back on the same port, the replicas reconnect and resynchronise from each
@@ -82,6 +84,37 @@ fn seen(router: &RouterHandle) -> u64 {
     support::in_flight_seen(router)
 }
 
+/// A prompt of 601 tokens (one a word with the builtin tokenizer): 37 blocks, two
+/// running-blocks marks (one in 16 blocks).
+fn held_prompt(i: u64) -> String {
+    (0..600).map(|w| format!("q{i}w{w} ")).collect()
+}
+
+/// Per candidate of `/debug/route` on `router` for `prompt`: its working set, running KV
+/// tokens and the prompt's prefix running there.
+async fn cache_view(router: &RouterHandle, prompt: &str) -> Vec<(String, u64, u64, u64)> {
+    let v = support::post_json(
+        &format!("http://{}/debug/route", router.addr),
+        &json!({"model": MODEL, "prompt": prompt}),
+    )
+    .await;
+    let mut view: Vec<(String, u64, u64, u64)> = v["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["target"].as_str().unwrap().to_string(),
+                c["live_blocks"].as_u64().unwrap(),
+                c["running_kv_tokens"].as_u64().unwrap(),
+                c["running_prefix_blocks"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    view.sort();
+    view
+}
+
 fn connected(router: &RouterHandle) -> bool {
     router.state.metrics.replica_bus.connected.get() == 1
 }
@@ -122,7 +155,7 @@ async fn replicas_share_in_flight_requests_over_nats_fall_back_without_it_and_re
     let http = reqwest::Client::new();
     let mut held = Vec::new();
     for i in 0..HELD {
-        let prompt: String = (0..40).map(|w| format!("q{i}w{w} ")).collect();
+        let prompt = held_prompt(i);
         let mut resp = http
             .post(format!("http://{}/v1/completions", r0.addr))
             .json(&json!({"model": MODEL, "prompt": prompt, "max_tokens": 4000, "stream": true}))
@@ -153,6 +186,16 @@ async fn replicas_share_in_flight_requests_over_nats_fall_back_without_it_and_re
         .map(|c| c["in_flight"].as_u64().unwrap())
         .sum();
     assert_eq!(in_flight, HELD, "/debug/route: {v}");
+    // The bookings carried their prompts' blocks: replica 1's working sets and running KV
+    // blocks are replica 0's, which admitted them (without the hashes replica 1 would see no
+    // live blocks, no running prefix, and each prompt whole among the running tokens).
+    let own = cache_view(r0, &held_prompt(0)).await;
+    let heard = cache_view(r1, &held_prompt(0)).await;
+    assert!(
+        own.iter().map(|c| c.1).sum::<u64>() > 0 && own.iter().any(|c| c.3 >= 16),
+        "replica 0 holds the prompts' blocks: {own:?}"
+    );
+    assert_eq!(heard, own, "replica 1 sees the blocks replica 0 booked");
 
     // The bus is lost: replica 1 falls back to its own requests (none).
     nats.kill();

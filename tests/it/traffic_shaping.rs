@@ -15,7 +15,7 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 
-use crate::support::SimEngine;
+use crate::support::{self, SimEngine};
 
 const MODEL: &str = "sim";
 
@@ -253,10 +253,24 @@ async fn a_tenant_under_its_share_starts_at_once_beside_a_flood_holding_its_cap(
 async fn sheddable_requests_make_room_and_nothing_is_lost_or_duplicated() {
     let s = Shaped::start(8).await;
     let log = Arc::new(Mutex::new(Vec::new()));
-    // Ten sheddable requests: two run, eight fill the queue.
-    let shed: Vec<_> = (0..10)
-        .map(|i| s.send("s", &[], &log, format!("shed{i}")))
+    // Ten sheddable requests: two long ones take both slots (and keep them through the checks
+    // below, however slow the machine: a slot freed early would let a later request in),
+    // eight fill the queue.
+    let mut shed: Vec<_> = (0..2)
+        .map(|i| s.send_body("s", &[], &log, format!("shed{i}"), 800))
         .collect();
+    for _ in 0..600 {
+        if support::in_flight_seen(&s.router) >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        support::in_flight_seen(&s.router),
+        2,
+        "the long two never ran"
+    );
+    shed.extend((2..10).map(|i| s.send("s", &[], &log, format!("shed{i}"))));
     s.until_queued("s", 8).await;
     // Eight that may not be shed take the eight places; a ninth finds the queue full.
     let kept: Vec<_> = (0..8)
