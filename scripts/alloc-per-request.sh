@@ -35,16 +35,8 @@ for _ in range(int(sys.argv[2])):
               {"content-type": "application/json"})
     r = c.getresponse(); r.read(); assert r.status == 200, r.status
 PY
-python3 "$dir/backend.py" 18201 & echo $! > "$dir/backend.pid"
-if [ "$what" = serve ]; then
-  printf 'policy = "kv_aware"\n[server]\nlisten = "127.0.0.1:18200"\n[[workers]]\nid = "b"\nurl = "http://127.0.0.1:18201"\nmodels = ["m"]\n' > "$dir/kvroute.toml"
-  RUST_LOG=warn "$binary" serve --config "$dir/kvroute.toml" > "$dir/router.log" 2>&1 &
-else
-  KVROUTE_BENCH_BARE_FORWARDER="127.0.0.1:18200 127.0.0.1:18201" "$binary" > "$dir/router.log" 2>&1 &
-fi
-pid=$!; echo $pid > "$dir/router.pid"
-sleep 3
-python3 "$dir/client.py" 18200 200   # warm up
+. "$(dirname "$0")/router-under-test.sh"
+start_router_under_test "$what" "$binary" 18200 18201
 perf probe -q -x "$(ldd "$binary" | awk '/libc.so/ {print $3}')" malloc 2>/dev/null || true
 perf stat -x, -e probe_libc:malloc,context-switches,task-clock -p "$pid" -o "$dir/stat" &
 stat=$!; sleep 0.5

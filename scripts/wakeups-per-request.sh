@@ -19,16 +19,8 @@ trap 'kill $(cat "$dir"/*.pid 2>/dev/null) 2>/dev/null; rm -rf "$dir"' EXIT
 for f in backend client; do
   sed -n "/^cat > \"\\\$dir\\/$f.py\"/,/^PY\$/p" "$here/alloc-per-request.sh" | sed '1d;$d' > "$dir/$f.py"
 done
-python3 "$dir/backend.py" 18231 & echo $! > "$dir/backend.pid"
-if [ "$what" = serve ]; then
-  printf 'policy = "kv_aware"\n[server]\nlisten = "127.0.0.1:18230"\n[[workers]]\nid = "b"\nurl = "http://127.0.0.1:18231"\nmodels = ["m"]\n' > "$dir/kvroute.toml"
-  RUST_LOG=warn "$binary" serve --config "$dir/kvroute.toml" > "$dir/router.log" 2>&1 &
-else
-  KVROUTE_BENCH_BARE_FORWARDER="127.0.0.1:18230 127.0.0.1:18231" "$binary" > "$dir/router.log" 2>&1 &
-fi
-pid=$!; echo $pid > "$dir/router.pid"
-sleep 3
-python3 "$dir/client.py" 18230 200   # warm up
+. "$here/router-under-test.sh"
+start_router_under_test "$what" "$binary" 18230 18231
 switches() { cat /proc/"$pid"/task/*/status | awk '/^voluntary/ {v+=$2} /^nonvoluntary/ {i+=$2} END {print v, i}'; }
 read -r v0 i0 < <(switches)
 python3 "$dir/client.py" 18230 "$n"
