@@ -232,4 +232,35 @@ mod tests {
         );
         assert_eq!(watches.check(born, born + secs(2)), Verdict::Stalled);
     }
+
+    /// The driver is told of a new body only when its current check would come too late, and
+    /// a check it asks for is brought forward to the earliest body already watched.
+    #[test]
+    fn a_new_body_wakes_the_driver_only_when_it_would_be_overdue_before_the_next_check() {
+        use futures_util::FutureExt;
+        let born = Instant::now();
+        let secs = Duration::from_secs;
+        let watches = Watches::default();
+        // Before the driver has said when it checks, every body tells it.
+        watches.watch(born, None, secs(300));
+        assert!(watches.added().now_or_never().is_some(), "first body: told");
+        // The driver checks by 75 s; the body watched is overdue only at ~300 s: kept.
+        assert_eq!(watches.check_by(born, born + secs(75)), born + secs(75));
+        watches.watch(born, None, secs(300));
+        assert!(
+            watches.added().now_or_never().is_none(),
+            "due after the check: not told"
+        );
+        // A body overdue in 5 s would be late for the 75 s check: told.
+        watches.watch(born, None, secs(5));
+        assert!(
+            watches.added().now_or_never().is_some(),
+            "due before the check: told"
+        );
+        let five = watches.check_by(born, born + secs(75));
+        assert!(
+            five <= born + secs(6),
+            "check brought forward to the 5-s body: {five:?}"
+        );
+    }
 }
