@@ -18,6 +18,7 @@ use prometheus::{
 mod cache_prediction;
 mod config;
 mod connections;
+mod decisions;
 mod disaggregation;
 mod discovery;
 mod prediction;

@@ -32,6 +32,7 @@
 mod admitted;
 mod analysis;
 mod decider;
+mod decision_metrics;
 mod decode_session;
 mod eligibility;
 mod error;
@@ -48,6 +49,7 @@ mod testing;
 pub use admitted::Admitted;
 pub use analysis::{Analysis, reusable_blocks};
 pub use decider::{Choice, Decider};
+pub use decision_metrics::DecisionMetrics;
 pub use decode_session::DecodeSession;
 pub use eligibility::{Eligible, Needs, eligible, shape};
 pub use error::RouteError;

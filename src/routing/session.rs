@@ -6,10 +6,10 @@ use std::time::{Duration, Instant};
 use super::admitted::Admitted;
 use super::analysis::Analysis;
 use super::decider::Decider;
+use super::decision_metrics::DecisionMetrics;
 use super::target::Target;
 use crate::fleet::{Side, WorkerId};
 use crate::fleet::{Worker, WorkerRank};
-use crate::metrics::Metrics;
 
 /// A worker chosen for one attempt, with the load the request holds on it.
 #[derive(Debug)]
@@ -66,7 +66,7 @@ impl Attempts for Session<'_> {
 /// the proxy retries without knowing how workers are chosen.
 pub struct Session<'d> {
     decider: &'d Decider,
-    metrics: &'d Metrics,
+    metrics: &'d dyn DecisionMetrics,
     /// Every rank of every eligible worker: each is a target of its own.
     eligible: Vec<WorkerRank>,
     analysis: Analysis,
@@ -83,7 +83,7 @@ impl<'d> Session<'d> {
     /// `started`; `clock` is the index clock.
     pub fn new(
         decider: &'d Decider,
-        metrics: &'d Metrics,
+        metrics: &'d dyn DecisionMetrics,
         eligible: Vec<Arc<Worker>>,
         analysis: Analysis,
         clock: &'d (dyn Fn() -> Duration + Sync),
@@ -157,29 +157,16 @@ impl<'d> Session<'d> {
         let choice = self
             .decider
             .choose_on(&self.analysis, &self.eligible, &mut skip, self.side);
-        self.metrics
-            .decision
-            .with_label_values(&[policy, "score"])
-            .observe(scoring.elapsed().as_secs_f64());
+        self.metrics.scored(policy, scoring.elapsed());
         let choice = choice?;
         if std::mem::take(&mut self.first) {
-            self.metrics
-                .decision
-                .with_label_values(&[policy, "total"])
-                .observe(self.started.elapsed().as_secs_f64());
+            self.metrics.decided(policy, self.started.elapsed());
         }
         let target = choice.target.clone();
         let blocks = self.analysis.request.blocks;
         if blocks > 0 {
-            let label = &*target.state().label;
-            self.metrics
-                .prefix_queried_blocks
-                .with_label_values(&[label])
-                .inc_by(u64::from(blocks));
-            self.metrics
-                .prefix_hit_blocks
-                .with_label_values(&[label])
-                .inc_by(u64::from(choice.candidate().overlap_blocks.min(blocks)));
+            let hit = choice.candidate().overlap_blocks.min(blocks);
+            self.metrics.prefix(&target.state().label, blocks, hit);
         }
         let admitted = self.decider.admit(&self.analysis, &choice, (self.clock)());
         let runners_up = if rank {
@@ -229,14 +216,13 @@ mod tests {
             }),
         ));
         let decider = Decider::new(seeded(PolicyKind::RoundRobin, 1), holdings);
-        let metrics = Metrics::new();
         let clock = || Duration::ZERO;
         let workers = fleet.workers().to_vec();
         let dp = fleet.get("dp").unwrap();
         let session = |w: Vec<Arc<Worker>>| {
             Session::new(
                 &decider,
-                &metrics,
+                &(),
                 w,
                 Analysis::load_only(),
                 &clock,

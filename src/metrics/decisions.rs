@@ -1,0 +1,30 @@
+//! The decision core's figures ([`DecisionMetrics`]) into the families `Metrics::new` registers:
+//! `kvroute_decision_seconds` and the prefix block counters.
+
+use std::time::Duration;
+
+use super::Metrics;
+use crate::routing::DecisionMetrics;
+
+impl DecisionMetrics for Metrics {
+    fn scored(&self, policy: &'static str, took: Duration) {
+        self.decision
+            .with_label_values(&[policy, "score"])
+            .observe(took.as_secs_f64());
+    }
+
+    fn decided(&self, policy: &'static str, took: Duration) {
+        self.decision
+            .with_label_values(&[policy, "total"])
+            .observe(took.as_secs_f64());
+    }
+
+    fn prefix(&self, target: &str, queried: u32, hit: u32) {
+        self.prefix_queried_blocks
+            .with_label_values(&[target])
+            .inc_by(u64::from(queried));
+        self.prefix_hit_blocks
+            .with_label_values(&[target])
+            .inc_by(u64::from(hit));
+    }
+}
