@@ -21,14 +21,12 @@ pub mod kv_events;
 pub mod lifecycle;
 pub mod manual;
 pub mod metrics;
-pub mod openai;
-pub mod policy;
+pub use kvroute_core::{openai, policy, routing};
 pub mod proxy;
 pub mod recording;
 pub mod replica_bus;
 #[cfg(feature = "lab")]
 pub mod report;
-pub mod routing;
 pub mod server;
 pub mod shaping;
 #[cfg(feature = "lab")]

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use super::holdings::Holdings;
+use super::Holdings;
 use crate::fleet::WorkerId;
 use crate::kv_events::{
     EventBatch, KvEvent, Subscriber, SubscriberConfig, SubscriberError, SubscriberEvent,

@@ -38,7 +38,6 @@ mod request_id;
 mod reserve;
 mod responses;
 mod route;
-mod route_error;
 mod session_hint;
 mod slo;
 mod stall;

@@ -16,7 +16,7 @@ use crate::index::Overlaps;
 use crate::openai::{ApiError, Input, Prompt, RequestView, TokenIds};
 use crate::routing::{Analysis, request_seed};
 use crate::telemetry::TARGET as TRACE;
-use crate::tokens::{BlockHash, HashSeed, ModelTokens, TokenError, block_hashes, block_hashes_of};
+use crate::tokens::{BlockHash, HashSeed, ModelTokens, block_hashes, block_hashes_of};
 
 /// Bodies smaller than this are tokenized on the request's own task: their prompt tokenizes
 /// in microseconds, less than the hop to a blocking thread and back costs (measured by
@@ -198,10 +198,4 @@ fn internal(message: String) -> ApiError {
         Some("internal_error"),
         message,
     )
-}
-
-impl From<TokenError> for ApiError {
-    fn from(e: TokenError) -> Self {
-        ApiError::invalid(e.to_string(), None)
-    }
 }

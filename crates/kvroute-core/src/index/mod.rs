@@ -20,10 +20,10 @@
 //! `docs/index-performance.md`); `workload` is the older issue-4 workload the tests use.
 //!
 //! ```
-//! use kvroute::fleet::WorkerId;
-//! use kvroute::index::{IndexConfig, KvIndex};
-//! use kvroute::kv_events::{BlockStored, EngineHash, EventBatch, KvEvent};
-//! use kvroute::tokens::{HashSeed, block_hashes};
+//! use kvroute_core::fleet::WorkerId;
+//! use kvroute_core::index::{IndexConfig, KvIndex};
+//! use kvroute_core::kv_events::{BlockStored, EngineHash, EventBatch, KvEvent};
+//! use kvroute_core::tokens::{HashSeed, block_hashes};
 //!
 //! let index = KvIndex::new(IndexConfig::default());
 //! // The caller knows the model and namespaces tenants' salts; the index only asks.
@@ -48,8 +48,6 @@ mod buckets;
 #[cfg(any(test, feature = "testing"))]
 pub mod dynamo_workload;
 mod exact;
-mod feed;
-mod gauges;
 mod holdings;
 mod overlaps;
 mod residency;
@@ -65,8 +63,6 @@ pub mod workload;
 
 pub use approx::{ApproxConfig, ApproxIndex};
 pub use exact::{Applied, ChainHolders, IndexConfig, KvIndex, SeedFor, WRITE_CHUNK};
-pub use feed::{FeedModel, WorkerFeed, seeds_for};
-pub use gauges::IndexGauges;
 pub use holdings::Holdings;
 pub use overlaps::Overlaps;
 pub use residency::{Residency, ResidencyConfig, ReuseCurve};

@@ -1,12 +1,14 @@
 //! The client's answer to a request that cannot be routed: each [`RouteError`] as OpenAI's
 //! error shape, here only, so the forwarding path, the hand-off and `/debug/route` answer a
-//! given case with one status, type and code.
+//! given case with one status, type and code; and a prompt the tokenizer refuses as the
+//! client's mistake.
 
 use http::StatusCode;
 
 use crate::fleet::Side;
 use crate::openai::ApiError;
 use crate::routing::RouteError;
+use crate::tokens::TokenError;
 
 impl From<RouteError> for ApiError {
     fn from(e: RouteError) -> Self {
@@ -29,5 +31,11 @@ impl From<RouteError> for ApiError {
                 e.to_string(),
             ),
         }
+    }
+}
+
+impl From<TokenError> for ApiError {
+    fn from(e: TokenError) -> Self {
+        ApiError::invalid(e.to_string(), None)
     }
 }

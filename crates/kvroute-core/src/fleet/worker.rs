@@ -41,11 +41,13 @@ pub struct WorkerSpec {
     pub bootstrap_port: Option<u16>,
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "testing"))]
 impl WorkerSpec {
     /// A worker `id` at `http://{id}:1` serving model `m` on `data_parallel_size` ranks, no KV
-    /// events: what unit tests of routing and fleet bookkeeping need.
-    pub(crate) fn for_test(id: &str, data_parallel_size: u32) -> WorkerSpec {
+    /// events: what unit tests of routing and fleet bookkeeping need (feature `testing`: the
+    /// router's unit tests too).
+    #[allow(clippy::expect_used)] // Test-only: the tests' ids make valid host names.
+    pub fn for_test(id: &str, data_parallel_size: u32) -> WorkerSpec {
         WorkerSpec {
             id: id.into(),
             url: BaseUrl::parse(&format!("http://{id}:1")).expect("a valid test url"),

@@ -70,14 +70,16 @@ pub fn parse_kv_blocks(text: &str) -> Option<usize> {
 }
 
 /// One sample line: `name{label="value",…} value [timestamp]`.
-pub(super) struct Sample<'a> {
-    pub(super) name: &'a str,
+pub struct Sample<'a> {
+    /// The metric's name.
+    pub name: &'a str,
     labels: &'a str,
-    pub(super) value: Option<f64>,
+    /// The value, if it parses as a number.
+    pub value: Option<f64>,
 }
 
 impl<'a> Sample<'a> {
-    pub(super) fn parse(line: &'a str) -> Option<Sample<'a>> {
+    pub fn parse(line: &'a str) -> Option<Sample<'a>> {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
             return None;
@@ -101,7 +103,7 @@ impl<'a> Sample<'a> {
     }
 
     /// The value of label `key` (escapes are not needed for the numbers read here).
-    pub(super) fn label(&self, key: &str) -> Option<&'a str> {
+    pub fn label(&self, key: &str) -> Option<&'a str> {
         let mut rest = self.labels;
         while !rest.is_empty() {
             let eq = rest.find('=')?;

@@ -7,8 +7,7 @@
 //! skips the rest) and forwards the original bytes. The simulated engine parses the same way so
 //! both sides agree on what a request means.
 
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+use http::StatusCode;
 use serde::Serialize;
 use serde::de::DeserializeSeed;
 use serde_json::Value;
@@ -538,17 +537,19 @@ impl std::fmt::Display for ApiError {
 
 impl std::error::Error for ApiError {}
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
+/// The error as the router answers it (feature `axum-core`: the router's handlers return it).
+#[cfg(feature = "axum-core")]
+impl axum_core::response::IntoResponse for ApiError {
+    fn into_response(self) -> axum_core::response::Response {
         let mut resp = (
             self.status,
-            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            [(http::header::CONTENT_TYPE, "application/json")],
             self.body(),
         )
             .into_response();
         if let Some(s) = self.retry_after_s {
             resp.headers_mut()
-                .insert(axum::http::header::RETRY_AFTER, s.into());
+                .insert(http::header::RETRY_AFTER, s.into());
         }
         resp
     }

@@ -38,6 +38,7 @@ mod eligibility;
 mod error;
 mod explain;
 mod pair;
+mod route_error;
 mod runners_up;
 mod seed;
 mod session;
