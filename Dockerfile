@@ -10,6 +10,7 @@ WORKDIR /src
 FROM chef AS planner
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
+COPY crates ./crates
 COPY benches ./benches
 RUN cargo chef prepare --recipe-path recipe.json
 
@@ -19,6 +20,7 @@ COPY --from=planner /src/recipe.json recipe.json
 RUN cargo chef cook --release --locked --bin kvroute --recipe-path recipe.json
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
+COPY crates ./crates
 COPY benches ./benches
 COPY config ./config
 # The commit shown by `--version` and `kvroute_build_info` (e.g. `--build-arg

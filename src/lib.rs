@@ -1,7 +1,9 @@
 //! kvroute: a KV-cache-aware router for LLM serving.
 //!
 //! See `ARCHITECTURE.md` for the flows and the module map. Lower modules never import `server`;
-//! `policy` is pure so the same code runs live and in `sim`.
+//! `policy` is pure so the same code runs live and in `sim`. The transport-free core
+//! (`openai`, `tokens`, `kv_events` decoding, `index`, `fleet`, `policy`, `routing`) is the crate
+//! `kvroute-core`, re-exported here under the same paths; this crate adds the I/O around it.
 
 #[cfg(feature = "lab")]
 pub mod bench;

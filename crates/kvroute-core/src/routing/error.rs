@@ -1,5 +1,5 @@
 //! Why a request cannot be routed: the one typed answer of eligibility and of a decision that
-//! finds no target, mapped to the client's error in one place (`server::route_error`), so a
+//! finds no target, mapped to the client's error in one place (`routing::route_error`), so a
 //! live request and `/debug/route` answer alike.
 
 use super::pair::MissingSide;
