@@ -9,7 +9,8 @@
 set -eu
 cd "$(dirname "$0")/.."
 if ! cargo +nightly miri --version >/dev/null 2>&1; then
-    rustup toolchain install nightly --profile minimal --component miri --component rust-src
+    rustup toolchain install nightly --no-self-update --profile minimal --component miri \
+        --component rust-src
 fi
 rustup component add miri rust-src --toolchain nightly >/dev/null
 CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/miri-build" \
