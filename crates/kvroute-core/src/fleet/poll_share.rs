@@ -2,7 +2,8 @@
 //! one reader whatever the number of replicas.
 //!
 //! Each replica reads every engine's `/metrics` to learn the requests other replicas sent
-//! there ([`super::load_poller`]). A real vLLM API server spends 4–6 ms of CPU rendering one
+//! there (the router's `fleet::load_poller`). A real vLLM API server spends 4–6 ms of CPU
+//! rendering one
 //! 50 KB exposition: at 10 readings a second, 8 replicas took a third of a core from the
 //! process that also tokenizes and streams the engine's requests (docs/benchmarks.md,
 //! "Engine-side polling cost"). With a replica bus the replicas already know each other's

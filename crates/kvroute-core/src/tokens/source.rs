@@ -1,7 +1,7 @@
 //! Where each configured model's tokenizer comes from, as the configuration names it: read by
-//! the start's fetch from the Hugging Face hub ([`super::hub`]) and by the registry that loads
-//! the tokenizers ([`super::registry`]), which also reads the hub's cache — so neither imports
-//! the other for these names.
+//! the start's fetch from the Hugging Face hub (the router's `tokens::hub`) and by the registry
+//! that loads the tokenizers (`tokens::registry`), which also reads the hub's cache — so
+//! neither imports the other for these names.
 
 use std::path::PathBuf;
 
@@ -16,7 +16,7 @@ pub enum TokenizerSource {
     /// for chat), or a `tokenizer.json` file.
     Path(PathBuf),
     /// A Hugging Face model id (`ORG/NAME`): its files, fetched at start into the Hugging
-    /// Face cache ([`super::hub`]), are read from there.
+    /// Face cache (the router's `tokens::hub`), are read from there.
     Hub(String),
 }
 
