@@ -16,6 +16,10 @@
 //!   served endpoint, the engine's answer) so the picker releases the request's load as it
 //!   would behind a gateway; that part is not timed.
 //!
+//! - **floor**: the same ext_proc exchange with a server that decides nothing (`null_picker`:
+//!   the picker's messages, a fixed endpoint, the body unread): the stand-in, HTTP/2 and gRPC
+//!   alone. The picker less the floor is what its own work adds.
+//!
 //! `KVROUTE_BENCH_BASELINE` may name another `kvroute` binary (say, one built from main): its
 //! `kvroute epp` over the same engines is a fourth path of the same run, so a change to the
 //! picker is measured against what it changes.
@@ -51,6 +55,8 @@ mod fake_backend;
 #[allow(dead_code)]
 #[path = "../tests/it/support/gateway.rs"]
 mod gateway;
+#[path = "common/null_picker.rs"]
+mod null_picker;
 #[path = "common/prose.rs"]
 mod prose;
 
@@ -214,6 +220,9 @@ struct Figures {
     serve: Histogram<u64>,
     pick: Histogram<u64>,
     body_back: Histogram<u64>,
+    /// The null picker's (the exchange's floor).
+    floor_pick: Histogram<u64>,
+    floor_body_back: Histogram<u64>,
     /// The baseline binary's picker (`KVROUTE_BENCH_BASELINE`), when one is given.
     baseline_pick: Option<Histogram<u64>>,
     baseline_body_back: Option<Histogram<u64>>,
@@ -238,20 +247,27 @@ async fn epp_round(
     }
 }
 
-async fn run(
-    client: &BenchClient,
-    direct: &str,
-    serve: &str,
-    gateway: &Gateway,
-    baseline: Option<&Gateway>,
-    n: usize,
-) -> Figures {
+/// The pickers one run asks: kvroute's, the floor, and the baseline binary's if given.
+struct Pickers<'a> {
+    epp: &'a Gateway,
+    floor: &'a Gateway,
+    baseline: Option<&'a Gateway>,
+}
+
+async fn run(client: &BenchClient, direct: &str, serve: &str, p: Pickers<'_>, n: usize) -> Figures {
+    let Pickers {
+        epp: gateway,
+        floor,
+        baseline,
+    } = p;
     let new = || Histogram::<u64>::new(3).expect("histogram");
     let mut f = Figures {
         direct: new(),
         serve: new(),
         pick: new(),
         body_back: new(),
+        floor_pick: new(),
+        floor_body_back: new(),
         baseline_pick: baseline.map(|_| new()),
         baseline_body_back: baseline.map(|_| new()),
     };
@@ -272,6 +288,14 @@ async fn run(
             }
         }
         epp_round(gateway, first, per_round, &mut f.pick, &mut f.body_back).await;
+        epp_round(
+            floor,
+            first,
+            per_round,
+            &mut f.floor_pick,
+            &mut f.floor_body_back,
+        )
+        .await;
         if let (Some(b), Some(pick), Some(back)) = (
             baseline,
             f.baseline_pick.as_mut(),
@@ -292,6 +316,8 @@ fn report(f: &Figures) {
         ("through kvroute serve", &f.serve),
         ("epp: body end -> pick", &f.pick),
         ("epp: body end -> body back", &f.body_back),
+        ("floor: -> pick", &f.floor_pick),
+        ("floor: -> body back", &f.floor_body_back),
     ];
     if let (Some(p), Some(b)) = (&f.baseline_pick, &f.baseline_body_back) {
         paths.push(("baseline epp: -> pick", p));
@@ -312,7 +338,16 @@ fn report(f: &Figures) {
         "serve adds                  : median {:>8.1} µs  p99 {:>8.1} µs",
         added.0, added.1
     );
-    let mut ratios = vec![("pick", &f.pick), ("body back", &f.body_back)];
+    println!(
+        "epp's own work (pick less the floor's): median {:>8.1} µs  p99 {:>8.1} µs",
+        us(&f.pick, 0.5) - us(&f.floor_pick, 0.5),
+        us(&f.pick, 0.99) - us(&f.floor_pick, 0.99)
+    );
+    let mut ratios = vec![
+        ("pick", &f.pick),
+        ("body back", &f.body_back),
+        ("(floor) pick", &f.floor_pick),
+    ];
     if let (Some(p), Some(b)) = (&f.baseline_pick, &f.baseline_body_back) {
         ratios.push(("(baseline) pick", p));
         ratios.push(("(baseline) body back", b));
@@ -352,19 +387,17 @@ fn main() {
         let direct = format!("http://{}{PATH}", engines[0]);
         ready_http(&client, &serve).await;
         let gateway = ready_epp(grpc).await;
+        let floor = ready_epp(null_picker::start(engines[0])).await;
         let baseline_gateway = match &baseline {
             Some((_, addr)) => Some(ready_epp(*addr).await),
             None => None,
         };
-        let figures = run(
-            &client,
-            &direct,
-            &serve,
-            &gateway,
-            baseline_gateway.as_ref(),
-            n,
-        )
-        .await;
+        let pickers = Pickers {
+            epp: &gateway,
+            floor: &floor,
+            baseline: baseline_gateway.as_ref(),
+        };
+        let figures = run(&client, &direct, &serve, pickers, n).await;
         report(&figures);
         drop((serve_process, epp_process, baseline));
     });

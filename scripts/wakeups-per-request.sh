@@ -33,38 +33,4 @@ sleep 1
 python3 "$dir/client.py" 18230 "$n"
 kill -INT $rec; wait $rec || true
 perf script -i "$dir/perf.data" -F comm,tid,event,trace,ip,sym 2>/dev/null > "$dir/events.txt"
-python3 - "$dir/events.txt" "$n" <<'PY'
-import collections, re, sys
-path, n = sys.argv[1], int(sys.argv[2])
-events = []
-for line in open(path, errors="replace"):
-    if not line.strip():
-        continue
-    if line[0] not in " \t":
-        m = re.match(r"(.+?)\s+(\d+)\s+(sched:\S+):\s*(.*)", line.rstrip())
-        if m:
-            events.append(dict(tid=int(m.group(2)), ev=m.group(3), trace=m.group(4), stack=[]))
-    elif events:
-        addr, _, sym = line.strip().partition(" ")
-        if not addr.startswith("ffffffff"):  # user frames only
-            events[-1]["stack"].append(sym)
-own = {e["tid"] for e in events}
-plain = re.compile(r"^(__|syscall|std::|<std::|core::|<core::|mio::|<mio|<&mio|<&std|\[unknown\])")
-wakes, voluntary = collections.Counter(), 0
-for e in events:
-    if e["ev"] == "sched:sched_switch":
-        voluntary += "prev_state=S" in e["trace"] or "prev_state=D" in e["trace"]
-        continue
-    m = re.search(r"comm=(\S+) pid=(\d+)", e["trace"])
-    wakee = "router thread" if int(m.group(2)) in own else m.group(1)
-    frames = [f for f in e["stack"] if not plain.match(f)
-              and not f.startswith("tokio::runtime::context::")]
-    # `<impl Schedule for Arc<Handle>>::yield_now` -> `Schedule::yield_now`
-    frames = [re.sub(r"^(?:[\w:]+::)?<impl (?:[\w:]+::)?(\w+)(?:<[^ ]*>)? for .*>::(\w+)$", r"\1::\2", f)
-              for f in frames][:3]
-    wakes[(wakee, " <- ".join(f[:110] for f in frames))] += 1
-print(f"under perf: {voluntary / n:.2f} voluntary switches per request; wake-ups caused per request:")
-for (wakee, where), c in wakes.most_common(12):
-    if c / n >= 0.01:
-        print(f"{c / n:6.2f}  -> {wakee}: {where}")
-PY
+python3 "$here/wakeups-report.py" "$dir/events.txt" "$n"
