@@ -34,15 +34,20 @@ start_bench() {
   echo "the bench did not start its routers" >&2; exit 1
 }
 
+# Waits for the bench, then stops both perf processes started under `$1-<process>.pid`.
+stop_perf_when_bench_ends() {
+  wait "$(cat "$dir/bench.pid")"
+  for p in serve epp; do kill -INT "$(cat "$dir/$1-$p.pid")" 2>/dev/null || true; done
+  wait "$(cat "$dir/$1-serve.pid")" "$(cat "$dir/$1-epp.pid")" || true
+  rm -f "$dir/$1"-*.pid
+}
+
 start_bench
 for p in serve epp; do
   pid_var=${p}_pid
   perf stat -x, -e task-clock,context-switches -p "${!pid_var}" -o "$dir/$p.stat" & echo $! > "$dir/stat-$p.pid"
 done
-wait "$(cat "$dir/bench.pid")"
-for p in serve epp; do kill -INT "$(cat "$dir/stat-$p.pid")" 2>/dev/null || true; done
-wait "$(cat "$dir/stat-serve.pid")" "$(cat "$dir/stat-epp.pid")" || true
-rm -f "$dir"/stat-*.pid
+stop_perf_when_bench_ends stat
 for p in serve epp; do
   awk -F, -v n="$requests" -v who="$p" '
     $3 == "task-clock" {cpu = $1} $3 == "context-switches" {cs = $1}
@@ -56,10 +61,7 @@ for p in serve epp; do
   perf record -q -o "$dir/$p.data" -e sched:sched_wakeup,sched:sched_switch \
     --call-graph dwarf,16384 -p "${!pid_var}" 2>/dev/null & echo $! > "$dir/rec-$p.pid"
 done
-wait "$(cat "$dir/bench.pid")"
-for p in serve epp; do kill -INT "$(cat "$dir/rec-$p.pid")" 2>/dev/null || true; done
-wait "$(cat "$dir/rec-serve.pid")" "$(cat "$dir/rec-epp.pid")" || true
-rm -f "$dir"/rec-*.pid
+stop_perf_when_bench_ends rec
 for p in serve epp; do
   echo "== kvroute $p"
   perf script -i "$dir/$p.data" -F comm,tid,event,trace,ip,sym 2>/dev/null > "$dir/$p.txt"
