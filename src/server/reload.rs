@@ -16,7 +16,8 @@
 //! applied, and what an applied reload opens (no key needed, new tenants or keys, the admin
 //! API opened) is logged at WARN (see `reload_guard`).
 //!
-//! Reloadable: `[[tenants]]` and `[admin]` (keys), `[limits]`, `[kv_aware]` (the policy's
+//! Reloadable: `[[tenants]]` and `[admin]` (keys), `[limits]`, `[priority]` `isolate` and
+//! `isolate_window_s` (placement isolation), `[kv_aware]` (the policy's
 //! weights and prior), `[proxy]` timeouts, retries and retry budget, `[server]`
 //! `max_body_bytes` and `body_read_timeout_s`, and `[[workers]]`, whose changes go through the
 //! worker lifecycle with the same planning discovery uses ([`crate::discovery::reconcile`]): a
@@ -165,6 +166,7 @@ impl Reloader {
         let state = &self.state;
         state.keys.replace(&new.tenants, new.admin);
         state.admission.update(new.limits, &new.tenants);
+        state.admission.set_isolation(new.isolation);
         state.upstream.retune(&new.proxy);
         state.body_limits.store(Arc::new(BodyLimits::of(new)));
         state.set_sessions(&new.sessions);
