@@ -396,8 +396,10 @@ mod tests {
         let running = config("policy = \"kv_aware\"\n[limits]\nmax_concurrency = 8\n");
         let reloadable = config(
             "policy = \"kv_aware\"\n[limits]\nmax_concurrency = 2\n[kv_aware]\ndecode_weight = 0.5\n\
-             [proxy]\nfirst_byte_timeout_s = 5\nretries = 2\n[server]\nbody_read_timeout_s = 3\n",
+             [proxy]\nfirst_byte_timeout_s = 5\nretries = 2\n[server]\nbody_read_timeout_s = 3\n\
+             [priority]\nisolate = true\nisolate_window_s = 1\n",
         );
+        assert!(reloadable.isolation.enabled);
         assert!(restart_needed(&running, &reloadable).is_empty());
         let not = config(
             "policy = \"round_robin\"\n[server]\nlisten = \"127.0.0.1:9\"\n[proxy]\nconnect_timeout_s = 9\n",

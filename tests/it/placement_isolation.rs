@@ -37,6 +37,7 @@ async fn router(engines: &[SimEngine]) -> RouterHandle {
             digest(&format!("key-{name}"))
         );
     }
+    text += &format!("[admin]\napi_key_sha256 = \"{}\"\n", digest("key-admin"));
     let config = SimEngine::config_over(&text, engines, MODEL);
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     kvroute::server::start(&config, listener).expect("router")
@@ -106,6 +107,25 @@ fn flood(
         .collect()
 }
 
+/// `/debug/route`'s answer for a request of `tenant` now.
+async fn explained(
+    http: &reqwest::Client,
+    router: &RouterHandle,
+    tenant: &str,
+) -> serde_json::Value {
+    let body = json!({"model": MODEL, "prompt": "an explained prompt", "max_tokens": 16});
+    http.post(format!("http://{}/debug/route", router.addr))
+        .bearer_auth("key-admin")
+        .header("x-kvroute-tenant", tenant)
+        .json(&body)
+        .send()
+        .await
+        .expect("the router answers")
+        .json()
+        .await
+        .expect("an explanation")
+}
+
 /// `kvroute_isolation_confined_total{rule}` on the router's metrics page.
 async fn confined(router: &RouterHandle, rule: &str) -> u64 {
     let page = support::metrics_text(router.addr).await;
@@ -141,6 +161,11 @@ async fn a_flood_keeps_to_one_worker_and_the_other_tenant_gets_the_other() {
         b_workers.push(served_by(&http, &router, "b", &format!("calm{i}")).await);
     }
     let to = served.lock().unwrap().len();
+    // `/debug/route` shows each tenant's stance and the one candidate left to it.
+    let (b_seen, a_seen) = (
+        explained(&http, &router, "b").await,
+        explained(&http, &router, "a").await,
+    );
     stop.store(true, Ordering::Relaxed);
     for c in clients {
         c.await.expect("a flood client");
@@ -158,6 +183,21 @@ async fn a_flood_keeps_to_one_worker_and_the_other_tenant_gets_the_other() {
         "a on {a_workers:?}, b on {b_set:?}"
     );
     assert!(to > from, "the flood ran while b's requests did");
+    let b_isolation = &b_seen["isolation"];
+    assert_eq!(b_isolation["stance"], "within_share", "{b_seen}");
+    assert_eq!(b_isolation["over_share_tenants"], json!(["a"]));
+    assert_eq!(b_isolation["confined"], "within_share");
+    assert_eq!(b_seen["candidates"].as_array().map(Vec::len), Some(1));
+    assert!(
+        b_set.contains(b_seen["worker"].as_str().unwrap_or("?")),
+        "{b_seen}"
+    );
+    assert_eq!(a_seen["isolation"]["stance"], "over_share", "{a_seen}");
+    assert_eq!(a_seen["isolation"]["confined"], "over_share");
+    assert!(
+        a_workers.contains(a_seen["worker"].as_str().unwrap_or("?")),
+        "{a_seen}"
+    );
     assert!(confined(&router, "over_share").await >= (to - from) as u64);
     assert!(confined(&router, "within_share").await >= 6);
     router.shutdown().await;

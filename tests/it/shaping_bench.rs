@@ -224,6 +224,20 @@ async fn round(router: &RouterHandle, tag: &str) -> [f64; 8] {
     ]
 }
 
+/// The rounds' table: per round, reserve and isolation, [`round`]'s figures and the ratios.
+fn print_rounds(rows: &[(usize, usize, bool, [f64; 8])]) {
+    println!(
+        "round | fair_reserve | isolate | b alone p90 ms | b with a at 10x share p90 ms | ratio | high alone p90 ms | high under flood p90 ms | ratio | high's mean router queue ms | mean decision ms | a completions/s | a TTFT p90 ms"
+    );
+    for (r, reserve, isolate, [ba, bl, ha, hl, q, d, ar, ap]) in rows {
+        println!(
+            "{r} | {reserve} | {isolate} | {ba:.0} | {bl:.0} | {:.2} | {ha:.0} | {hl:.0} | {:.2} | {q:.2} | {d:.2} | {ar:.1} | {ap:.0}",
+            bl / ba,
+            hl / ha
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement for docs/benchmarks.md: run under flock /tmp/kvroute-bench.lock"]
 async fn shaping_bench() {
@@ -239,16 +253,7 @@ async fn shaping_bench() {
             router.shutdown().await;
         }
     }
-    println!(
-        "round | fair_reserve | isolate | b alone p90 ms | b with a at 10x share p90 ms | ratio | high alone p90 ms | high under flood p90 ms | ratio | high's mean router queue ms | mean decision ms | a completions/s | a TTFT p90 ms"
-    );
-    for (r, reserve, isolate, [ba, bl, ha, hl, q, d, ar, ap]) in &rows {
-        println!(
-            "{r} | {reserve} | {isolate} | {ba:.0} | {bl:.0} | {:.2} | {ha:.0} | {hl:.0} | {:.2} | {q:.2} | {d:.2} | {ar:.1} | {ap:.0}",
-            bl / ba,
-            hl / ha
-        );
-    }
+    print_rounds(&rows);
     let router = start(&engines, 0, false).await;
     let url = format!("http://{}/v1/completions", router.addr);
     // A 60 s token limit (20,000 tokens/min): 8 clients back to back for 65 s; the tokens of

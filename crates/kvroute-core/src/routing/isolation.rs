@@ -4,9 +4,9 @@
 //! Why: fair admission (the router's slots, `shaping`) bounds how many requests a flooding
 //! tenant runs, not where they run. An engine batches a new prompt's prefill with the decodes
 //! of every sequence it runs and charges the sum, so a tenant whose requests share an engine
-//! with a flood's sequences waits for the flood's decodes in every step (measured: 1.2–1.7×
-//! its time to first token alone with ~3 of them on the engine, `docs/benchmarks.md`,
-//! "Traffic shaping"). Spread over every worker, the flood slows every other tenant;
+//! with a flood's sequences waits for the flood's decodes in every step (measured, no router:
+//! 1.16–1.67× its time to first token alone with one to four of them on the engine,
+//! `docs/benchmarks.md`, "Traffic shaping"). Spread over every worker, the flood slows every other tenant;
 //! confined to its share of the workers (like shuffle sharding), it leaves the rest to them.
 //!
 //! The rule, over one decision's candidates and what each runs per tenant
