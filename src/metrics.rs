@@ -21,6 +21,7 @@ mod connections;
 mod decisions;
 mod disaggregation;
 mod discovery;
+mod isolation;
 mod prediction;
 mod recording;
 mod replica_bus;
@@ -34,6 +35,7 @@ pub use config::ConfigMetrics;
 pub use connections::ConnectionMetrics;
 pub use disaggregation::DisaggregationMetrics;
 pub use discovery::DiscoveryMetrics;
+pub use isolation::IsolationMetrics;
 pub use prediction::PredictionMetrics;
 pub use recording::RecordingMetrics;
 pub use replica_bus::ReplicaBusMetrics;
@@ -98,6 +100,8 @@ pub struct Metrics {
     pub shaping: ShapingMetrics,
     /// How requests with latency targets fared.
     pub slo: SloMetrics,
+    /// Decisions placement isolation narrowed.
+    pub isolation: IsolationMetrics,
     /// Prompt, completion and cached tokens; inter-token latency and time per output token.
     pub tokens: TokenMetrics,
     /// The predicted cached tokens against the engines' reports.
@@ -228,6 +232,7 @@ impl Metrics {
         let prediction = PredictionMetrics::register(&registry);
         let shaping = ShapingMetrics::register(&registry);
         let slo = SloMetrics::register(&registry);
+        let isolation = IsolationMetrics::register(&registry);
         let tokens = TokenMetrics::register(&registry);
         let cache_prediction = CachePredictionMetrics::register(&registry);
         let replica_bus = ReplicaBusMetrics::register(&registry);
@@ -252,6 +257,7 @@ impl Metrics {
             prediction,
             shaping,
             slo,
+            isolation,
             tokens,
             cache_prediction,
             replica_bus,

@@ -238,6 +238,8 @@ pub struct Config {
     pub limits: Limits,
     /// The admission queue's priority bands (`[priority]`).
     pub priorities: crate::shaping::Priorities,
+    /// Placement isolation (`[priority] isolate`, `isolate_window_s`; reloadable).
+    pub isolation: crate::shaping::Isolation,
     /// API keys and their tenants; empty means no authentication.
     pub tenants: Vec<TenantConfig>,
     /// Who may use the admin API: its key, or (without one) loopback clients when opened.
@@ -386,6 +388,7 @@ impl Config {
                  would have a share outside them",
             ));
         }
+        let isolation = priority::isolation(&file.priority)?;
         let tenants = tenants::tenants(file.tenants.unwrap_or_default(), &priorities)?;
         let admin = tenants::admin_access(file.admin, args.admin_open_on_loopback, &tenants)?;
         let own: Vec<SocketAddr> = std::iter::once(front.listen)
@@ -420,6 +423,7 @@ impl Config {
             tls: tls::server_tls(file.server.tls.as_ref())?,
             limits,
             priorities,
+            isolation,
             tenants,
             admin,
             emptied,

@@ -1,12 +1,15 @@
 //! `[priority]`: the admission queue's bands (names, highest first), the default band, the
 //! bands whose requests are sheddable, and the headers a request names its band and
-//! sheddability in. Defaults are in [`crate::shaping::priority`].
+//! sheddability in; and placement isolation (`isolate`, `isolate_window_s`). Defaults are in
+//! [`crate::shaping::priority`] and [`crate::shaping::isolation`].
 
 use serde::Deserialize;
 
 use super::{ConfigError, invalid};
-use crate::shaping::Priorities;
+use std::time::Duration;
+
 use crate::shaping::priority::{DEFAULT_BAND, DEFAULT_HEADER, DEFAULT_SHEDDABLE_HEADER};
+use crate::shaping::{Isolation, Priorities};
 
 /// The `[priority]` table.
 #[derive(Deserialize, Debug, Default)]
@@ -19,6 +22,8 @@ pub(super) struct FilePriority {
     pub(super) sheddable_header: Option<String>,
     pub(super) headroom: Option<usize>,
     pub(super) fair_reserve: Option<usize>,
+    pub(super) isolate: Option<bool>,
+    pub(super) isolate_window_s: Option<f64>,
 }
 
 /// Most bands: each is scanned in turn for the next request to admit.
@@ -89,6 +94,30 @@ pub(super) fn priorities(file: &FilePriority) -> Result<Priorities, ConfigError>
     })
 }
 
+/// Placement isolation's settings of `[priority]` (`isolate`, `isolate_window_s`): kept apart
+/// from [`Priorities`] because they reload, where the bands need a restart.
+pub(super) fn isolation(file: &FilePriority) -> Result<Isolation, ConfigError> {
+    let d = Isolation::default();
+    let window = match file.isolate_window_s {
+        None => d.window,
+        Some(s) if (0.0..=MAX_WINDOW_S).contains(&s) => Duration::from_secs_f64(s),
+        Some(_) => {
+            return Err(invalid(
+                "priority.isolate_window_s",
+                format!("must be a number of seconds from 0 to {MAX_WINDOW_S}"),
+            ));
+        }
+    };
+    Ok(Isolation {
+        enabled: file.isolate.unwrap_or(d.enabled),
+        window,
+    })
+}
+
+/// The longest window a tenant counts as active after its last request: an hour (longer is a
+/// mistake: a tenant that left would confine the others for that long).
+const MAX_WINDOW_S: f64 = 3600.0;
+
 /// A header name, lower case.
 fn header(key: &str, v: Option<&str>, default: &str) -> Result<String, ConfigError> {
     let v = v.unwrap_or(default).to_ascii_lowercase();
@@ -140,6 +169,33 @@ mod tests {
             },
         ] {
             assert!(priorities(&bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn isolation_is_off_by_default_and_its_window_is_checked() {
+        assert_eq!(
+            isolation(&FilePriority::default()).unwrap(),
+            Isolation::default()
+        );
+        let file = FilePriority {
+            isolate: Some(true),
+            isolate_window_s: Some(2.5),
+            ..FilePriority::default()
+        };
+        assert_eq!(
+            isolation(&file).unwrap(),
+            Isolation {
+                enabled: true,
+                window: Duration::from_millis(2500),
+            }
+        );
+        for bad in [-1.0, f64::NAN, 1e9] {
+            let file = FilePriority {
+                isolate_window_s: Some(bad),
+                ..FilePriority::default()
+            };
+            assert!(isolation(&file).is_err(), "{bad}");
         }
     }
 }

@@ -116,7 +116,9 @@ fn the_example_priority_block_loads_when_uncommented() {
         .map(|l| l.strip_prefix("# ").unwrap_or(l.trim_start_matches('#')))
         .collect::<Vec<_>>()
         .join("\n");
-    let p = load(&block).unwrap().priorities;
+    let c = load(&block).unwrap();
+    assert_eq!(c.isolation, crate::shaping::Isolation::default());
+    let p = c.priorities;
     assert_eq!(p.bands, ["high", "normal", "low"]);
     assert_eq!((p.default_band, p.sheddable), (1, vec![false, false, true]));
 }

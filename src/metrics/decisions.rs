@@ -1,10 +1,10 @@
 //! The decision core's figures ([`DecisionMetrics`]) into the families `Metrics::new` registers:
-//! `kvroute_decision_seconds` and the prefix block counters.
+//! `kvroute_decision_seconds`, the prefix block counters and isolation's narrowed decisions.
 
 use std::time::Duration;
 
 use super::Metrics;
-use crate::routing::DecisionMetrics;
+use crate::routing::{Confined, DecisionMetrics};
 
 impl DecisionMetrics for Metrics {
     fn scored(&self, policy: &'static str, took: Duration) {
@@ -26,5 +26,9 @@ impl DecisionMetrics for Metrics {
         self.prefix_hit_blocks
             .with_label_values(&[target])
             .inc_by(u64::from(hit));
+    }
+
+    fn confined(&self, rule: Confined) {
+        self.isolation.count(rule);
     }
 }

@@ -29,7 +29,8 @@ pub use super::rate_limit::Reservation;
 use crate::config::{Limits, TenantConfig};
 use crate::metrics::Metrics;
 use crate::openai::ApiError;
-use crate::shaping::{Placement, Priorities};
+use crate::routing::Standing;
+use crate::shaping::{Isolation, Placement, Priorities};
 
 use super::refusal::{overloaded, too_many};
 
@@ -50,8 +51,16 @@ pub struct Place<'a> {
 /// lowered a limit, retires it: see [`Pool`]).
 #[derive(Debug)]
 pub struct Ticket {
-    _router: GateSlot,
+    router: GateSlot,
     _tenant: Option<Slot>,
+}
+
+impl Ticket {
+    /// Where the request's tenant stands for placement isolation now (`shaping::isolation`);
+    /// `None` while isolation is off.
+    pub fn standing(&self) -> Option<Standing> {
+        self.router.standing()
+    }
 }
 
 /// One permit of a [`Pool`], given back (or retired) when dropped.
@@ -203,6 +212,18 @@ impl Admission {
         self.limits.store(Arc::new(limits));
     }
 
+    /// New placement isolation settings (`[priority] isolate`), from the next decision on.
+    pub fn set_isolation(&self, isolation: Isolation) {
+        self.router.set_isolation(isolation);
+    }
+
+    /// Where a request at `place` would stand for placement isolation (for an explanation:
+    /// it holds no slot); `None` while isolation is off.
+    pub fn standing(&self, place: &Place<'_>) -> Option<Standing> {
+        let flow: Arc<str> = Arc::from(place.tenant.unwrap_or(NO_TENANT));
+        self.router.standing(&flow, place.weight)
+    }
+
     /// The budget of body bytes being read and parsed.
     pub fn bodies(&self) -> &BodyBudget {
         &self.bodies
@@ -278,7 +299,7 @@ impl Admission {
         };
         match self.router.enter(entry).await {
             Ok(slot) => Ok(Ticket {
-                _router: slot,
+                router: slot,
                 _tenant: tenant_slot,
             }),
             Err(Denied::Full) if place.placement.sheddable => Err(overloaded(

@@ -29,7 +29,7 @@ use super::{AppState, read};
 use crate::fleet::WorkerRank;
 use crate::openai::{ApiError, Endpoint};
 use crate::policy::{Candidate, TierQuote};
-use crate::routing::{Analysis, DecodeExplanation, Explanation, Plan};
+use crate::routing::{Analysis, DecodeExplanation, Explanation, Plan, Stance};
 
 /// `POST /debug/route` with a completion, chat or Responses body (`messages` selects chat,
 /// `input` without `prompt` the Responses API).
@@ -69,7 +69,7 @@ async fn explain(
     let client_salt = salt.as_ref().and_then(|s| s.as_deref());
     let Decided {
         eligible,
-        analysis,
+        mut analysis,
         hint,
         ..
     } = decide::decide(
@@ -82,6 +82,9 @@ async fn explain(
         bytes.len(),
     )
     .await?;
+    // Placement isolation as the request would meet it now (it holds no slot here).
+    let place = state.admission.place(&caller, headers)?;
+    analysis.standing = state.admission.standing(&place);
     // Each data-parallel rank is a candidate of its own, as in a live decision.
     let targets = WorkerRank::all(&eligible.workers);
     let explained = state
@@ -103,6 +106,7 @@ async fn explain(
         "block_size": analysis.request.block_size,
         "blocks": analysis.request.blocks,
         "candidates": candidates(&analysis, &explained),
+        "isolation": isolation(&analysis, &explained),
         "session": hint.map(|source| session(state, &analysis, &explained, source)),
         "disaggregation": disaggregation,
         "decode": explained.decode.as_ref().map(decode),
@@ -194,6 +198,29 @@ fn candidates(analysis: &Analysis, e: &Explanation<'_, WorkerRank>) -> Vec<serde
 
 /// A candidate's prefix split by tier (GPU blocks, then host memory, then disk, as its engine
 /// loads them), and what the policy priced each part at, where it prices tiers.
+/// Placement isolation as the request met it: its tenant's stance and whether it narrowed the
+/// candidates listed (`null` while isolation is off).
+fn isolation(analysis: &Analysis, e: &Explanation<'_, WorkerRank>) -> serde_json::Value {
+    let Some(standing) = &analysis.standing else {
+        return serde_json::Value::Null;
+    };
+    let stance = match &standing.stance {
+        Stance::Free => json!({"stance": "free"}),
+        Stance::Over {
+            weight,
+            active_weight,
+        } => json!({"stance": "over_share", "weight": weight, "active_weight": active_weight}),
+        Stance::Within { over } => {
+            let over: Vec<&str> = over.iter().map(|t| &**t).collect();
+            json!({"stance": "within_share", "over_share_tenants": over})
+        }
+    };
+    let mut v = stance;
+    v["tenant"] = json!(&*standing.tenant);
+    v["confined"] = json!(e.confined.map(|c| c.as_str()));
+    v
+}
+
 fn tiers(c: &Candidate, quote: Option<TierQuote>, block_size: u32) -> serde_json::Value {
     let bs = u64::from(block_size);
     json!({

@@ -264,6 +264,8 @@ async fn forward(
         bytes.len(),
     )
     .await?;
+    // Placement isolation: the tenant's stance now, with the slot it holds counted.
+    decided.analysis.standing = ticket.standing();
     let slo = super::slo::apply(
         state,
         &caller,

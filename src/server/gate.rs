@@ -12,8 +12,12 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use crate::metrics::ShapingMetrics;
+use crate::routing::Standing;
+use crate::shaping::isolation::{Tenants, stance};
 use crate::shaping::saturation::Part;
-use crate::shaping::{Arrival, Ask, FairQueue, Priorities, Refusal, SlotBook, Waiter};
+use crate::shaping::{
+    Arrival, Arrivals, Ask, FairQueue, Isolation, Priorities, Refusal, SlotBook, Waiter,
+};
 
 /// What a waiter is told.
 #[derive(Debug)]
@@ -49,6 +53,10 @@ pub(super) struct Entry {
 struct State {
     /// Who holds the slots, and who may take one (headroom, fair reserve).
     slots: SlotBook,
+    /// Placement isolation's settings (reloadable).
+    isolation: Isolation,
+    /// Each tenant's last arrival (kept while isolation is on).
+    arrivals: Arrivals,
     max_queue: usize,
     queue: FairQueue<oneshot::Sender<Grant>>,
 }
@@ -99,6 +107,14 @@ impl std::fmt::Debug for Gate {
 pub(super) struct GateSlot {
     gate: Arc<Gate>,
     flow: Arc<str>,
+    weight: u32,
+}
+
+impl GateSlot {
+    /// Where its tenant stands for placement isolation now; `None` while isolation is off.
+    pub(super) fn standing(&self) -> Option<Standing> {
+        self.gate.standing(&self.flow, self.weight)
+    }
 }
 
 impl Drop for GateSlot {
@@ -143,6 +159,8 @@ impl Gate {
         Arc::new(Gate {
             state: Mutex::new(State {
                 slots: SlotBook::new(limit, priorities.headroom, priorities.fair_reserve),
+                isolation: Isolation::default(),
+                arrivals: Arrivals::default(),
                 max_queue,
                 queue: FairQueue::new(priorities.bands.len(), max_queue),
             }),
@@ -170,6 +188,30 @@ impl Gate {
         self.pump(&mut st);
     }
 
+    /// New placement isolation settings, from the next decision on.
+    pub(super) fn set_isolation(&self, isolation: Isolation) {
+        self.lock().isolation = isolation;
+    }
+
+    /// Where `flow` (of `weight`) stands for placement isolation (`shaping::isolation`);
+    /// `None` while isolation is off.
+    pub(super) fn standing(&self, flow: &Arc<str>, weight: u32) -> Option<Standing> {
+        let st = self.lock();
+        if !st.isolation.enabled {
+            return None;
+        }
+        let tenants = Tenants {
+            book: &st.slots,
+            waiting: st.queue.flows(),
+            arrivals: &st.arrivals,
+        };
+        let stance = stance(flow, weight, tenants, self.now(), st.isolation.window);
+        Some(Standing {
+            tenant: Arc::clone(flow),
+            stance,
+        })
+    }
+
     /// Requests waiting now.
     pub(super) fn waiting(&self) -> usize {
         self.lock().queue.len()
@@ -181,6 +223,10 @@ impl Gate {
         let band_label = self.bands.get(entry.band).map_or("-", String::as_str);
         let (id, mut rx) = {
             let mut st = self.lock();
+            if st.isolation.enabled {
+                let (now, window) = (self.now(), st.isolation.window);
+                st.arrivals.arrived(&entry.flow, entry.weight, now, window);
+            }
             // A slot it may take is free. No waiter may take it (each release and departure
             // hands free slots to every waiter that may), so it overtakes nobody.
             if st.room(entry.band, &entry.flow, entry.weight) {
@@ -193,6 +239,7 @@ impl Gate {
                 return Ok(GateSlot {
                     gate: Arc::clone(self),
                     flow: entry.flow,
+                    weight: entry.weight,
                 });
             }
             let (tx, rx) = oneshot::channel();
@@ -245,6 +292,7 @@ impl Gate {
                 Ok(GateSlot {
                     gate: Arc::clone(self),
                     flow: Arc::clone(&waiting.flow),
+                    weight: entry.weight,
                 })
             }
             Grant::Shed => Err(Denied::Shed),

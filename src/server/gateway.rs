@@ -155,7 +155,7 @@ pub async fn pick(
     .await?;
     let Decided {
         mut eligible,
-        analysis,
+        mut analysis,
         view,
         salt: salt_value,
         client_params,
@@ -166,6 +166,7 @@ pub async fn pick(
     if eligible.workers.is_empty() {
         return Err(ApiError::no_worker());
     }
+    analysis.standing = ticket.standing();
     let trail = match view {
         Some(view) => Trail::start(
             state,

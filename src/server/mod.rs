@@ -167,12 +167,16 @@ impl AppState {
             )?,
             holdings,
             keys: auth::Keys::new(&config.tenants, config.admin),
-            admission: admission::Admission::new(
-                config.limits,
-                &config.tenants,
-                &config.priorities,
-                &metrics,
-            ),
+            admission: {
+                let admission = admission::Admission::new(
+                    config.limits,
+                    &config.tenants,
+                    &config.priorities,
+                    &metrics,
+                );
+                admission.set_isolation(config.isolation);
+                admission
+            },
             recorder: recorder(config, &metrics)?,
             models: config.models.clone(),
             started: Instant::now(),

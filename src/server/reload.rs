@@ -16,7 +16,8 @@
 //! applied, and what an applied reload opens (no key needed, new tenants or keys, the admin
 //! API opened) is logged at WARN (see `reload_guard`).
 //!
-//! Reloadable: `[[tenants]]` and `[admin]` (keys), `[limits]`, `[kv_aware]` (the policy's
+//! Reloadable: `[[tenants]]` and `[admin]` (keys), `[limits]`, `[priority]` `isolate` and
+//! `isolate_window_s` (placement isolation), `[kv_aware]` (the policy's
 //! weights and prior), `[proxy]` timeouts, retries and retry budget, `[server]`
 //! `max_body_bytes` and `body_read_timeout_s`, and `[[workers]]`, whose changes go through the
 //! worker lifecycle with the same planning discovery uses ([`crate::discovery::reconcile`]): a
@@ -165,6 +166,7 @@ impl Reloader {
         let state = &self.state;
         state.keys.replace(&new.tenants, new.admin);
         state.admission.update(new.limits, &new.tenants);
+        state.admission.set_isolation(new.isolation);
         state.upstream.retune(&new.proxy);
         state.body_limits.store(Arc::new(BodyLimits::of(new)));
         state.set_sessions(&new.sessions);
@@ -394,8 +396,10 @@ mod tests {
         let running = config("policy = \"kv_aware\"\n[limits]\nmax_concurrency = 8\n");
         let reloadable = config(
             "policy = \"kv_aware\"\n[limits]\nmax_concurrency = 2\n[kv_aware]\ndecode_weight = 0.5\n\
-             [proxy]\nfirst_byte_timeout_s = 5\nretries = 2\n[server]\nbody_read_timeout_s = 3\n",
+             [proxy]\nfirst_byte_timeout_s = 5\nretries = 2\n[server]\nbody_read_timeout_s = 3\n\
+             [priority]\nisolate = true\nisolate_window_s = 1\n",
         );
+        assert!(reloadable.isolation.enabled);
         assert!(restart_needed(&running, &reloadable).is_empty());
         let not = config(
             "policy = \"round_robin\"\n[server]\nlisten = \"127.0.0.1:9\"\n[proxy]\nconnect_timeout_s = 9\n",

@@ -103,7 +103,7 @@ fn refuse_unmeetable(
     };
     let targets = WorkerRank::all(&eligible.workers);
     let side = (eligible.plan == Plan::Pair).then_some(Side::Prefill);
-    let (_, _, decision) = state.decider.explain(analysis, &targets, side);
+    let (_, decision) = state.decider.explain(analysis, &targets, side);
     let predicted = decision.and_then(|d| d.predicted_ttft_s.get(d.chosen).copied().flatten());
     match predicted {
         Some(p) if p > target => {

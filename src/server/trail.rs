@@ -105,6 +105,7 @@ impl Trail {
                         at: analysis.at,
                         ttft_target_s: None,
                         session: None,
+                        standing: None,
                         no_reuse: false,
                     },
                 })),

@@ -82,6 +82,18 @@ impl SlotBook {
         self.held.get(flow).map_or(0, |h| h.slots)
     }
 
+    /// The flows holding slots: each one's slots and weight (in no particular order).
+    pub fn holders(&self) -> impl Iterator<Item = (&Arc<str>, usize, u32)> {
+        self.held.iter().map(|(f, h)| (f, h.slots, h.weight))
+    }
+
+    /// The slots fair shares are taken of: all but the headroom and the reserve.
+    pub fn pool(&self) -> usize {
+        self.limit
+            .saturating_sub(self.headroom)
+            .saturating_sub(self.reserve)
+    }
+
     /// Whether [`SlotBook::may_take`] would look at the flows waiting now: only when a fair
     /// reserve is set and the slots left reach into it (callers skip listing them otherwise).
     pub fn needs_shares(&self) -> bool {
@@ -123,11 +135,7 @@ impl SlotBook {
                 total += u64::from(weight.max(1));
             }
         }
-        let pool = self
-            .limit
-            .saturating_sub(self.headroom)
-            .saturating_sub(self.reserve);
-        pool as f64 * f64::from(ask.weight.max(1)) / total as f64
+        self.pool() as f64 * f64::from(ask.weight.max(1)) / total as f64
     }
 
     /// `flow` takes a slot (the caller checked [`SlotBook::may_take`]).

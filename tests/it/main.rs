@@ -62,6 +62,7 @@ mod lora_routing;
 mod manual_cli;
 mod mixed_block_sizes;
 mod openai_sdk;
+mod placement_isolation;
 mod proptest_parsers;
 mod readiness;
 mod real_sglang;

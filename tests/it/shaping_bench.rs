@@ -34,12 +34,13 @@ async fn engines() -> Vec<SimEngine> {
     engines
 }
 
-/// A router over `engines` with 2 slots of headroom for `high` and `reserve` slots of fair
-/// reserve.
-async fn start(engines: &[SimEngine], reserve: usize) -> RouterHandle {
+/// A router over `engines` with 2 slots of headroom for `high`, `reserve` slots of fair
+/// reserve, and placement isolation when `isolate`.
+async fn start(engines: &[SimEngine], reserve: usize, isolate: bool) -> RouterHandle {
     let mut text = format!(
         "shutdown_grace_s = 1.0\n[limits]\nmax_concurrency = {SLOTS}\nmax_queue = 4096\n\
-         queue_timeout_s = 300\n[priority]\nheadroom = 2\nfair_reserve = {reserve}\n"
+         queue_timeout_s = 300\n[priority]\nheadroom = 2\nfair_reserve = {reserve}\n\
+         isolate = {isolate}\n"
     );
     for (name, extra) in [
         ("a", ""),
@@ -142,16 +143,28 @@ async fn open_loop(
     out
 }
 
-/// `loops` clients of tenant `a` sending back to back until `stop`.
-fn flood(url: &str, loops: usize, stop: Arc<Mutex<bool>>) -> Vec<tokio::task::JoinHandle<()>> {
+/// When each of the flood's requests was sent, and its TTFT.
+type Served = Arc<Mutex<Vec<(Instant, Duration)>>>;
+
+/// `loops` clients of tenant `a` sending back to back until `stop`; each success goes to
+/// `served`.
+fn flood(
+    url: &str,
+    loops: usize,
+    stop: Arc<Mutex<bool>>,
+    served: &Served,
+) -> Vec<tokio::task::JoinHandle<()>> {
     (0..loops)
         .map(|c| {
-            let (url, stop) = (url.to_owned(), Arc::clone(&stop));
+            let (url, stop, served) = (url.to_owned(), Arc::clone(&stop), Arc::clone(served));
             tokio::spawn(async move {
                 let http = reqwest::Client::new();
                 let mut i = 0;
                 while !*stop.lock().unwrap() {
-                    let _ = ttft(&http, &url, "a", None, &format!("flood{c}x{i}")).await;
+                    let sent = Instant::now();
+                    if let Some(t) = ttft(&http, &url, "a", None, &format!("flood{c}x{i}")).await {
+                        served.lock().unwrap().push((sent, t));
+                    }
                     i += 1;
                 }
             })
@@ -159,17 +172,34 @@ fn flood(url: &str, loops: usize, stop: Arc<Mutex<bool>>) -> Vec<tokio::task::Jo
         .collect()
 }
 
-/// One round on `router`: `b` and `high` alone, then under `a`'s flood; p90s, and the means of
-/// `high`'s router queue and of the routing decision while the flood runs.
-async fn round(router: &RouterHandle, tag: &str) -> [f64; 6] {
+/// The flood's completions per second and TTFT p90 (ms) among its requests sent in
+/// `[from, to)`.
+fn flood_figures(served: &Served, from: Instant, to: Instant) -> (f64, f64) {
+    let within: Vec<Duration> = served
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(at, _)| *at >= from && *at < to)
+        .map(|(_, t)| *t)
+        .collect();
+    let rate = within.len() as f64 / (to - from).as_secs_f64();
+    (rate, p90(within))
+}
+
+/// One round on `router`: `b` and `high` alone, then under `a`'s flood; p90s, the means of
+/// `high`'s router queue and of the routing decision while the flood runs, and the flood's own
+/// completions per second and TTFT p90 while `b` and `high` run beside it.
+async fn round(router: &RouterHandle, tag: &str) -> [f64; 8] {
     let url = format!("http://{}/v1/completions", router.addr);
     let (rate, secs) = (3.0, 20.0);
     let b_alone = p90(open_loop(&url, "b", None, rate, secs, &format!("ba{tag}")).await);
     let h_alone = p90(open_loop(&url, "h", Some("high"), rate, secs, &format!("ha{tag}")).await);
     // `a` keeps 40 requests in flight: 10 x its share (half of 8 slots).
     let stop = Arc::new(Mutex::new(false));
-    let loops = flood(&url, 40, Arc::clone(&stop));
+    let served = Served::default();
+    let loops = flood(&url, 40, Arc::clone(&stop), &served);
     tokio::time::sleep(Duration::from_secs(3)).await;
+    let beside = Instant::now();
     let b_loaded = p90(open_loop(&url, "b", None, rate, secs, &format!("bl{tag}")).await);
     let queue = "band=\"high\"";
     let q0 = histogram(router, "kvroute_queue_seconds", queue).await;
@@ -177,6 +207,7 @@ async fn round(router: &RouterHandle, tag: &str) -> [f64; 6] {
     let h_loaded = p90(open_loop(&url, "h", Some("high"), rate, secs, &format!("hl{tag}")).await);
     let q1 = histogram(router, "kvroute_queue_seconds", queue).await;
     let d1 = histogram(router, "kvroute_routing_decision_seconds", "").await;
+    let (a_rate, a_p90) = flood_figures(&served, beside, Instant::now());
     *stop.lock().unwrap() = true;
     for l in loops {
         let _ = l.await;
@@ -188,33 +219,42 @@ async fn round(router: &RouterHandle, tag: &str) -> [f64; 6] {
         h_loaded,
         mean_ms(q0, q1),
         mean_ms(d0, d1),
+        a_rate,
+        a_p90,
     ]
+}
+
+/// The rounds' table: per round, reserve and isolation, [`round`]'s figures and the ratios.
+fn print_rounds(rows: &[(usize, usize, bool, [f64; 8])]) {
+    println!(
+        "round | fair_reserve | isolate | b alone p90 ms | b with a at 10x share p90 ms | ratio | high alone p90 ms | high under flood p90 ms | ratio | high's mean router queue ms | mean decision ms | a completions/s | a TTFT p90 ms"
+    );
+    for (r, reserve, isolate, [ba, bl, ha, hl, q, d, ar, ap]) in rows {
+        println!(
+            "{r} | {reserve} | {isolate} | {ba:.0} | {bl:.0} | {:.2} | {ha:.0} | {hl:.0} | {:.2} | {q:.2} | {d:.2} | {ar:.1} | {ap:.0}",
+            bl / ba,
+            hl / ha
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement for docs/benchmarks.md: run under flock /tmp/kvroute-bench.lock"]
 async fn shaping_bench() {
     let engines = engines().await;
-    // Alternating: without and with a fair reserve of 2, twice (the machine is noisy).
+    // Alternating: no fair reserve, a reserve of 2, a reserve of 2 with placement isolation;
+    // twice (the machine is noisy).
     let mut rows = Vec::new();
     for r in 0..2 {
-        for reserve in [0, 2] {
-            let router = start(&engines, reserve).await;
-            rows.push((r, reserve, round(&router, &format!("{r}r{reserve}")).await));
+        for (reserve, isolate) in [(0, false), (2, false), (2, true)] {
+            let router = start(&engines, reserve, isolate).await;
+            let tag = format!("{r}r{reserve}i{isolate}");
+            rows.push((r, reserve, isolate, round(&router, &tag).await));
             router.shutdown().await;
         }
     }
-    println!(
-        "round | fair_reserve | b alone p90 ms | b with a at 10x share p90 ms | ratio | high alone p90 ms | high under flood p90 ms | ratio | high's mean router queue ms | mean decision ms"
-    );
-    for (r, reserve, [ba, bl, ha, hl, q, d]) in &rows {
-        println!(
-            "{r} | {reserve} | {ba:.0} | {bl:.0} | {:.2} | {ha:.0} | {hl:.0} | {:.2} | {q:.2} | {d:.2}",
-            bl / ba,
-            hl / ha
-        );
-    }
-    let router = start(&engines, 0).await;
+    print_rounds(&rows);
+    let router = start(&engines, 0, false).await;
     let url = format!("http://{}/v1/completions", router.addr);
     // A 60 s token limit (20,000 tokens/min): 8 clients back to back for 65 s; the tokens of
     // every success (usage.total_tokens) by send time, the most in any 60 s window.

@@ -17,6 +17,7 @@ use std::time::Instant;
 use super::booking::{Announcer, BookingStep, PromptBlocks, Ticket};
 use super::load_view::{Admissions, EngineLoad, LoadSnapshot, Reading, combine};
 use super::running_blocks::{RunningBlocks, marks};
+use super::tenancy::{Occupancy, Tenancy};
 use crate::tokens::BlockHash;
 
 /// Live load counters of one worker.
@@ -40,6 +41,8 @@ pub struct Load {
     running: Mutex<RunningBlocks>,
     /// Where this replica announces what it books here, with a replica bus.
     announcer: OnceLock<Announcer>,
+    /// This router's requests in flight here per tenant (placement isolation).
+    tenancy: Arc<Tenancy>,
 }
 
 impl Load {
@@ -109,6 +112,11 @@ impl Load {
 
     fn lock_running(&self) -> std::sync::MutexGuard<'_, RunningBlocks> {
         self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// This router's requests in flight here per tenant.
+    pub fn tenancy(&self) -> &Arc<Tenancy> {
+        &self.tenancy
     }
 
     /// Tokens the requests in flight here hold in the KV cache (shared prefixes once), and how
@@ -205,6 +213,7 @@ impl Load {
             block_size,
             stage: Stage::Prefill,
             ticket: None,
+            occupancy: None,
         }
     }
 }
@@ -228,9 +237,18 @@ pub struct LoadGuard {
     stage: Stage,
     /// The announcement of an own request (none for a quiet one, or without a bus).
     ticket: Option<Ticket>,
+    /// Its tenant's count here, when the request has a tenant.
+    occupancy: Option<Occupancy>,
 }
 
 impl LoadGuard {
+    /// Counts the request as `tenant`'s on this worker until it ends.
+    pub fn occupy(&mut self, tenant: &Arc<str>) {
+        if self.stage != Stage::Done {
+            self.occupancy = Some(self.load.tenancy.occupy(tenant));
+        }
+    }
+
     /// The request produced its first token: its prefill no longer queues others.
     pub fn first_token(&mut self) {
         if self.stage == Stage::Prefill {
@@ -267,6 +285,7 @@ impl LoadGuard {
         self.load.in_flight.fetch_sub(1, Ordering::Relaxed);
         self.load.finished.fetch_add(1, Ordering::Relaxed);
         self.stage = Stage::Done;
+        self.occupancy = None;
         if let Some(t) = &self.ticket {
             t.announce(BookingStep::Freed);
         }
@@ -320,6 +339,28 @@ mod tests {
                 ..LoadSnapshot::default()
             }
         );
+    }
+
+    #[test]
+    fn a_guard_counts_its_tenant_until_the_request_ends() {
+        let load = Arc::new(Load::default());
+        let tenant: Arc<str> = "a".into();
+        let mut g = load.admit(10, 10);
+        g.occupy(&tenant);
+        let mut h = load.admit(10, 10);
+        h.occupy(&tenant);
+        assert_eq!(load.tenancy().count("a"), 2);
+        g.finish();
+        assert_eq!(
+            load.tenancy().count("a"),
+            1,
+            "released at the end, not the drop"
+        );
+        drop(h);
+        assert!(load.tenancy().occupants().is_empty());
+        // An ended request is not counted again.
+        g.occupy(&tenant);
+        assert_eq!(load.tenancy().count("a"), 0);
     }
 
     #[test]

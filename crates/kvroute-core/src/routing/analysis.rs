@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use super::isolation::Standing;
 use crate::index::{Holdings, Overlaps, SessionKey};
 use crate::policy::RouteRequest;
 use crate::tokens::{BlockHash, HashSeed, block_hashes};
@@ -21,6 +22,10 @@ pub struct Analysis {
     pub ttft_target_s: Option<f64>,
     /// The session the client named (an affinity hint), if any.
     pub session: Option<SessionKey>,
+    /// The request's tenant and its stance in placement isolation (`isolation`), if the
+    /// caller knows them: its tenant is counted on the chosen worker, and its candidates
+    /// narrowed as its stance says.
+    pub standing: Option<Standing>,
     /// The engine will not read its prefix cache for this request (prompt logprobs): no reuse
     /// is predicted anywhere, not even from a hint.
     pub no_reuse: bool,
@@ -78,6 +83,7 @@ impl Analysis {
             at: now,
             ttft_target_s: None,
             session: None,
+            standing: None,
             no_reuse: false,
         }
     }

@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use super::admitted::Admitted;
 use super::analysis::Analysis;
+use super::isolation::Confined;
 use super::target::Target;
-use crate::fleet::{Side, WorkerId};
+use crate::fleet::{Occupants, Side, WorkerId};
 use crate::index::{Holdings, ReuseCurve, SessionHome};
 use crate::policy::{Candidate, Policy, RouteDecision, WorkingSet};
 use crate::tokens::HashSeed;
@@ -38,6 +39,19 @@ pub struct Choice<'t, T> {
     pub weighed: Vec<&'t T>,
     /// Their candidate entries, in the same order.
     pub candidates: Vec<Candidate>,
+    /// The isolation rule that narrowed the candidates, if one did.
+    pub confined: Option<Confined>,
+}
+
+/// The candidates of one decision, as isolation left them ([`Decider::weigh`]).
+#[derive(Debug)]
+pub struct Weighed<'t, T> {
+    /// Their targets.
+    pub picked: Vec<&'t T>,
+    /// Their candidate entries, in the same order.
+    pub candidates: Vec<Candidate>,
+    /// The isolation rule that narrowed them, if one did.
+    pub confined: Option<Confined>,
 }
 
 impl<T> Choice<'_, T> {
@@ -177,18 +191,56 @@ impl Decider {
         }
     }
 
-    /// The policy's choice among the routable `targets` serving `side` (all for `None`),
-    /// without taking anything (what `/debug/route` shows, see `routing::explain`).
+    /// The candidates a decision weighs: [`Self::candidates_on`], narrowed by placement
+    /// isolation when the request's tenant has a stance (`routing::isolation`).
+    pub fn weigh<'t, T: Target>(
+        &self,
+        analysis: &Analysis,
+        targets: &'t [T],
+        skip: &[WorkerId],
+        side: Option<Side>,
+    ) -> Weighed<'t, T> {
+        let (picked, candidates) = self.candidates_on(analysis, targets, skip, side);
+        let narrowed = analysis.standing.as_ref().and_then(|standing| {
+            let occupants: Vec<Occupants> = picked
+                .iter()
+                .map(|t| t.load().tenancy().occupants())
+                .collect();
+            super::isolation::confine(standing, &occupants)
+        });
+        let Some((confined, allowed)) = narrowed else {
+            return Weighed {
+                picked,
+                candidates,
+                confined: None,
+            };
+        };
+        let keep = |i: &usize| allowed.binary_search(i).is_ok();
+        Weighed {
+            picked: (0..picked.len()).filter(keep).map(|i| picked[i]).collect(),
+            candidates: candidates
+                .into_iter()
+                .enumerate()
+                .filter(|(i, _)| keep(i))
+                .map(|(_, c)| c)
+                .collect(),
+            confined: Some(confined),
+        }
+    }
+
+    /// The policy's choice among the routable `targets` serving `side` (all for `None`), as
+    /// narrowed by isolation ([`Self::weigh`]), without taking anything (what `/debug/route`
+    /// shows, see `routing::explain`).
     pub fn explain<'t, T: Target>(
         &self,
         analysis: &Analysis,
         targets: &'t [T],
         side: Option<Side>,
-    ) -> (Vec<&'t T>, Vec<Candidate>, Option<RouteDecision>) {
-        let (picked, candidates) = self.candidates_on(analysis, targets, &[], side);
-        let decision = self.policy.choose(&analysis.request, &candidates);
+    ) -> (Weighed<'t, T>, Option<RouteDecision>) {
+        let weighed = self.weigh(analysis, targets, &[], side);
+        let decision = self.policy.choose(&analysis.request, &weighed.candidates);
         let decision = decision.map(|d| slo_preferred(d, analysis));
-        (picked, candidates, decision)
+        (weighed, decision)
     }
 
     /// Chooses a target not in `skip` that grants a request; a target whose circuit refuses
@@ -213,7 +265,11 @@ impl Decider {
         side: Option<Side>,
     ) -> Option<Choice<'t, T>> {
         loop {
-            let (picked, candidates) = self.candidates_on(analysis, targets, skip, side);
+            let Weighed {
+                picked,
+                candidates,
+                confined,
+            } = self.weigh(analysis, targets, skip, side);
             let decision = self.policy.choose(&analysis.request, &candidates)?;
             let decision = slo_preferred(decision, analysis);
             let target = *picked.get(decision.chosen)?;
@@ -223,6 +279,7 @@ impl Decider {
                     decision,
                     weighed: picked,
                     candidates,
+                    confined,
                 });
             }
             skip.push(target.worker());
@@ -264,12 +321,15 @@ impl Decider {
             now,
             choice.target.kv_blocks().map(|b| b as u64),
         );
-        let guard = choice.target.load().admit_holding(
+        let mut guard = choice.target.load().admit_holding(
             analysis.request.prompt_tokens,
             uncached,
             &analysis.hashes,
             analysis.request.block_size,
         );
+        if let Some(standing) = &analysis.standing {
+            guard.occupy(&standing.tenant);
+        }
         Admitted::new(
             worker,
             guard,

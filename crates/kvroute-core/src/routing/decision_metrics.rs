@@ -1,11 +1,14 @@
 //! What a [`super::Session`] reports of its decisions: the policy's scoring time, the first
-//! decision's total, and how much of the prompt the chosen target holds.
+//! decision's total, how much of the prompt the chosen target holds, and the decisions placement
+//! isolation narrowed.
 //!
 //! A trait, not the router's Prometheus registry, so the decision core stays free of any
 //! exporter: the router implements it on its `Metrics`; the simulator and tests may pass `()`.
 
 use std::sync::Arc;
 use std::time::Duration;
+
+use super::isolation::Confined;
 
 /// Where a session's decision figures go.
 pub trait DecisionMetrics: Sync {
@@ -15,6 +18,8 @@ pub trait DecisionMetrics: Sync {
     fn decided(&self, policy: &'static str, took: Duration);
     /// A prompt of `queried` blocks went to `target`, which held `hit` of them.
     fn prefix(&self, target: &str, queried: u32, hit: u32);
+    /// Placement isolation narrowed a decision's candidates by `rule`.
+    fn confined(&self, rule: Confined);
 }
 
 /// Figures nobody reads.
@@ -22,6 +27,7 @@ impl DecisionMetrics for () {
     fn scored(&self, _: &'static str, _: Duration) {}
     fn decided(&self, _: &'static str, _: Duration) {}
     fn prefix(&self, _: &str, _: u32, _: u32) {}
+    fn confined(&self, _: Confined) {}
 }
 
 /// A shared sink reports into what it shares.
@@ -34,5 +40,8 @@ impl<M: DecisionMetrics + Send> DecisionMetrics for Arc<M> {
     }
     fn prefix(&self, target: &str, queried: u32, hit: u32) {
         M::prefix(self, target, queried, hit);
+    }
+    fn confined(&self, rule: Confined) {
+        M::confined(self, rule);
     }
 }

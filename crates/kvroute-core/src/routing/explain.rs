@@ -5,6 +5,7 @@
 use super::analysis::Analysis;
 use super::decider::Decider;
 use super::error::RouteError;
+use super::isolation::Confined;
 use super::pair::{DecodeCandidate, DecodeDecision, Plan};
 use super::target::Target;
 use crate::fleet::Side;
@@ -20,6 +21,9 @@ pub struct Explanation<'t, T> {
     pub candidates: Vec<Candidate>,
     /// Its decision over them.
     pub decision: RouteDecision,
+    /// The placement isolation rule that narrowed the candidates, if one did
+    /// (`routing::isolation`).
+    pub confined: Option<Confined>,
     /// A pair's decode pick.
     pub decode: Option<DecodeExplanation<'t, T>>,
 }
@@ -61,7 +65,8 @@ impl Decider {
         plan: Plan,
     ) -> Result<Explanation<'t, T>, RouteError> {
         let side = (plan == Plan::Pair).then_some(Side::Prefill);
-        let (picked, candidates, decision) = self.explain(analysis, targets, side);
+        let (weighed, decision) = self.explain(analysis, targets, side);
+        let (picked, candidates, confined) = (weighed.picked, weighed.candidates, weighed.confined);
         let decision = decision
             .filter(|d| d.chosen < picked.len())
             .ok_or(RouteError::NoWorker)?;
@@ -86,6 +91,7 @@ impl Decider {
             targets: picked,
             candidates,
             decision,
+            confined,
             decode,
         })
     }

@@ -26,6 +26,12 @@
 //! live server, `/debug/route` ([`Decider::explain_plan`]) and the simulator ask these and
 //! keep no copy.
 //!
+//! Between candidates and decide, **placement isolation** ([`isolation`]) narrows the candidates
+//! of a tenant over its fair share to its share of the workers, and those of the other tenants
+//! to workers it does not occupy, as the request's [`Standing`] (set by the caller, who knows the
+//! tenants' shares) says; the chosen worker counts the request under its tenant
+//! ([`crate::fleet::Tenancy`]).
+//!
 //! Time is passed in (the index clock as a `Duration`), never read, so the simulator drives the
 //! same code in virtual time.
 
@@ -37,6 +43,7 @@ mod decode_session;
 mod eligibility;
 mod error;
 mod explain;
+pub mod isolation;
 mod pair;
 mod route_error;
 mod runners_up;
@@ -49,12 +56,13 @@ mod testing;
 
 pub use admitted::Admitted;
 pub use analysis::{Analysis, reusable_blocks};
-pub use decider::{Choice, Decider};
+pub use decider::{Choice, Decider, Weighed};
 pub use decision_metrics::DecisionMetrics;
 pub use decode_session::DecodeSession;
 pub use eligibility::{Eligible, Needs, eligible, shape};
 pub use error::RouteError;
 pub use explain::{DecodeExplanation, Explanation};
+pub use isolation::{Confined, Stance, Standing};
 pub use pair::{
     DecodeCandidate, DecodeChoice, DecodeDecision, MissingSide, Plan, choose_decode, plan,
     plan_roles,

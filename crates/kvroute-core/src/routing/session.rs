@@ -159,6 +159,9 @@ impl<'d> Session<'d> {
             .choose_on(&self.analysis, &self.eligible, &mut skip, self.side);
         self.metrics.scored(policy, scoring.elapsed());
         let choice = choice?;
+        if let Some(rule) = choice.confined {
+            self.metrics.confined(rule);
+        }
         if std::mem::take(&mut self.first) {
             self.metrics.decided(policy, self.started.elapsed());
         }
