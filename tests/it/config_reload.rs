@@ -8,16 +8,8 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 
 use crate::support::*;
-
-fn sha256_hex(s: &str) -> String {
-    Sha256::digest(s.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
 
 /// The router's config: `tenants` (name, key), the admin key, and the workers `(id, url)`.
 fn config(tenants: &[(&str, &str)], workers: &[(&str, String)], extra: &str) -> String {
@@ -25,10 +17,13 @@ fn config(tenants: &[(&str, &str)], workers: &[(&str, String)], extra: &str) -> 
     for (name, key) in tenants {
         text += &format!(
             "[[tenants]]\nname = \"{name}\"\napi_key_sha256 = \"{}\"\n",
-            sha256_hex(key)
+            crate::support::sha256_hex(key)
         );
     }
-    text += &format!("[admin]\napi_key_sha256 = \"{}\"\n", sha256_hex("k-admin"));
+    text += &format!(
+        "[admin]\napi_key_sha256 = \"{}\"\n",
+        crate::support::sha256_hex("k-admin")
+    );
     for (id, url) in workers {
         text += &format!("[[workers]]\nid = \"{id}\"\nurl = \"{url}\"\nmodels = [\"m\"]\n");
     }
@@ -110,7 +105,7 @@ async fn sighup_applies_keys_and_workers_without_dropping_a_stream_and_refuses_a
     let (router, file) = RouterProcess::start(&v1).await;
     let addr = router.addr;
     let first = metrics_text(addr).await;
-    let sha_v1 = sha256_hex(&format!("listen = \"{addr}\"\n{v1}"));
+    let sha_v1 = crate::support::sha256_hex(&format!("listen = \"{addr}\"\n{v1}"));
     assert_eq!(
         metric(
             &first,
@@ -155,7 +150,7 @@ async fn sighup_applies_keys_and_workers_without_dropping_a_stream_and_refuses_a
     // A scrape is not one snapshot: the registry gathers metric families in no fixed order, so
     // one scrape may see the reload counted and the digest not yet replaced. Each series the
     // reload sets is waited for on its own.
-    let sha_v2 = sha256_hex(&format!("listen = \"{addr}\"\n{v2}"));
+    let sha_v2 = crate::support::sha256_hex(&format!("listen = \"{addr}\"\n{v2}"));
     let text = wait_metric(
         addr,
         &format!("kvroute_config_info{{sha256=\"{sha_v2}\"}}"),

@@ -10,19 +10,11 @@ use std::time::Duration;
 
 use kvroute::server::RouterHandle;
 use serde_json::json;
-use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 
 use crate::support::{self, SimEngine};
 
 const MODEL: &str = "sim";
-
-fn digest(key: &str) -> String {
-    Sha256::digest(key.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
 
 /// A router over `engines` with 8 slots, 2 of them a fair reserve, isolation on (a tenant
 /// stays active for a minute after its last request), tenants `a` and `b`.
@@ -34,10 +26,13 @@ async fn router(engines: &[SimEngine]) -> RouterHandle {
     for name in ["a", "b"] {
         text += &format!(
             "[[tenants]]\nname = \"{name}\"\napi_key_sha256 = \"{}\"\n",
-            digest(&format!("key-{name}"))
+            crate::support::sha256_hex(&format!("key-{name}"))
         );
     }
-    text += &format!("[admin]\napi_key_sha256 = \"{}\"\n", digest("key-admin"));
+    text += &format!(
+        "[admin]\napi_key_sha256 = \"{}\"\n",
+        crate::support::sha256_hex("key-admin")
+    );
     let config = SimEngine::config_over(&text, engines, MODEL);
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     kvroute::server::start(&config, listener).expect("router")

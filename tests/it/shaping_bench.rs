@@ -11,20 +11,12 @@ use std::time::{Duration, Instant};
 
 use kvroute::server::RouterHandle;
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 
 use crate::support::SimEngine;
 
 const MODEL: &str = "sim";
 const SLOTS: usize = 8;
-
-fn digest(key: &str) -> String {
-    Sha256::digest(key.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
 
 async fn engines() -> Vec<SimEngine> {
     let mut engines = Vec::new();
@@ -50,7 +42,7 @@ async fn start(engines: &[SimEngine], reserve: usize, isolate: bool) -> RouterHa
     ] {
         text += &format!(
             "[[tenants]]\nname = \"{name}\"\napi_key_sha256 = \"{}\"\n{extra}\n",
-            digest(&format!("key-{name}"))
+            crate::support::sha256_hex(&format!("key-{name}"))
         );
     }
     let config = SimEngine::config_over(&text, engines, MODEL);

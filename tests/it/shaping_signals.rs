@@ -10,19 +10,11 @@ use std::time::{Duration, Instant};
 use kvroute::config::Config;
 use kvroute::server::RouterHandle;
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 
 use crate::support::{self, SimEngine};
 
 const MODEL: &str = "sim";
-
-fn digest(key: &str) -> String {
-    Sha256::digest(key.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
 
 /// A `kv_aware` router over `engine` (as worker `id`), models at block size 16, with `extra`.
 fn router(id: &str, engine: &SimEngine, extra: &str) -> RouterHandle {
@@ -82,9 +74,9 @@ async fn ttft_targets_steer_refuse_sheddable_requests_and_are_counted() {
         "[[tenants]]\nname = \"a\"\napi_key_sha256 = \"{}\"\n\
          [[tenants]]\nname = \"s\"\napi_key_sha256 = \"{}\"\nsheddable = true\n\
          [[tenants]]\nname = \"slow\"\napi_key_sha256 = \"{}\"\nttft_target_ms = 0.001\nsheddable = true\n",
-        digest("key-a"),
-        digest("key-s"),
-        digest("key-slow"),
+        crate::support::sha256_hex("key-a"),
+        crate::support::sha256_hex("key-s"),
+        crate::support::sha256_hex("key-slow"),
     );
     let r = router("e0", &engine, &tenants);
     let impossible = [("x-kvroute-ttft-target-ms", "0.001")];
@@ -128,8 +120,8 @@ async fn a_models_target_sits_between_the_header_and_the_tenants() {
     let tenants = format!(
         "[[tenants]]\nname = \"s\"\napi_key_sha256 = \"{}\"\nsheddable = true\nttft_target_ms = 60000\n\
          [[tenants]]\nname = \"a\"\napi_key_sha256 = \"{}\"\n",
-        digest("key-s"),
-        digest("key-a"),
+        crate::support::sha256_hex("key-s"),
+        crate::support::sha256_hex("key-a"),
     );
     let r = router_with_model("e0", &engine, &tenants, "ttft_target_ms = 0.001");
     // The model's impossible target wins over the tenant's easy one: refused.

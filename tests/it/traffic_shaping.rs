@@ -12,7 +12,6 @@ use kvroute::config::Config;
 use kvroute::fleet::{BaseUrl, WorkerSpec};
 use kvroute::server::RouterHandle;
 use serde_json::json;
-use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 
 use crate::support::{self, SimEngine};
@@ -25,17 +24,10 @@ struct Shaped {
     http: reqwest::Client,
 }
 
-fn digest(key: &str) -> String {
-    Sha256::digest(key.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
 fn tenant(name: &str, extra: &str) -> String {
     format!(
         "[[tenants]]\nname = \"{name}\"\napi_key_sha256 = \"{}\"\n{extra}\n",
-        digest(&format!("key-{name}"))
+        crate::support::sha256_hex(&format!("key-{name}"))
     )
 }
 

@@ -48,6 +48,15 @@ pub fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
 
+/// The lowercase hex SHA-256 of `s`: how the config names an API key (`api_key_sha256`).
+pub fn sha256_hex(s: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(s.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// A port that was free a moment ago (for processes and sockets that must be told their port).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use kvroute::config::Config;
 use kvroute::server::RouterHandle;
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 
 use super::real_engine::EngineProc;
@@ -65,19 +64,15 @@ pub fn router_config(
         for (name, key) in tenants {
             text += &format!(
                 "[[tenants]]\nname = \"{name}\"\napi_key_sha256 = \"{}\"\n",
-                sha256_hex(key)
+                super::sha256_hex(key)
             );
         }
-        text += &format!("[admin]\napi_key_sha256 = \"{}\"\n", sha256_hex(ADMIN_KEY));
+        text += &format!(
+            "[admin]\napi_key_sha256 = \"{}\"\n",
+            super::sha256_hex(ADMIN_KEY)
+        );
     }
     Config::from_toml(&text, Path::new("real_engines")).expect("router config")
-}
-
-fn sha256_hex(s: &str) -> String {
-    Sha256::digest(s.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
 
 /// What one request got, against what the router predicted for it.
