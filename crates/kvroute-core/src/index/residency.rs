@@ -18,12 +18,6 @@
 //! granularity, in bins of doubling ages). Unique traffic resolves to 0 everywhere (nothing is
 //! ever priced); agent sessions to nearly 1 for think-time ages, falling past them.
 //!
-//! One kind of dead weight is known for certain: when a session's blocks are written on
-//! another worker, the copy it left behind will not be asked for where it is. Such copies are
-//! *abandoned* ([`Residency::touch`]): they keep their place in the eviction order (the engine
-//! does not know) but cost nothing to evict, and their idle periods count neither as a return
-//! nor as an expiry.
-//!
 //! Evicting by that price is what a single least-recently-used cache over the whole fleet
 //! does: it drops the globally oldest blocks. A fleet of separate caches can only approach it
 //! by placing new blocks where the victims are the least likely to return. Time is passed in,
