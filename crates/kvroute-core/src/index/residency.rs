@@ -106,15 +106,7 @@ struct Batch {
     at: Duration,
     /// Its blocks not touched again since (they moved to a later batch).
     valid: u64,
-    /// Of those, the blocks written since on another worker: the session moved, and this copy
-    /// stays in the engine's cache, in its place in the eviction order, until evicted, but
-    /// nothing will ask for it here ([`Residency::touch`]).
-    abandoned: u64,
 }
-
-/// The flag on a followed block's entry saying it was abandoned (written on another worker
-/// since it was last touched here).
-const ABANDONED: u64 = 1 << 63;
 
 /// One worker's followed blocks, oldest batch first.
 #[derive(Default)]
@@ -131,26 +123,8 @@ struct WorkerSet {
 
 impl WorkerSet {
     fn batch(&self, block: &BlockHash) -> Option<u64> {
-        self.entry(block).map(|(seq, _)| seq)
-    }
-
-    /// The batch that last touched `block`, and whether the copy was abandoned since.
-    fn entry(&self, block: &BlockHash) -> Option<(u64, bool)> {
-        let v = self.batch_of.get(block.0)?;
-        let seq = (v & !ABANDONED).checked_sub(1)?;
-        (seq >= self.base).then_some((seq, v & ABANDONED != 0))
-    }
-
-    /// Marks the followed copies of `blocks` abandoned: they were just written on another
-    /// worker. Their idle periods here end censored (neither a return nor an expiry).
-    fn abandon(&mut self, blocks: &[BlockHash]) {
-        for b in blocks {
-            let Some((seq, false)) = self.entry(b) else {
-                continue;
-            };
-            self.batches[(seq - self.base) as usize].abandoned += 1;
-            self.batch_of.insert(b.0, (seq + 1) | ABANDONED);
-        }
+        let seq = self.batch_of.get(block.0)?.checked_sub(1)?;
+        (seq >= self.base).then_some(seq)
     }
 
     /// Forgets batches touched before `cutoff` (their blocks' idle periods reached the
@@ -162,7 +136,7 @@ impl WorkerSet {
                 break;
             }
             if old {
-                curve.expired += (front.valid - front.abandoned) as f64;
+                curve.expired += front.valid as f64;
             }
             self.live -= front.valid;
             self.batches.pop_front();
@@ -172,42 +146,26 @@ impl WorkerSet {
         if self.batch_of.len() as u64 > 2 * self.live + 4096 {
             let base = self.base;
             let mut kept = Table::with_capacity(self.live as usize);
-            for (k, v) in self.batch_of.iter().filter(|&(_, v)| v & !ABANDONED > base) {
+            for (k, v) in self.batch_of.iter().filter(|&(_, v)| v > base) {
                 kept.insert(k, v);
             }
             self.batch_of = kept;
         }
     }
 
-    /// Touches `blocks` as one new batch; the blocks it had not followed are added to
-    /// `written`.
-    fn touch(
-        &mut self,
-        blocks: &[BlockHash],
-        now: Duration,
-        curve: &mut ReuseCurve,
-        written: &mut Vec<BlockHash>,
-    ) {
+    fn touch(&mut self, blocks: &[BlockHash], now: Duration, curve: &mut ReuseCurve) {
         let seq = self.base + self.batches.len() as u64;
-        self.batches.push_back(Batch {
-            at: now,
-            valid: 0,
-            abandoned: 0,
-        });
+        self.batches.push_back(Batch { at: now, valid: 0 });
         for b in blocks {
-            match self.entry(b) {
-                Some((prev, _)) if prev == seq => continue,
-                Some((prev, abandoned)) => {
+            match self.batch(b) {
+                Some(prev) if prev == seq => continue,
+                Some(prev) => {
                     let from = &mut self.batches[(prev - self.base) as usize];
                     from.valid -= 1;
-                    from.abandoned -= u64::from(abandoned);
                     let gap = now.saturating_sub(from.at).as_secs_f64();
                     curve.returned[bin(gap)] += 1.0;
                 }
-                None => {
-                    self.live += 1;
-                    written.push(*b);
-                }
+                None => self.live += 1,
             }
             self.batch_of.insert(b.0, seq + 1);
             if let Some(last) = self.batches.back_mut() {
@@ -240,20 +198,13 @@ impl WorkerSet {
         let mut returning = 0.0;
         for (i, b) in self.batches.iter().enumerate() {
             let mut n = b.valid - own_in.get(&(self.base + i as u64)).copied().unwrap_or(0);
-            // An abandoned copy holds its place in the eviction order but never returns here;
-            // which of a batch's blocks go first is unknown, so they are priced pro rata.
-            let live_share = if n == 0 {
-                0.0
-            } else {
-                n.saturating_sub(b.abandoned) as f64 / n as f64
-            };
             let skipped = n.min(gone);
             gone -= skipped;
             n -= skipped;
             let taken = n.min(victims);
             if taken > 0 {
                 let age = now.saturating_sub(b.at).as_secs_f64();
-                returning += taken as f64 * live_share * curve.returning(age);
+                returning += taken as f64 * curve.returning(age);
                 victims -= taken;
             }
             if victims == 0 {
@@ -341,11 +292,6 @@ impl Residency {
     /// now the worker's most recently used blocks. A worker whose KV cache holds
     /// `capacity_blocks` is followed for at most twice that (the oldest beyond its capacity are
     /// gone from the engine anyway), so memory follows the fleet's caches, not the traffic.
-    ///
-    /// The blocks written here that other workers follow are abandoned there: the session
-    /// moved, and its old copies are dead weight that evicting costs nothing, though they keep
-    /// their place in the engine's eviction order (a shared prefix one of those workers
-    /// still serves comes back to life with its next touch there).
     pub fn touch(
         &self,
         worker: WorkerId,
@@ -362,32 +308,13 @@ impl Residency {
         });
         let set = self.set_or_insert(worker);
         let mut evidence = ReuseCurve::default();
-        let mut written = Vec::new();
         {
             let mut s = lock(&set);
             s.expire(cutoff, u64::MAX, &mut evidence);
-            s.touch(blocks, now, &mut evidence, &mut written);
+            s.touch(blocks, now, &mut evidence);
             s.expire(cutoff, max, &mut evidence);
         }
         self.record(&evidence);
-        if !written.is_empty() {
-            self.abandon_elsewhere(worker, &written);
-        }
-    }
-
-    /// Marks `written` (just written on `worker`) abandoned on every other worker.
-    fn abandon_elsewhere(&self, worker: WorkerId, written: &[BlockHash]) {
-        let others: Vec<_> = self
-            .workers
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .filter(|&(w, _)| *w != worker)
-            .map(|(_, s)| Arc::clone(s))
-            .collect();
-        for set in others {
-            lock(&set).abandon(written);
-        }
     }
 
     /// Runs `f` on `worker`'s set once its expired batches are forgotten at `now` (`None`

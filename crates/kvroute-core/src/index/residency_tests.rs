@@ -144,33 +144,3 @@ fn a_worker_is_followed_for_twice_its_capacity() {
     r.touch(WorkerId(1), &blocks(0..1_000), s(0), None);
     assert_eq!(r.live_blocks(WorkerId(1), s(1)), 1_000);
 }
-
-/// A session written on another worker leaves its old copy behind: still in the old worker's
-/// eviction order, free to evict, and not counted as an expiry when it ages out.
-#[test]
-fn copies_left_behind_by_a_move_are_free_to_evict() {
-    let r = residency(100, 10_000);
-    let (a, b) = (WorkerId(0), WorkerId(1));
-    let mut always = ReuseCurve::default();
-    always.returned[BINS - 1] = 1.0;
-    r.touch(a, &blocks(0..40), s(0), None);
-    assert_eq!(r.returning_evictions(a, 40, 20, &[], s(5), &always), 20.0);
-    // The session moves to b: its 40 blocks are written there.
-    r.touch(b, &blocks(0..40), s(10), None);
-    assert_eq!(r.live_blocks(a, s(10)), 40, "the copy still takes a's room");
-    assert_eq!(r.returning_evictions(a, 40, 20, &[], s(10), &always), 0.0);
-    // b's copy is the live one.
-    assert_eq!(r.returning_evictions(b, 40, 20, &[], s(10), &always), 20.0);
-    // A prefix a serves again comes back to life there (and only its blocks).
-    r.touch(a, &blocks(0..10), s(20), None);
-    assert_eq!(r.returning_evictions(a, 40, 40, &[], s(20), &always), 10.0);
-    // Reused on b, not written: nothing is abandoned on a.
-    r.touch(b, &blocks(0..10), s(30), None);
-    assert_eq!(r.returning_evictions(a, 40, 40, &[], s(30), &always), 10.0);
-    // Everything ages out: a's 30 abandoned copies are neither returns nor expiries.
-    r.live_blocks(a, s(1_000));
-    r.live_blocks(b, s(1_000));
-    let c = r.curve();
-    // Returns: a's 10 (after 20 s), b's 10 (after 20 s); expiries: a's 10, b's 40.
-    assert!((c.returning(0.0) - 20.0 / 70.0).abs() < 1e-9, "{c:?}");
-}
