@@ -6,6 +6,7 @@
 //! hand-over of a freed slot to the next waiter (the slot never goes back to a pool in
 //! between, so no newcomer can overtake the queue).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -94,6 +95,9 @@ pub(super) struct Gate {
     origin: Instant,
     bands: Vec<String>,
     metrics: ShapingMetrics,
+    /// `State::isolation.enabled`, readable without the lock: every request asks for its
+    /// standing, and with isolation off (the default) the answer must not cost the gate's lock.
+    isolating: AtomicBool,
 }
 
 impl std::fmt::Debug for Gate {
@@ -167,6 +171,7 @@ impl Gate {
             origin: Instant::now(),
             bands: priorities.bands.clone(),
             metrics,
+            isolating: AtomicBool::new(false),
         })
     }
 
@@ -190,12 +195,17 @@ impl Gate {
 
     /// New placement isolation settings, from the next decision on.
     pub(super) fn set_isolation(&self, isolation: Isolation) {
-        self.lock().isolation = isolation;
+        let mut st = self.lock();
+        st.isolation = isolation;
+        self.isolating.store(isolation.enabled, Ordering::Relaxed);
     }
 
     /// Where `flow` (of `weight`) stands for placement isolation (`shaping::isolation`);
     /// `None` while isolation is off.
     pub(super) fn standing(&self, flow: &Arc<str>, weight: u32) -> Option<Standing> {
+        if !self.isolating.load(Ordering::Relaxed) {
+            return None;
+        }
         let st = self.lock();
         if !st.isolation.enabled {
             return None;
