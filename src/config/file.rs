@@ -192,6 +192,7 @@ pub(super) struct FileKvAware {
     pub(super) temperature: Option<f64>,
     pub(super) decode_weight: Option<f64>,
     pub(super) eviction_weight: Option<f64>,
+    pub(super) saturation_weight: Option<f64>,
     /// `[kv_aware.tiers]`.
     #[serde(default)]
     pub(super) tiers: super::tier_cost::FileTierCost,

@@ -58,6 +58,11 @@ pub(super) fn kv_aware(file: &FileKvAware) -> Result<KvAwareConfig, ConfigError>
             file.eviction_weight,
             d.eviction_weight,
         )?,
+        saturation_weight: non_negative(
+            "kv_aware.saturation_weight",
+            file.saturation_weight,
+            d.saturation_weight,
+        )?,
         tiers: super::tier_cost::tier_cost(&file.tiers)?,
     };
     if !(0.9..=1.0).contains(&kv_aware.forgetting) {

@@ -135,6 +135,10 @@ pub struct SimulateArgs {
     /// sessions' live blocks (the live router's `kv_aware.eviction_weight`; 0 ignores it).
     #[arg(long, value_name = "WEIGHT")]
     pub kv_aware_eviction_weight: Option<f64>,
+    /// kv_aware: weight of the work a placement adds when every worker has at least twice the
+    /// prompt queued (the live router's `kv_aware.saturation_weight`; 0 ignores it).
+    #[arg(long, value_name = "WEIGHT")]
+    pub kv_aware_saturation_weight: Option<f64>,
     /// kv_aware: sample the choice with weights `exp(−Δcost / (temperature × best))` instead of
     /// always taking the minimum (the live router's `kv_aware.temperature`; default 0).
     #[arg(long, value_name = "T")]
@@ -275,6 +279,9 @@ impl SimulateArgs {
         }
         if let Some(w) = self.kv_aware_eviction_weight {
             kv_aware.eviction_weight = w;
+        }
+        if let Some(w) = self.kv_aware_saturation_weight {
+            kv_aware.saturation_weight = w;
         }
         self.tiers
             .apply_policy(&mut kv_aware, &self.core.engine_config(self.seed));

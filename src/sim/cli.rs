@@ -73,6 +73,9 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         if args.kv_aware_eviction_weight.is_some() {
             a.kv_aware_eviction_weight = args.kv_aware_eviction_weight;
         }
+        if args.kv_aware_saturation_weight.is_some() {
+            a.kv_aware_saturation_weight = args.kv_aware_saturation_weight;
+        }
         a.kv_aware_no_calibrate |= args.kv_aware_no_calibrate;
         let out: Option<PathBuf> = match &args.out {
             Some(dir) if many => Some(dir.join(&s.name)),

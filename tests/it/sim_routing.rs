@@ -282,3 +282,57 @@ fn a_burst_of_short_unique_requests_splits_evenly_in_virtual_time() {
         );
     }
 }
+
+/// 24 groups of 16 requests, each group sharing a 4,096-token prefix (plus 128 tokens of
+/// its own) and arriving at one instant, a group every `gap_s` seconds, on the default four
+/// workers: the mean number of workers a group's requests land on.
+fn workers_per_sibling_group(gap_s: f64) -> f64 {
+    use kvroute::workload::{Trace, TraceRequest};
+    let mut next = 0u64;
+    let mut ids = |n: u64| -> Vec<u64> {
+        next += n;
+        (next - n..next).collect()
+    };
+    let mut requests = Vec::new();
+    for g in 0..24 {
+        let shared = ids(64);
+        for _ in 0..16 {
+            let mut hash_ids = shared.clone();
+            hash_ids.extend(ids(2));
+            requests.push(TraceRequest {
+                arrival_s: g as f64 * gap_s,
+                input_tokens: 66 * 64,
+                output_tokens: 16,
+                hash_ids,
+                block_tokens: 64,
+                session: None,
+            });
+        }
+    }
+    let trace = Trace { requests };
+    let run = Simulation::new(&trace, &SimConfig::default(), PolicyKind::KvAware)
+        .unwrap()
+        .run();
+    let groups: Vec<usize> = run
+        .records
+        .chunks(16)
+        .map(|group| {
+            let on: std::collections::BTreeSet<_> = group.iter().map(|r| r.worker).collect();
+            on.len()
+        })
+        .collect();
+    groups.iter().sum::<usize>() as f64 / groups.len() as f64
+}
+
+#[test]
+fn siblings_spread_with_room_and_co_locate_when_the_fleet_is_saturated() {
+    // A group a second: each group is done before the next; its first requests spread (two
+    // started together on one engine both compute the prefix).
+    let room = workers_per_sibling_group(1.0);
+    assert_eq!(room, 4.0);
+    // A group every 62.5 ms, more than the four workers prefill: every queue holds several
+    // prompts, and a group's requests join the workers computing its prefix (4 each when
+    // the saturation term is taken out).
+    let saturated = workers_per_sibling_group(0.0625);
+    assert!(saturated <= 2.5, "{saturated} workers per group");
+}

@@ -40,6 +40,13 @@
 //! agentic trace × 8 (docs/benchmarks.md, "Routing under pressure") TTFT p90 fell from 1,073 to
 //! 924 ms; the conversation trace and the scenario suite are unchanged within noise.
 //!
+//! A saturated fleet ([`super::saturation`]: every worker has at least twice the prompt queued
+//! for prefill) changes two things. The prefix a request in flight on a worker is computing
+//! counts as cached there (the request starts after it is written), and the work a placement
+//! adds is counted a second time, `saturation_weight × (prompt − held) / prefill_rate`: every
+//! later request waits for it too. Siblings that arrive together then co-locate where the
+//! first computes their prefix, where below saturation they spread, which costs nothing.
+//!
 //! Costs within [`TIE_TOLERANCE`] of the best (at most [`TIE_CAP_S`]) are ties (exact ties only on
 //! a partial view, where per-worker fits decide and their differences are signal): the model
 //! cannot tell them apart (on an idle fleet every prediction is the overhead, and a millisecond
@@ -61,6 +68,7 @@ use rand::{Rng, SeedableRng};
 use super::calibration::Rates;
 use super::fleet_calibration::FleetCalibration;
 use super::kv_room::{Residence, Room};
+use super::saturation;
 use super::tier_cost::{TierCostConfig, TierPricing};
 use super::{Candidate, Observation, Policy, RouteDecision, RouteRequest};
 use crate::fleet::WorkerId;
@@ -87,6 +95,9 @@ pub struct KvAwareConfig {
     /// that writing this prompt evicts, times the measured chance they come back, priced at
     /// the prefill rate (0: the decision ignores what it evicts).
     pub eviction_weight: f64,
+    /// Weight of the work a placement adds to a saturated fleet ([`super::saturation`]),
+    /// counted again for the requests queued behind it (0: own latency only, at any load).
+    pub saturation_weight: f64,
     /// What blocks in host memory and on disk are worth ([`super::tier_cost`]).
     pub tiers: TierCostConfig,
 }
@@ -112,6 +123,7 @@ impl Default for KvAwareConfig {
             temperature: 0.0,
             decode_weight: 0.25,
             eviction_weight: 1.0,
+            saturation_weight: 1.0,
             tiers: TierCostConfig::default(),
         }
     }
@@ -188,8 +200,18 @@ impl KvAware {
         rates: &Rates,
         quote: &super::TierQuote,
         residence_s: f64,
+        saturated: bool,
     ) -> (f64, f64) {
-        let uncached = request.prompt_tokens.saturating_sub(quote.cached_tokens) as f64;
+        // Saturated, the prefix a request in flight there computes is written before this
+        // one starts: it is not computed twice.
+        let held = if saturated {
+            quote
+                .cached_tokens
+                .max(saturation::in_flight_prefix_tokens(request, c))
+        } else {
+            quote.cached_tokens
+        };
+        let uncached = request.prompt_tokens.saturating_sub(held) as f64;
         let tokens = c.load.queued_prefill_tokens as f64 + uncached;
         let decoding = c.load.decoding as f64;
         // A load from host memory or disk delays this request only (it runs beside others).
@@ -199,8 +221,16 @@ impl KvAware {
         let stall = uncached * rates.seconds_per_token + rates.overhead_s;
         let recompute =
             c.cache.returning_evictions * f64::from(request.block_size) * rates.seconds_per_token;
-        let cost =
-            ttft + config.decode_weight * decoding * stall + config.eviction_weight * recompute;
+        // Saturated, every second of work added here is a second the requests behind it wait.
+        let added_work = if saturated {
+            config.saturation_weight * uncached * rates.seconds_per_token
+        } else {
+            0.0
+        };
+        let cost = ttft
+            + config.decode_weight * decoding * stall
+            + config.eviction_weight * recompute
+            + added_work;
         (ttft, cost)
     }
 }
@@ -228,6 +258,7 @@ impl Policy for KvAware {
             .map(|c| self.tiers.quote(&config.tiers, request, c, factors))
             .collect();
         let residence_s = super::lock(&self.residence).mean_s();
+        let saturated = saturation::saturated(request.prompt_tokens, candidates);
         let (predicted, cost): (Vec<f64>, Vec<f64>) = {
             let calibration = super::lock(&self.calibration);
             candidates
@@ -235,7 +266,7 @@ impl Policy for KvAware {
                 .zip(&quotes)
                 .map(|(c, quote)| {
                     let rates = calibration.rates_in_view(c.worker, partial);
-                    Self::predict(&config, request, c, &rates, quote, residence_s)
+                    Self::predict(&config, request, c, &rates, quote, residence_s, saturated)
                 })
                 .unzip()
         };

@@ -425,3 +425,50 @@ fn a_warm_worker_whose_running_requests_fill_its_cache_is_priced_by_the_wait() {
     }
     assert_eq!(p.choose(&req(80_000), &c).unwrap().chosen, 0);
 }
+
+/// Four workers; the first is computing a sibling's 4,096-token prefix (its booking queued),
+/// every worker has `base` prefill tokens of other work queued.
+fn siblings_fleet(base: u64) -> Vec<Candidate> {
+    let mut c = idle(4);
+    for w in &mut c {
+        w.load.queued_prefill_tokens = base;
+    }
+    c[0].load.queued_prefill_tokens += 4_224;
+    c[0].cache.running_prefix_blocks = 256; // 4,096 tokens at block size 16
+    c
+}
+
+#[test]
+fn a_sibling_spreads_below_saturation_and_joins_the_first_at_saturation() {
+    let p = policy();
+    // A fleet with room: the first sibling's queue is worth avoiding, its prefix is not
+    // written yet (a sibling started beside it would compute it again).
+    assert_ne!(p.choose(&req(4_224), &siblings_fleet(0)).unwrap().chosen, 0);
+    // Every worker has at least twice the prompt queued: the sibling starts after the prefix
+    // is written wherever it goes, and computing it again elsewhere is work every later
+    // request waits for.
+    let saturated = siblings_fleet(50_000);
+    let d = p.choose(&req(4_224), &saturated).unwrap();
+    assert_eq!(d.chosen, 0, "{:?}", d.cost);
+    // Its predicted TTFT there counts only the part the first one is not computing.
+    let p0 = d.predicted_ttft_s[0].unwrap();
+    let p1 = d.predicted_ttft_s[1].unwrap();
+    assert!((p0 - p1).abs() < 0.01, "{p0} against {p1}");
+}
+
+#[test]
+fn saturation_weight_zero_weighs_only_the_requests_own_latency() {
+    let p = KvAware::new(
+        KvAwareConfig {
+            calibrate: false,
+            saturation_weight: 0.0,
+            ..Default::default()
+        },
+        1,
+    );
+    // Equal predicted TTFTs everywhere: the tie goes to a worker with fewer in flight, not
+    // to the one computing the prefix.
+    let mut c = siblings_fleet(50_000);
+    c[0].load.in_flight = 1;
+    assert_ne!(p.choose(&req(4_224), &c).unwrap().chosen, 0);
+}

@@ -16,6 +16,7 @@ pub mod least_request;
 pub mod power_of_two;
 pub mod random;
 pub mod round_robin;
+pub mod saturation;
 pub mod tier_cost;
 
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -9,7 +9,7 @@ use super::isolation::Confined;
 use super::target::Target;
 use crate::fleet::{Occupants, Side, WorkerId};
 use crate::index::{Holdings, ReuseCurve, SessionHome};
-use crate::policy::{Candidate, Policy, RouteDecision, WorkingSet};
+use crate::policy::{Candidate, Policy, RouteDecision, WorkingSet, saturation};
 use crate::tokens::HashSeed;
 
 /// `decision` moved to a candidate predicted to meet the request's TTFT target, if it has one
@@ -296,9 +296,7 @@ impl Decider {
     ) -> Admitted {
         let c = choice.candidate();
         let worker = choice.target.worker();
-        // Blocks in host memory or on disk are loaded, not computed, whatever the policy
-        // credits them with: the worker's prefill queue grows by the rest only.
-        let uncached = analysis.uncached_tokens(c.overlap_blocks + c.lower_blocks.total());
+        let uncached = booked_uncached(analysis, c, &choice.candidates);
         let predicted_ttft = choice
             .decision
             .predicted_ttft_s
@@ -339,6 +337,20 @@ impl Decider {
             uncached,
             predicted_ttft,
         )
+    }
+}
+
+/// The prompt tokens `c`'s prefill queue grows by. Blocks in host memory or on disk are
+/// loaded, not computed, whatever the policy credits them with; on a saturated fleet
+/// (`policy::saturation`) the prefix a request in flight there is computing is written
+/// before this request starts, so it is not booked twice.
+fn booked_uncached(analysis: &Analysis, c: &Candidate, candidates: &[Candidate]) -> u64 {
+    let held = c.overlap_blocks + c.lower_blocks.total();
+    let in_flight = u32::try_from(c.cache.running_prefix_blocks).unwrap_or(u32::MAX);
+    if in_flight > held && saturation::saturated(analysis.request.prompt_tokens, candidates) {
+        analysis.uncached_tokens(in_flight)
+    } else {
+        analysis.uncached_tokens(held)
     }
 }
 

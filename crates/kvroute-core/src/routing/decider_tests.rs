@@ -124,3 +124,45 @@ fn an_event_publishing_home_gets_ties_but_no_invented_prefix() {
     let choice = d.choose(&analysis, &targets, &mut Vec::new()).unwrap();
     assert_eq!(choice.target.worker(), home);
 }
+
+/// Routes 16 requests sharing a 4,096-token prefix (plus 32 tokens of their own) at one
+/// instant, keeping them in flight; returns the workers they landed on and the prefill tokens
+/// booked for them.
+fn siblings(targets: &[T]) -> (usize, u64) {
+    let d = decider();
+    let queued = |targets: &[T]| -> u64 {
+        targets
+            .iter()
+            .map(|t| t.load.snapshot().queued_prefill_tokens)
+            .sum()
+    };
+    let before = queued(targets);
+    let mut held = Vec::new();
+    let mut on = std::collections::BTreeSet::new();
+    for k in 0..16u32 {
+        let mut prompt = ids(7, 4_096);
+        prompt.extend(ids(1_000 + k, 32));
+        on.insert(route(&d, targets, &prompt, None, 0, &mut held));
+    }
+    (on.len(), queued(targets) - before)
+}
+
+#[test]
+fn siblings_spread_with_room_and_co_locate_on_a_saturated_fleet() {
+    // Room everywhere: they spread (one started beside the first would compute the prefix
+    // again at the same time) and book the whole prompt, until every worker has two prompts
+    // queued: the eight after that start behind a written prefix and book 32 tokens each.
+    let (on, booked) = siblings(&fleet(4, true));
+    assert_eq!(on, 4);
+    assert_eq!(booked, 8 * 4_128 + 8 * 32);
+    // Every worker has far more than twice the prompt queued: they start after the first's
+    // prefix is written, so they join it and book their own 32 tokens only.
+    let targets = fleet(4, true);
+    let _queued: Vec<_> = targets
+        .iter()
+        .map(|t| t.load.admit(100_000, 100_000))
+        .collect();
+    let (on, booked) = siblings(&targets);
+    assert!(on <= 2, "on {on} workers");
+    assert!(booked < 3 * 4_128, "{booked} tokens booked");
+}
