@@ -326,8 +326,8 @@ fn workers_per_sibling_group(gap_s: f64) -> f64 {
 
 #[test]
 fn siblings_spread_with_room_and_co_locate_when_the_fleet_is_saturated() {
-    // A group a second: each group is done before the next; its first requests spread (two
-    // started together on one engine both compute the prefix).
+    // A group a second: each group is done before the next; its requests spread over idle
+    // workers (each computes the prefix, all at once, which finishes sooner).
     let room = workers_per_sibling_group(1.0);
     assert_eq!(room, 4.0);
     // A group every 62.5 ms, more than the four workers prefill: every queue holds several

@@ -45,7 +45,8 @@
 //! counts as cached there (the request starts after it is written), and the work a placement
 //! adds is counted a second time, `saturation_weight × (prompt − held) / prefill_rate`: every
 //! later request waits for it too. Siblings that arrive together then co-locate where the
-//! first computes their prefix, where below saturation they spread, which costs nothing.
+//! first computes their prefix; below saturation they spread over idle workers, which
+//! computes the prefix on each but finishes sooner.
 //!
 //! Costs within [`TIE_TOLERANCE`] of the best (at most [`TIE_CAP_S`]) are ties (exact ties only on
 //! a partial view, where per-worker fits decide and their differences are signal): the model

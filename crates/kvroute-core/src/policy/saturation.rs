@@ -1,27 +1,29 @@
 //! When the fleet is saturated for a request, and what a request in flight computes for it.
 //!
 //! Below saturation a request's own TTFT is the right thing to minimise: a worker that can
-//! start it now is worth more than the prefill a warmer but busier one would save, and two
-//! requests sharing a prefix that start together on one engine both compute it (vLLM's
-//! scheduler admits both into one step before either has written a block), so spreading
-//! siblings costs nothing in time. A saturated fleet is different on both counts:
+//! start it now is worth more than the prefill a warmer but busier one would save. Requests
+//! sharing a prefix that arrive together (a sibling group: the same system prompt, the same
+//! document, a fan-out of one agent) finish sooner spread over idle workers, each computing
+//! the prefix at once, than on one worker whose step then holds the prefix and every
+//! sibling's own part (113 ms against the SGLang router's 141 ms, which co-locates, for the
+//! groups of docs/benchmarks.md, "Saturation", in real time). A saturated fleet has no idle
+//! worker to spread onto:
 //!
 //! - **Every worker makes the request wait.** If every worker has at least
 //!   [`SATURATION_FACTOR`] times the request's prompt queued for prefill, whichever worker it
 //!   goes to starts it after steps full of other work. A prefix that a request in flight there
-//!   is computing (a sibling sent a moment earlier: the same system prompt, the same
-//!   document, a fan-out of one agent) is in that engine's cache by the time this request is
-//!   admitted, so only the rest is computed, and only the rest is booked as queued work.
+//!   is computing is in that engine's cache by the time this request is admitted, so only the
+//!   rest is computed, and only the rest is booked as queued work.
 //! - **Work is what every later request waits for.** The fleet runs flat out, so each second of
 //!   prefill a placement adds delays the requests queued behind it as much as it delays this
 //!   one. The cost then counts the work a placement adds a second time (weight
 //!   [`super::KvAwareConfig::saturation_weight`]), which is what makes siblings co-locate where
 //!   the first is computing their prefix instead of spreading and computing it once per worker.
 //!
-//! The factor 2 leaves one prompt's worth of margin: with only the request's own work queued
-//! ahead, the sibling's last chunk and this request can still share a step. The test is in
-//! tokens, not seconds, so it needs no fitted rate and reads the same in the router and in the
-//! decider's bookings (`routing::decider`).
+//! The factor 2 leaves one prompt's worth of margin (with a factor of 1, or with the in-flight
+//! prefix credited at any load, scenarios of the suite got worse: docs/benchmarks.md). The test
+//! is in tokens, not seconds, so it needs no fitted rate and reads the same in the router and
+//! in the decider's bookings (`routing::decider`).
 
 use super::{Candidate, RouteRequest};
 
