@@ -28,7 +28,7 @@ use super::session_hint::HintSource;
 use super::{AppState, read};
 use crate::fleet::WorkerRank;
 use crate::openai::{ApiError, Endpoint};
-use crate::policy::{Candidate, TierQuote};
+use crate::policy::{Candidate, TierQuote, saturation};
 use crate::routing::{Analysis, DecodeExplanation, Explanation, Plan, Stance};
 
 /// `POST /debug/route` with a completion, chat or Responses body (`messages` selects chat,
@@ -106,6 +106,7 @@ async fn explain(
         "block_size": analysis.request.block_size,
         "blocks": analysis.request.blocks,
         "candidates": candidates(&analysis, &explained),
+        "saturated": saturation::saturated(analysis.request.prompt_tokens, &explained.candidates),
         "isolation": isolation(&analysis, &explained),
         "session": hint.map(|source| session(state, &analysis, &explained, source)),
         "disaggregation": disaggregation,

@@ -32,6 +32,7 @@ pub const SUITE: &[(&str, &str)] = &[
     ),
     ("cold-join", include_str!("scenarios/cold-join.toml")),
     ("restart", include_str!("scenarios/restart.toml")),
+    ("siblings", include_str!("scenarios/siblings.toml")),
 ];
 
 #[derive(Deserialize)]

@@ -26,6 +26,8 @@ pub enum SyntheticChoice {
     Unique,
     /// One hot prefix at a high rate.
     HotPrefix,
+    /// Groups sharing a prefix, each group at one instant.
+    Siblings,
 }
 
 impl SyntheticChoice {
@@ -90,7 +92,7 @@ pub struct WorkloadArgs {
     /// Synthetic shared-prefix: number of system prompts.
     #[arg(long, default_value_t = 8)]
     pub prefixes: usize,
-    /// Synthetic shared-prefix / hot-prefix: shared prefix length in tokens.
+    /// Synthetic shared-prefix / hot-prefix / siblings: shared prefix length in tokens.
     #[arg(long, default_value_t = 1024)]
     pub prefix_tokens: u32,
     /// Synthetic shared-prefix: zipf exponent of prompt popularity.
@@ -105,6 +107,9 @@ pub struct WorkloadArgs {
     /// Synthetic hot-prefix: fraction of requests carrying the hot prefix.
     #[arg(long, default_value_t = 0.9)]
     pub hot_fraction: f64,
+    /// Synthetic siblings: requests per group (a group shares a prefix and arrives at once).
+    #[arg(long, default_value_t = 16, value_name = "N")]
+    pub group_size: usize,
     /// Only arrivals in START:END seconds of the trace (re-based to 0).
     #[arg(long, value_name = "START:END", value_parser = parse_window)]
     pub window: Option<(f64, f64)>,
@@ -228,6 +233,10 @@ impl WorkloadArgs {
             SyntheticChoice::HotPrefix => SyntheticKind::HotPrefix {
                 prefix_tokens: self.prefix_tokens,
                 hot_fraction: self.hot_fraction,
+            },
+            SyntheticChoice::Siblings => SyntheticKind::Siblings {
+                group: self.group_size,
+                prefix_tokens: self.prefix_tokens,
             },
         };
         SyntheticSpec {

@@ -48,6 +48,14 @@ pub enum SyntheticKind {
         /// Fraction of requests (0..=1) that carry the hot prefix.
         hot_fraction: f64,
     },
+    /// Groups of requests that share a fresh prefix and arrive at one instant (one agent's
+    /// fan-out, one document asked several questions): what co-location is about.
+    Siblings {
+        /// Requests per group.
+        group: usize,
+        /// Length of each group's prefix, rounded up to whole blocks.
+        prefix_tokens: u32,
+    },
 }
 
 /// A synthetic workload: its kind and the knobs all kinds share.
@@ -91,6 +99,13 @@ impl std::fmt::Display for SyntheticSpec {
                 f,
                 "hot-prefix: {:.0} % share one {prefix_tokens}-token prefix",
                 hot_fraction * 100.0
+            )?,
+            SyntheticKind::Siblings {
+                group,
+                prefix_tokens,
+            } => write!(
+                f,
+                "siblings: groups of {group} sharing a {prefix_tokens}-token prefix, each at one instant"
             )?,
         }
         write!(
@@ -167,6 +182,10 @@ impl SyntheticSpec {
                 prefix_tokens,
                 hot_fraction,
             } => self.hot_prefix(&mut rng, &mut ids, *prefix_tokens, *hot_fraction),
+            SyntheticKind::Siblings {
+                group,
+                prefix_tokens,
+            } => self.siblings(&mut rng, &mut ids, *group, *prefix_tokens),
         };
         Ok(Trace::new(requests))
     }
@@ -197,6 +216,9 @@ impl SyntheticSpec {
                 if !(0.0..=1.0).contains(hot_fraction) =>
             {
                 fail("hot-prefix fraction must be within 0..=1")
+            }
+            SyntheticKind::Siblings { group, .. } if *group == 0 => {
+                fail("siblings needs at least one request per group")
             }
             _ => Ok(()),
         }
@@ -285,6 +307,29 @@ impl SyntheticSpec {
             .collect()
     }
 
+    /// Groups arrive as a Poisson process at `rate / group`, so the overall request rate is
+    /// `rate`; each group's requests share a prefix no other group has and arrive together.
+    fn siblings(
+        &self,
+        rng: &mut StdRng,
+        ids: &mut BlockIds,
+        group: usize,
+        prefix_tokens: u32,
+    ) -> Vec<TraceRequest> {
+        let group_rate = self.rate / group as f64;
+        let mut t = 0.0;
+        let mut out = Vec::with_capacity(self.requests);
+        while out.len() < self.requests {
+            t += Self::gap(rng, group_rate);
+            let prefix = ids.take(self.blocks(prefix_tokens));
+            let n = group.min(self.requests - out.len());
+            for _ in 0..n {
+                out.push(self.with_prefix(rng, ids, t, &prefix));
+            }
+        }
+        out
+    }
+
     /// Conversations start as a Poisson process at `rate / turns`, so the overall request
     /// rate is about `rate`; turn k+1 arrives an exponential think time after turn k and its
     /// prompt is turn k's prompt, turn k's answer and a new question.
@@ -350,6 +395,41 @@ mod tests {
             counts[z.sample(&mut rng)] += 1;
         }
         assert!(counts[0] > counts[1] && counts[1] > counts[9], "{counts:?}");
+    }
+
+    #[test]
+    fn siblings_share_their_group_prefix_and_arrival_only() {
+        let spec = SyntheticSpec {
+            kind: SyntheticKind::Siblings {
+                group: 4,
+                prefix_tokens: 256,
+            },
+            requests: 10,
+            rate: 8.0,
+            input_tokens: 64,
+            output_tokens: 8,
+            block_tokens: 64,
+            seed: 3,
+        };
+        let trace = spec.generate().unwrap();
+        let r = &trace.requests;
+        assert_eq!(r.len(), 10);
+        for g in r.chunks(4) {
+            assert!(g.iter().all(|x| x.arrival_s == g[0].arrival_s));
+            assert!(g.iter().all(|x| x.hash_ids[..4] == g[0].hash_ids[..4]));
+            // Each request's own part is its own.
+            assert_ne!(g[0].hash_ids[4..], g[1].hash_ids[4..]);
+        }
+        assert!(r[4].arrival_s > r[0].arrival_s);
+        assert_ne!(r[0].hash_ids[0], r[4].hash_ids[0]);
+        let zero = SyntheticSpec {
+            kind: SyntheticKind::Siblings {
+                group: 0,
+                prefix_tokens: 256,
+            },
+            ..spec
+        };
+        assert!(zero.generate().is_err());
     }
 
     #[test]

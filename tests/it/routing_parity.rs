@@ -412,7 +412,26 @@ async fn debug_route_explains_the_decision_and_the_error_the_request_gets() {
             explained["worker"].as_str(),
             "request {n}: {explained}"
         );
+        // An idle fleet is not saturated.
+        assert_eq!(explained["saturated"], false, "{explained}");
     }
+    // Every worker with far more than twice the prompt queued for prefill: saturated.
+    let queued: Vec<_> = r
+        .state
+        .fleet
+        .workers()
+        .iter()
+        .flat_map(|w| {
+            w.ranks()
+                .iter()
+                .map(|rank| rank.load.admit(1 << 20, 1 << 20))
+        })
+        .collect();
+    let body = json!({"model": MODEL, "prompt": prefix(0), "max_tokens": 1});
+    let (status, explained) = explain(&r, &body, Some(TENANT)).await;
+    assert_eq!(status, 200, "{explained}");
+    assert_eq!(explained["saturated"], true, "{explained}");
+    drop(queued);
     let m = |model: &str| json!({"model": model, "prompt": "hello", "max_tokens": 1});
     assert_eq!(
         same_error(&r, m("nope")).await,
