@@ -23,6 +23,7 @@ mod disaggregation;
 mod discovery;
 mod isolation;
 mod prediction;
+mod prefill_saturation;
 mod recording;
 mod replica_bus;
 mod response_affinity;
@@ -37,6 +38,7 @@ pub use disaggregation::DisaggregationMetrics;
 pub use discovery::DiscoveryMetrics;
 pub use isolation::IsolationMetrics;
 pub use prediction::PredictionMetrics;
+pub use prefill_saturation::PrefillSaturationMetrics;
 pub use recording::RecordingMetrics;
 pub use replica_bus::ReplicaBusMetrics;
 pub use response_affinity::ResponseAffinityMetrics;
@@ -102,6 +104,8 @@ pub struct Metrics {
     pub slo: SloMetrics,
     /// Decisions placement isolation narrowed.
     pub isolation: IsolationMetrics,
+    /// Decisions made on a fleet saturated for the request.
+    pub prefill_saturation: PrefillSaturationMetrics,
     /// Prompt, completion and cached tokens; inter-token latency and time per output token.
     pub tokens: TokenMetrics,
     /// The predicted cached tokens against the engines' reports.
@@ -233,6 +237,7 @@ impl Metrics {
         let shaping = ShapingMetrics::register(&registry);
         let slo = SloMetrics::register(&registry);
         let isolation = IsolationMetrics::register(&registry);
+        let prefill_saturation = PrefillSaturationMetrics::register(&registry);
         let tokens = TokenMetrics::register(&registry);
         let cache_prediction = CachePredictionMetrics::register(&registry);
         let replica_bus = ReplicaBusMetrics::register(&registry);
@@ -258,6 +263,7 @@ impl Metrics {
             shaping,
             slo,
             isolation,
+            prefill_saturation,
             tokens,
             cache_prediction,
             replica_bus,

@@ -1,5 +1,6 @@
 //! The decision core's figures ([`DecisionMetrics`]) into the families `Metrics::new` registers:
-//! `kvroute_decision_seconds`, the prefix block counters and isolation's narrowed decisions.
+//! `kvroute_decision_seconds`, the prefix block counters, isolation's narrowed decisions and the
+//! decisions made on a saturated fleet.
 
 use std::time::Duration;
 
@@ -30,5 +31,9 @@ impl DecisionMetrics for Metrics {
 
     fn confined(&self, rule: Confined) {
         self.isolation.count(rule);
+    }
+
+    fn saturated(&self) {
+        self.prefill_saturation.saturated.inc();
     }
 }

@@ -371,6 +371,16 @@ async fn send(r: &RouterHandle, body: &Value) -> (u16, Option<String>, Value) {
     (resp.status().as_u16(), worker, resp.json().await.unwrap())
 }
 
+/// `kvroute_prefill_saturated_decisions_total` on the router's metrics page.
+async fn saturated_decisions(r: &RouterHandle) -> u64 {
+    crate::support::metrics_text(r.addr)
+        .await
+        .lines()
+        .find(|l| l.starts_with("kvroute_prefill_saturated_decisions_total "))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .expect("the counter is on the page")
+}
+
 /// `/debug/route` answers as the live path decides: the worker a request then goes to, and —
 /// where it gets an error — the same status and code (an unknown model, a model whose workers
 /// all drain, a disaggregated model without a decode worker).
@@ -431,6 +441,11 @@ async fn debug_route_explains_the_decision_and_the_error_the_request_gets() {
     let (status, explained) = explain(&r, &body, Some(TENANT)).await;
     assert_eq!(status, 200, "{explained}");
     assert_eq!(explained["saturated"], true, "{explained}");
+    // The live decisions are counted: none of the thirty above, this one.
+    assert_eq!(saturated_decisions(&r).await, 0);
+    let (status, _, out) = send(&r, &body).await;
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(saturated_decisions(&r).await, 1);
     drop(queued);
     let m = |model: &str| json!({"model": model, "prompt": "hello", "max_tokens": 1});
     assert_eq!(

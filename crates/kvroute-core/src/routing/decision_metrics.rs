@@ -1,6 +1,6 @@
 //! What a [`super::Session`] reports of its decisions: the policy's scoring time, the first
-//! decision's total, how much of the prompt the chosen target holds, and the decisions placement
-//! isolation narrowed.
+//! decision's total, how much of the prompt the chosen target holds, the decisions placement
+//! isolation narrowed and those made on a saturated fleet.
 //!
 //! A trait, not the router's Prometheus registry, so the decision core stays free of any
 //! exporter: the router implements it on its `Metrics`; the simulator and tests may pass `()`.
@@ -20,6 +20,8 @@ pub trait DecisionMetrics: Sync {
     fn prefix(&self, target: &str, queried: u32, hit: u32);
     /// Placement isolation narrowed a decision's candidates by `rule`.
     fn confined(&self, rule: Confined);
+    /// The fleet was saturated for the decision (`policy::saturation`).
+    fn saturated(&self);
 }
 
 /// Figures nobody reads.
@@ -28,6 +30,7 @@ impl DecisionMetrics for () {
     fn decided(&self, _: &'static str, _: Duration) {}
     fn prefix(&self, _: &str, _: u32, _: u32) {}
     fn confined(&self, _: Confined) {}
+    fn saturated(&self) {}
 }
 
 /// A shared sink reports into what it shares.
@@ -43,5 +46,8 @@ impl<M: DecisionMetrics + Send> DecisionMetrics for Arc<M> {
     }
     fn confined(&self, rule: Confined) {
         M::confined(self, rule);
+    }
+    fn saturated(&self) {
+        M::saturated(self);
     }
 }

@@ -10,6 +10,7 @@ use super::decision_metrics::DecisionMetrics;
 use super::target::Target;
 use crate::fleet::{Side, WorkerId};
 use crate::fleet::{Worker, WorkerRank};
+use crate::policy::saturation;
 
 /// A worker chosen for one attempt, with the load the request holds on it.
 #[derive(Debug)]
@@ -161,6 +162,9 @@ impl<'d> Session<'d> {
         let choice = choice?;
         if let Some(rule) = choice.confined {
             self.metrics.confined(rule);
+        }
+        if saturation::saturated(self.analysis.request.prompt_tokens, &choice.candidates) {
+            self.metrics.saturated();
         }
         if std::mem::take(&mut self.first) {
             self.metrics.decided(policy, self.started.elapsed());
