@@ -41,6 +41,9 @@ pub struct Choice<'t, T> {
     pub candidates: Vec<Candidate>,
     /// The isolation rule that narrowed the candidates, if one did.
     pub confined: Option<Confined>,
+    /// Whether the fleet was saturated for the request (`policy::saturation`), read by the
+    /// booking and the decision's metrics.
+    pub saturated: bool,
 }
 
 /// The candidates of one decision, as isolation left them ([`Decider::weigh`]).
@@ -274,12 +277,14 @@ impl Decider {
             let decision = slo_preferred(decision, analysis);
             let target = *picked.get(decision.chosen)?;
             if target.acquire() {
+                let saturated = saturation::saturated(analysis.request.prompt_tokens, &candidates);
                 return Some(Choice {
                     target,
                     decision,
                     weighed: picked,
                     candidates,
                     confined,
+                    saturated,
                 });
             }
             skip.push(target.worker());
@@ -296,7 +301,7 @@ impl Decider {
     ) -> Admitted {
         let c = choice.candidate();
         let worker = choice.target.worker();
-        let uncached = booked_uncached(analysis, c, &choice.candidates);
+        let uncached = booked_uncached(analysis, c, choice.saturated);
         let predicted_ttft = choice
             .decision
             .predicted_ttft_s
@@ -344,10 +349,10 @@ impl Decider {
 /// loaded, not computed, whatever the policy credits them with; on a saturated fleet
 /// (`policy::saturation`) the prefix a request in flight there is computing is written
 /// before this request starts, so it is not booked twice.
-fn booked_uncached(analysis: &Analysis, c: &Candidate, candidates: &[Candidate]) -> u64 {
+fn booked_uncached(analysis: &Analysis, c: &Candidate, saturated: bool) -> u64 {
     let held = c.overlap_blocks + c.lower_blocks.total();
     let in_flight = u32::try_from(c.cache.running_prefix_blocks).unwrap_or(u32::MAX);
-    if in_flight > held && saturation::saturated(analysis.request.prompt_tokens, candidates) {
+    if saturated && in_flight > held {
         analysis.uncached_tokens(in_flight)
     } else {
         analysis.uncached_tokens(held)

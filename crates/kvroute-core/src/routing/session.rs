@@ -10,7 +10,6 @@ use super::decision_metrics::DecisionMetrics;
 use super::target::Target;
 use crate::fleet::{Side, WorkerId};
 use crate::fleet::{Worker, WorkerRank};
-use crate::policy::saturation;
 
 /// A worker chosen for one attempt, with the load the request holds on it.
 #[derive(Debug)]
@@ -163,7 +162,7 @@ impl<'d> Session<'d> {
         if let Some(rule) = choice.confined {
             self.metrics.confined(rule);
         }
-        if saturation::saturated(self.analysis.request.prompt_tokens, &choice.candidates) {
+        if choice.saturated {
             self.metrics.saturated();
         }
         if std::mem::take(&mut self.first) {
