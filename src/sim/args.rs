@@ -33,6 +33,16 @@ pub enum IndexChoice {
 }
 
 impl IndexChoice {
+    /// The index mode this choice names; events arrive `event_delay` seconds late.
+    fn mode(self, event_delay: f64) -> IndexMode {
+        match self {
+            IndexChoice::Events => IndexMode::Events {
+                delay_s: event_delay,
+            },
+            IndexChoice::Approx => IndexMode::Approx,
+        }
+    }
+
     /// The name as written on the command line, for reports.
     pub fn flag(self) -> &'static str {
         match self {
@@ -110,6 +120,15 @@ pub struct SimulateArgs {
     /// Events mode: seconds between a step's end and its KV events reaching the index.
     #[arg(long, default_value_t = 0.0, value_name = "SECONDS")]
     pub event_delay: f64,
+    /// How `cache_aware` (the SGLang router's policy) learns what engines cache (default: as
+    /// --index). The SGLang router learns from what it routed and never hears an eviction:
+    /// `approx` with an --approx-ttl longer than the run models it.
+    #[arg(long, value_enum, value_name = "INDEX")]
+    pub cache_aware_index: Option<IndexChoice>,
+    /// Seconds the approximate index remembers a routed prompt (the live router's
+    /// `[index] approx_ttl_s`, 120 by default).
+    #[arg(long, value_name = "SECONDS")]
+    pub approx_ttl: Option<f64>,
     /// A cold worker joins at T seconds (repeatable).
     #[arg(long, value_name = "T")]
     pub join_at: Vec<f64>,
@@ -264,6 +283,15 @@ impl SimulateArgs {
         })
     }
 
+    /// `--approx-ttl` as a duration (the live router's default without it).
+    fn approx_ttl(&self) -> anyhow::Result<std::time::Duration> {
+        match self.approx_ttl {
+            None => Ok(crate::config::IndexSettings::default().approx_ttl),
+            Some(s) if s.is_finite() && s > 0.0 => Ok(std::time::Duration::from_secs_f64(s)),
+            Some(_) => bail!("--approx-ttl must be a positive number of seconds"),
+        }
+    }
+
     /// The policies' settings: the live router's defaults, seeded, with the kv_aware overrides.
     pub fn policy_settings(&self) -> PolicySettings {
         let mut kv_aware = KvAwareConfig::default();
@@ -313,12 +341,9 @@ impl SimulateArgs {
         let config = SimConfig {
             workers: pd.map_or(self.workers, |p| p.workers()),
             engine: self.engine_config(),
-            index: match self.index {
-                IndexChoice::Events => IndexMode::Events {
-                    delay_s: self.event_delay,
-                },
-                IndexChoice::Approx => IndexMode::Approx,
-            },
+            index: self.index.mode(self.event_delay),
+            cache_aware_index: self.cache_aware_index.map(|i| i.mode(self.event_delay)),
+            approx_ttl: self.approx_ttl()?,
             changes,
             policy: self.policy_settings(),
             model: "kvroute/sim".to_string(),

@@ -97,7 +97,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
 
 fn describe(a: &SimulateArgs, trace: &Trace) -> String {
     format!(
-        "- requests: {}, over {:.1} s, {} prompt tokens\n- workers: {}{}{}, index: {}, event delay {} s\n{}- engine: block {} tokens, {} blocks, {} batched tokens, {} seqs, speedup {}\n- SLO: TTFT {}, E2E {}; seed {}\n",
+        "- requests: {}, over {:.1} s, {} prompt tokens\n- workers: {}{}{}, index: {}{}, event delay {} s\n{}- engine: block {} tokens, {} blocks, {} batched tokens, {} seqs, speedup {}\n- SLO: TTFT {}, E2E {}; seed {}\n",
         trace.len(),
         trace.duration_s(),
         trace.total_input_tokens(),
@@ -107,6 +107,7 @@ fn describe(a: &SimulateArgs, trace: &Trace) -> String {
             "worker {w} at {t} s"
         )),
         a.index.flag(),
+        index_notes(a),
         a.event_delay,
         replicas(a),
         a.core.block_size,
@@ -118,6 +119,19 @@ fn describe(a: &SimulateArgs, trace: &Trace) -> String {
         target(a.slo.slo_e2e),
         a.seed,
     )
+}
+
+/// `cache_aware`'s own index and the approximate index's memory, when the flags set them.
+fn index_notes(a: &SimulateArgs) -> String {
+    let own = a
+        .cache_aware_index
+        .map(|i| format!(" (cache_aware: {})", i.flag()))
+        .unwrap_or_default();
+    let ttl = a
+        .approx_ttl
+        .map(|s| format!(", approximate index remembers {s} s"))
+        .unwrap_or_default();
+    own + &ttl
 }
 
 /// The router replicas line, for runs with more than one or with engine load readings.

@@ -4,10 +4,12 @@
 //! This is the pure description `Simulation` needs; `args` builds it from command-line flags
 //! and scenario files, so a test can build one directly without going through clap.
 
+use std::time::Duration;
+
 use thiserror::Error;
 
 use crate::engine::{ConfigError, EngineConfig};
-use crate::policy::PolicySettings;
+use crate::policy::{PolicyKind, PolicySettings};
 use crate::report::Slo;
 use crate::workload::synthesis::PromptSynth;
 
@@ -87,6 +89,13 @@ pub struct SimConfig {
     pub engine: EngineConfig,
     /// How the index is fed.
     pub index: IndexMode,
+    /// How `cache_aware` (the SGLang router's policy) learns instead, when it differs from
+    /// `index`: the SGLang router itself learns from what it routed (its own radix tree,
+    /// which hears no eviction), so [`IndexMode::Approx`] with a long `approx_ttl` models it.
+    pub cache_aware_index: Option<IndexMode>,
+    /// How long the approximate index remembers a routed prompt (the live
+    /// `[index] approx_ttl_s`).
+    pub approx_ttl: Duration,
     /// Workers joining or restarting during the run.
     pub changes: Vec<FleetChange>,
     /// Policy settings (seeded), as the live router's config would give them.
@@ -111,12 +120,24 @@ pub struct SimConfig {
     pub pd: Option<PdSplit>,
 }
 
+impl SimConfig {
+    /// How `policy`'s router learns what the engines cache in this simulation.
+    pub fn index_for(&self, policy: PolicyKind) -> IndexMode {
+        match (policy, self.cache_aware_index) {
+            (PolicyKind::CacheAware, Some(index)) => index,
+            _ => self.index,
+        }
+    }
+}
+
 impl Default for SimConfig {
     fn default() -> Self {
         SimConfig {
             workers: 4,
             engine: dynamo_mocker_engine(),
             index: IndexMode::Events { delay_s: 0.0 },
+            cache_aware_index: None,
+            approx_ttl: crate::config::IndexSettings::default().approx_ttl,
             changes: Vec::new(),
             policy: PolicySettings::default(),
             model: "kvroute/sim".to_string(),
@@ -158,6 +179,9 @@ pub enum SimConfigError {
     /// A negative or non-finite event delay.
     #[error("--event-delay must be a number of seconds >= 0")]
     EventDelay,
+    /// An approximate index that would forget a prompt at once.
+    #[error("--approx-ttl must be a positive number of seconds")]
+    ApproxTtl,
     /// No router replica.
     #[error("--routers must be at least 1")]
     NoRouters,
@@ -194,10 +218,18 @@ impl SimConfig {
         {
             return Err(SimConfigError::ReplicaSync);
         }
-        if let IndexMode::Events { delay_s } = self.index
-            && !(delay_s.is_finite() && delay_s >= 0.0)
+        for index in [Some(self.index), self.cache_aware_index]
+            .into_iter()
+            .flatten()
         {
-            return Err(SimConfigError::EventDelay);
+            if let IndexMode::Events { delay_s } = index
+                && !(delay_s.is_finite() && delay_s >= 0.0)
+            {
+                return Err(SimConfigError::EventDelay);
+            }
+        }
+        if self.approx_ttl.is_zero() {
+            return Err(SimConfigError::ApproxTtl);
         }
         if let Some(pd) = self.pd {
             if pd.prefill == 0 || pd.decode == 0 {

@@ -169,27 +169,32 @@ impl SimRouter {
 
     /// An index with the live router's default settings.
     pub fn fresh_holdings() -> Holdings {
+        Self::holdings_remembering(crate::config::IndexSettings::default().approx_ttl)
+    }
+
+    /// An index with the live router's default settings, except that its approximate part
+    /// remembers a routed prompt for `approx_ttl`.
+    pub fn holdings_remembering(approx_ttl: Duration) -> Holdings {
         let defaults = crate::config::IndexSettings::default();
         Holdings::new(
             KvIndex::new(IndexConfig {
                 max_entries: defaults.max_entries,
             }),
-            Self::fresh_approx(),
+            Self::fresh_approx(approx_ttl),
         )
     }
 
     /// The index of another router replica hearing the same KV events as `shared`'s: the
     /// exact index shared, the rest (predictions, working sets, session homes) its own, as a
     /// live replica's are.
-    pub fn holdings_beside(shared: &Holdings) -> Holdings {
-        shared.beside(Self::fresh_approx())
+    pub fn holdings_beside(shared: &Holdings, approx_ttl: Duration) -> Holdings {
+        shared.beside(Self::fresh_approx(approx_ttl))
     }
 
-    fn fresh_approx() -> ApproxIndex {
-        let defaults = crate::config::IndexSettings::default();
+    fn fresh_approx(ttl: Duration) -> ApproxIndex {
         ApproxIndex::new(ApproxConfig {
-            ttl: defaults.approx_ttl,
-            capacity_per_worker: defaults.approx_capacity_blocks,
+            ttl,
+            capacity_per_worker: crate::config::IndexSettings::default().approx_capacity_blocks,
         })
     }
 

@@ -118,6 +118,8 @@ pub struct Simulation<'t> {
     config: SimConfig,
     /// The router replicas (one unless `config.routers` says otherwise).
     routers: Vec<SimRouter>,
+    /// How this policy's router learns what the engines cache ([`SimConfig::index_for`]).
+    index: IndexMode,
     /// Whether the replicas share one exact index (events mode).
     shared_index: bool,
     /// The replica bus, when replicas share their bookings.
@@ -173,8 +175,9 @@ impl<'t> Simulation<'t> {
     pub fn new(trace: &'t Trace, config: &SimConfig, policy: PolicyKind) -> Result<Self, SimError> {
         config.validate()?;
         let max = config.max_workers();
-        let shared_index = matches!(config.index, IndexMode::Events { .. });
-        let shared = Arc::new(SimRouter::fresh_holdings());
+        let index = config.index_for(policy);
+        let shared_index = matches!(index, IndexMode::Events { .. });
+        let shared = Arc::new(SimRouter::holdings_remembering(config.approx_ttl));
         let mut routers: Vec<SimRouter> = (0..config.routers.max(1))
             .map(|r| {
                 // Each replica breaks ties with its own random stream, as live replicas do.
@@ -185,14 +188,14 @@ impl<'t> Simulation<'t> {
                 // Replicas hear the same KV events (one exact index); the rest of what each
                 // knows is its own, as a live replica's is.
                 let holdings = if shared_index {
-                    Arc::new(SimRouter::holdings_beside(&shared))
+                    Arc::new(SimRouter::holdings_beside(&shared, config.approx_ttl))
                 } else {
-                    Arc::new(SimRouter::fresh_holdings())
+                    Arc::new(SimRouter::holdings_remembering(config.approx_ttl))
                 };
                 SimRouter::sharing(
                     policy::build(policy, &settings),
                     holdings,
-                    config.index,
+                    index,
                     &config.model,
                     config.engine.block_size,
                     max,
@@ -241,6 +244,7 @@ impl<'t> Simulation<'t> {
             trace,
             config: config.clone(),
             routers,
+            index,
             shared_index,
             bus,
             workers,
@@ -437,7 +441,7 @@ impl<'t> Simulation<'t> {
         if events.is_empty() {
             return;
         }
-        if let IndexMode::Events { delay_s } = self.config.index {
+        if let IndexMode::Events { delay_s } = self.index {
             if delay_s > 0.0 {
                 self.queue.push(
                     at + delay_s,

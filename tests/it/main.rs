@@ -91,6 +91,7 @@ mod shaping_floor;
 mod shaping_signals;
 mod sim_capacity;
 mod sim_disaggregated;
+mod sim_peer_index;
 mod sim_results;
 mod sim_routing;
 mod stalled_clients;
