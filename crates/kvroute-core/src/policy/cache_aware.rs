@@ -6,7 +6,11 @@
 //! prefix match if the match rate exceeds `cache_threshold`, else to the least-loaded worker.
 //! Load is the number of requests in flight. SGLang matches against its own approximate radix
 //! tree of routed text; here the match is the index's overlap, so both baselines and `kv_aware`
-//! see the same cache state and differ only in policy.
+//! see the same cache state and differ only in policy. The SGLang router's own tree hears no
+//! eviction, so it never moves a session whose home dropped part of its prefix; the simulator
+//! models that with `--cache-aware-index approx` (this policy on the approximate index), which
+//! reproduces the SGLang router's real-time figures (docs/benchmarks.md, "The SGLang router in
+//! the simulator").
 
 use super::{Candidate, Policy, RouteDecision, RouteRequest};
 
