@@ -8,7 +8,7 @@ RUN cargo install --locked cargo-chef@0.1.78
 WORKDIR /src
 
 FROM chef AS planner
-COPY Cargo.toml Cargo.lock build.rs ./
+COPY Cargo.toml Cargo.lock ./
 COPY src ./src
 COPY crates ./crates
 COPY benches ./benches
@@ -18,7 +18,7 @@ FROM chef AS build
 COPY --from=planner /src/recipe.json recipe.json
 # The dependency layer: rebuilt only when the recipe (the manifests and lock file) changes.
 RUN cargo chef cook --release --locked --bin kvroute --recipe-path recipe.json
-COPY Cargo.toml Cargo.lock build.rs ./
+COPY Cargo.toml Cargo.lock ./
 COPY src ./src
 COPY crates ./crates
 COPY benches ./benches

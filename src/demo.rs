@@ -11,11 +11,11 @@ use clap::Args;
 use tokio::net::TcpListener;
 
 use crate::config::{Config, ConfigError};
-use crate::engine::{EngineArgs, EngineCoreArgs, EngineHandle};
 use crate::fleet::{BaseUrl, WorkerSpec};
 use crate::kv_events::{Publisher, PublisherConfig};
 use crate::policy::PolicyKind;
 use crate::server::RouterHandle;
+use kvroute_lab::engine::{EngineArgs, EngineCoreArgs, EngineHandle};
 
 /// `kvroute demo` flags.
 #[derive(Args, Debug, Clone)]
@@ -115,7 +115,7 @@ pub async fn start(args: &DemoArgs) -> anyhow::Result<Demo> {
                      --engine-base-port N, or --engine-base-port 0 for any free ports)"
                 )
             })?;
-        let engine = crate::engine::start(serve, listener).await?;
+        let engine = kvroute_lab::engine::start(serve, listener).await?;
         let addr = engine.local_addr();
         workers.push(WorkerSpec {
             id: format!("engine-{i}"),

@@ -1,40 +1,23 @@
-//! kvroute: a KV-cache-aware router for LLM serving.
+//! kvroute: a KV-cache-aware router for LLM serving — the `kvroute` command.
 //!
-//! See `ARCHITECTURE.md` for the flows and the module map. Lower modules never import `server`;
-//! `policy` is pure so the same code runs live and in `sim`. The transport-free core
-//! (`openai`, `tokens`, `kv_events` decoding, `index`, `fleet`, `policy`, `routing`) is the crate
-//! `kvroute-core`, re-exported here under the same paths; this crate adds the I/O around it.
+//! This package is the binary and its command line (`cli`, `manual`, `demo`) over three crates
+//! (ARCHITECTURE.md, "The crates"): the transport-free core (`kvroute-core`), the router
+//! (`kvroute-router`) and the lab (`kvroute-lab`, feature `lab`). Their modules are re-exported
+//! here under the paths they have always had (`kvroute::server`, `kvroute::sim`, ...), so the
+//! integration tests and benches read one crate.
+
+pub use kvroute_router::{
+    config, discovery, fleet, heap, index, kv_events, lifecycle, metrics, openai, policy, proxy,
+    recording, replica_bus, routing, server, shaping, telemetry, tls, tokens,
+};
+
+#[cfg(feature = "epp")]
+pub use kvroute_router::epp;
 
 #[cfg(feature = "lab")]
-pub mod bench;
+pub use kvroute_lab::{bench, engine, report, sim, workload};
+
 pub mod cli;
-pub mod config;
 #[cfg(feature = "lab")]
 pub mod demo;
-pub mod discovery;
-#[cfg(feature = "lab")]
-pub mod engine;
-#[cfg(feature = "epp")]
-pub mod epp;
-pub mod fleet;
-pub mod heap;
-pub mod index;
-pub mod kv_events;
-pub mod lifecycle;
 pub mod manual;
-pub mod metrics;
-pub use kvroute_core::{openai, policy, routing};
-pub mod proxy;
-pub mod recording;
-pub mod replica_bus;
-#[cfg(feature = "lab")]
-pub mod report;
-pub mod server;
-pub mod shaping;
-#[cfg(feature = "lab")]
-pub mod sim;
-pub mod telemetry;
-pub mod tls;
-pub mod tokens;
-#[cfg(feature = "lab")]
-pub mod workload;
