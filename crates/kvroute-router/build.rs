@@ -3,6 +3,7 @@
 //! context has no `.git`), else `git rev-parse` of the checkout, else `unknown`. No
 //! dependency: git is asked as a process, and its absence is not an error.
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn main() {
@@ -14,16 +15,24 @@ fn main() {
         .or_else(|| git(&["rev-parse", "--short=12", "HEAD"]))
         .unwrap_or_else(|| "unknown".into());
     println!("cargo:rustc-env=KVROUTE_COMMIT={commit}");
-    // A new commit moves HEAD or the branch it names: run again then, not at every build.
-    for path in ["HEAD", "packed-refs"] {
-        if let Some(p) = git(&["rev-parse", "--git-path", path]) {
-            println!("cargo:rerun-if-changed={p}");
-        }
-    }
-    if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"])
-        && let Some(p) = git(&["rev-parse", "--git-path", &branch])
-    {
-        println!("cargo:rerun-if-changed={p}");
+    // A new commit moves HEAD or the branch it names: run again then, not at every build. Cargo
+    // reruns a script at every build while a path it watches is missing, which recompiled the
+    // router each time in a clone without `packed-refs`: watch only paths that exist. A branch
+    // with no file of its own (packed, or not yet committed to) is watched through the folder
+    // its file will be written to (`refs/heads`), and through `packed-refs` when there is one.
+    let watched = [
+        git(&["rev-parse", "--git-path", "HEAD"]).map(PathBuf::from),
+        git(&["rev-parse", "--git-path", "packed-refs"]).map(PathBuf::from),
+        git(&["symbolic-ref", "-q", "HEAD"])
+            .and_then(|branch| git(&["rev-parse", "--git-path", &branch]))
+            .map(PathBuf::from)
+            .map(|file| match file.exists() {
+                true => file,
+                false => file.parent().map(Path::to_path_buf).unwrap_or(file),
+            }),
+    ];
+    for path in watched.into_iter().flatten().filter(|p| p.exists()) {
+        println!("cargo:rerun-if-changed={}", path.display());
     }
 }
 
