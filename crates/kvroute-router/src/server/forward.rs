@@ -335,7 +335,7 @@ fn name_in_span(model: Option<&str>, caller: &Caller) {
 
 /// What follows a request's response: its prompt hashed for the prefix metrics and the
 /// recorded trace (only prompts are), from the decided view (taken).
-fn trail(
+pub(super) fn trail(
     state: &Arc<AppState>,
     decided: &mut Decided,
     body_bytes: usize,
