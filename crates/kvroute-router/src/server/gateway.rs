@@ -24,7 +24,6 @@ use super::call::{Call, Prepared, Read, Step};
 use super::decide;
 use super::forward::{self, Received};
 use super::observer::{Affinity, AffinityAction, Observer, Requester};
-use super::request_id;
 use super::trail::Trail;
 use crate::fleet::{CircuitState, Side, Worker, WorkerRank};
 use crate::openai::{ApiError, Endpoint};
@@ -239,12 +238,7 @@ fn requester(
         Some(m) if state.fleet.knows_model(m) => m.clone(),
         _ => "-".to_owned(),
     };
-    let requester = Requester {
-        id: request_id::of(&call.headers).to_owned(),
-        tenant: caller.tenant().map(str::to_owned),
-        model: model.unwrap_or_else(|| "-".to_owned()),
-        api: call.api,
-    };
+    let requester = forward::requester(&call.headers, caller, model, call.api);
     (model_label, requester)
 }
 
