@@ -89,7 +89,7 @@ pub(super) fn include_usage(seen: Seen<Seen<bool>>) -> Result<bool, ApiError> {
     }
 }
 
-/// The optional `tools`, an array (kept as sent).
+/// The optional `tools`, an array (kept for chat, whose template reads it).
 pub(super) fn tools(seen: Seen<Option<Value>>) -> Result<Option<Value>, ApiError> {
     match seen {
         Seen::Absent | Seen::Null => Ok(None),
@@ -98,7 +98,7 @@ pub(super) fn tools(seen: Seen<Option<Value>>) -> Result<Option<Value>, ApiError
     }
 }
 
-/// The optional `chat_template_kwargs`, an object.
+/// The optional `chat_template_kwargs`, an object (kept for chat).
 pub(super) fn chat_template_kwargs(
     seen: Seen<Option<Map<String, Value>>>,
 ) -> Result<Option<Map<String, Value>>, ApiError> {

@@ -212,7 +212,7 @@ fn permit(
 }
 
 /// The body with `edits` written in ([`forward::rewrite`]), and whether it differs from what
-/// the client sent: the gateway forwards the client's body unless told to replace it.
+/// the client sent (then the gateway is told its new length).
 fn edit(
     state: &AppState,
     caller: &Caller,
