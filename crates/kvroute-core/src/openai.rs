@@ -12,9 +12,9 @@ use serde::Serialize;
 use serde::de::DeserializeSeed;
 use serde_json::Value;
 
-use prompt::PromptFault;
 use walk::Seen;
 
+mod checks;
 mod fields;
 mod messages;
 pub mod model_field;
@@ -148,96 +148,22 @@ impl RequestView {
             ));
         };
         let f = *f;
-        let model = match f.model {
-            Seen::Is(m) if !m.is_empty() => m,
-            Seen::Is(_) | Seen::Absent | Seen::Null => {
-                return Err(ApiError::invalid(
-                    "you must provide a model parameter",
-                    Some("model"),
-                ));
-            }
-            Seen::Other => {
-                return Err(ApiError::invalid("`model` must be a string", Some("model")));
-            }
-        };
+        let model = checks::model(f.model)?;
         let input = match endpoint {
-            Endpoint::Completions => Input::Prompt(prompt(f.prompt)?),
-            Endpoint::ChatCompletions => Input::Messages(messages(f.messages)?),
+            Endpoint::Completions => Input::Prompt(checks::prompt(f.prompt)?),
+            Endpoint::ChatCompletions => Input::Messages(checks::messages(f.messages)?),
         };
-        let stream = opt_bool(f.stream, "stream")?.unwrap_or(false);
-        let (max_key, max_tokens) = match f.max_completion_tokens {
-            Seen::Absent => ("max_tokens", f.max_tokens),
-            seen => ("max_completion_tokens", seen),
-        };
-        let max_tokens = opt_u64(max_tokens, max_key)?;
-        if let Some(m) = max_tokens
-            && m > MAX_TOKENS_LIMIT
-        {
-            return Err(ApiError::invalid(
-                format!("`{max_key}` must be at most {MAX_TOKENS_LIMIT}"),
-                Some(max_key),
-            ));
-        }
-        let n = opt_u64(f.n, "n")?;
-        if n == Some(0) {
-            return Err(ApiError::invalid("`n` must be at least 1", Some("n")));
-        }
-        if stream && n.is_some_and(|n| n > 1) {
-            return Err(ApiError::invalid(
-                "`n` > 1 is not supported with `stream: true`",
-                Some("n"),
-            ));
-        }
-        let cache_salt = match f.cache_salt {
-            Seen::Absent | Seen::Null => None,
-            Seen::Is(s) => Some(s),
-            Seen::Other => {
-                return Err(ApiError::invalid(
-                    "`cache_salt` must be a string",
-                    Some("cache_salt"),
-                ));
-            }
-        };
-        let prompt_cache_key = opt_string(f.prompt_cache_key, "prompt_cache_key")?;
-        let user = opt_string(f.user, "user")?;
-        let include_usage = match f.stream_options {
-            Seen::Absent | Seen::Null => false,
-            Seen::Is(include_usage) => match include_usage {
-                Seen::Absent | Seen::Null => false,
-                Seen::Is(b) => b,
-                Seen::Other => {
-                    return Err(ApiError::invalid(
-                        "`stream_options.include_usage` must be a boolean",
-                        Some("stream_options"),
-                    ));
-                }
-            },
-            Seen::Other => {
-                return Err(ApiError::invalid(
-                    "`stream_options` must be an object",
-                    Some("stream_options"),
-                ));
-            }
-        };
-        let tools = match f.tools {
-            Seen::Absent | Seen::Null => None,
-            Seen::Is(v) => v,
-            Seen::Other => {
-                return Err(ApiError::invalid("`tools` must be an array", Some("tools")));
-            }
-        };
-        let chat_template_kwargs = match f.chat_template_kwargs {
-            Seen::Absent | Seen::Null => None,
-            Seen::Is(o) => o,
-            Seen::Other => {
-                return Err(ApiError::invalid(
-                    "`chat_template_kwargs` must be an object",
-                    Some("chat_template_kwargs"),
-                ));
-            }
-        };
+        let stream = checks::opt_bool(f.stream, "stream")?.unwrap_or(false);
+        let max_tokens = checks::max_tokens(f.max_tokens, f.max_completion_tokens)?;
+        let n = checks::n(f.n, stream)?;
+        let cache_salt = checks::cache_salt(f.cache_salt)?;
+        let prompt_cache_key = checks::opt_string(f.prompt_cache_key, "prompt_cache_key")?;
+        let user = checks::opt_string(f.user, "user")?;
+        let include_usage = checks::include_usage(f.stream_options)?;
+        let tools = checks::tools(f.tools)?;
+        let chat_template_kwargs = checks::chat_template_kwargs(f.chat_template_kwargs)?;
         let add_generation_prompt =
-            opt_bool(f.add_generation_prompt, "add_generation_prompt")?.unwrap_or(true);
+            checks::opt_bool(f.add_generation_prompt, "add_generation_prompt")?.unwrap_or(true);
         let echo = matches!(f.echo, Seen::Is(true)) && endpoint == Endpoint::Completions;
         let reads_prefix_cache = !(f.prompt_logprobs || (echo && f.logprobs));
         Ok(RequestView {
@@ -259,125 +185,6 @@ impl RequestView {
             kv_transfer_params: f.kv_transfer_params,
         })
     }
-}
-
-fn opt_bool(seen: Seen<bool>, key: &str) -> Result<Option<bool>, ApiError> {
-    match seen {
-        Seen::Absent | Seen::Null => Ok(None),
-        Seen::Is(b) => Ok(Some(b)),
-        Seen::Other => Err(ApiError::invalid(
-            format!("`{key}` must be a boolean"),
-            Some(key),
-        )),
-    }
-}
-
-fn opt_string(seen: Seen<String>, key: &str) -> Result<Option<String>, ApiError> {
-    match seen {
-        Seen::Absent | Seen::Null => Ok(None),
-        Seen::Is(s) => Ok(Some(s)),
-        Seen::Other => Err(ApiError::invalid(
-            format!("`{key}` must be a string"),
-            Some(key),
-        )),
-    }
-}
-
-fn opt_u64(seen: Seen<u64>, key: &str) -> Result<Option<u64>, ApiError> {
-    match seen {
-        Seen::Absent | Seen::Null => Ok(None),
-        Seen::Is(n) => Ok(Some(n)),
-        Seen::Other => Err(ApiError::invalid(
-            format!("`{key}` must be a non-negative integer"),
-            Some(key),
-        )),
-    }
-}
-
-fn prompt(seen: Seen<Result<Prompt, PromptFault>>) -> Result<Prompt, ApiError> {
-    match seen {
-        Seen::Absent | Seen::Null => Err(ApiError::invalid(
-            "you must provide a prompt",
-            Some("prompt"),
-        )),
-        Seen::Is(Ok(p)) => Ok(p),
-        Seen::Is(Err(PromptFault::Empty)) => Err(ApiError::invalid(
-            "`prompt` must not be empty",
-            Some("prompt"),
-        )),
-        Seen::Is(Err(PromptFault::EmptyTokenList)) => Err(ApiError::invalid(
-            "`prompt` must not contain an empty token list",
-            Some("prompt"),
-        )),
-        Seen::Is(Err(PromptFault::Shape)) | Seen::Other => Err(ApiError::invalid(
-            "`prompt` must be a string, an array of strings, an array of token ids or an array of arrays of token ids",
-            Some("prompt"),
-        )),
-    }
-}
-
-fn messages(seen: Seen<Vec<Value>>) -> Result<Vec<Value>, ApiError> {
-    let items = match seen {
-        Seen::Absent | Seen::Null => {
-            return Err(ApiError::invalid(
-                "you must provide `messages`",
-                Some("messages"),
-            ));
-        }
-        Seen::Is(items) => items,
-        Seen::Other => {
-            return Err(ApiError::invalid(
-                "`messages` must be an array",
-                Some("messages"),
-            ));
-        }
-    };
-    if items.is_empty() {
-        return Err(ApiError::invalid(
-            "`messages` must contain at least one message",
-            Some("messages"),
-        ));
-    }
-    for (i, m) in items.iter().enumerate() {
-        let Some(obj) = m.as_object() else {
-            return Err(ApiError::invalid(
-                format!("`messages[{i}]` must be an object"),
-                Some("messages"),
-            ));
-        };
-        match obj.get("role") {
-            Some(Value::String(_)) => {}
-            _ => {
-                return Err(ApiError::invalid(
-                    format!("`messages[{i}].role` must be a string"),
-                    Some("messages"),
-                ));
-            }
-        }
-        match obj.get("content") {
-            None | Some(Value::Null) | Some(Value::String(_)) => {}
-            Some(Value::Array(parts)) => {
-                for (j, p) in parts.iter().enumerate() {
-                    let ok = p
-                        .as_object()
-                        .is_some_and(|o| o.get("type").is_some_and(Value::is_string));
-                    if !ok {
-                        return Err(ApiError::invalid(
-                            format!("`messages[{i}].content[{j}]` must be an object with a `type`"),
-                            Some("messages"),
-                        ));
-                    }
-                }
-            }
-            Some(_) => {
-                return Err(ApiError::invalid(
-                    format!("`messages[{i}].content` must be a string or an array of parts"),
-                    Some("messages"),
-                ));
-            }
-        }
-    }
-    Ok(items)
 }
 
 /// The text of a chat message's `content`: a string, or the `text` parts of a list joined

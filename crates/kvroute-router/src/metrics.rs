@@ -11,8 +11,7 @@ use std::collections::HashMap;
 
 use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 mod cache_prediction;
@@ -26,6 +25,7 @@ mod prediction;
 mod prefill_saturation;
 mod recording;
 mod replica_bus;
+mod requests;
 mod response_affinity;
 mod shaping;
 mod slo;
@@ -41,22 +41,11 @@ pub use prediction::PredictionMetrics;
 pub use prefill_saturation::PrefillSaturationMetrics;
 pub use recording::RecordingMetrics;
 pub use replica_bus::ReplicaBusMetrics;
+use requests::RequestMetrics;
 pub use response_affinity::ResponseAffinityMetrics;
 pub use shaping::ShapingMetrics;
 pub use slo::SloMetrics;
 pub use tokens::TokenMetrics;
-
-/// Buckets for latencies from sub-millisecond to minutes.
-const LATENCY_BUCKETS: &[f64] = &[
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-    120.0, 300.0,
-];
-
-/// Buckets for routing decision time: microseconds to tens of milliseconds.
-const DECISION_BUCKETS: &[f64] = &[
-    0.000_005, 0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.0025, 0.005,
-    0.01, 0.025, 0.05,
-];
 
 /// Every metric the router exports.
 #[derive(Clone)]
@@ -133,99 +122,18 @@ impl Metrics {
     /// Creates and registers every metric.
     pub fn new() -> Metrics {
         let registry = Registry::new();
-        let requests = IntCounterVec::new(
-            Opts::new(
-                "kvroute_requests_total",
-                "Requests answered, by final status: the HTTP status; upstream_error (the worker's \
-                 stream broke off), stream_error (the worker ended a stream with an in-band error \
-                 event), cancelled (the client went away), shutdown (cut when the shutdown grace \
-                 ended).",
-            ),
-            &["endpoint", "model", "worker", "status"],
-        )
-        .expect("static metric definition");
-        let request_duration = HistogramVec::new(
-            HistogramOpts::new(
-                "kvroute_request_duration_seconds",
-                "Time from arrival to the last byte of the response.",
-            )
-            .buckets(LATENCY_BUCKETS.to_vec()),
-            &["endpoint", "model"],
-        )
-        .expect("static metric definition");
-        let ttft = HistogramVec::new(
-            HistogramOpts::new(
-                "kvroute_time_to_first_token_seconds",
-                "Time from arrival to the first generated token reaching the router.",
-            )
-            .buckets(LATENCY_BUCKETS.to_vec()),
-            &["model", "worker"],
-        )
-        .expect("static metric definition");
-        let decision = HistogramVec::new(
-            HistogramOpts::new(
-                "kvroute_routing_decision_seconds",
-                "Time spent choosing a worker, by stage (tokenize, score, total).",
-            )
-            .buckets(DECISION_BUCKETS.to_vec()),
-            &["policy", "stage"],
-        )
-        .expect("static metric definition");
-        let retries = IntCounterVec::new(
-            Opts::new(
-                "kvroute_retries_total",
-                "Requests sent again to another worker before any byte reached the client.",
-            ),
-            &["reason"],
-        )
-        .expect("static metric definition");
-        let upstream_errors = IntCounterVec::new(
-            Opts::new(
-                "kvroute_upstream_errors_total",
-                "Failures talking to a worker, by kind.",
-            ),
-            &["worker", "kind"],
-        )
-        .expect("static metric definition");
-        let counter = |name: &str, help: &str, labels: &[&str]| {
-            IntCounterVec::new(Opts::new(name, help), labels).expect("static metric definition")
-        };
-        let prefix_hit_blocks = counter(
-            "kvroute_prefix_hit_blocks_total",
-            "Prompt blocks the chosen worker already held (block-weighted hits), under every \
-             policy (load-only ones look the prompt up off the request's path).",
-            &["worker"],
-        );
-        let prefix_queried_blocks = counter(
-            "kvroute_prefix_queried_blocks_total",
-            "Prompt blocks of requests routed to the worker (block-weighted queries).",
-            &["worker"],
-        );
-        let retries_denied = IntCounter::new(
-            "kvroute_retries_denied_total",
-            "Retries refused because the retry budget was spent.",
-        )
-        .expect("static metric definition");
-        let rejected = counter(
-            "kvroute_rejected_total",
-            "Requests refused at admission with 429, by reason.",
-            &["reason"],
-        );
-        // Client connections (the front door).
-        for c in [
-            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(request_duration.clone()),
-            Box::new(ttft.clone()),
-            Box::new(decision.clone()),
-            Box::new(retries.clone()),
-            Box::new(upstream_errors.clone()),
-            Box::new(prefix_hit_blocks.clone()),
-            Box::new(prefix_queried_blocks.clone()),
-            Box::new(retries_denied.clone()),
-            Box::new(rejected.clone()),
-        ] {
-            registry.register(c).expect("metric names are unique");
-        }
+        let RequestMetrics {
+            requests,
+            request_duration,
+            ttft,
+            decision,
+            retries,
+            upstream_errors,
+            prefix_hit_blocks,
+            prefix_queried_blocks,
+            retries_denied,
+            rejected,
+        } = RequestMetrics::register(&registry);
         register_process_and_build(&registry);
         let connections = ConnectionMetrics::register(&registry);
         let discovery = DiscoveryMetrics::register(&registry);

@@ -349,31 +349,14 @@ impl Workload {
             self.stored_blocks += len as u64;
 
             if (i + 1) % p.evict_every == 0 || i + 1 == self.reqs.len() {
-                for (w, sim) in sims.iter_mut().enumerate() {
-                    while (sim.removed as f64) < p.evict_frac * sim.stored as f64 {
-                        let Some((_, seg)) = sim.lru.pop_first() else {
-                            break;
-                        };
-                        let hashes: &[BlockHash] = match seg {
-                            Seg::Prefix(r) => {
-                                sim.resident_root.remove(&r);
-                                &self.roots[r as usize].hashes
-                            }
-                            Seg::Suffix(q) => &self.reqs[q as usize].hashes,
-                        };
-                        let start = self.flat.len();
-                        self.flat.extend(hashes.iter().rev());
-                        sim.removed += hashes.len() as u64;
-                        self.events.push(Event {
-                            worker: w as u32,
-                            kind: Kind::Remove,
-                            start,
-                            len: hashes.len(),
-                            req: u32::MAX,
-                        });
-                        self.removed_blocks += hashes.len() as u64;
-                    }
-                }
+                self.removed_blocks += evict_round(
+                    &mut sims,
+                    p.evict_frac,
+                    &self.roots,
+                    &self.reqs,
+                    &mut self.flat,
+                    &mut self.events,
+                );
             }
         }
         self.live_pairs = sims.iter().map(|s| s.stored - s.removed).sum();
@@ -439,6 +422,46 @@ impl Workload {
             left: self.params.lookups,
         }
     }
+}
+
+/// Each worker evicts least-recently-used segments (a root prefix or a request's suffix,
+/// whole) until `fraction` of what it stored is removed; each segment is one BlockRemoved,
+/// its hashes leaves first, its blocks appended to `flat`. The blocks removed.
+fn evict_round(
+    sims: &mut [WorkerSim],
+    fraction: f64,
+    roots: &[Root],
+    reqs: &[Request],
+    flat: &mut Vec<BlockHash>,
+    events: &mut Vec<Event>,
+) -> u64 {
+    let mut removed = 0;
+    for (w, sim) in sims.iter_mut().enumerate() {
+        while (sim.removed as f64) < fraction * sim.stored as f64 {
+            let Some((_, seg)) = sim.lru.pop_first() else {
+                break;
+            };
+            let hashes: &[BlockHash] = match seg {
+                Seg::Prefix(r) => {
+                    sim.resident_root.remove(&r);
+                    &roots[r as usize].hashes
+                }
+                Seg::Suffix(q) => &reqs[q as usize].hashes,
+            };
+            let start = flat.len();
+            flat.extend(hashes.iter().rev());
+            sim.removed += hashes.len() as u64;
+            events.push(Event {
+                worker: w as u32,
+                kind: Kind::Remove,
+                start,
+                len: hashes.len(),
+                req: u32::MAX,
+            });
+            removed += hashes.len() as u64;
+        }
+    }
+    removed
 }
 
 /// What kind of lookup a query is.

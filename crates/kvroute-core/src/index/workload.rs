@@ -179,6 +179,46 @@ impl EngineCache {
         self.peak = self.peak.max(self.nodes.len());
     }
 
+    /// Stores `request` at time `now` as worker `worker`'s engine would: the blocks it holds
+    /// from the start are touched, the rest inserted; the event is one chained BlockStored of
+    /// the inserted ones (with their tokens), parented on the last block held.
+    fn store(
+        &mut self,
+        worker: WorkerId,
+        request: &Request<'_>,
+        now: u64,
+        block_size: u32,
+    ) -> BlockStored {
+        let bs = block_size as usize;
+        let rh = request.root_hashes;
+        let all: Vec<BlockHash> = rh.iter().chain(request.suffix).copied().collect();
+        let held = all
+            .iter()
+            .take_while(|b| self.nodes.contains_key(b))
+            .count();
+        for b in &all[..held] {
+            self.touch(*b, now);
+        }
+        let mut tokens = Vec::with_capacity((all.len() - held) * bs);
+        for i in held..all.len() {
+            let parent = i.checked_sub(1).map(|p| all[p]);
+            self.insert(all[i], parent, now);
+            if i < rh.len() {
+                tokens.extend_from_slice(&request.root_tokens[i * bs..(i + 1) * bs]);
+            } else {
+                let j = i - rh.len();
+                tokens.extend_from_slice(&request.suffix_tokens[j * bs..(j + 1) * bs]);
+            }
+        }
+        BlockStored {
+            block_hashes: all[held..].iter().map(|b| engine_id(worker, *b)).collect(),
+            parent_block_hash: held.checked_sub(1).map(|p| engine_id(worker, all[p])),
+            token_ids: tokens,
+            block_size,
+            ..BlockStored::default()
+        }
+    }
+
     /// Evicts least-recently-used leaves until `fraction` of all stored blocks were removed.
     fn evict(&mut self, fraction: f64) -> Vec<BlockHash> {
         let mut out = Vec::new();
@@ -233,6 +273,50 @@ fn sample(cdf: &[f64], rng: &mut SmallRng) -> usize {
     cdf.partition_point(|&c| c < u).min(cdf.len() - 1)
 }
 
+/// The chained hashes of `tokens`' blocks of `bs` tokens, after `parent`.
+fn chain(seed: HashSeed, parent: Option<BlockHash>, tokens: &[u32], bs: usize) -> Vec<BlockHash> {
+    let mut hashes = Vec::with_capacity(tokens.len() / bs);
+    let mut parent = parent;
+    for t in tokens.chunks_exact(bs) {
+        let h = chain_hash(seed, parent, t);
+        hashes.push(h);
+        parent = Some(h);
+    }
+    hashes
+}
+
+/// The lookups: half new requests on a popular root, 30 % replays of stored requests, 20 %
+/// misses.
+fn lookup_specs(config: &WorkloadConfig, cdf: &[f64], rng: &mut SmallRng) -> Vec<LookupSpec> {
+    (0..config.lookups)
+        .map(|_| {
+            let u: f64 = rng.random();
+            if u < 0.5 {
+                LookupSpec::New {
+                    root: sample(cdf, rng) as u32,
+                    suffix: rng.random_range(config.suffix_blocks.0..=config.suffix_blocks.1)
+                        as u32,
+                    seed: rng.random(),
+                }
+            } else if u < 0.8 {
+                LookupSpec::Replay {
+                    request: rng.random_range(0..config.requests.max(1)) as u32,
+                }
+            } else {
+                LookupSpec::Miss { seed: rng.random() }
+            }
+        })
+        .collect()
+}
+
+/// One stored request: its root's blocks and tokens, then its own suffix's.
+struct Request<'a> {
+    root_hashes: &'a [BlockHash],
+    root_tokens: &'a [u32],
+    suffix: &'a [BlockHash],
+    suffix_tokens: &'a [u32],
+}
+
 impl Workload {
     /// Generates the workload (about ten seconds for [`WorkloadConfig::issue4`] in release).
     pub fn generate(config: WorkloadConfig) -> Self {
@@ -277,65 +361,22 @@ impl Workload {
             let worker = WorkerId(worker);
             let n_suffix = rng.random_range(config.suffix_blocks.0..=config.suffix_blocks.1);
             let suffix_tokens = random_tokens(&mut rng, n_suffix * bs);
-            let mut suffix = Vec::with_capacity(n_suffix);
-            let mut parent = rh.last().copied();
-            for t in suffix_tokens.chunks_exact(bs) {
-                let h = chain_hash(seed, parent, t);
-                suffix.push(h);
-                parent = Some(h);
-            }
-            let now = req as u64 + 1;
-            let engine = &mut engines[worker.0 as usize];
-            let all: Vec<BlockHash> = rh.iter().chain(&suffix).copied().collect();
-            let held = all
-                .iter()
-                .take_while(|b| engine.nodes.contains_key(b))
-                .count();
-            for b in &all[..held] {
-                engine.touch(*b, now);
-            }
-            let mut tokens = Vec::with_capacity((all.len() - held) * bs);
-            for i in held..all.len() {
-                let parent = i.checked_sub(1).map(|p| all[p]);
-                engine.insert(all[i], parent, now);
-                if i < rh.len() {
-                    tokens.extend_from_slice(&root_tokens[root][i * bs..(i + 1) * bs]);
-                } else {
-                    let j = i - rh.len();
-                    tokens.extend_from_slice(&suffix_tokens[j * bs..(j + 1) * bs]);
-                }
-            }
-            let stored = BlockStored {
-                block_hashes: all[held..].iter().map(|b| engine_id(worker, *b)).collect(),
-                parent_block_hash: held.checked_sub(1).map(|p| engine_id(worker, all[p])),
-                token_ids: tokens,
-                block_size: config.block_size,
-                ..BlockStored::default()
+            let suffix = chain(seed, rh.last().copied(), &suffix_tokens, bs);
+            let request = Request {
+                root_hashes: rh,
+                root_tokens: &root_tokens[root],
+                suffix: &suffix,
+                suffix_tokens: &suffix_tokens,
             };
+            let now = req as u64 + 1;
+            let stored = engines[worker.0 as usize].store(worker, &request, now, config.block_size);
             w.blocks_stored += stored.block_hashes.len() as u64;
             w.batches
                 .push((worker, batch(vec![KvEvent::Stored(stored)])));
             w.request_roots.push(root as u32);
             w.suffix_hashes.push(suffix);
             if (req + 1) % config.evict_every == 0 {
-                for (i, engine) in engines.iter_mut().enumerate() {
-                    let worker = WorkerId(i as u32);
-                    let gone = engine.evict(config.evict_fraction);
-                    if gone.is_empty() {
-                        continue;
-                    }
-                    w.blocks_removed += gone.len() as u64;
-                    let events = gone
-                        .chunks(512)
-                        .map(|c| {
-                            KvEvent::Removed(BlockRemoved {
-                                block_hashes: c.iter().map(|b| engine_id(worker, *b)).collect(),
-                                ..BlockRemoved::default()
-                            })
-                        })
-                        .collect();
-                    w.batches.push((worker, batch(events)));
-                }
+                w.evict_round(&mut engines, config.evict_fraction);
             }
         }
         w.peak_held = engines.iter().map(|e| e.peak).collect();
@@ -343,26 +384,31 @@ impl Workload {
             .iter()
             .map(|e| e.nodes.keys().copied().collect())
             .collect();
-        w.lookups = (0..config.lookups)
-            .map(|_| {
-                let u: f64 = rng.random();
-                if u < 0.5 {
-                    LookupSpec::New {
-                        root: sample(&cdf, &mut rng) as u32,
-                        suffix: rng.random_range(config.suffix_blocks.0..=config.suffix_blocks.1)
-                            as u32,
-                        seed: rng.random(),
-                    }
-                } else if u < 0.8 {
-                    LookupSpec::Replay {
-                        request: rng.random_range(0..config.requests.max(1)) as u32,
-                    }
-                } else {
-                    LookupSpec::Miss { seed: rng.random() }
-                }
-            })
-            .collect();
+        w.lookups = lookup_specs(&config, &cdf, &mut rng);
         w
+    }
+
+    /// Every engine evicts its share ([`EngineCache::evict`]); each that removed blocks
+    /// publishes them in BlockRemoved events of at most 512 blocks.
+    fn evict_round(&mut self, engines: &mut [EngineCache], fraction: f64) {
+        for (i, engine) in engines.iter_mut().enumerate() {
+            let worker = WorkerId(i as u32);
+            let gone = engine.evict(fraction);
+            if gone.is_empty() {
+                continue;
+            }
+            self.blocks_removed += gone.len() as u64;
+            let events = gone
+                .chunks(512)
+                .map(|c| {
+                    KvEvent::Removed(BlockRemoved {
+                        block_hashes: c.iter().map(|b| engine_id(worker, *b)).collect(),
+                        ..BlockRemoved::default()
+                    })
+                })
+                .collect();
+            self.batches.push((worker, batch(events)));
+        }
     }
 
     /// (block, worker) pairs the engines hold at the end.

@@ -144,33 +144,7 @@ impl ResponsesRequest {
             Some(Kind::Array) => m.get("tools").and_then(chat_tools),
             Some(_) => return Err(invalid("`tools` must be an array", "tools")),
         };
-        let mut kwargs = match m.get("chat_template_kwargs") {
-            None => None,
-            Some(raw) => match kind(raw) {
-                Kind::Null => None,
-                Kind::Object => Some(
-                    serde_json::from_str::<Map<String, Value>>(raw.get()).map_err(|e| {
-                        invalid(
-                            format!("`chat_template_kwargs`: {e}"),
-                            "chat_template_kwargs",
-                        )
-                    })?,
-                ),
-                _ => {
-                    return Err(invalid(
-                        "`chat_template_kwargs` must be an object",
-                        "chat_template_kwargs",
-                    ));
-                }
-            },
-        };
-        if let Some(effort) = reasoning_effort(m.get("reasoning")) {
-            let k = kwargs.get_or_insert_with(Map::new);
-            if !k.contains_key("enable_thinking") {
-                k.insert("enable_thinking".into(), Value::Bool(effort != "none"));
-            }
-            k.insert("reasoning_effort".into(), Value::String(effort));
-        }
+        let kwargs = template_kwargs(m)?;
         let tool_choice = match m.get("tool_choice") {
             Some(raw) if kind(raw) != Kind::Null => serde_json::from_str(raw.get()).ok(),
             _ => None,
@@ -215,6 +189,39 @@ impl ResponsesRequest {
             kv_transfer_params: true,
         }
     }
+}
+
+/// `chat_template_kwargs` (an object, if given), with what `reasoning.effort` implies for the
+/// chat template: `reasoning_effort`, and `enable_thinking` unless the kwargs set it.
+fn template_kwargs(m: &Members<'_>) -> Result<Option<Map<String, Value>>, ApiError> {
+    let mut kwargs = match m.get("chat_template_kwargs") {
+        None => None,
+        Some(raw) => match kind(raw) {
+            Kind::Null => None,
+            Kind::Object => Some(
+                serde_json::from_str::<Map<String, Value>>(raw.get()).map_err(|e| {
+                    invalid(
+                        format!("`chat_template_kwargs`: {e}"),
+                        "chat_template_kwargs",
+                    )
+                })?,
+            ),
+            _ => {
+                return Err(invalid(
+                    "`chat_template_kwargs` must be an object",
+                    "chat_template_kwargs",
+                ));
+            }
+        },
+    };
+    if let Some(effort) = reasoning_effort(m.get("reasoning")) {
+        let k = kwargs.get_or_insert_with(Map::new);
+        if !k.contains_key("enable_thinking") {
+            k.insert("enable_thinking".into(), Value::Bool(effort != "none"));
+        }
+        k.insert("reasoning_effort".into(), Value::String(effort));
+    }
+    Ok(kwargs)
 }
 
 /// `instructions` and `input` as chat messages, and whether the last input item is an

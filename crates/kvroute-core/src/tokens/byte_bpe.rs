@@ -22,7 +22,7 @@
 use std::collections::HashMap;
 
 use regex::Regex;
-use serde_json::Value;
+use serde_json::{Map, Value};
 use unicode_normalization::{IsNormalized, is_nfc_quick};
 
 /// The ending of GPT-4-style split patterns that `regex` cannot compile (a lookahead), and what
@@ -34,6 +34,9 @@ const PLAIN_TAIL: &str = r"|\s+";
 /// Pieces longer than this (bytes) go to `tokenizers`: the merge loop is quadratic.
 const MAX_PIECE_BYTES: usize = 256;
 
+/// The BPE merges: (left, right) → (rank, merged id).
+type Merges = HashMap<(u32, u32), (u32, u32), foldhash::fast::RandomState>;
+
 /// A byte-level BPE tokenizer's split, byte map and merges.
 pub struct ByteBpe {
     split: Regex,
@@ -42,7 +45,7 @@ pub struct ByteBpe {
     /// The vocabulary id of each byte's character.
     byte_ids: [u32; 256],
     /// (left, right) → (rank, merged id).
-    merges: HashMap<(u32, u32), (u32, u32), foldhash::fast::RandomState>,
+    merges: Merges,
     /// With `ignore_merges`, a whole piece found in the vocabulary is one token.
     whole_words: Option<HashMap<String, u32, foldhash::fast::RandomState>>,
     /// GPT-2's byte → character map, for `whole_words`.
@@ -86,91 +89,22 @@ impl ByteBpe {
             n if n["type"] == "NFC" => {}
             n => return refuse(format!("normalizer {}", n["type"])),
         }
-        let pre = &v["pre_tokenizer"];
-        let steps = match pre["type"].as_str() {
-            Some("Sequence") => pre["pretokenizers"].as_array().cloned().unwrap_or_default(),
-            _ => return refuse("the pre-tokenizer is not a sequence"),
-        };
-        let [split, byte_level] = steps.as_slice() else {
-            return refuse("the pre-tokenizer is not a split and a byte-level step");
-        };
-        if split["type"] != "Split" || split["behavior"] != "Isolated" || split["invert"] != false {
-            return refuse("the first pre-tokenizer is not an isolating regex split");
-        }
-        let Some(pattern) = split["pattern"]["Regex"].as_str() else {
-            return refuse("the split is not by a regex");
-        };
-        if byte_level["type"] != "ByteLevel"
-            || byte_level["add_prefix_space"] != false
-            || byte_level["use_regex"] != false
-        {
-            return refuse("the second pre-tokenizer is not a plain byte-level map");
-        }
-        let (pattern, lookahead_tail) = match pattern.strip_suffix(LOOKAHEAD_TAIL) {
-            Some(head) => (format!("{head}{PLAIN_TAIL}"), true),
-            None => (pattern.to_owned(), false),
-        };
-        let split = Regex::new(&pattern).map_err(|e| NotByteBpe(format!("split regex: {e}")))?;
+        let (split, lookahead_tail) = split_regex(&v["pre_tokenizer"])?;
         let model = &v["model"];
-        if model["type"] != "BPE" {
-            return refuse("the model is not BPE");
-        }
-        for (key, ok) in [
-            ("dropout", model["dropout"].is_null()),
-            ("unk_token", model["unk_token"].is_null()),
-            ("byte_fallback", model["byte_fallback"] != true),
-            (
-                "continuing_subword_prefix",
-                model["continuing_subword_prefix"]
-                    .as_str()
-                    .is_none_or(str::is_empty),
-            ),
-            (
-                "end_of_word_suffix",
-                model["end_of_word_suffix"]
-                    .as_str()
-                    .is_none_or(str::is_empty),
-            ),
-        ] {
-            if !ok {
-                return refuse(format!("the BPE model sets {key}"));
-            }
-        }
+        check_model(model)?;
         let Some(vocab) = model["vocab"].as_object() else {
             return refuse("the BPE model has no vocabulary");
         };
-        let id = |token: &str| vocab.get(token).and_then(Value::as_u64).map(|i| i as u32);
         let byte_chars = byte_chars();
         let mut byte_ids = [0u32; 256];
         for (b, c) in byte_chars.iter().enumerate() {
-            byte_ids[b] = id(&c.to_string())
+            byte_ids[b] = token_id(vocab, &c.to_string())
                 .ok_or_else(|| NotByteBpe(format!("byte {b:#04x} has no token")))?;
         }
         let Some(list) = model["merges"].as_array() else {
             return refuse("the BPE model has no merges");
         };
-        let mut merges = HashMap::with_capacity_and_hasher(list.len(), Default::default());
-        for (rank, merge) in list.iter().enumerate() {
-            let (left, right) = match merge {
-                Value::String(s) => match s.split_once(' ') {
-                    Some(pair) => pair,
-                    None => return refuse(format!("merge {s:?}")),
-                },
-                Value::Array(a) => match (
-                    a.first().and_then(Value::as_str),
-                    a.get(1).and_then(Value::as_str),
-                ) {
-                    (Some(l), Some(r)) if a.len() == 2 => (l, r),
-                    _ => return refuse(format!("merge {merge}")),
-                },
-                other => return refuse(format!("merge {other}")),
-            };
-            let (Some(l), Some(r), Some(m)) = (id(left), id(right), id(&format!("{left}{right}")))
-            else {
-                return refuse(format!("merge {left:?} {right:?} is not in the vocabulary"));
-            };
-            merges.entry((l, r)).or_insert((rank as u32, m));
-        }
+        let merges = merges(vocab, list)?;
         let whole_words = (model["ignore_merges"] == true).then(|| {
             vocab
                 .iter()
@@ -295,6 +229,101 @@ impl ByteBpe {
         }
         Ok(())
     }
+}
+
+/// The split regex of a pre-tokenizer that is an isolating regex `Split` followed by a plain
+/// `ByteLevel` (no regex or prefix space of its own), and whether its pattern ended in
+/// [`LOOKAHEAD_TAIL`] (replaced, since `regex` cannot compile a lookahead).
+fn split_regex(pre: &Value) -> Result<(Regex, bool), NotByteBpe> {
+    let steps = match pre["type"].as_str() {
+        Some("Sequence") => pre["pretokenizers"].as_array().cloned().unwrap_or_default(),
+        _ => return refuse("the pre-tokenizer is not a sequence"),
+    };
+    let [split, byte_level] = steps.as_slice() else {
+        return refuse("the pre-tokenizer is not a split and a byte-level step");
+    };
+    if split["type"] != "Split" || split["behavior"] != "Isolated" || split["invert"] != false {
+        return refuse("the first pre-tokenizer is not an isolating regex split");
+    }
+    let Some(pattern) = split["pattern"]["Regex"].as_str() else {
+        return refuse("the split is not by a regex");
+    };
+    if byte_level["type"] != "ByteLevel"
+        || byte_level["add_prefix_space"] != false
+        || byte_level["use_regex"] != false
+    {
+        return refuse("the second pre-tokenizer is not a plain byte-level map");
+    }
+    let (pattern, lookahead_tail) = match pattern.strip_suffix(LOOKAHEAD_TAIL) {
+        Some(head) => (format!("{head}{PLAIN_TAIL}"), true),
+        None => (pattern.to_owned(), false),
+    };
+    let split = Regex::new(&pattern).map_err(|e| NotByteBpe(format!("split regex: {e}")))?;
+    Ok((split, lookahead_tail))
+}
+
+/// Refuses a model other than a plain BPE: dropout, an unknown token, byte fallback or word
+/// affixes change the ids in ways the merge loop does not reproduce.
+fn check_model(model: &Value) -> Result<(), NotByteBpe> {
+    if model["type"] != "BPE" {
+        return refuse("the model is not BPE");
+    }
+    for (key, ok) in [
+        ("dropout", model["dropout"].is_null()),
+        ("unk_token", model["unk_token"].is_null()),
+        ("byte_fallback", model["byte_fallback"] != true),
+        (
+            "continuing_subword_prefix",
+            model["continuing_subword_prefix"]
+                .as_str()
+                .is_none_or(str::is_empty),
+        ),
+        (
+            "end_of_word_suffix",
+            model["end_of_word_suffix"]
+                .as_str()
+                .is_none_or(str::is_empty),
+        ),
+    ] {
+        if !ok {
+            return refuse(format!("the BPE model sets {key}"));
+        }
+    }
+    Ok(())
+}
+
+/// The id of `token` in `vocab`.
+fn token_id(vocab: &Map<String, Value>, token: &str) -> Option<u32> {
+    vocab.get(token).and_then(Value::as_u64).map(|i| i as u32)
+}
+
+/// The merges `list` (each `"left right"` or `["left", "right"]`) as (left, right) → (rank,
+/// merged id); the first of a repeated pair keeps its rank, as `tokenizers` does.
+fn merges(vocab: &Map<String, Value>, list: &[Value]) -> Result<Merges, NotByteBpe> {
+    let id = |token: &str| token_id(vocab, token);
+    let mut merges = HashMap::with_capacity_and_hasher(list.len(), Default::default());
+    for (rank, merge) in list.iter().enumerate() {
+        let (left, right) = match merge {
+            Value::String(s) => match s.split_once(' ') {
+                Some(pair) => pair,
+                None => return refuse(format!("merge {s:?}")),
+            },
+            Value::Array(a) => match (
+                a.first().and_then(Value::as_str),
+                a.get(1).and_then(Value::as_str),
+            ) {
+                (Some(l), Some(r)) if a.len() == 2 => (l, r),
+                _ => return refuse(format!("merge {merge}")),
+            },
+            other => return refuse(format!("merge {other}")),
+        };
+        let (Some(l), Some(r), Some(m)) = (id(left), id(right), id(&format!("{left}{right}")))
+        else {
+            return refuse(format!("merge {left:?} {right:?} is not in the vocabulary"));
+        };
+        merges.entry((l, r)).or_insert((rank as u32, m));
+    }
+    Ok(merges)
 }
 
 /// Texts the probe encodes: words with and without spaces, contractions in both cases, digit

@@ -474,93 +474,6 @@ impl EngineCore {
     pub fn take_kv_events(&mut self) -> Vec<KvEvent> {
         self.cache.take_events()
     }
-
-    /// Runs one step starting at `now`.
-    pub fn step(&mut self, now: f64) -> StepOutcome {
-        let expired = self.held.expire(now, &mut self.cache);
-        self.counters.held_expired += expired.len() as u64;
-        let batch = self.scheduler.schedule(&mut self.cache, now);
-        self.counters.pulls += batch.pulls.len() as u64;
-        self.counters.transferred_tokens +=
-            batch.pulls.iter().map(|p| p.tokens as u64).sum::<u64>();
-        let mut out = StepOutcome {
-            start: now,
-            end: now,
-            num_scheduled: batch.scheduled.len(),
-            preempted: batch.preempted,
-            pulls: batch.pulls,
-            landed: batch.landed,
-            expired,
-            ..StepOutcome::default()
-        };
-        self.counters.preemptions += out.preempted.len() as u64;
-        self.counters.queried_tokens += batch.queried_tokens as u64;
-        self.counters.hit_tokens += batch.hit_tokens as u64;
-        self.counters.queried_blocks += batch.queried_blocks as u64;
-        self.counters.hit_blocks += batch.hit_blocks as u64;
-        if batch.scheduled.is_empty() {
-            out.kv_events = self.cache.take_events();
-            return out;
-        }
-        let mut work = StepWork {
-            kv_usage: self.cache.usage(),
-            ..StepWork::default()
-        };
-        for s in &batch.scheduled {
-            if s.decode {
-                work.decode_seqs += 1;
-            } else {
-                work.prefill_tokens += s.num_new_tokens;
-            }
-        }
-        out.work = work;
-        out.duration = self.config.timing.step_seconds(work);
-        out.end = now + out.duration;
-        self.counters.steps += 1;
-        self.counters.prefill_tokens += work.prefill_tokens as u64;
-
-        let mut done = Vec::new();
-        for s in &batch.scheduled {
-            let Some(req) = self.scheduler.get_mut(s.id) else {
-                continue;
-            };
-            req.num_computed += s.num_new_tokens;
-            if req.num_computed < req.num_tokens() {
-                continue; // a prefill chunk that does not finish the prompt
-            }
-            let index = req.output_len();
-            let token = sample_token(self.config.seed, s.id, index, self.config.vocab_size);
-            req.push_output(token, &self.hasher, self.config.block_size);
-            if req.first_token.is_none() {
-                req.first_token = Some(out.end);
-            }
-            out.tokens.push(TokenEvent {
-                id: s.id,
-                token,
-                index,
-            });
-            if req.output_len() >= req.max_output {
-                done.push(s.id);
-            }
-        }
-        self.counters.generated_tokens += out.tokens.len() as u64;
-        for id in done {
-            let Some(mut req) = self.scheduler.take(id) else {
-                continue;
-            };
-            if req.handoff == Handoff::ToDecode {
-                let table = std::mem::take(&mut req.table);
-                let expires = out.end + self.config.kv_hold_timeout_s;
-                self.held.hold(id, table, expires);
-            } else {
-                self.cache.free(&mut req.table);
-            }
-            self.counters.finished += 1;
-            out.finished.push(req.stats(out.end, FinishReason::Length));
-        }
-        out.kv_events = self.cache.take_events();
-        out
-    }
 }
 
 /// The `index`-th generated token of request `id`: SplitMix64 of the three, so it does not
@@ -574,6 +487,9 @@ pub fn sample_token(seed: u64, id: RequestId, index: usize, vocab: u32) -> u32 {
     z ^= z >> 31;
     (z % u64::from(vocab.max(1))) as u32
 }
+
+#[path = "core_step.rs"]
+mod step;
 
 #[cfg(test)]
 #[path = "core_tests.rs"]

@@ -61,105 +61,104 @@ impl EngineMetrics {
     ) -> Result<Self, prometheus::Error> {
         let registry = registry.clone();
         let engine = rank.to_string();
-        let cache_info = Gauge::with_opts(
-            Opts::new(
-                "vllm:cache_config_info",
-                "Information of the LLMEngine CacheConfig",
-            )
-            .const_label("block_size", core.block_size.to_string())
-            .const_label("enable_prefix_caching", "True")
-            .const_label("engine", engine.clone())
-            .const_label("num_gpu_blocks", core.num_blocks.to_string()),
-        )?;
-        cache_info.set(1.0);
-        registry.register(Box::new(cache_info))?;
-        let opts = |name: &str, help: &str| {
-            Opts::new(name, help)
-                .const_label("model_name", model_name)
-                .const_label("engine", engine.clone())
+        register_cache_info(&registry, core, &engine)?;
+        let labels = RankLabels {
+            model_name,
+            engine: &engine,
         };
-        let hopts = |name: &str, help: &str, buckets: &[f64]| {
-            HistogramOpts::new(name, help)
-                .const_label("model_name", model_name)
-                .const_label("engine", engine.clone())
-                .buckets(buckets.to_vec())
-        };
-        let m = EngineMetrics {
-            running: IntGauge::with_opts(opts(
+        let m = EngineMetrics::build(registry, &labels)?;
+        m.register_families()?;
+        Ok(m)
+    }
+
+    /// Every family of the rank, labelled with `labels`, in `registry`; only the offload
+    /// families are registered yet (they register as they are built), the rest by
+    /// [`Self::register_families`].
+    fn build(registry: Registry, labels: &RankLabels<'_>) -> Result<Self, prometheus::Error> {
+        Ok(EngineMetrics {
+            running: IntGauge::with_opts(labels.opts(
                 "vllm:num_requests_running",
                 "Number of requests in model execution batches.",
             ))?,
-            waiting: IntGauge::with_opts(opts(
+            waiting: IntGauge::with_opts(labels.opts(
                 "vllm:num_requests_waiting",
                 "Number of requests waiting to be processed.",
             ))?,
-            kv_usage: Gauge::with_opts(opts(
+            kv_usage: Gauge::with_opts(labels.opts(
                 "vllm:kv_cache_usage_perc",
                 "KV-cache usage. 1 means 100 percent usage.",
             ))?,
-            queries: IntCounter::with_opts(opts(
+            queries: IntCounter::with_opts(labels.opts(
                 "vllm:prefix_cache_queries_total",
                 "Prefix cache queries, in terms of number of queried tokens.",
             ))?,
-            hits: IntCounter::with_opts(opts(
+            hits: IntCounter::with_opts(labels.opts(
                 "vllm:prefix_cache_hits_total",
                 "Prefix cache hits, in terms of number of cached tokens.",
             ))?,
-            preemptions: IntCounter::with_opts(opts(
+            preemptions: IntCounter::with_opts(labels.opts(
                 "vllm:num_preemptions_total",
                 "Cumulative number of preemption from the engine.",
             ))?,
-            prompt_tokens: IntCounter::with_opts(opts(
+            prompt_tokens: IntCounter::with_opts(labels.opts(
                 "vllm:prompt_tokens_total",
                 "Number of prefill tokens processed.",
             ))?,
-            generation_tokens: IntCounter::with_opts(opts(
+            generation_tokens: IntCounter::with_opts(labels.opts(
                 "vllm:generation_tokens_total",
                 "Number of generation tokens processed.",
             ))?,
-            evictions: IntCounter::with_opts(opts(
+            evictions: IntCounter::with_opts(labels.opts(
                 "kvroute_engine_kv_evictions_total",
                 "Cached KV blocks evicted (simulated engine only).",
             ))?,
             success: IntCounterVec::new(
-                opts(
+                labels.opts(
                     "vllm:request_success_total",
                     "Count of successfully processed requests.",
                 ),
                 &["finished_reason"],
             )?,
-            ttft: Histogram::with_opts(hopts(
+            ttft: Histogram::with_opts(labels.histogram_opts(
                 "vllm:time_to_first_token_seconds",
                 "Histogram of time to first token in seconds.",
                 TTFT_BUCKETS,
             ))?,
-            e2e: Histogram::with_opts(hopts(
+            e2e: Histogram::with_opts(labels.histogram_opts(
                 "vllm:e2e_request_latency_seconds",
                 "Histogram of e2e request latency in seconds.",
                 LATENCY_BUCKETS,
             ))?,
-            queue: Histogram::with_opts(hopts(
+            queue: Histogram::with_opts(labels.histogram_opts(
                 "vllm:request_queue_time_seconds",
                 "Histogram of time spent in WAITING phase for request.",
                 LATENCY_BUCKETS,
             ))?,
-            offload: super::tier_metrics::TierMetrics::register(&registry, opts)?,
+            offload: super::tier_metrics::TierMetrics::register(&registry, |name, help| {
+                labels.opts(name, help)
+            })?,
             registry,
-        };
-        m.registry.register(Box::new(m.running.clone()))?;
-        m.registry.register(Box::new(m.waiting.clone()))?;
-        m.registry.register(Box::new(m.kv_usage.clone()))?;
-        m.registry.register(Box::new(m.queries.clone()))?;
-        m.registry.register(Box::new(m.hits.clone()))?;
-        m.registry.register(Box::new(m.preemptions.clone()))?;
-        m.registry.register(Box::new(m.prompt_tokens.clone()))?;
-        m.registry.register(Box::new(m.generation_tokens.clone()))?;
-        m.registry.register(Box::new(m.evictions.clone()))?;
-        m.registry.register(Box::new(m.success.clone()))?;
-        m.registry.register(Box::new(m.ttft.clone()))?;
-        m.registry.register(Box::new(m.e2e.clone()))?;
-        m.registry.register(Box::new(m.queue.clone()))?;
-        Ok(m)
+        })
+    }
+
+    /// Registers the families [`Self::build`] made, in field order.
+    fn register_families(&self) -> Result<(), prometheus::Error> {
+        self.registry.register(Box::new(self.running.clone()))?;
+        self.registry.register(Box::new(self.waiting.clone()))?;
+        self.registry.register(Box::new(self.kv_usage.clone()))?;
+        self.registry.register(Box::new(self.queries.clone()))?;
+        self.registry.register(Box::new(self.hits.clone()))?;
+        self.registry.register(Box::new(self.preemptions.clone()))?;
+        self.registry
+            .register(Box::new(self.prompt_tokens.clone()))?;
+        self.registry
+            .register(Box::new(self.generation_tokens.clone()))?;
+        self.registry.register(Box::new(self.evictions.clone()))?;
+        self.registry.register(Box::new(self.success.clone()))?;
+        self.registry.register(Box::new(self.ttft.clone()))?;
+        self.registry.register(Box::new(self.e2e.clone()))?;
+        self.registry.register(Box::new(self.queue.clone()))?;
+        Ok(())
     }
 
     /// Updates gauges from `core` and counters by the difference from `before`.
@@ -206,6 +205,52 @@ impl EngineMetrics {
         // written so far rather than a panic.
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
         String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+/// Registers `vllm:cache_config_info` for rank `engine`, always 1: its labels describe the
+/// cache as vLLM describes it (routers size their state by its `num_gpu_blocks`).
+fn register_cache_info(
+    registry: &Registry,
+    core: &EngineConfig,
+    engine: &str,
+) -> Result<(), prometheus::Error> {
+    let cache_info = Gauge::with_opts(
+        Opts::new(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+        )
+        .const_label("block_size", core.block_size.to_string())
+        .const_label("enable_prefix_caching", "True")
+        .const_label("engine", engine)
+        .const_label("num_gpu_blocks", core.num_blocks.to_string()),
+    )?;
+    cache_info.set(1.0);
+    registry.register(Box::new(cache_info))?;
+    Ok(())
+}
+
+/// The constant labels of every series of one engine rank: vLLM's `model_name`, and
+/// `engine`, the data-parallel rank.
+struct RankLabels<'a> {
+    model_name: &'a str,
+    engine: &'a str,
+}
+
+impl RankLabels<'_> {
+    /// A counter's or gauge's options with the rank's labels.
+    fn opts(&self, name: &str, help: &str) -> Opts {
+        Opts::new(name, help)
+            .const_label("model_name", self.model_name)
+            .const_label("engine", self.engine)
+    }
+
+    /// A histogram's options with the rank's labels and `buckets`.
+    fn histogram_opts(&self, name: &str, help: &str, buckets: &[f64]) -> HistogramOpts {
+        HistogramOpts::new(name, help)
+            .const_label("model_name", self.model_name)
+            .const_label("engine", self.engine)
+            .buckets(buckets.to_vec())
     }
 }
 

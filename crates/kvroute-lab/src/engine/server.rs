@@ -198,33 +198,10 @@ pub async fn start(config: ServeConfig, listener: TcpListener) -> Result<EngineH
     let bootstrap = match config.bootstrap_port {
         None => None,
         Some(port) => {
-            let listener = TcpListener::bind(SocketAddr::new(addr.ip(), port)).await?;
-            let at = listener.local_addr()?;
-            let app = handoff_routes::bootstrap_router(Arc::clone(&state));
-            let stop = shutdown.clone();
-            tokio::spawn(async move {
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(stop.cancelled_owned())
-                    .await
-            });
-            tracing::info!(%at, "bootstrap server listening");
-            Some(at)
+            Some(serve_bootstrap(SocketAddr::new(addr.ip(), port), &state, &shutdown).await?)
         }
     };
-    let app = router(state);
-    let stop = shutdown.clone();
-    // One SSE chunk per token is a stream of tiny writes: without TCP_NODELAY, Nagle's
-    // algorithm and delayed ACKs hold each one for tens of milliseconds.
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-        }
-    });
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(stop.cancelled_owned())
-            .await
-    });
+    let server = serve_http(listener, router(state), &shutdown);
     tracing::info!(%addr, "engine listening");
     Ok(EngineHandle {
         addr,
@@ -234,6 +211,48 @@ pub async fn start(config: ServeConfig, listener: TcpListener) -> Result<EngineH
         engines,
         client,
         metrics,
+    })
+}
+
+/// Serves the SGLang bootstrap endpoint of a prefill engine on `at` until `shutdown`; the
+/// address it listens on.
+async fn serve_bootstrap(
+    at: SocketAddr,
+    state: &Arc<AppState>,
+    shutdown: &CancellationToken,
+) -> Result<SocketAddr, StartError> {
+    let listener = TcpListener::bind(at).await?;
+    let at = listener.local_addr()?;
+    let app = handoff_routes::bootstrap_router(Arc::clone(state));
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await
+    });
+    tracing::info!(%at, "bootstrap server listening");
+    Ok(at)
+}
+
+/// Serves the engine's HTTP `app` on `listener` until `shutdown`, with `TCP_NODELAY` on
+/// every connection.
+fn serve_http(
+    listener: TcpListener,
+    app: axum::Router,
+    shutdown: &CancellationToken,
+) -> JoinHandle<std::io::Result<()>> {
+    let stop = shutdown.clone();
+    // One SSE chunk per token is a stream of tiny writes: without TCP_NODELAY, Nagle's
+    // algorithm and delayed ACKs hold each one for tens of milliseconds.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+        }
+    });
+    tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await
     })
 }
 

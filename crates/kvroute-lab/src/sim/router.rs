@@ -22,11 +22,11 @@ use kvroute_router::index::{
     ApproxConfig, ApproxIndex, Holdings, IndexConfig, KvIndex, SessionKey, seeds_for,
 };
 use kvroute_router::kv_events::KvEvent;
-use kvroute_router::policy::Policy;
+use kvroute_router::policy::{self, Policy, PolicyKind};
 use kvroute_router::routing::{Admitted, Analysis, Decider, Target, request_seed};
 use kvroute_router::tokens::{BlockHash, HashSeed, block_hashes};
 
-use super::config::IndexMode;
+use super::config::{IndexMode, SimConfig};
 
 /// A request the router has sent to a worker, holding its load until it ends.
 #[derive(Debug)]
@@ -230,6 +230,42 @@ impl SimRouter {
             seed: request_seed(model, None, None),
             block_size,
         }
+    }
+
+    /// The router replicas of a simulation of `policy` under `config`, each for up to `max`
+    /// workers.
+    pub fn replicas(
+        config: &SimConfig,
+        policy: PolicyKind,
+        index: IndexMode,
+        max: u32,
+    ) -> Vec<SimRouter> {
+        let shared_index = matches!(index, IndexMode::Events { .. });
+        let shared = Arc::new(Self::holdings_remembering(config.approx_ttl));
+        (0..config.routers.max(1))
+            .map(|r| {
+                // Each replica breaks ties with its own random stream, as live replicas do.
+                let settings = policy::PolicySettings {
+                    seed: config.policy.seed.wrapping_add(u64::from(r)),
+                    ..config.policy
+                };
+                // Replicas hear the same KV events (one exact index); the rest of what each
+                // knows is its own, as a live replica's is.
+                let holdings = if shared_index {
+                    Arc::new(Self::holdings_beside(&shared, config.approx_ttl))
+                } else {
+                    Arc::new(Self::holdings_remembering(config.approx_ttl))
+                };
+                Self::sharing(
+                    policy::build(policy, &settings),
+                    holdings,
+                    index,
+                    &config.model,
+                    config.engine.block_size,
+                    max,
+                )
+            })
+            .collect()
     }
 
     /// The policy's name.

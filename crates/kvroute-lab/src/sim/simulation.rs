@@ -25,14 +25,12 @@ use std::collections::BTreeSet;
 
 use thiserror::Error;
 
-use std::sync::Arc;
-
 use crate::engine::{EngineConfig, EngineCore, EngineCounters, Handoff, RequestId, StepOutcome};
 use crate::workload::trace::Trace;
 use kvroute_router::fleet::{EngineLoad, Role, poll_share};
 use kvroute_router::index::Holdings;
 use kvroute_router::kv_events::KvEvent;
-use kvroute_router::policy::{self, PolicyKind};
+use kvroute_router::policy::PolicyKind;
 
 use super::config::{FleetChange, IndexMode, SimConfig, SimConfigError};
 use super::queue::EventQueue;
@@ -170,6 +168,22 @@ fn add(a: &mut EngineCounters, b: EngineCounters) {
     a.held_expired += b.held_expired;
 }
 
+/// The events a simulation starts with: the first load sample (when load is sampled), the
+/// fleet's changes and every request's arrival.
+fn first_events(config: &SimConfig, trace: &Trace) -> EventQueue<Event> {
+    let mut queue = EventQueue::default();
+    if config.load_sample_s.is_some() {
+        queue.push(0.0, Event::SampleLoad);
+    }
+    for (i, c) in config.changes.iter().enumerate() {
+        queue.push(c.at(), Event::Change(i));
+    }
+    for (i, r) in trace.requests.iter().enumerate() {
+        queue.push(r.arrival_s, Event::Arrival(i));
+    }
+    queue
+}
+
 impl<'t> Simulation<'t> {
     /// A simulation of `policy` over `trace` with `config`.
     pub fn new(trace: &'t Trace, config: &SimConfig, policy: PolicyKind) -> Result<Self, SimError> {
@@ -177,31 +191,7 @@ impl<'t> Simulation<'t> {
         let max = config.max_workers();
         let index = config.index_for(policy);
         let shared_index = matches!(index, IndexMode::Events { .. });
-        let shared = Arc::new(SimRouter::holdings_remembering(config.approx_ttl));
-        let mut routers: Vec<SimRouter> = (0..config.routers.max(1))
-            .map(|r| {
-                // Each replica breaks ties with its own random stream, as live replicas do.
-                let settings = policy::PolicySettings {
-                    seed: config.policy.seed.wrapping_add(u64::from(r)),
-                    ..config.policy
-                };
-                // Replicas hear the same KV events (one exact index); the rest of what each
-                // knows is its own, as a live replica's is.
-                let holdings = if shared_index {
-                    Arc::new(SimRouter::holdings_beside(&shared, config.approx_ttl))
-                } else {
-                    Arc::new(SimRouter::holdings_remembering(config.approx_ttl))
-                };
-                SimRouter::sharing(
-                    policy::build(policy, &settings),
-                    holdings,
-                    index,
-                    &config.model,
-                    config.engine.block_size,
-                    max,
-                )
-            })
-            .collect();
+        let mut routers = SimRouter::replicas(config, policy, index, max);
         let mut workers = Vec::with_capacity(max as usize);
         for slot in 0..max {
             workers.push(SimWorker {
@@ -230,16 +220,7 @@ impl<'t> Simulation<'t> {
             .replica_sync_s
             .filter(|_| routers.len() > 1)
             .map(|delay| SimBus::attach(&routers, delay));
-        let mut queue = EventQueue::default();
-        if config.load_sample_s.is_some() {
-            queue.push(0.0, Event::SampleLoad);
-        }
-        for (i, c) in config.changes.iter().enumerate() {
-            queue.push(c.at(), Event::Change(i));
-        }
-        for (i, r) in trace.requests.iter().enumerate() {
-            queue.push(r.arrival_s, Event::Arrival(i));
-        }
+        let queue = first_events(config, trace);
         Ok(Simulation {
             trace,
             config: config.clone(),

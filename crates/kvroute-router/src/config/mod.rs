@@ -352,10 +352,7 @@ impl Config {
             workers: file.workers.as_ref().is_some_and(Vec::is_empty),
         };
         let workers = workers::workers(file.workers.unwrap_or_default(), &args.workers)?;
-        let model_flags = models::ModelFlags {
-            tokenizers: &args.tokenizers,
-            block_size: args.block_size,
-        };
+        let model_flags = models::ModelFlags::of(args);
         let models =
             models::Models::from_file(&file.tokens, file.models, &model_flags, &mut overrides)?;
         let kv_aware = policy::kv_aware(&file.kv_aware)?;
@@ -366,37 +363,14 @@ impl Config {
         let recording = recording::recording(&file.recording, args.record_trace.as_deref())?;
         let endpoints = endpoints::endpoints(&file.endpoints)?;
         let sessions = sessions::sessions(&file.sessions)?;
-        let replica_bus = replica_bus::replica_bus(
-            &file.replica_bus,
-            &replica_bus::ReplicaBusFlags {
-                url: args.replica_bus_url.as_deref(),
-                replica_id: args.replica_id.as_deref(),
-            },
-        )?;
+        let bus_flags = replica_bus::ReplicaBusFlags::of(args);
+        let replica_bus = replica_bus::replica_bus(&file.replica_bus, &bus_flags)?;
         let limits = Limits::from_file(&file.limits, front.max_body_bytes)?;
-        let priorities = priority::priorities(&file.priority)?;
-        if priorities.headroom >= limits.max_concurrency {
-            return Err(invalid(
-                "priority.headroom",
-                "must be below limits.max_concurrency, or only the highest band could run",
-            ));
-        }
-        if priorities.headroom + priorities.fair_reserve >= limits.max_concurrency {
-            return Err(invalid(
-                "priority.fair_reserve",
-                "headroom + fair_reserve must be below limits.max_concurrency, or no tenant \
-                 would have a share outside them",
-            ));
-        }
+        let priorities = priority::within_limits(&file.priority, &limits)?;
         let isolation = priority::isolation(&file.priority)?;
         let tenants = tenants::tenants(file.tenants.unwrap_or_default(), &priorities)?;
         let admin = tenants::admin_access(file.admin, args.admin_open_on_loopback, &tenants)?;
-        let own: Vec<SocketAddr> = std::iter::once(front.listen)
-            .chain(front.metrics_listen)
-            .collect();
-        workers::unique_ids(&workers, &own)?;
-        role::check_pools(&workers)
-            .map_err(|e| invalid(format!("workers.{}", e.field), e.message))?;
+        check_workers(&workers, &front)?;
         Ok(Config {
             listen: front.listen,
             metrics_listen: front.metrics_listen,
@@ -437,6 +411,16 @@ impl Config {
             tracing: traces::tracing(file.tracing)?,
         })
     }
+}
+
+/// Checks the static workers as a whole: ids and URLs unique, none at the router's own
+/// addresses ([`workers::unique_ids`]), and each model's disaggregation pools complete.
+fn check_workers(workers: &[WorkerSpec], front: &server::FrontDoor) -> Result<(), ConfigError> {
+    let own: Vec<SocketAddr> = std::iter::once(front.listen)
+        .chain(front.metrics_listen)
+        .collect();
+    workers::unique_ids(workers, &own)?;
+    role::check_pools(workers).map_err(|e| invalid(format!("workers.{}", e.field), e.message))
 }
 
 /// What a config file says explicitly that it has none of, rather than by leaving the tables

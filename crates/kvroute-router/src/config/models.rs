@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use super::file::{FileModel, FileTokens};
 use super::overrides::Override;
 use super::tenants::target_s;
-use super::{ConfigError, invalid};
+use super::{ConfigError, ServeArgs, invalid};
 use crate::proxy::handoff::Protocol;
 pub use crate::tokens::TokenizerSource;
 use crate::tokens::{EngineKind, ModelSource};
@@ -164,6 +164,16 @@ pub(super) struct ModelFlags<'a> {
     pub(super) block_size: Option<u32>,
 }
 
+impl ModelFlags<'_> {
+    /// The flags `kvroute serve` was given.
+    pub(super) fn of(args: &ServeArgs) -> ModelFlags<'_> {
+        ModelFlags {
+            tokenizers: &args.tokenizers,
+            block_size: args.block_size,
+        }
+    }
+}
+
 /// `MODEL=TOKENIZER`: the model's name and its tokenizer (a directory with `tokenizer.json`,
 /// the file itself, a Hugging Face id, or `builtin`; see [`tokenizer_source`]).
 fn tokenizer_flag(flag: &str) -> Result<(String, String), String> {
@@ -204,30 +214,7 @@ fn model(
     };
     let block_size = m.block_size.unwrap_or(default_block_size);
     block_size_ok(&format!("{key}.block_size"), block_size)?;
-    if m.base_model.is_some() {
-        for (k, set) in [
-            ("tokenizer", m.tokenizer.is_some()),
-            ("block_size", m.block_size.is_some()),
-            ("engine", m.engine.is_some()),
-            ("max_model_len", m.max_model_len.is_some()),
-            ("disaggregation", m.disaggregation.is_some()),
-        ] {
-            if set {
-                return Err(invalid(
-                    format!("{key}.{k}"),
-                    "a LoRA adapter uses its base model's; set it on the base model's entry",
-                ));
-            }
-        }
-    }
-    if let Some(base) = &m.base_model
-        && (base.is_empty() || *base == m.name)
-    {
-        return Err(invalid(
-            format!("{key}.base_model"),
-            "must name the model this LoRA adapter runs on, not be empty or the adapter itself",
-        ));
-    }
+    check_adapter(key, &m)?;
     let engine = match m.engine.as_deref() {
         None => EngineKind::default(),
         Some(e) => EngineKind::parse(e).ok_or_else(|| {
@@ -263,6 +250,36 @@ fn model(
         ttft_target_s: target_s(key, "ttft_target_ms", m.ttft_target_ms)?,
         itl_target_s: target_s(key, "itl_target_ms", m.itl_target_ms)?,
     })
+}
+
+/// A LoRA adapter's entry (one with `base_model`): it names another model, and sets none of
+/// what it shares with its base (tokenizer, block size, engine, context length, disaggregation).
+fn check_adapter(key: &str, m: &FileModel) -> Result<(), ConfigError> {
+    if m.base_model.is_some() {
+        for (k, set) in [
+            ("tokenizer", m.tokenizer.is_some()),
+            ("block_size", m.block_size.is_some()),
+            ("engine", m.engine.is_some()),
+            ("max_model_len", m.max_model_len.is_some()),
+            ("disaggregation", m.disaggregation.is_some()),
+        ] {
+            if set {
+                return Err(invalid(
+                    format!("{key}.{k}"),
+                    "a LoRA adapter uses its base model's; set it on the base model's entry",
+                ));
+            }
+        }
+    }
+    if let Some(base) = &m.base_model
+        && (base.is_empty() || *base == m.name)
+    {
+        return Err(invalid(
+            format!("{key}.base_model"),
+            "must name the model this LoRA adapter runs on, not be empty or the adapter itself",
+        ));
+    }
+    Ok(())
 }
 
 /// What a `tokenizer` value names: `"builtin"`; a path that exists (a directory with

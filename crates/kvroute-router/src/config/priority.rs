@@ -5,7 +5,7 @@
 
 use serde::Deserialize;
 
-use super::{ConfigError, invalid};
+use super::{ConfigError, Limits, invalid};
 use std::time::Duration;
 
 use crate::shaping::priority::{DEFAULT_BAND, DEFAULT_HEADER, DEFAULT_SHEDDABLE_HEADER};
@@ -28,6 +28,29 @@ pub(super) struct FilePriority {
 
 /// Most bands: each is scanned in turn for the next request to admit.
 const MAX_BANDS: usize = 16;
+
+/// The priorities of `[priority]`, checked against `limits`: the bands held back
+/// (`headroom`, `fair_reserve`) must leave room under `limits.max_concurrency`.
+pub(super) fn within_limits(
+    file: &FilePriority,
+    limits: &Limits,
+) -> Result<Priorities, ConfigError> {
+    let priorities = priorities(file)?;
+    if priorities.headroom >= limits.max_concurrency {
+        return Err(invalid(
+            "priority.headroom",
+            "must be below limits.max_concurrency, or only the highest band could run",
+        ));
+    }
+    if priorities.headroom + priorities.fair_reserve >= limits.max_concurrency {
+        return Err(invalid(
+            "priority.fair_reserve",
+            "headroom + fair_reserve must be below limits.max_concurrency, or no tenant \
+             would have a share outside them",
+        ));
+    }
+    Ok(priorities)
+}
 
 /// The priorities of `[priority]`.
 pub(super) fn priorities(file: &FilePriority) -> Result<Priorities, ConfigError> {

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{ConfigError, invalid};
+use super::{ConfigError, ServeArgs, invalid};
 use crate::replica_bus::settings::default_replica_id;
 use crate::replica_bus::{DEFAULT_EXPIRY, DEFAULT_HEARTBEAT, DEFAULT_SUBJECT, ReplicaBusSettings};
 
@@ -35,6 +35,16 @@ pub(super) struct ReplicaBusFlags<'a> {
     pub(super) url: Option<&'a str>,
     /// `--replica-id`.
     pub(super) replica_id: Option<&'a str>,
+}
+
+impl ReplicaBusFlags<'_> {
+    /// The flags `kvroute serve` was given.
+    pub(super) fn of(args: &ServeArgs) -> ReplicaBusFlags<'_> {
+        ReplicaBusFlags {
+            url: args.replica_bus_url.as_deref(),
+            replica_id: args.replica_id.as_deref(),
+        }
+    }
 }
 
 /// The bus settings, `None` when no URL is given.

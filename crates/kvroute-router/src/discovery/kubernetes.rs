@@ -84,31 +84,15 @@ pub async fn run(
         if matches!(event, Event::Init) {
             count(&metrics, Source::Kubernetes, "relist");
         }
-        let map = |pod: &Pod| {
-            let name = pod.metadata.name.clone().unwrap_or_default();
-            let workers = workers_of(pod, &namespace, &config).unwrap_or_else(|why| {
-                match why {
-                    // A pod's ordinary life: starting, stopping, not Ready for a while.
-                    NotAWorker::NotReady | NotAWorker::Terminating | NotAWorker::NoIp => {
-                        tracing::debug!(pod = %name, %why, "pod is no worker now");
-                    }
-                    // A Ready pod the selector matched but that cannot be used: the
-                    // operator's to fix.
-                    _ => tracing::warn!(pod = %name, %why, "pod matches the selector but is no worker"),
-                }
-                Vec::new()
-            });
-            (name, workers)
-        };
         let changed = match event {
             Event::Init => store.init(),
             Event::InitApply(pod) => {
-                let (name, workers) = map(&pod);
+                let (name, workers) = pod_workers(&pod, &namespace, &config);
                 store.init_apply(name, workers)
             }
             Event::InitDone => store.init_done(),
             Event::Apply(pod) => {
-                let (name, workers) = map(&pod);
+                let (name, workers) = pod_workers(&pod, &namespace, &config);
                 store.apply(name, workers)
             }
             Event::Delete(pod) => store.delete(&pod.metadata.name.unwrap_or_default()),
@@ -117,6 +101,29 @@ pub async fn run(
             desired.send_replace(store.desired());
         }
     }
+}
+
+/// The pod's name and the workers it is now (none when it is no worker: logged at debug for
+/// a pod's ordinary life, at warn for a Ready pod that cannot be used).
+fn pod_workers(
+    pod: &Pod,
+    namespace: &str,
+    config: &KubernetesDiscovery,
+) -> (String, Vec<WorkerSpec>) {
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let workers = workers_of(pod, namespace, config).unwrap_or_else(|why| {
+        match why {
+            // A pod's ordinary life: starting, stopping, not Ready for a while.
+            NotAWorker::NotReady | NotAWorker::Terminating | NotAWorker::NoIp => {
+                tracing::debug!(pod = %name, %why, "pod is no worker now");
+            }
+            // A Ready pod the selector matched but that cannot be used: the
+            // operator's to fix.
+            _ => tracing::warn!(pod = %name, %why, "pod matches the selector but is no worker"),
+        }
+        Vec::new()
+    });
+    (name, workers)
 }
 
 /// A client from the environment, retried with a growing delay until one can be built.

@@ -67,6 +67,38 @@ pub fn workers_of(
     config: &KubernetesDiscovery,
 ) -> Result<Vec<WorkerSpec>, NotAWorker> {
     let name = pod.metadata.name.as_deref().ok_or(NotAWorker::Unnamed)?;
+    let (ip, ip_text) = serving_address(pod)?;
+    let annotation = |what: &str| annotation_of(pod, config, what);
+    let port = |what: &str, configured: &PortRef| port_of(pod, annotation(what), configured);
+    let http = port("http-port", &config.http_port)?
+        .ok_or_else(|| NotAWorker::NoHttpPort(config.http_port.to_string()))?;
+    let events = port("kv-events-port", &config.kv_events_port)?;
+    let replay = port("kv-replay-port", &config.kv_replay_port)?.filter(|_| events.is_some());
+    let ranks = data_parallel_size(annotation("data-parallel-size"), config)?;
+    let (role, bootstrap_port) = disaggregation(pod, config, &annotation, &port)?;
+    let endpoints = PodEndpoints {
+        namespace,
+        name,
+        ip,
+        ip_text,
+        http,
+        events,
+        replay,
+        ranks,
+        role,
+        bootstrap_port,
+        annotation_prefix: &config.annotation_prefix,
+    };
+    if internal_balancing(annotation("data-parallel-lb"))? {
+        endpoints.one_worker_with_ranks()
+    } else {
+        endpoints.worker_per_rank()
+    }
+}
+
+/// The pod's IP (and its text, for errors) if it serves now: not terminating (the kubelet is
+/// stopping it: drain now, not when the object finally goes), Running and Ready, with an IP.
+fn serving_address(pod: &Pod) -> Result<(IpAddr, &str), NotAWorker> {
     if pod.metadata.deletion_timestamp.is_some() {
         return Err(NotAWorker::Terminating);
     }
@@ -83,113 +115,169 @@ pub fn workers_of(
     let ip: IpAddr = ip_text
         .parse()
         .map_err(|_| NotAWorker::BadIp(ip_text.to_owned()))?;
-    let annotation = |what: &str| {
-        let key = format!("{}{what}", config.annotation_prefix);
-        let value = pod
-            .metadata
-            .annotations
-            .as_ref()?
-            .get(&key)?
-            .trim()
-            .to_owned();
-        Some((key, value))
-    };
-    let port = |what: &str, configured: &PortRef| -> Result<Option<u16>, NotAWorker> {
-        let wanted = match annotation(what) {
-            Some((key, value)) => match value.parse::<u16>() {
-                Ok(0) => {
-                    return Err(NotAWorker::BadAnnotation {
-                        key,
-                        value,
-                        why: "is not a port",
-                    });
-                }
-                Ok(n) => PortRef::Number(n),
-                Err(_) => PortRef::Name(value),
-            },
-            None => configured.clone(),
-        };
-        Ok(match wanted {
-            PortRef::Number(n) => Some(n),
-            PortRef::Name(n) => named_port(pod, &n),
-        })
-    };
-    let http = port("http-port", &config.http_port)?
-        .ok_or_else(|| NotAWorker::NoHttpPort(config.http_port.to_string()))?;
-    let events = port("kv-events-port", &config.kv_events_port)?;
-    let replay = port("kv-replay-port", &config.kv_replay_port)?.filter(|_| events.is_some());
-    let ranks = match annotation("data-parallel-size") {
-        None => config.data_parallel_size.max(1),
+    Ok((ip, ip_text))
+}
+
+/// The annotation `<prefix><what>` and its trimmed value, if the pod has it: the key comes
+/// back with it so an error can name it.
+fn annotation_of(pod: &Pod, config: &KubernetesDiscovery, what: &str) -> Option<(String, String)> {
+    let key = format!("{}{what}", config.annotation_prefix);
+    let value = pod
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(&key)?
+        .trim()
+        .to_owned();
+    Some((key, value))
+}
+
+/// The port an annotation (`found`) gives — a number, or a container port's name — else the
+/// `configured` one; `None` when a named port is not among the pod's containers'.
+fn port_of(
+    pod: &Pod,
+    found: Option<(String, String)>,
+    configured: &PortRef,
+) -> Result<Option<u16>, NotAWorker> {
+    let wanted = match found {
         Some((key, value)) => match value.parse::<u16>() {
-            Ok(n) if (1..=MAX_DATA_PARALLEL).contains(&n) => n,
-            _ => {
+            Ok(0) => {
                 return Err(NotAWorker::BadAnnotation {
                     key,
                     value,
-                    why: "is not a data-parallel size from 1 to 256",
+                    why: "is not a port",
                 });
             }
+            Ok(n) => PortRef::Number(n),
+            Err(_) => PortRef::Name(value),
         },
+        None => configured.clone(),
     };
-    let offset = |p: u16, rank: u16| {
-        p.checked_add(rank).ok_or(NotAWorker::BadAnnotation {
-            key: format!("{}data-parallel-size", config.annotation_prefix),
-            value: ranks.to_string(),
-            why: "puts a rank's port beyond 65535",
-        })
-    };
-    let zmq = |p: u16| format!("tcp://{}", SocketAddr::new(ip, p));
-    let (role, bootstrap_port) = disaggregation(pod, config, &annotation, &port)?;
-    let internal = match annotation("data-parallel-lb") {
-        None => false,
-        Some((_, v)) if v == "external" => false,
-        Some((_, v)) if v == "internal" => true,
-        Some((key, value)) => {
-            return Err(NotAWorker::BadAnnotation {
+    Ok(match wanted {
+        PortRef::Number(n) => Some(n),
+        PortRef::Name(n) => named_port(pod, &n),
+    })
+}
+
+/// The data-parallel size: the annotation (`found`), else the configured one (at least 1).
+fn data_parallel_size(
+    found: Option<(String, String)>,
+    config: &KubernetesDiscovery,
+) -> Result<u16, NotAWorker> {
+    match found {
+        None => Ok(config.data_parallel_size.max(1)),
+        Some((key, value)) => match value.parse::<u16>() {
+            Ok(n) if (1..=MAX_DATA_PARALLEL).contains(&n) => Ok(n),
+            _ => Err(NotAWorker::BadAnnotation {
                 key,
                 value,
-                why: "is neither `internal` nor `external`",
+                why: "is not a data-parallel size from 1 to 256",
+            }),
+        },
+    }
+}
+
+/// Whether the `data-parallel-lb` annotation (`found`) says `internal`: one worker with its
+/// ranks behind one HTTP port. `external`, or none, is a worker per rank.
+fn internal_balancing(found: Option<(String, String)>) -> Result<bool, NotAWorker> {
+    match found {
+        None => Ok(false),
+        Some((_, v)) if v == "external" => Ok(false),
+        Some((_, v)) if v == "internal" => Ok(true),
+        Some((key, value)) => Err(NotAWorker::BadAnnotation {
+            key,
+            value,
+            why: "is neither `internal` nor `external`",
+        }),
+    }
+}
+
+/// What [`workers_of`] read from a serving pod, from which its workers are made one way
+/// (one worker with its ranks) or the other (a worker per rank).
+struct PodEndpoints<'a> {
+    namespace: &'a str,
+    name: &'a str,
+    ip: IpAddr,
+    ip_text: &'a str,
+    http: u16,
+    events: Option<u16>,
+    replay: Option<u16>,
+    ranks: u16,
+    role: Role,
+    bootstrap_port: Option<u16>,
+    annotation_prefix: &'a str,
+}
+
+impl PodEndpoints<'_> {
+    /// Port `p` of rank `rank`: the rank's ports are offset by the rank, and must stay ports.
+    fn offset(&self, p: u16, rank: u16) -> Result<u16, NotAWorker> {
+        p.checked_add(rank).ok_or(NotAWorker::BadAnnotation {
+            key: format!("{}data-parallel-size", self.annotation_prefix),
+            value: self.ranks.to_string(),
+            why: "puts a rank's port beyond 65535",
+        })
+    }
+
+    /// The ZeroMQ endpoint of event port `p` on the pod.
+    fn zmq(&self, p: u16) -> String {
+        format!("tcp://{}", SocketAddr::new(self.ip, p))
+    }
+
+    /// The worker's base URL on HTTP port `port`.
+    fn url(&self, port: u16) -> Result<BaseUrl, NotAWorker> {
+        BaseUrl::parse(&format!("http://{}", SocketAddr::new(self.ip, port)))
+            .map_err(|_| NotAWorker::BadIp(self.ip_text.to_owned()))
+    }
+
+    /// Internal load balancing: one worker with every rank behind its one HTTP port.
+    fn one_worker_with_ranks(&self) -> Result<Vec<WorkerSpec>, NotAWorker> {
+        // The last rank's event ports must exist; rank N's are the router's to offset.
+        for p in [self.events, self.replay].into_iter().flatten() {
+            self.offset(p, self.ranks - 1)?;
+        }
+        let url = self.url(self.http)?;
+        Ok(vec![WorkerSpec {
+            id: worker_id(self.namespace, self.name, ""),
+            url,
+            models: Vec::new(),
+            kv_events: self.events.map(|p| self.zmq(p)),
+            kv_replay: self.replay.map(|p| self.zmq(p)),
+            kv_blocks: None,
+            data_parallel_size: u32::from(self.ranks),
+            role: self.role,
+            bootstrap_port: self.bootstrap_port,
+        }])
+    }
+
+    /// External load balancing: a worker per rank, each on its own offset ports.
+    fn worker_per_rank(&self) -> Result<Vec<WorkerSpec>, NotAWorker> {
+        let mut workers = Vec::with_capacity(self.ranks as usize);
+        for rank in 0..self.ranks {
+            let url = self.url(self.offset(self.http, rank)?)?;
+            let rank_suffix = (self.ranks > 1).then(|| format!(":dp{rank}"));
+            let event_port = |p: Option<u16>| -> Result<Option<String>, NotAWorker> {
+                Ok(p.map(|p| self.offset(p, rank))
+                    .transpose()?
+                    .map(|p| self.zmq(p)))
+            };
+            workers.push(WorkerSpec {
+                id: worker_id(
+                    self.namespace,
+                    self.name,
+                    rank_suffix.as_deref().unwrap_or(""),
+                ),
+                url,
+                models: Vec::new(),
+                kv_events: event_port(self.events)?,
+                kv_replay: event_port(self.replay)?,
+                kv_blocks: None,
+                data_parallel_size: 1,
+                role: self.role,
+                bootstrap_port: self.bootstrap_port,
             });
         }
-    };
-    if internal {
-        // The last rank's event ports must exist; rank N's are the router's to offset.
-        for p in [events, replay].into_iter().flatten() {
-            offset(p, ranks - 1)?;
-        }
-        let url = BaseUrl::parse(&format!("http://{}", SocketAddr::new(ip, http)))
-            .map_err(|_| NotAWorker::BadIp(ip_text.to_owned()))?;
-        return Ok(vec![WorkerSpec {
-            id: worker_id(namespace, name, ""),
-            url,
-            models: Vec::new(),
-            kv_events: events.map(zmq),
-            kv_replay: replay.map(zmq),
-            kv_blocks: None,
-            data_parallel_size: u32::from(ranks),
-            role,
-            bootstrap_port,
-        }]);
+        Ok(workers)
     }
-    let mut workers = Vec::with_capacity(ranks as usize);
-    for rank in 0..ranks {
-        let addr = SocketAddr::new(ip, offset(http, rank)?);
-        let url = BaseUrl::parse(&format!("http://{addr}"))
-            .map_err(|_| NotAWorker::BadIp(ip_text.to_owned()))?;
-        let rank_suffix = (ranks > 1).then(|| format!(":dp{rank}"));
-        workers.push(WorkerSpec {
-            id: worker_id(namespace, name, rank_suffix.as_deref().unwrap_or("")),
-            url,
-            models: Vec::new(),
-            kv_events: events.map(|p| offset(p, rank)).transpose()?.map(zmq),
-            kv_replay: replay.map(|p| offset(p, rank)).transpose()?.map(zmq),
-            kv_blocks: None,
-            data_parallel_size: 1,
-            role,
-            bootstrap_port,
-        });
-    }
-    Ok(workers)
 }
 
 /// Reads a port annotation (or the configured port): see [`workers_of`].

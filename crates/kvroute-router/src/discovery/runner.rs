@@ -70,12 +70,11 @@ pub async fn run(
     for spec in std::mem::take(&mut ctx.adopted) {
         rec.joined(spec);
     }
-    let count = |kind: &str| {
-        ctx.metrics
-            .discovery
-            .events
-            .with_label_values(&[source.name(), kind])
-            .inc();
+    let mut runner = Runner {
+        source,
+        ctx,
+        rec,
+        client,
     };
     loop {
         tokio::select! {
@@ -86,38 +85,80 @@ pub async fn run(
         // Planned on the set in place (no copy each tick); the borrow ends before any await.
         let actions = {
             let want = desired.borrow_and_update();
-            rec.plan(&want, &InFlight(ctx.lifecycle.fleet()), Instant::now())
+            let fleet = InFlight(runner.ctx.lifecycle.fleet());
+            runner.rec.plan(&want, &fleet, Instant::now())
         };
+        let joins = runner.act(actions).await;
+        runner.join_all(joins).await;
+        runner
+            .ctx
+            .metrics
+            .discovery
+            .workers
+            .with_label_values(&[runner.source.name()])
+            .set(runner.rec.in_fleet() as i64);
+    }
+}
+
+/// A source's runner between ticks: the reconciler's memory of what it did, and what it
+/// does it with.
+struct Runner {
+    source: Source,
+    ctx: RunnerContext,
+    rec: Reconciler,
+    client: ProbeClient,
+}
+
+impl Runner {
+    /// Counts a discovery event of `kind` for the source.
+    fn count(&self, kind: &str) {
+        self.ctx
+            .metrics
+            .discovery
+            .events
+            .with_label_values(&[self.source.name(), kind])
+            .inc();
+    }
+
+    /// Carries out the drains, undrains and leaves of `actions`, in order, and hands back the
+    /// joins (which need their probes first).
+    async fn act(&mut self, actions: Vec<Action>) -> Vec<WorkerSpec> {
         let mut joins = Vec::new();
         for action in actions {
             match action {
                 Action::Join(spec) => joins.push(spec),
                 Action::Drain(id) => {
-                    ctx.lifecycle.drain(&id);
-                    count("drain");
+                    self.ctx.lifecycle.drain(&id);
+                    self.count("drain");
                 }
                 Action::Undrain(id) => {
-                    ctx.lifecycle.undrain(&id);
-                    count("undrain");
+                    self.ctx.lifecycle.undrain(&id);
+                    self.count("undrain");
                 }
-                Action::Leave { id, force } => match ctx.lifecycle.leave(&id, force).await {
+                Action::Leave { id, force } => match self.ctx.lifecycle.leave(&id, force).await {
                     Ok(in_flight) => {
-                        rec.left(&id);
-                        count(if force { "forced_leave" } else { "leave" });
+                        self.rec.left(&id);
+                        self.count(if force { "forced_leave" } else { "leave" });
                         if force {
                             tracing::warn!(worker = %id, in_flight, "drain timed out; removed");
                         }
                     }
-                    Err(LeaveError::NotFound(_)) => rec.left(&id),
+                    Err(LeaveError::NotFound(_)) => self.rec.left(&id),
                     // A request was admitted between the look and the leave: next tick.
                     Err(LeaveError::Busy { .. }) => {}
                 },
             }
         }
+        joins
+    }
+
+    /// Probes the `joins` together (when the source probes models), then joins each that
+    /// may; one that may not is retried later.
+    async fn join_all(&mut self, joins: Vec<WorkerSpec>) {
         let probes = joins.into_iter().map(|spec| {
-            let client = &client;
-            let timeout = ctx.probe_timeout;
-            let probe = ctx.probe_models;
+            let client = &self.client;
+            let timeout = self.ctx.probe_timeout;
+            let probe = self.ctx.probe_models;
             async move {
                 let models = if probe {
                     probe_models(client, &spec, timeout).await.map(Some)
@@ -128,23 +169,18 @@ pub async fn run(
             }
         });
         for (spec, models) in futures_util::future::join_all(probes).await {
-            match join(&ctx, source, spec.clone(), models) {
+            match join(&self.ctx, self.source, spec.clone(), models) {
                 Ok(()) => {
-                    rec.joined(spec);
-                    count("join");
+                    self.rec.joined(spec);
+                    self.count("join");
                 }
                 Err(why) => {
                     tracing::info!(worker = %spec.id, url = %spec.url, %why, "not joined yet; retrying");
-                    rec.join_failed(&spec.id, Instant::now());
-                    count("join_failed");
+                    self.rec.join_failed(&spec.id, Instant::now());
+                    self.count("join_failed");
                 }
             }
         }
-        ctx.metrics
-            .discovery
-            .workers
-            .with_label_values(&[source.name()])
-            .set(rec.in_fleet() as i64);
     }
 }
 

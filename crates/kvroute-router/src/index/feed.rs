@@ -21,7 +21,7 @@ use super::Holdings;
 use crate::fleet::WorkerId;
 use crate::kv_events::{
     EventBatch, KvEvent, Subscriber, SubscriberConfig, SubscriberError, SubscriberEvent,
-    SubscriberHandle, SubscriberStats,
+    SubscriberHandle, SubscriberStats, WorkerEvent,
 };
 use crate::tokens::HashSeed;
 use crate::tokens::model::hash_seed;
@@ -93,86 +93,20 @@ impl WorkerFeed {
         let stats = Arc::clone(subscriber.stats());
         let index = Arc::clone(&holdings);
         let task = tokio::spawn(async move {
-            let mut model_wait = ModelWait::default();
-            let mut undecodable = Throttle::new(UNDECODABLE_LOG_EVERY);
-            let mut other_size = Throttle::new(BLOCK_SIZE_LOG_EVERY);
-            let mut other_rank = Throttle::new(BLOCK_SIZE_LOG_EVERY);
-            // Whatever ends the task (a stop, a closed channel), the worker is not warming.
-            let warming = WarmingGuard(warming);
-            // Everything queued is taken per wake-up: an intake thread hands over a busy
-            // engine's batches several at a time.
-            let mut queued = Vec::with_capacity(256);
-            while rx.recv_many(&mut queued, 256).await > 0 {
-                for msg in queued.drain(..) {
-                    match msg.event {
-                        SubscriberEvent::Batch { batch, .. } => {
-                            if let Some(named) = foreign_rank(&batch, rank) {
-                                index.exact.count_skipped(batch.events.len() as u64);
-                                stats.dp_rank_mismatch.fetch_add(1, Ordering::Relaxed);
-                                if let Some(suppressed) = other_rank.allow(Instant::now()) {
-                                    tracing::error!(
-                                        worker = %msg.worker,
-                                        expected = rank.unwrap_or_default(),
-                                        named,
-                                        suppressed,
-                                        "a KV-event batch names another data-parallel rank than the one this endpoint was subscribed for: its blocks are not indexed; check the worker's data_parallel_size and kv_events port (rank N publishes on the port plus N)"
-                                    );
-                                }
-                                continue;
-                            }
-                            let Some(model) = model_wait.model(&model).await else {
-                                if model_wait.first_skip() {
-                                    tracing::warn!(worker = %msg.worker, "KV events arrive but the worker's model is not known yet; skipping them until it is");
-                                }
-                                index.exact.count_skipped(batch.events.len() as u64);
-                                continue;
-                            };
-                            let (batch, refused) = same_block_size(batch, model.block_size);
-                            if let Some(refused) = refused {
-                                index.exact.count_skipped(refused.events);
-                                stats
-                                    .block_size_mismatch
-                                    .fetch_add(refused.events, Ordering::Relaxed);
-                                if let Some(suppressed) = other_size.allow(Instant::now()) {
-                                    tracing::error!(
-                                        worker = %msg.worker,
-                                        model = %model.name,
-                                        engine_block_size = refused.block_size,
-                                        model_block_size = model.block_size,
-                                        suppressed,
-                                        "the worker's engine stores KV blocks of another size than its model's block_size: its blocks can never match a request, so they are not indexed and the worker is routed as if its cache were cold; run the engine with the model's block (page) size, or serve it under another model name with its own block_size"
-                                    );
-                                }
-                            }
-                            index.exact.apply(worker, &batch, &seeds_for(&model.name));
-                        }
-                        SubscriberEvent::Reset { last_seq, seq } => {
-                            tracing::info!(worker = %msg.worker, last_seq, seq, "KV-event publisher restarted; worker starts cold");
-                            index.exact.clear_worker(worker);
-                        }
-                        SubscriberEvent::Disconnected => {
-                            tracing::info!(worker = %msg.worker, "KV-event publisher disconnected; worker starts cold");
-                            index.exact.clear_worker(worker);
-                        }
-                        SubscriberEvent::Dropped { from, to, reason } => {
-                            tracing::warn!(worker = %msg.worker, from, to, ?reason, "KV events lost; dropping the worker's index entries");
-                            index.exact.clear_worker(worker);
-                        }
-                        SubscriberEvent::Undecodable { seq, error } => {
-                            // The batch is lost: what it removed may still be listed.
-                            index.exact.clear_worker(worker);
-                            if let Some(suppressed) = undecodable.allow(Instant::now()) {
-                                tracing::warn!(worker = %msg.worker, seq, %error, suppressed, "undecodable KV-event batch: the worker's entries are dropped (later ones in this interval are counted, not logged)");
-                            }
-                        }
-                        SubscriberEvent::Warming => (warming.0)(true),
-                        SubscriberEvent::Warmed { result } => {
-                            tracing::debug!(worker = %msg.worker, ?result, "KV-event warm-up replay ended");
-                            (warming.0)(false);
-                        }
-                    }
-                }
-            }
+            let mut applier = Applier {
+                // Whatever ends the task (a stop, a closed channel), the worker is not warming.
+                warming: WarmingGuard(warming),
+                index,
+                worker,
+                rank,
+                stats,
+                model,
+                model_wait: ModelWait::default(),
+                undecodable: Throttle::new(UNDECODABLE_LOG_EVERY),
+                other_size: Throttle::new(BLOCK_SIZE_LOG_EVERY),
+                other_rank: Throttle::new(BLOCK_SIZE_LOG_EVERY),
+            };
+            applier.run(&mut rx).await;
         });
         Ok(WorkerFeed {
             worker,
@@ -197,6 +131,126 @@ impl WorkerFeed {
     /// The subscriber's counters.
     pub fn stats(&self) -> Option<&Arc<SubscriberStats>> {
         self.subscriber.as_ref().map(SubscriberHandle::stats)
+    }
+}
+
+/// The applying task of a [`WorkerFeed`]: what it writes to, and the waits and log throttles
+/// that persist from one batch to the next.
+struct Applier {
+    /// Dropped first when the task ends: the worker is not warming any more.
+    warming: WarmingGuard,
+    index: Arc<Holdings>,
+    worker: WorkerId,
+    /// The data-parallel rank the subscription is for, if any.
+    rank: Option<u32>,
+    stats: Arc<SubscriberStats>,
+    model: ModelOf,
+    model_wait: ModelWait,
+    undecodable: Throttle,
+    other_size: Throttle,
+    other_rank: Throttle,
+}
+
+impl Applier {
+    /// Applies what the subscriber queues until the channel closes.
+    async fn run(&mut self, rx: &mut mpsc::Receiver<WorkerEvent>) {
+        // Everything queued is taken per wake-up: an intake thread hands over a busy
+        // engine's batches several at a time.
+        let mut queued = Vec::with_capacity(256);
+        while rx.recv_many(&mut queued, 256).await > 0 {
+            for msg in queued.drain(..) {
+                self.apply(&msg.worker, msg.event).await;
+            }
+        }
+    }
+
+    /// Indexes a batch of the subscribed rank, seeded for the worker's model (waiting for it
+    /// to be known, see [`ModelWait`]), without blocks of another size than the model's.
+    async fn batch(&mut self, label: &str, batch: EventBatch) {
+        if self.is_foreign(label, &batch) {
+            return;
+        }
+        let Some(model) = self.model_wait.model(&self.model).await else {
+            if self.model_wait.first_skip() {
+                tracing::warn!(worker = %label, "KV events arrive but the worker's model is not known yet; skipping them until it is");
+            }
+            self.index.exact.count_skipped(batch.events.len() as u64);
+            return;
+        };
+        let (batch, refused) = same_block_size(batch, model.block_size);
+        if let Some(refused) = refused {
+            self.index.exact.count_skipped(refused.events);
+            self.stats
+                .block_size_mismatch
+                .fetch_add(refused.events, Ordering::Relaxed);
+            if let Some(suppressed) = self.other_size.allow(Instant::now()) {
+                tracing::error!(
+                    worker = %label,
+                    model = %model.name,
+                    engine_block_size = refused.block_size,
+                    model_block_size = model.block_size,
+                    suppressed,
+                    "the worker's engine stores KV blocks of another size than its model's block_size: its blocks can never match a request, so they are not indexed and the worker is routed as if its cache were cold; run the engine with the model's block (page) size, or serve it under another model name with its own block_size"
+                );
+            }
+        }
+        self.index
+            .exact
+            .apply(self.worker, &batch, &seeds_for(&model.name));
+    }
+
+    /// Whether `batch` names another data-parallel rank than the subscription's: then it is
+    /// counted as skipped, and the misconfiguration logged (throttled).
+    fn is_foreign(&mut self, label: &str, batch: &EventBatch) -> bool {
+        let Some(named) = foreign_rank(batch, self.rank) else {
+            return false;
+        };
+        self.index.exact.count_skipped(batch.events.len() as u64);
+        self.stats.dp_rank_mismatch.fetch_add(1, Ordering::Relaxed);
+        if let Some(suppressed) = self.other_rank.allow(Instant::now()) {
+            tracing::error!(
+                worker = %label,
+                expected = self.rank.unwrap_or_default(),
+                named,
+                suppressed,
+                "a KV-event batch names another data-parallel rank than the one this endpoint was subscribed for: its blocks are not indexed; check the worker's data_parallel_size and kv_events port (rank N publishes on the port plus N)"
+            );
+        }
+        true
+    }
+
+    /// Applies one message of the worker labelled `label`: a batch is indexed; a stream that
+    /// cannot be trusted any more clears the worker's entries; the warm-up replay's start and
+    /// end mark it warming.
+    async fn apply(&mut self, label: &str, event: SubscriberEvent) {
+        let worker = self.worker;
+        match event {
+            SubscriberEvent::Batch { batch, .. } => self.batch(label, batch).await,
+            SubscriberEvent::Reset { last_seq, seq } => {
+                tracing::info!(worker = %label, last_seq, seq, "KV-event publisher restarted; worker starts cold");
+                self.index.exact.clear_worker(worker);
+            }
+            SubscriberEvent::Disconnected => {
+                tracing::info!(worker = %label, "KV-event publisher disconnected; worker starts cold");
+                self.index.exact.clear_worker(worker);
+            }
+            SubscriberEvent::Dropped { from, to, reason } => {
+                tracing::warn!(worker = %label, from, to, ?reason, "KV events lost; dropping the worker's index entries");
+                self.index.exact.clear_worker(worker);
+            }
+            SubscriberEvent::Undecodable { seq, error } => {
+                // The batch is lost: what it removed may still be listed.
+                self.index.exact.clear_worker(worker);
+                if let Some(suppressed) = self.undecodable.allow(Instant::now()) {
+                    tracing::warn!(worker = %label, seq, %error, suppressed, "undecodable KV-event batch: the worker's entries are dropped (later ones in this interval are counted, not logged)");
+                }
+            }
+            SubscriberEvent::Warming => (self.warming.0)(true),
+            SubscriberEvent::Warmed { result } => {
+                tracing::debug!(worker = %label, ?result, "KV-event warm-up replay ended");
+                (self.warming.0)(false);
+            }
+        }
     }
 }
 

@@ -266,21 +266,8 @@ async fn forward(
     .await?;
     // Placement isolation: the tenant's stance now, with the slot it holds counted.
     decided.analysis.standing = ticket.standing();
-    let slo = super::slo::apply(
-        state,
-        &caller,
-        &call.headers,
-        model_ref,
-        &mut decided.analysis,
-        &decided.eligible,
-    )?;
-    let reservation = super::reserve::reserve(
-        state,
-        &caller,
-        &decided.analysis,
-        decided.view.as_ref(),
-        decided.salt.as_deref(),
-    )?;
+    let (slo, reservation) =
+        slo_and_reservation(state, &caller, &call.headers, model_ref, &mut decided)?;
     let trail = trail(state, &mut decided, bytes.len(), started);
     let edits = Edits {
         tenant_salt: salt.is_some().then_some(decided.salt.as_deref()),
@@ -304,12 +291,7 @@ async fn forward(
         bytes,
     )
     .await?;
-    let requester = Requester {
-        id: request_id::of(&headers).to_owned(),
-        tenant: caller.tenant().map(str::to_owned),
-        model: model.unwrap_or_else(|| "-".to_owned()),
-        api,
-    };
+    let requester = requester(&headers, &caller, model, api);
     let answering = Answering {
         ticket,
         trail,
@@ -320,6 +302,50 @@ async fn forward(
         started,
     };
     Ok(respond(state, dispatched, answering))
+}
+
+/// The decided request's latency targets (SLO hints: they set the analysis' TTFT target, and
+/// refuse a sheddable request no worker is predicted to meet), then the tokens it reserves in
+/// its tenant's per-minute limit (or the 429 refusing it).
+fn slo_and_reservation(
+    state: &AppState,
+    caller: &Caller,
+    headers: &HeaderMap,
+    model: Option<&str>,
+    decided: &mut Decided,
+) -> Result<(super::slo::Hints, Option<super::rate_limit::Reservation>), ApiError> {
+    let slo = super::slo::apply(
+        state,
+        caller,
+        headers,
+        model,
+        &mut decided.analysis,
+        &decided.eligible,
+    )?;
+    let reservation = super::reserve::reserve(
+        state,
+        caller,
+        &decided.analysis,
+        decided.view.as_ref(),
+        decided.salt.as_deref(),
+    )?;
+    Ok((slo, reservation))
+}
+
+/// Who asked, for the response's observer: the request id `headers` carry, the caller's
+/// tenant, the model (`-`: none named) and the kind of endpoint.
+pub(super) fn requester(
+    headers: &HeaderMap,
+    caller: &Caller,
+    model: Option<String>,
+    api: Api,
+) -> Requester {
+    Requester {
+        id: request_id::of(headers).to_owned(),
+        tenant: caller.tenant().map(str::to_owned),
+        model: model.unwrap_or_else(|| "-".to_owned()),
+        api,
+    }
 }
 
 /// Names the request's model and tenant on its span.
@@ -335,7 +361,7 @@ fn name_in_span(model: Option<&str>, caller: &Caller) {
 
 /// What follows a request's response: its prompt hashed for the prefix metrics and the
 /// recorded trace (only prompts are), from the decided view (taken).
-fn trail(
+pub(super) fn trail(
     state: &Arc<AppState>,
     decided: &mut Decided,
     body_bytes: usize,

@@ -252,24 +252,7 @@ impl Gate {
                     weight: entry.weight,
                 });
             }
-            let (tx, rx) = oneshot::channel();
-            let arrival = Arrival {
-                band: entry.band,
-                flow: Arc::clone(&entry.flow),
-                weight: entry.weight,
-                sheddable: entry.sheddable,
-                deadline: self.now() + entry.wait,
-            };
-            let queued = match st.queue.push(self.now(), arrival, tx) {
-                Ok(q) => q,
-                Err(Refusal::Full | Refusal::NoSuchBand) => return Err(Denied::Full),
-            };
-            if let Some(shed) = queued.shed {
-                let _ = shed.item.send(Grant::Shed);
-                self.depth(&st, shed.arrival.band, &shed.arrival.flow);
-            }
-            self.depth(&st, entry.band, &entry.flow);
-            (queued.id, rx)
+            self.queue(&mut st, &entry)?
         };
         let mut waiting = Waiting {
             gate: self,
@@ -280,17 +263,7 @@ impl Gate {
         };
         let grant = match tokio::time::timeout(entry.wait, &mut rx).await {
             Ok(grant) => grant.unwrap_or(Grant::Shed),
-            Err(_) => {
-                let mut st = self.lock();
-                if st.queue.remove(id).is_some() {
-                    self.depth(&st, waiting.band, &waiting.flow);
-                    self.pump(&mut st);
-                    Grant::Expired
-                } else {
-                    // Handed a slot (or shed) just as the wait ran out: the answer is sent.
-                    rx.try_recv().unwrap_or(Grant::Shed)
-                }
-            }
+            Err(_) => self.wait_ran_out(id, (waiting.band, &waiting.flow), &mut rx),
         };
         waiting.armed = false;
         match grant {
@@ -307,6 +280,52 @@ impl Gate {
             }
             Grant::Shed => Err(Denied::Shed),
             Grant::Expired => Err(Denied::Timeout),
+        }
+    }
+
+    /// Puts `entry` in line (`st`: the gate's state, locked), shedding the waiter it displaces
+    /// if any; its id in the line and where its grant will come. A full line refuses it.
+    fn queue(
+        &self,
+        st: &mut State,
+        entry: &Entry,
+    ) -> Result<(u64, oneshot::Receiver<Grant>), Denied> {
+        let (tx, rx) = oneshot::channel();
+        let arrival = Arrival {
+            band: entry.band,
+            flow: Arc::clone(&entry.flow),
+            weight: entry.weight,
+            sheddable: entry.sheddable,
+            deadline: self.now() + entry.wait,
+        };
+        let queued = match st.queue.push(self.now(), arrival, tx) {
+            Ok(q) => q,
+            Err(Refusal::Full | Refusal::NoSuchBand) => return Err(Denied::Full),
+        };
+        if let Some(shed) = queued.shed {
+            let _ = shed.item.send(Grant::Shed);
+            self.depth(st, shed.arrival.band, &shed.arrival.flow);
+        }
+        self.depth(st, entry.band, &entry.flow);
+        Ok((queued.id, rx))
+    }
+
+    /// The grant of waiter `id` (of `band` and `flow`) whose wait ran out: expired if it was
+    /// still in line (then the line moves on), else the answer it was sent just then.
+    fn wait_ran_out(
+        &self,
+        id: u64,
+        (band, flow): (usize, &str),
+        rx: &mut oneshot::Receiver<Grant>,
+    ) -> Grant {
+        let mut st = self.lock();
+        if st.queue.remove(id).is_some() {
+            self.depth(&st, band, flow);
+            self.pump(&mut st);
+            Grant::Expired
+        } else {
+            // Handed a slot (or shed) just as the wait ran out: the answer is sent.
+            rx.try_recv().unwrap_or(Grant::Shed)
         }
     }
 

@@ -19,11 +19,11 @@ use http::{HeaderMap, Method, StatusCode};
 
 use super::AppState;
 use super::api::Api;
+use super::auth::Caller;
 use super::call::{Call, Prepared, Read, Step};
-use super::decide::{self, Decided};
+use super::decide;
 use super::forward::{self, Received};
 use super::observer::{Affinity, AffinityAction, Observer, Requester};
-use super::request_id;
 use super::trail::Trail;
 use crate::fleet::{CircuitState, Side, Worker, WorkerRank};
 use crate::openai::{ApiError, Endpoint};
@@ -118,13 +118,7 @@ pub async fn pick(
     fallbacks: usize,
 ) -> Result<Picked, ApiError> {
     let started = Instant::now();
-    let (api, read) = reading(&request.path);
-    let call = Call {
-        api,
-        method: request.method,
-        target: request.path,
-        headers: request.headers,
-    };
+    let (call, read) = call_of(request);
     let (caller, received) = forward::receive(state, &call.headers, body).await?;
     let Received {
         bytes,
@@ -143,7 +137,7 @@ pub async fn pick(
         response_id,
     } = prepared;
     let client_salt = salt.as_ref().and_then(|s| s.as_deref());
-    let decided = decide::decide(
+    let mut decided = decide::decide(
         state,
         &caller,
         &call,
@@ -153,57 +147,25 @@ pub async fn pick(
         bytes.len(),
     )
     .await?;
-    let Decided {
-        mut eligible,
-        mut analysis,
-        view,
-        salt: salt_value,
-        client_params,
-        started: decision_started,
-        ..
-    } = decided;
-    eligible.workers.retain(|w| allowed(w));
-    if eligible.workers.is_empty() {
-        return Err(ApiError::no_worker());
-    }
-    analysis.standing = ticket.standing();
-    let trail = match view {
-        Some(view) => Trail::start(
-            state,
-            &analysis,
-            (view, bytes.len()),
-            salt_value.clone(),
-            started,
-        ),
-        None => Trail::Off,
-    };
-    let original = (bytes.as_ptr(), bytes.len());
+    permit(&mut decided.eligible.workers, allowed)?;
+    decided.analysis.standing = ticket.standing();
+    let trail = forward::trail(state, &mut decided, bytes.len(), started);
     let edits = forward::Edits {
-        tenant_salt: salt.is_some().then_some(salt_value.as_deref()),
+        tenant_salt: salt.is_some().then_some(decided.salt.as_deref()),
         response_id: response_id.as_deref(),
-        client_params,
+        client_params: decided.client_params,
     };
-    let bytes = forward::rewrite(state, &caller, model.as_deref(), edits, bytes)?;
+    let (bytes, edited) = edit(state, &caller, model.as_deref(), edits, bytes)?;
     drop(claim);
-    let edited = (bytes.as_ptr(), bytes.len()) != original;
     let (attempt, prefill, runners_up) = choose(
         state,
-        eligible.plan,
-        eligible.workers,
-        &analysis,
-        decision_started,
+        decided.eligible.plan,
+        decided.eligible.workers,
+        &decided.analysis,
+        decided.started,
     )?;
     let fallbacks = self::fallbacks(&attempt, runners_up, fallbacks);
-    let model_label = match &model {
-        Some(m) if state.fleet.knows_model(m) => m.clone(),
-        _ => "-".to_owned(),
-    };
-    let requester = Requester {
-        id: request_id::of(&call.headers).to_owned(),
-        tenant: caller.tenant().map(str::to_owned),
-        model: model.unwrap_or_else(|| "-".to_owned()),
-        api,
-    };
+    let (model_label, requester) = requester(state, &call, &caller, model);
     Ok(Picked {
         attempt,
         prefill,
@@ -217,11 +179,67 @@ pub async fn pick(
             requester,
             model_label,
             trail,
-            analysis,
+            analysis: decided.analysis,
             affinity,
             started,
         },
     })
+}
+
+/// The call a gateway's request head makes, and how its path's body is read ([`reading`]).
+fn call_of(request: GatewayRequest) -> (Call, Read) {
+    let (api, read) = reading(&request.path);
+    let call = Call {
+        api,
+        method: request.method,
+        target: request.path,
+        headers: request.headers,
+    };
+    (call, read)
+}
+
+/// Keeps the eligible workers the gateway permits (its subset hint): a subset that leaves
+/// none is a 503, as no eligible worker is for `serve`.
+fn permit(
+    workers: &mut Vec<Arc<Worker>>,
+    allowed: &(dyn Fn(&Worker) -> bool + Sync),
+) -> Result<(), ApiError> {
+    workers.retain(|w| allowed(w));
+    if workers.is_empty() {
+        return Err(ApiError::no_worker());
+    }
+    Ok(())
+}
+
+/// The body with `edits` written in ([`forward::rewrite`]), and whether it differs from what
+/// the client sent (then the gateway is told its new length).
+fn edit(
+    state: &AppState,
+    caller: &Caller,
+    model: Option<&str>,
+    edits: forward::Edits<'_>,
+    bytes: Bytes,
+) -> Result<(Bytes, bool), ApiError> {
+    let original = (bytes.as_ptr(), bytes.len());
+    let bytes = forward::rewrite(state, caller, model, edits, bytes)?;
+    let edited = (bytes.as_ptr(), bytes.len()) != original;
+    Ok((bytes, edited))
+}
+
+/// The model label of the request's metrics (`-` until a worker is known to serve the model:
+/// client strings must not grow the metrics without bound) and who asked, for its observer.
+fn requester(
+    state: &AppState,
+    call: &Call,
+    caller: &Caller,
+    model: Option<String>,
+) -> (String, Requester) {
+    let model_label = match &model {
+        Some(m) if state.fleet.knows_model(m) => m.clone(),
+        _ => "-".to_owned(),
+    };
+    let requester = forward::requester(&call.headers, caller, model, call.api);
+    (model_label, requester)
 }
 
 /// The worker of a whole request (the policy's, through a `Session`) with the decision's

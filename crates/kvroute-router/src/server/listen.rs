@@ -9,6 +9,7 @@
 //! progress for at most the grace period, then cut the streams still running (each ends with an
 //! SSE error event, see [`crate::proxy::ObservedBody::cut_on`]) and drop what is left.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,7 +17,9 @@ use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 
 use super::canned::CannedErrors;
@@ -54,17 +57,7 @@ pub(super) async fn serve_until(
     front: FrontDoor,
     metrics: Arc<Metrics>,
 ) {
-    let mut builder = Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(front.header_read_timeout);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .keep_alive_interval(front.connections.http2_keepalive_interval)
-        .keep_alive_timeout(front.connections.http2_keepalive_timeout)
-        .max_concurrent_streams(front.connections.http2_max_concurrent_streams);
+    let builder = http_builder(&front);
     let cap = front
         .connections
         .max_connections
@@ -74,19 +67,7 @@ pub(super) async fn serve_until(
         idle: front.connections.idle_timeout,
     };
     let open = Arc::new(OpenConnections::new(Arc::clone(&metrics)));
-    loop {
-        let (stream, peer) = tokio::select! {
-            _ = stop.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
+    while let Some((stream, peer)) = accept(&listener, &stop).await {
         let activity = Activity::new(peer.ip(), deadlines.idle);
         let Some(slot) = open.take(cap, &activity) else {
             metrics.connections.refused.inc();
@@ -113,27 +94,14 @@ pub(super) async fn serve_until(
                     connection::drive(conn, activity, deadlines, stop, cutoff, metrics).await;
                 }
                 Some(acceptor) => {
-                    // The handshake is held to the first request's deadline: a client that
-                    // opens a connection and never finishes its hello is closed like one
-                    // that never sends a request.
-                    let shake =
-                        tokio::time::timeout(deadlines.first_request, acceptor.accept(stream));
-                    let shake = tokio::select! {
-                        s = shake => s,
-                        _ = activity.evicted() => return,
+                    let shake = Handshake {
+                        activity: &activity,
+                        deadline: deadlines.first_request,
+                        metrics: &metrics,
+                        peer,
                     };
-                    let stream = match shake {
-                        Ok(Ok(s)) => s,
-                        Ok(Err(e)) => {
-                            metrics.connections.tls_handshake_failures.inc();
-                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                            return;
-                        }
-                        Err(_) => {
-                            metrics.connections.tls_handshake_failures.inc();
-                            tracing::debug!(%peer, "TLS handshake timed out");
-                            return;
-                        }
+                    let Some(stream) = shake.complete(acceptor, stream).await else {
+                        return;
                     };
                     let io = CannedErrors::new(TokioIo::new(stream), Arc::clone(&activity));
                     let conn = builder.serve_connection_with_upgrades(io, service);
@@ -145,6 +113,93 @@ pub(super) async fn serve_until(
     }
     // Stop accepting before draining.
     drop(listener);
+    drain(&open, &front).await;
+}
+
+/// Hyper's connection builder with the front door's deadlines: HTTP/1's header read timeout
+/// (which needs a timer, and is what `axum::serve` leaves off), HTTP/2's keep-alive and
+/// stream limit.
+fn http_builder(front: &FrontDoor) -> Builder<TokioExecutor> {
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(front.header_read_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(front.connections.http2_keepalive_interval)
+        .keep_alive_timeout(front.connections.http2_keepalive_timeout)
+        .max_concurrent_streams(front.connections.http2_max_concurrent_streams);
+    builder
+}
+
+/// The next connection, or `None` once `stop` is cancelled. A failed accept (out of file
+/// descriptors and the like) is logged and retried after a pause instead of spinning.
+async fn accept(
+    listener: &TcpListener,
+    stop: &CancellationToken,
+) -> Option<(TcpStream, SocketAddr)> {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return None,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => return Some(a),
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+        }
+    }
+}
+
+/// A TLS connection's handshake, and what its failure is charged to.
+struct Handshake<'a> {
+    /// The connection's activity: an evicted connection stops its handshake.
+    activity: &'a Activity,
+    /// The first request's deadline, which the handshake is held to.
+    deadline: Duration,
+    metrics: &'a Metrics,
+    peer: SocketAddr,
+}
+
+impl Handshake<'_> {
+    /// The TLS stream once the handshake completes; `None` (counted and logged) when it fails,
+    /// times out or the connection is evicted. The handshake is held to the first request's
+    /// deadline: a client that opens a connection and never finishes its hello is closed like
+    /// one that never sends a request.
+    async fn complete(
+        self,
+        acceptor: TlsAcceptor,
+        stream: TcpStream,
+    ) -> Option<TlsStream<TcpStream>> {
+        let peer = self.peer;
+        let shake = tokio::time::timeout(self.deadline, acceptor.accept(stream));
+        let shake = tokio::select! {
+            s = shake => s,
+            _ = self.activity.evicted() => return None,
+        };
+        match shake {
+            Ok(Ok(s)) => Some(s),
+            Ok(Err(e)) => {
+                self.metrics.connections.tls_handshake_failures.inc();
+                tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                None
+            }
+            Err(_) => {
+                self.metrics.connections.tls_handshake_failures.inc();
+                tracing::debug!(%peer, "TLS handshake timed out");
+                None
+            }
+        }
+    }
+}
+
+/// Waits for the open connections to close, for at most the grace period; then cuts the
+/// streams still running and gives them a moment to flush their error event.
+async fn drain(open: &OpenConnections, front: &FrontDoor) {
     tokio::select! {
         _ = open.all_closed() => {}
         _ = tokio::time::sleep(front.grace) => {
