@@ -37,15 +37,8 @@ impl Simulation<'_> {
 
     /// Request `i` arrives at a disaggregated fleet: to the prefill worker the policy picks.
     pub(super) fn arrive_pair(&mut self, i: usize, now: f64) {
-        let req = &self.trace.requests[i];
-        let prompt = self.config.synth.prompt_tokens(req);
+        let (prompt, replica, session) = self.open_arrival(i, now);
         let rec = &mut self.records[i];
-        rec.arrival = now;
-        rec.prompt_tokens = req.input_tokens;
-        rec.output_tokens = req.output_tokens.max(1);
-        let replica = self.dealt % self.routers.len();
-        self.dealt += 1;
-        let session = req.session;
         let Some(mut routed) =
             self.routers[replica].route_on(&prompt, now, Some(Side::Prefill), session)
         else {

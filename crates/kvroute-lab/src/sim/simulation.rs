@@ -342,15 +342,9 @@ impl<'t> Simulation<'t> {
             self.arrive_pair(i, now);
             return;
         }
+        let (prompt, replica, session) = self.open_arrival(i, now);
         let req = &self.trace.requests[i];
-        let prompt = self.config.synth.prompt_tokens(req);
         let rec = &mut self.records[i];
-        rec.arrival = now;
-        rec.prompt_tokens = req.input_tokens;
-        rec.output_tokens = req.output_tokens.max(1);
-        let replica = self.dealt % self.routers.len();
-        self.dealt += 1;
-        let session = req.session;
         let Some(mut routed) = self.routers[replica].route_in_session(&prompt, now, session) else {
             rec.error = Some("no worker available".to_string());
             rec.end = Some(now);
@@ -382,6 +376,20 @@ impl<'t> Simulation<'t> {
                 routed.finish();
             }
         }
+    }
+
+    /// Request `i` arriving at `now`, whole or as a pair: its record opened, and its prompt,
+    /// the router replica dealt it (round-robin) and the session it names.
+    pub(super) fn open_arrival(&mut self, i: usize, now: f64) -> (Vec<u32>, usize, Option<u64>) {
+        let req = &self.trace.requests[i];
+        let prompt = self.config.synth.prompt_tokens(req);
+        let rec = &mut self.records[i];
+        rec.arrival = now;
+        rec.prompt_tokens = req.input_tokens;
+        rec.output_tokens = req.output_tokens.max(1);
+        let replica = self.dealt % self.routers.len();
+        self.dealt += 1;
+        (prompt, replica, req.session)
     }
 
     fn try_step(&mut self, slot: u32, now: f64) {
