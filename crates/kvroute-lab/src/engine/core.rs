@@ -17,6 +17,7 @@ use std::sync::Arc;
 use thiserror::Error;
 
 use super::block_hash::EngineHasher;
+use super::cache_slot::{CacheSlot, PooledCache};
 use super::held::HeldBlocks;
 use super::kv_cache::KvCache;
 use super::request::{FinishReason, Handoff, Request, RequestId, RequestStats};
@@ -277,11 +278,32 @@ pub struct EngineCounters {
     pub held_expired: u64,
 }
 
+impl std::ops::AddAssign for EngineCounters {
+    /// Sums two engines' (or two lives') totals.
+    fn add_assign(&mut self, b: EngineCounters) {
+        self.steps += b.steps;
+        self.preemptions += b.preemptions;
+        self.evictions += b.evictions;
+        self.queried_tokens += b.queried_tokens;
+        self.hit_tokens += b.hit_tokens;
+        self.queried_blocks += b.queried_blocks;
+        self.hit_blocks += b.hit_blocks;
+        self.prefill_tokens += b.prefill_tokens;
+        self.generated_tokens += b.generated_tokens;
+        self.finished += b.finished;
+        self.aborted += b.aborted;
+        self.pulls += b.pulls;
+        self.transferred_tokens += b.transferred_tokens;
+        self.held_released += b.held_released;
+        self.held_expired += b.held_expired;
+    }
+}
+
 /// One simulated engine.
 #[derive(Debug)]
 pub struct EngineCore {
     config: EngineConfig,
-    cache: KvCache,
+    cache: CacheSlot,
     scheduler: Scheduler,
     hasher: EngineHasher,
     counters: EngineCounters,
@@ -291,9 +313,20 @@ pub struct EngineCore {
 impl EngineCore {
     /// An idle engine with an empty cache.
     pub fn new(config: EngineConfig) -> Result<Self, ConfigError> {
+        let cache = KvCache::with_tier(config.num_blocks, config.block_size, config.cpu_tier);
+        Self::on(config, CacheSlot::Own(cache))
+    }
+
+    /// An idle engine whose KV cache is `shared` with other engines (the simulator's
+    /// pooled-fleet reference, [`super::cache_slot`]); `config`'s cache size is not used.
+    pub fn pooled(config: EngineConfig, shared: PooledCache) -> Result<Self, ConfigError> {
+        Self::on(config, CacheSlot::Pooled(shared))
+    }
+
+    fn on(config: EngineConfig, cache: CacheSlot) -> Result<Self, ConfigError> {
         config.validate()?;
         Ok(EngineCore {
-            cache: KvCache::with_tier(config.num_blocks, config.block_size, config.cpu_tier),
+            cache,
             scheduler: Scheduler::with_transfer(
                 SchedulerLimits {
                     max_num_seqs: config.max_num_seqs,
@@ -390,7 +423,7 @@ impl EngineCore {
 
     /// Removes a live request at time `now`, freeing its blocks; its stats if it was live.
     pub fn abort(&mut self, id: RequestId, now: f64) -> Option<RequestStats> {
-        let req = self.scheduler.remove(id, &mut self.cache)?;
+        let req = self.cache.with(|c| self.scheduler.remove(id, c))?;
         self.counters.aborted += 1;
         Some(req.stats(now, FinishReason::Aborted))
     }
@@ -415,7 +448,7 @@ impl EngineCore {
     /// The decode side pulled finished prefill `id`'s KV: its blocks are released (they stay
     /// in the prefix cache). Whether they were held.
     pub fn release_held(&mut self, id: RequestId) -> bool {
-        let released = self.held.release(id, &mut self.cache);
+        let released = self.cache.with(|c| self.held.release(id, c));
         self.counters.held_released += u64::from(released);
         released
     }
@@ -443,20 +476,20 @@ impl EngineCore {
 
     /// Fraction of KV blocks in use.
     pub fn kv_usage(&self) -> f64 {
-        self.cache.usage()
+        self.cache.read(KvCache::usage)
     }
 
     /// Totals so far.
     pub fn counters(&self) -> EngineCounters {
         EngineCounters {
-            evictions: self.cache.evictions(),
+            evictions: self.cache.read(KvCache::evictions),
             ..self.counters
         }
     }
 
-    /// The KV cache (read-only), for inspection.
-    pub fn cache(&self) -> &KvCache {
-        &self.cache
+    /// Runs `f` on the KV cache (read-only), for inspection.
+    pub fn with_cache<R>(&self, f: impl FnOnce(&KvCache) -> R) -> R {
+        self.cache.read(f)
     }
 
     /// The scheduler (read-only), for inspection.
@@ -467,12 +500,12 @@ impl EngineCore {
     /// Empties the prefix cache if no block is in use; the `AllBlocksCleared` event is
     /// returned by the next [`EngineCore::take_kv_events`] or step.
     pub fn reset_prefix_cache(&mut self) -> bool {
-        self.cache.reset_prefix_cache()
+        self.cache.with(KvCache::reset_prefix_cache)
     }
 
     /// KV events produced outside a step (reset).
     pub fn take_kv_events(&mut self) -> Vec<KvEvent> {
-        self.cache.take_events()
+        self.cache.with(KvCache::take_events)
     }
 }
 

@@ -3,6 +3,7 @@
 //! private state, kept apart so `core` stays the engine's shape and bookkeeping.
 
 use super::{EngineCore, StepOutcome, TokenEvent, sample_token};
+use crate::engine::kv_cache::KvCache;
 use crate::engine::request::{FinishReason, Handoff, RequestId};
 use crate::engine::scheduler::Scheduled;
 use crate::engine::timing::StepWork;
@@ -10,9 +11,9 @@ use crate::engine::timing::StepWork;
 impl EngineCore {
     /// Runs one step starting at `now`.
     pub fn step(&mut self, now: f64) -> StepOutcome {
-        let expired = self.held.expire(now, &mut self.cache);
+        let expired = self.cache.with(|c| self.held.expire(now, c));
         self.counters.held_expired += expired.len() as u64;
-        let batch = self.scheduler.schedule(&mut self.cache, now);
+        let batch = self.cache.with(|c| self.scheduler.schedule(c, now));
         self.counters.pulls += batch.pulls.len() as u64;
         self.counters.transferred_tokens +=
             batch.pulls.iter().map(|p| p.tokens as u64).sum::<u64>();
@@ -32,7 +33,7 @@ impl EngineCore {
         self.counters.queried_blocks += batch.queried_blocks as u64;
         self.counters.hit_blocks += batch.hit_blocks as u64;
         if batch.scheduled.is_empty() {
-            out.kv_events = self.cache.take_events();
+            out.kv_events = self.cache.with(KvCache::take_events);
             return out;
         }
         let work = self.step_work(&batch.scheduled);
@@ -45,7 +46,7 @@ impl EngineCore {
         let done = self.compute(&batch.scheduled, &mut out);
         self.counters.generated_tokens += out.tokens.len() as u64;
         self.finish(done, &mut out);
-        out.kv_events = self.cache.take_events();
+        out.kv_events = self.cache.with(KvCache::take_events);
         out
     }
 
@@ -53,7 +54,7 @@ impl EngineCore {
     /// starts with.
     fn step_work(&self, scheduled: &[Scheduled]) -> StepWork {
         let mut work = StepWork {
-            kv_usage: self.cache.usage(),
+            kv_usage: self.cache.read(KvCache::usage),
             ..StepWork::default()
         };
         for s in scheduled {
@@ -109,7 +110,7 @@ impl EngineCore {
                 let expires = out.end + self.config.kv_hold_timeout_s;
                 self.held.hold(id, table, expires);
             } else {
-                self.cache.free(&mut req.table);
+                self.cache.with(|c| c.free(&mut req.table));
             }
             self.counters.finished += 1;
             out.finished.push(req.stats(out.end, FinishReason::Length));

@@ -94,7 +94,7 @@ fn events_describe_the_cache() {
     assert_eq!(b0.token_ids, vec![0, 1, 2, 3]);
     assert_eq!(b1.parent_block_hash, Some(b0.block_hashes[0]));
     assert_eq!(&b1.token_ids[..2], &[4, 5]);
-    let mut held: Vec<_> = e.cache().cached_hashes().collect();
+    let mut held: Vec<_> = e.with_cache(|c| c.cached_hashes().collect());
     held.sort();
     let mut told = vec![b0.block_hashes[0], b1.block_hashes[0]];
     told.sort();
@@ -201,4 +201,30 @@ fn rejects_bad_requests_and_configs() {
     let mut bad = EngineConfig::default();
     bad.timing.speedup = 0.0;
     assert_eq!(EngineCore::new(bad).unwrap_err(), ConfigError::Speedup);
+}
+
+#[test]
+fn engines_sharing_a_cache_hit_each_others_blocks() {
+    use crate::engine::cache_slot::PooledCache;
+    use std::sync::{Arc, Mutex};
+    let shared: PooledCache = Arc::new(Mutex::new(KvCache::new(64, 4)));
+    let mut a = EngineCore::pooled(config(64, 64), shared.clone()).unwrap();
+    let mut b = EngineCore::pooled(config(64, 64), shared).unwrap();
+    let mut own = EngineCore::new(config(64, 64)).unwrap();
+    a.add_request(RequestId(1), (0..25).collect(), 1, 0.0)
+        .unwrap();
+    drain(&mut a, 0.0);
+    // Six full blocks of the prompt are in the shared cache: the other engine hits them
+    // (all but the last block's token must run), an engine of its own does not.
+    b.add_request(RequestId(2), (0..25).collect(), 1, 1.0)
+        .unwrap();
+    own.add_request(RequestId(2), (0..25).collect(), 1, 1.0)
+        .unwrap();
+    let hit = |e: &mut EngineCore| {
+        let steps = drain(e, 1.0);
+        steps.last().unwrap().finished[0].cached_tokens
+    };
+    assert_eq!(hit(&mut b), 24);
+    assert_eq!(hit(&mut own), 0);
+    assert!(!b.take_kv_events().is_empty() || a.with_cache(|c| c.num_cached()) >= 6);
 }

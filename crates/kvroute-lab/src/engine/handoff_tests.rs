@@ -78,7 +78,7 @@ fn a_prefill_for_a_remote_decode_emits_one_token_and_holds_its_blocks() {
     assert!(e.release_held(RequestId(1)));
     assert!(!e.release_held(RequestId(1)));
     assert_eq!(e.kv_usage(), 0.0);
-    assert_eq!(e.cache().num_cached(), 6);
+    assert_eq!(e.with_cache(|c| c.num_cached()), 6);
     assert_eq!(e.counters().held_released, 1);
     assert_eq!(e.next_wakeup(), None);
 }

@@ -177,8 +177,8 @@ impl EngineMetrics {
         self.generation_tokens
             .inc_by(now.generated_tokens - before.generated_tokens);
         self.evictions.inc_by(now.evictions - before.evictions);
-        if let Some(tier) = core.cache().tier() {
-            self.offload.observe(tier.counters());
+        if let Some(counters) = core.with_cache(|c| c.tier().map(|t| t.counters())) {
+            self.offload.observe(counters);
         }
     }
 

@@ -17,6 +17,7 @@ pub mod args;
 pub mod audio;
 pub mod block_hash;
 pub mod bootstrap;
+pub mod cache_slot;
 pub mod cli;
 pub mod core;
 pub mod cpu_tier;

@@ -190,6 +190,10 @@ pub struct SimulateArgs {
     /// tail comes from.
     #[arg(long, requires = "out")]
     pub records: bool,
+    /// Also simulate the pooled-fleet reference: the same engines and `kv_aware`, sharing one
+    /// KV cache of the fleet's size (what partitioned caches cost, with queueing).
+    #[arg(long)]
+    pub pooled_fleet: bool,
     /// Policies simulated in parallel threads (results do not depend on it).
     #[arg(long, default_value_t = 1)]
     pub jobs: usize,

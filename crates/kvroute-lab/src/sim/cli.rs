@@ -18,6 +18,7 @@ use super::output::{summary_table, write_all, write_capacity, write_records};
 use super::pooled::pooled_cache;
 use super::results::{PolicyResult, Results};
 use super::scenario::Scenario;
+use super::simulation::pooled_fleet::pooled_fleet;
 use super::simulation::{PolicyRun, Simulation};
 use kvroute_router::policy::PolicyKind;
 
@@ -179,20 +180,32 @@ pub fn run_one(
     let timed = simulate_all(trace, &config, &names, args.jobs.max(1))?;
     let mut wall_s: Vec<(String, f64)> =
         timed.iter().map(|(r, t)| (r.policy.clone(), *t)).collect();
+    let mut references = Vec::new();
+    if args.pooled_fleet {
+        let started = Instant::now();
+        if let Some(run) = pooled_fleet(trace, &config)? {
+            wall_s.push((run.policy.clone(), started.elapsed().as_secs_f64()));
+            references.push(run);
+        }
+    }
     let started = Instant::now();
     let pooled = pooled_cache(trace, &config);
     wall_s.push((pooled.policy.clone(), started.elapsed().as_secs_f64()));
+    references.push(pooled);
     let started = Instant::now();
     let o = oracle(trace, &config);
     wall_s.push(("oracle".to_string(), started.elapsed().as_secs_f64()));
     let runs: Vec<PolicyRun> = timed.into_iter().map(|(r, _)| r).collect();
-    let results = Results::new(&runs, &[&pooled], &o, config.slo);
+    let refs: Vec<&PolicyRun> = references.iter().collect();
+    let results = Results::new(&runs, &refs, &o, config.slo);
     println!("{header}\n{}", summary_table(&results, &wall_s));
     if let Some(dir) = out {
-        write_all(dir, header, &results, &runs, &[&pooled, &o], &wall_s)?;
+        let mut shown = refs.clone();
+        shown.push(&o);
+        write_all(dir, header, &results, &runs, &shown, &wall_s)?;
         if args.records {
             write_records(dir, &runs)?;
-            write_records(dir, std::slice::from_ref(&pooled))?;
+            write_records(dir, &references)?;
         }
         eprintln!("wrote {}", dir.display());
     }

@@ -123,6 +123,8 @@ pub struct Simulation<'t> {
     /// The replica bus, when replicas share their bookings.
     bus: Option<SimBus>,
     workers: Vec<SimWorker>,
+    /// The engines share one KV cache (the reference of [`pooled_fleet`]).
+    pooled: bool,
     joined: u32,
     queue: EventQueue<Event>,
     records: Vec<SimRecord>,
@@ -150,24 +152,6 @@ fn engine_config(base: &EngineConfig, slot: u32, life: u32) -> EngineConfig {
     }
 }
 
-fn add(a: &mut EngineCounters, b: EngineCounters) {
-    a.steps += b.steps;
-    a.preemptions += b.preemptions;
-    a.evictions += b.evictions;
-    a.queried_tokens += b.queried_tokens;
-    a.hit_tokens += b.hit_tokens;
-    a.queried_blocks += b.queried_blocks;
-    a.hit_blocks += b.hit_blocks;
-    a.prefill_tokens += b.prefill_tokens;
-    a.generated_tokens += b.generated_tokens;
-    a.finished += b.finished;
-    a.aborted += b.aborted;
-    a.pulls += b.pulls;
-    a.transferred_tokens += b.transferred_tokens;
-    a.held_released += b.held_released;
-    a.held_expired += b.held_expired;
-}
-
 /// The events a simulation starts with: the first load sample (when load is sampled), the
 /// fleet's changes and every request's arrival.
 fn first_events(config: &SimConfig, trace: &Trace) -> EventQueue<Event> {
@@ -187,6 +171,18 @@ fn first_events(config: &SimConfig, trace: &Trace) -> EventQueue<Event> {
 impl<'t> Simulation<'t> {
     /// A simulation of `policy` over `trace` with `config`.
     pub fn new(trace: &'t Trace, config: &SimConfig, policy: PolicyKind) -> Result<Self, SimError> {
+        let engine = |slot| EngineCore::new(engine_config(&config.engine, slot, 0));
+        Self::with_engines(trace, config, policy, engine, config.engine.num_blocks)
+    }
+
+    /// [`Self::new`] over the engines `engine` makes per slot, of `kv_blocks` blocks each.
+    fn with_engines(
+        trace: &'t Trace,
+        config: &SimConfig,
+        policy: PolicyKind,
+        engine: impl Fn(u32) -> Result<EngineCore, crate::engine::ConfigError>,
+        kv_blocks: u32,
+    ) -> Result<Self, SimError> {
         config.validate()?;
         let max = config.max_workers();
         let index = config.index_for(policy);
@@ -195,8 +191,7 @@ impl<'t> Simulation<'t> {
         let mut workers = Vec::with_capacity(max as usize);
         for slot in 0..max {
             workers.push(SimWorker {
-                engine: EngineCore::new(engine_config(&config.engine, slot, 0))
-                    .map_err(SimConfigError::from)?,
+                engine: engine(slot).map_err(SimConfigError::from)?,
                 pending: None,
                 kicked: false,
                 life: 0,
@@ -207,7 +202,7 @@ impl<'t> Simulation<'t> {
         for slot in 0..config.workers {
             let role = config.pd.map_or(Role::Both, |pd| pd.role(slot));
             for router in &mut routers {
-                router.enable_as(slot, config.engine.num_blocks as usize, role);
+                router.enable_as(slot, kv_blocks as usize, role);
             }
         }
         if config.pd.is_some() {
@@ -229,6 +224,7 @@ impl<'t> Simulation<'t> {
             shared_index,
             bus,
             workers,
+            pooled: false,
             joined: config.workers,
             queue,
             records: vec![SimRecord::default(); trace.len()],
@@ -283,8 +279,8 @@ impl<'t> Simulation<'t> {
         }
         let mut counters = EngineCounters::default();
         for w in &self.workers {
-            add(&mut counters, w.past);
-            add(&mut counters, w.engine.counters());
+            counters += w.past;
+            counters += w.engine.counters();
         }
         for (i, r) in self.records.iter_mut().enumerate() {
             if r.end.is_none() && r.error.is_none() {
@@ -447,9 +443,12 @@ impl<'t> Simulation<'t> {
         }
     }
 
-    /// A batch of KV events reaches every replica's index (the shared one once).
+    /// A batch of KV events reaches every replica's index (the shared one once); a pooled
+    /// fleet's reach every worker of it.
     fn apply_events(&self, slot: u32, ts: f64, events: Vec<KvEvent>) {
-        if self.shared_index {
+        if self.pooled {
+            (0..self.joined).for_each(|w| self.routers[0].apply_events(w, ts, events.clone()));
+        } else if self.shared_index {
             self.routers[0].apply_events(slot, ts, events);
         } else {
             for r in &self.routers {
@@ -580,7 +579,7 @@ impl<'t> Simulation<'t> {
         }
         w.life += 1;
         let counters = w.engine.counters();
-        add(&mut w.past, counters);
+        w.past += counters;
         match EngineCore::new(engine_config(&self.config.engine, slot, w.life)) {
             Ok(engine) => w.engine = engine,
             Err(e) => tracing::error!(error = %e, "cannot restart engine"),
@@ -597,3 +596,5 @@ impl<'t> Simulation<'t> {
 
 #[path = "handoff.rs"]
 mod handoff;
+#[path = "pooled_fleet.rs"]
+pub(super) mod pooled_fleet;
