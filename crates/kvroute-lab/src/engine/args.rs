@@ -28,6 +28,10 @@ pub struct EngineCoreArgs {
     /// Token budget of one step.
     #[arg(long, default_value_t = 8192)]
     pub max_num_batched_tokens: usize,
+    /// Most prompt tokens one request computes in a step, as vLLM's flag of that name (0: only
+    /// the step's budget limits it, vLLM's default).
+    #[arg(long, default_value_t = 0, value_name = "TOKENS")]
+    pub long_prefill_token_threshold: usize,
     /// Longest prompt + output accepted (default: the whole KV cache).
     #[arg(long)]
     pub max_model_len: Option<usize>,
@@ -103,6 +107,7 @@ impl Default for EngineCoreArgs {
             num_blocks: c.num_blocks,
             max_num_seqs: c.max_num_seqs,
             max_num_batched_tokens: c.max_num_batched_tokens,
+            long_prefill_token_threshold: c.long_prefill_token_threshold,
             max_model_len: c.max_model_len,
             engine_speedup: c.timing.speedup,
             timing: TimingArgs::default(),
@@ -120,6 +125,7 @@ impl EngineCoreArgs {
             num_blocks: self.num_blocks,
             max_num_seqs: self.max_num_seqs,
             max_num_batched_tokens: self.max_num_batched_tokens,
+            long_prefill_token_threshold: self.long_prefill_token_threshold,
             max_model_len: self.max_model_len,
             timing: self.timing.step_timing(self.engine_speedup),
             seed,

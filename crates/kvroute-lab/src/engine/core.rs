@@ -37,6 +37,9 @@ pub struct EngineConfig {
     pub max_num_seqs: usize,
     /// Token budget of one step.
     pub max_num_batched_tokens: usize,
+    /// Most prompt tokens one request computes in a step (vLLM's
+    /// `--long-prefill-token-threshold`); 0: only the budget limits it.
+    pub long_prefill_token_threshold: usize,
     /// Longest prompt + output accepted; `None` means the whole cache.
     pub max_model_len: Option<usize>,
     /// Step-time model.
@@ -61,6 +64,7 @@ impl Default for EngineConfig {
             num_blocks: 16_384,
             max_num_seqs: 256,
             max_num_batched_tokens: 8192,
+            long_prefill_token_threshold: 0,
             max_model_len: None,
             timing: StepTiming::default(),
             seed: 0,
@@ -331,6 +335,7 @@ impl EngineCore {
                 SchedulerLimits {
                     max_num_seqs: config.max_num_seqs,
                     max_num_batched_tokens: config.max_num_batched_tokens,
+                    long_prefill_token_threshold: config.long_prefill_token_threshold,
                 },
                 config.transfer,
             ),

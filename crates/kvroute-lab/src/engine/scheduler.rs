@@ -4,7 +4,9 @@
 //! decodes before prefill chunks, so a long prompt never stalls token streams (vLLM V1 walks
 //! its running list in arrival order, which is nearly the same; the decode-first order makes
 //! the guarantee explicit). A prompt larger than the remaining budget gets a chunk (chunked
-//! prefill) and continues next step. Then, if nothing was preempted this step, waiting
+//! prefill) and continues next step; with `--long-prefill-token-threshold` a prompt takes at most
+//! that many tokens a step even when the budget has more, so the prompts queued behind a long
+//! one share its steps rather than wait for its end. Then, if nothing was preempted this step, waiting
 //! requests are admitted in FIFO order while the budget, `max_num_seqs` and free KV blocks
 //! allow, each adopting its longest cached prefix.
 //!
@@ -34,6 +36,20 @@ pub struct SchedulerLimits {
     pub max_num_seqs: usize,
     /// Most new tokens per step, over all requests.
     pub max_num_batched_tokens: usize,
+    /// Most prompt tokens one request computes in a step (vLLM's
+    /// `--long-prefill-token-threshold`; 0: no limit but the budget).
+    pub long_prefill_token_threshold: usize,
+}
+
+impl SchedulerLimits {
+    /// The tokens a request with `remaining` to compute gets out of `budget`: a long prompt
+    /// takes at most the threshold, leaving the rest of the step to others (vLLM V1 caps
+    /// running and waiting requests alike).
+    fn chunk(&self, remaining: usize, budget: usize) -> usize {
+        let t = self.long_prefill_token_threshold;
+        let capped = if t > 0 { remaining.min(t) } else { remaining };
+        capped.min(budget)
+    }
 }
 
 /// One request's share of a step.
@@ -221,7 +237,9 @@ impl Scheduler {
                 continue;
             };
             let decode = req.is_decoding();
-            let n = (req.num_tokens() - req.num_computed).min(*budget);
+            let n = self
+                .limits
+                .chunk(req.num_tokens() - req.num_computed, *budget);
             if n == 0 {
                 continue;
             }
@@ -284,7 +302,7 @@ impl Scheduler {
                 self.pulling.push(id);
                 continue;
             }
-            let n = (num_tokens - cached).min(*budget);
+            let n = self.limits.chunk(num_tokens - cached, *budget);
             let (table, seq) = req.parts();
             if cache.allocate(table, &hits, cached, n, seq).is_err() {
                 break;

@@ -22,6 +22,7 @@ fn sched(max_num_seqs: usize, budget: usize) -> Scheduler {
     Scheduler::new(SchedulerLimits {
         max_num_seqs,
         max_num_batched_tokens: budget,
+        long_prefill_token_threshold: 0,
     })
 }
 
@@ -44,6 +45,25 @@ fn plan(batch: &Batch) -> Vec<(u64, usize, bool)> {
         .iter()
         .map(|s| (s.id.0, s.num_new_tokens, s.decode))
         .collect()
+}
+
+#[test]
+fn a_long_prompt_takes_at_most_the_threshold_and_shares_its_steps() {
+    let mut cache = KvCache::new(64, BS);
+    let mut s = Scheduler::new(SchedulerLimits {
+        max_num_seqs: 8,
+        max_num_batched_tokens: 10,
+        long_prefill_token_threshold: 4,
+    });
+    s.add(req(1, 20, 2));
+    s.add(req(2, 3, 2));
+    // Without the threshold the long prompt would take the whole budget of 10; capped at 4,
+    // the short one is admitted in the same step.
+    let b = s.schedule(&mut cache, 0.0);
+    assert_eq!(plan(&b), vec![(1, 4, false), (2, 3, false)]);
+    apply(&mut s, &b);
+    let b = s.schedule(&mut cache, 1.0);
+    assert_eq!(plan(&b), vec![(2, 1, true), (1, 4, false)]);
 }
 
 #[test]

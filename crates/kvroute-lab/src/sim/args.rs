@@ -83,7 +83,7 @@ pub struct SimulateArgs {
             // Flattened groups by struct name; the engine core's own flags by id (a group
             // holding a nested flatten does not conflict as a whole).
             "WorkloadArgs", "SloArgs", "TimingArgs", "block_size", "num_blocks", "max_num_seqs",
-            "max_num_batched_tokens", "max_model_len", "engine_speedup", "workers", "index",
+            "max_num_batched_tokens", "long_prefill_token_threshold", "max_model_len", "engine_speedup", "workers", "index",
             "event_delay", "join_at", "restart_at", "seed", "routers", "load_sample_ms", "replica_sync_ms",
             "prefill_workers", "decode_workers", "TransferArgs", "slo_itl", "TierArgs",
         ]
