@@ -99,6 +99,10 @@ pub struct KvAwareConfig {
     /// Weight of the work a placement adds to a saturated fleet ([`super::saturation`]),
     /// counted again for the requests queued behind it (0: own latency only, at any load).
     pub saturation_weight: f64,
+    /// The engines' `--long-prefill-token-threshold` (0: unset, a prompt takes the whole step
+    /// budget): with it, a request shares the steps of the long prefills ahead of it rather
+    /// than waiting for them ([`super::chunking`]).
+    pub long_prefill_token_threshold: u64,
     /// What blocks in host memory and on disk are worth ([`super::tier_cost`]).
     pub tiers: TierCostConfig,
 }
@@ -125,6 +129,7 @@ impl Default for KvAwareConfig {
             decode_weight: 0.25,
             eviction_weight: 1.0,
             saturation_weight: 1.0,
+            long_prefill_token_threshold: 0,
             tiers: TierCostConfig::default(),
         }
     }
@@ -212,8 +217,15 @@ impl KvAware {
         } else {
             quote.cached_tokens
         };
-        let uncached = request.prompt_tokens.saturating_sub(held) as f64;
-        let tokens = c.load.queued_prefill_tokens as f64 + uncached;
+        let uncached_tokens = request.prompt_tokens.saturating_sub(held);
+        let uncached = uncached_tokens as f64;
+        let ahead = super::chunking::tokens_ahead(
+            c.load.queued_prefill_tokens,
+            c.load.in_flight.saturating_sub(c.load.decoding),
+            uncached_tokens,
+            config.long_prefill_token_threshold,
+        );
+        let tokens = ahead as f64 + uncached;
         let decoding = c.load.decoding as f64;
         // A load from host memory or disk delays this request only (it runs beside others).
         let ttft = rates.predict(tokens, decoding)
@@ -338,7 +350,13 @@ impl Policy for KvAware {
         if !config.calibrate {
             return;
         }
-        let tokens = (o.queued_tokens + o.uncached_tokens) as f64;
+        let ahead = super::chunking::tokens_ahead(
+            o.queued_tokens,
+            o.prefilling,
+            o.uncached_tokens,
+            config.long_prefill_token_threshold,
+        );
+        let tokens = (ahead + o.uncached_tokens) as f64;
         let mut calibration = super::lock(&self.calibration);
         // The time spent loading offloaded blocks is the tier fit's to learn, not the prefill's.
         let prefill = calibration

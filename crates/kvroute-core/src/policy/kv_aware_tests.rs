@@ -45,6 +45,63 @@ fn bypasses_a_warm_worker_whose_queue_costs_more_than_the_prefix_saves() {
 }
 
 #[test]
+fn on_engines_that_cap_long_prefills_a_session_stays_beside_one() {
+    // Worker 0 holds 96k of the prompt's 100k tokens, and one request there still has 500k
+    // tokens to prefill; worker 1 is cold and idle.
+    let mut c = idle(2);
+    c[0].overlap_blocks = 6_000;
+    c[0].load.in_flight = 1;
+    c[0].load.queued_prefill_tokens = 500_000;
+    // Uncapped, the engine runs that prefill first: recomputing elsewhere is faster.
+    let d = policy().choose(&req(100_000), &c).unwrap();
+    assert_eq!(d.chosen, 1);
+    // Capped at 4,096 tokens a step, the 4k left share one step with a chunk of it.
+    let capped = KvAware::new(
+        KvAwareConfig {
+            calibrate: false,
+            long_prefill_token_threshold: 4_096,
+            ..Default::default()
+        },
+        1,
+    );
+    let d = capped.choose(&req(100_000), &c).unwrap();
+    assert_eq!(d.chosen, 0);
+    let warm = d.predicted_ttft_s[0].unwrap();
+    assert!(warm < 1.0, "{warm}");
+}
+
+#[test]
+fn a_capped_queue_is_learned_as_the_chunks_it_ran_beside() {
+    // Calibration regresses TTFT on the same tokens the prediction counts: an observed first
+    // token 0.5 s after a 4k prompt routed behind a 500k prefill on a capped engine is a
+    // fast worker's 8k tokens, not a fast worker's 504k.
+    let config = KvAwareConfig {
+        long_prefill_token_threshold: 4_096,
+        ..Default::default()
+    };
+    let p = KvAware::new(config, 1);
+    let before = p.rates(WorkerId(0)).seconds_per_token;
+    for _ in 0..200 {
+        p.observe(&Observation {
+            worker: WorkerId(0),
+            uncached_tokens: 4_000,
+            queued_tokens: 500_000,
+            decoding: 0,
+            prefilling: 1,
+            unseen_in_flight: 0,
+            ttft_s: 0.5,
+            loaded_tokens: [0, 0],
+            kv_bytes_per_token: 0,
+        });
+    }
+    let after = p.rates(WorkerId(0)).seconds_per_token;
+    // 0.5 s for about 8k tokens plus the overhead: slower than the prior's 20k tokens/s
+    // would be on 504k, it would have read as 1M tokens/s.
+    assert!(after > before * 0.5, "{before} -> {after}");
+    assert!(after < 1.0 / 10_000.0, "{after}");
+}
+
+#[test]
 fn reconfigured_weights_apply_to_the_next_decision() {
     let mut c = idle(2);
     c[0].overlap_blocks = 100; // saves 1,600 tokens
@@ -108,6 +165,7 @@ fn calibration_changes_the_trade_off() {
             uncached_tokens: tokens,
             queued_tokens: 0,
             decoding: i % 4,
+            prefilling: 0,
             unseen_in_flight: 0,
             ttft_s: tokens as f64 / rate + 0.02,
             loaded_tokens: [0, 0],
@@ -139,6 +197,7 @@ fn a_forgotten_worker_is_scored_as_a_newcomer() {
             uncached_tokens: 500 + i * 10,
             queued_tokens: 0,
             decoding: 0,
+            prefilling: 0,
             unseen_in_flight: 0,
             ttft_s: slow * ((500 + i * 10) as f64 / 20_000.0 + 0.02),
             loaded_tokens: [0, 0],
@@ -165,6 +224,7 @@ fn an_uncalibrated_worker_is_scored_like_its_calibrated_peers() {
                 uncached_tokens: tokens,
                 queued_tokens: 0,
                 decoding: 0,
+                prefilling: 0,
                 unseen_in_flight: 0,
                 ttft_s: tokens as f64 / 60_000.0 + 0.02,
                 loaded_tokens: [0, 0],
@@ -273,6 +333,7 @@ fn a_burst_after_noisy_calibration_splits_evenly() {
             uncached_tokens: tokens,
             queued_tokens: 0,
             decoding: 0,
+            prefilling: 0,
             unseen_in_flight: 0,
             ttft_s: (0.0165 + 1.5e-5 * tokens as f64) * (1.0 + noise),
             loaded_tokens: [0, 0],
@@ -317,6 +378,7 @@ fn a_partial_view_scores_every_worker_with_its_own_fit() {
                 uncached_tokens: tokens,
                 queued_tokens: 0,
                 decoding: 0,
+                prefilling: 0,
                 unseen_in_flight: 2,
                 ttft_s: slow * (tokens as f64 / 20_000.0 + 0.02),
                 loaded_tokens: [0, 0],

@@ -7,6 +7,7 @@
 
 pub mod cache_aware;
 pub mod calibration;
+pub mod chunking;
 pub mod dynamo_cost;
 pub mod fleet_calibration;
 mod kind;
@@ -124,6 +125,8 @@ pub struct Observation {
     pub queued_tokens: u64,
     /// Sequences decoding on that worker when it was routed.
     pub decoding: u64,
+    /// Requests routed there that had no first token yet when it was routed.
+    pub prefilling: u64,
     /// Requests of other router replicas in the view of that worker when it was routed (known
     /// only as counts from the engine's last load reading; 0 with one router).
     pub unseen_in_flight: u64,

@@ -13,6 +13,7 @@ struct Predicted {
     uncached_tokens: u64,
     queued_tokens: u64,
     decoding: u64,
+    prefilling: u64,
     unseen_in_flight: u64,
     loaded_tokens: [u64; 2],
     kv_bytes_per_token: u64,
@@ -75,6 +76,7 @@ impl Admitted {
                 uncached_tokens,
                 queued_tokens: chosen.load.queued_prefill_tokens,
                 decoding: chosen.load.decoding,
+                prefilling: chosen.load.in_flight.saturating_sub(chosen.load.decoding),
                 unseen_in_flight: chosen.load.unseen_in_flight,
                 loaded_tokens: {
                     let bs = u64::from(analysis.request.block_size);
@@ -131,6 +133,7 @@ impl Admitted {
                 uncached_tokens: p.uncached_tokens,
                 queued_tokens: p.queued_tokens,
                 decoding: p.decoding,
+                prefilling: p.prefilling,
                 unseen_in_flight: p.unseen_in_flight,
                 ttft_s,
                 loaded_tokens: p.loaded_tokens,

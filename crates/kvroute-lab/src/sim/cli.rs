@@ -61,6 +61,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         }
         a.jobs = args.jobs;
         a.records = args.records;
+        a.pooled_fleet = args.pooled_fleet;
         // Policy settings given on the command line apply to every scenario.
         if args.kv_aware_prefill_rate.is_some() {
             a.kv_aware_prefill_rate = args.kv_aware_prefill_rate;
@@ -76,6 +77,9 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         }
         if args.kv_aware_saturation_weight.is_some() {
             a.kv_aware_saturation_weight = args.kv_aware_saturation_weight;
+        }
+        if args.kv_aware_long_prefill_token_threshold.is_some() {
+            a.kv_aware_long_prefill_token_threshold = args.kv_aware_long_prefill_token_threshold;
         }
         a.kv_aware_no_calibrate |= args.kv_aware_no_calibrate;
         let out: Option<PathBuf> = match &args.out {

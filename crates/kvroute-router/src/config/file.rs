@@ -193,6 +193,7 @@ pub(super) struct FileKvAware {
     pub(super) decode_weight: Option<f64>,
     pub(super) eviction_weight: Option<f64>,
     pub(super) saturation_weight: Option<f64>,
+    pub(super) long_prefill_token_threshold: Option<u64>,
     /// `[kv_aware.tiers]`.
     #[serde(default)]
     pub(super) tiers: super::tier_cost::FileTierCost,

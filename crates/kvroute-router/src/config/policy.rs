@@ -63,6 +63,9 @@ pub(super) fn kv_aware(file: &FileKvAware) -> Result<KvAwareConfig, ConfigError>
             file.saturation_weight,
             d.saturation_weight,
         )?,
+        long_prefill_token_threshold: file
+            .long_prefill_token_threshold
+            .unwrap_or(d.long_prefill_token_threshold),
         tiers: super::tier_cost::tier_cost(&file.tiers)?,
     };
     if !(0.9..=1.0).contains(&kv_aware.forgetting) {

@@ -104,6 +104,22 @@ fn example_config_loads() {
     assert_eq!(c.workers[1].kv_blocks, None);
 }
 
+/// The engines' long-prefill cap is the cost model's to know: unset it is 0 (vLLM's default),
+/// and the example says so.
+#[test]
+fn the_engines_long_prefill_cap_reaches_the_cost_model() {
+    assert_eq!(load("").unwrap().kv_aware.long_prefill_token_threshold, 0);
+    let c = load("[kv_aware]\nlong_prefill_token_threshold = 2048\n").unwrap();
+    assert_eq!(c.kv_aware.long_prefill_token_threshold, 2048);
+    let example = load(include_str!("../../../../config/kvroute.example.toml")).unwrap();
+    assert_eq!(example.kv_aware.long_prefill_token_threshold, 0);
+    let e = load("[kv_aware]\nlong_prefill_token_threshold = -1\n").unwrap_err();
+    assert!(
+        e.to_string().contains("long_prefill_token_threshold"),
+        "{e}"
+    );
+}
+
 /// The example's `[priority]` block is commented out (the defaults), but uncommented it loads
 /// as documented.
 #[test]
