@@ -12,7 +12,8 @@
 # Settings (environment):
 #   KVROUTE       the kvroute binary (default target/release/kvroute)
 #   ROUTERS       which routers, in order (default "kv_aware least_request sglang vllm");
-#                 kvroute policies by name, `sglang` = sglang-router cache_aware,
+#                 kvroute policies by name (or LABEL:POLICY:CONFIG, a policy with a config
+#                 file, shown as LABEL), `sglang` = sglang-router cache_aware,
 #                 `smg` = Shepherd Model Gateway 1.13 (`smg launch`) cache_aware,
 #                 `vllm` = vllm-router cache_aware (it asks the engines' /tokenize)
 #   ENGINES       engines in the fleet (default 4)
@@ -109,6 +110,12 @@ start_router() {
         vllm)
             spawn "$out/$run.router.log" "$peer_bin/vllm-router" \
                 --host 127.0.0.1 --port "$router_port" --policy cache_aware --worker-urls "${urls[@]}" ;;
+        *:*:*)
+            # LABEL:POLICY:CONFIG — a kvroute policy with a config file, run as LABEL.
+            local policy config
+            IFS=: read -r _ policy config <<<"$router"
+            spawn "$out/$run.router.log" "$kvroute" serve --listen "127.0.0.1:$router_port" \
+                --policy "$policy" --config "$config" "${workers[@]}" ;;
         *)
             spawn "$out/$run.router.log" "$kvroute" serve --listen "127.0.0.1:$router_port" \
                 --policy "$router" "${workers[@]}" ;;
@@ -149,8 +156,8 @@ for round in $(seq 1 "$rounds"); do
         for ((k = ${#routers[@]} - 1; k >= 0; k--)); do order+=("${routers[k]}"); done
     fi
     for router in "${order[@]}"; do
-        run=$router
-        ((rounds > 1)) && run="$router-r$round"
+        run=${router%%:*}
+        ((rounds > 1)) && run="$run-r$round"
         echo "== $run"
         start_engines "$run"
         start_router "$router" "$run"
