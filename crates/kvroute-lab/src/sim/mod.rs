@@ -31,6 +31,8 @@ pub mod pd_compare;
 pub mod pooled;
 pub mod queue;
 pub mod record;
+#[cfg(test)]
+mod reference_tests;
 pub mod replica_sync;
 pub mod results;
 pub mod router;

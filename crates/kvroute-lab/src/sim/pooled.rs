@@ -102,28 +102,7 @@ pub fn pooled_cache(trace: &Trace, config: &SimConfig) -> PolicyRun {
 mod tests {
     use super::*;
     use crate::sim::oracle::{idle_prefill_s, oracle};
-    use crate::workload::trace::TraceRequest;
-
-    fn req(at: f64, ids: &[u64], tokens: u32, output: u32) -> TraceRequest {
-        TraceRequest {
-            arrival_s: at,
-            input_tokens: tokens,
-            output_tokens: output,
-            hash_ids: ids.to_vec(),
-            block_tokens: 64,
-            session: None,
-        }
-    }
-
-    fn config(workers: u32, num_blocks: u32) -> SimConfig {
-        let mut c = SimConfig {
-            workers,
-            ..SimConfig::default()
-        };
-        c.engine.block_size = 64;
-        c.engine.num_blocks = num_blocks;
-        c
-    }
+    use crate::sim::reference_tests::{config, req};
 
     #[test]
     fn with_room_for_everything_it_is_the_oracle() {

@@ -83,28 +83,7 @@ mod tests {
     use super::*;
     use crate::sim::config::FleetChange;
     use crate::sim::pooled::pooled_cache;
-    use crate::workload::trace::TraceRequest;
-
-    fn req(at: f64, ids: &[u64], tokens: u32, output: u32) -> TraceRequest {
-        TraceRequest {
-            arrival_s: at,
-            input_tokens: tokens,
-            output_tokens: output,
-            hash_ids: ids.to_vec(),
-            block_tokens: 64,
-            session: None,
-        }
-    }
-
-    fn config(workers: u32, num_blocks: u32) -> SimConfig {
-        let mut c = SimConfig {
-            workers,
-            ..SimConfig::default()
-        };
-        c.engine.block_size = 64;
-        c.engine.num_blocks = num_blocks;
-        c
-    }
+    use crate::sim::reference_tests::{config, req};
 
     #[test]
     fn a_busy_engine_prefix_is_hit_on_an_idle_one() {
