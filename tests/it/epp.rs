@@ -209,6 +209,46 @@ async fn a_reset_stream_releases_its_load() {
     epp.shutdown().await;
 }
 
+/// The picker ends its side of a stream only after the gateway ended its own, as GIE's
+/// reference picker does: ending first made h2 reset every stream, and the gateway's late end
+/// of stream then counted toward h2's limit of locally reset streams, which closes the whole
+/// connection. Here the gateway holds its side open after the last answer: the picker's side
+/// stays open too, and ends cleanly (status OK, no reset) once the gateway's does.
+#[tokio::test]
+async fn the_picker_ends_its_side_of_a_stream_after_the_gateway() {
+    let pool = backends(1).await;
+    let config = router_config(PolicyKind::LeastRequest, &workers(&pool), "");
+    let epp = start_epp(&config).await;
+    let gateway = Gateway::connect(epp.grpc_addr).await;
+    let body = chat("hold the stream");
+    let mut stream = gateway
+        .open(&Call::post("/v1/chat/completions", &body))
+        .await;
+    gateway.send_body(&stream, &body).await;
+    let _pick = stream.next().await;
+    assert_eq!(stream.body_back().await, body);
+    stream.report_head(200, &endpoint(&pool[0])).await;
+    stream.report_body(b"{}").await;
+    // The request is over; the gateway has not ended its side. Nothing more comes: no end,
+    // no status, no reset (the window is far longer than the picker takes to end a stream).
+    let held = tokio::time::timeout(Duration::from_millis(300), stream.rx.message()).await;
+    assert!(held.is_err(), "the picker ended first: {held:?}");
+    // The gateway's end of stream, then the picker's, with status OK.
+    let (tx, mut rx) = (stream.tx, stream.rx);
+    drop(tx);
+    match rx.message().await {
+        Ok(None) => {}
+        other => panic!("expected a clean end after the gateway's, got {other:?}"),
+    }
+    let fleet = Arc::clone(&epp.state.fleet);
+    assert_eq!(
+        fleet.workers()[0].in_flight(),
+        0,
+        "the load was released at the end"
+    );
+    epp.shutdown().await;
+}
+
 /// 2,000 streams at once through the gateway: every one answered 200 by the engine the
 /// picker named, and the engines received exactly 2,000 requests.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,8 +8,17 @@
 //! back, then the body as the worker must get it. A pick that fails — before the body ended
 //! (a 413, a 429 from admission) or after — is answered with an `ImmediateResponse`. A stream
 //! the gateway resets at any point drops the request: its admission and load are released.
+//!
+//! The picker ends its side of a stream only once the gateway has ended its own (or after
+//! [`HALF_CLOSE_WAIT`]), as GIE's reference picker returns from `Process` only when `Recv`
+//! reports the end. Ending first makes h2 reset the stream (`RST_STREAM(NO_ERROR)`), and each
+//! frame the gateway sends after that reset — its own end of stream, usually — counts as a
+//! locally reset stream; at 1,024 of those on one connection h2 closes it (`GOAWAY
+//! ENHANCE_YOUR_CALM`), failing every request on it. A gateway keeps one connection for
+//! thousands of requests, so that was a matter of time.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Body;
 use bytes::Bytes;
@@ -30,6 +39,10 @@ use crate::server::gateway::{self, GatewayRequest, Picked};
 /// Largest gRPC message taken from the gateway (a body chunk is at most what the gateway
 /// buffers, 64 KiB for Envoy; a header list is smaller).
 pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
+
+/// How long a finished conversation waits for the gateway to end its side of the stream before
+/// ending it anyway (Envoy ends it as soon as the request is over).
+pub const HALF_CLOSE_WAIT: Duration = Duration::from_secs(5);
 
 /// The ext_proc service.
 pub struct Picker {
@@ -63,11 +76,31 @@ impl ExternalProcessor for Picker {
     }
 }
 
-/// The whole conversation of one request.
+/// The whole conversation of one request; a finished one waits for the gateway's end of the
+/// stream before ending its own (see the module's notes).
 async fn converse(
     state: Arc<AppState>,
     fallbacks: usize,
     mut inbound: Streaming<ProcessingRequest>,
+    out: &Out,
+) -> Result<(), Status> {
+    let ended = exchange(state, fallbacks, &mut inbound, out).await;
+    if ended.is_ok() {
+        // Whatever the gateway still sends is past the request (a body it kept sending after
+        // an early answer): read and dropped.
+        let _ = tokio::time::timeout(HALF_CLOSE_WAIT, async {
+            while let Ok(Some(_)) = inbound.message().await {}
+        })
+        .await;
+    }
+    ended
+}
+
+/// The request's messages and their answers, in order.
+async fn exchange(
+    state: Arc<AppState>,
+    fallbacks: usize,
+    inbound: &mut Streaming<ProcessingRequest>,
     out: &Out,
 ) -> Result<(), Status> {
     let Some(first) = inbound.message().await? else {
@@ -81,12 +114,11 @@ async fn converse(
         ));
     };
     let wanted = Wanted { subset, fallbacks };
-    let Some((picked, ending)) = request_phase(&state, head, wanted, &mut inbound, out).await?
-    else {
+    let Some((picked, ending)) = request_phase(&state, head, wanted, inbound, out).await? else {
         return Ok(());
     };
     send_pick(&picked, ending, out).await;
-    response::phase(picked, modes, &mut inbound, out).await
+    response::phase(picked, modes, inbound, out).await
 }
 
 /// How the request's body ended.
