@@ -2,10 +2,11 @@
 //!
 //! The pooled-cache reference ([`super::super::pooled`]) gives the fleet's capacity to one cache
 //! and runs each request alone on an idle engine: it has no queueing at all, so a 500k-token
-//! prefill that holds one real engine for ten seconds delays nobody there. Under pressure that
-//! is most of a fleet's tail (docs/benchmarks.md, "What partitioned caches cost"), and a
-//! placement cannot remove it: some engine computes that prompt, and the requests behind it
-//! wait or go elsewhere.
+//! prefill that holds one real engine for ten seconds delays nobody there. A policy's distance
+//! to it mixes two things: the partition of the cache into engines, which placement works on,
+//! and queueing, which no placement removes (some engine computes that prompt, and the requests
+//! behind it wait or go elsewhere). Measured with this row (docs/benchmarks.md, "What
+//! partitioned caches cost"), queueing is a small part of it, and the partition nearly all.
 //!
 //! This reference keeps everything a real fleet has — the same engines, each scheduling,
 //! batching and queueing its own requests, `kv_aware` choosing among them — except the
@@ -57,10 +58,9 @@ pub fn pooled_fleet(trace: &Trace, config: &SimConfig) -> Result<Option<PolicyRu
         base.block_size,
         tier,
     )));
-    // One hashing seed for every engine: a block is one entry of the shared cache whoever
-    // computed it.
-    // The fleet's capacity is each engine's limit too (a prompt longer than one engine's
-    // cache would be refused, not computed).
+    // One hashing seed for every engine (a block is one entry of the shared cache whoever
+    // computed it), and the fleet's capacity as each engine's limit (a prompt longer than one
+    // engine's cache would otherwise be refused, not computed).
     let pooled_config = crate::engine::EngineConfig {
         num_blocks: blocks,
         cpu_tier: tier,
