@@ -12,7 +12,8 @@
 //! share their steps"), the queue term without this made `kv_aware` recompute sessions elsewhere
 //! to avoid a wait the engine no longer imposes. The budget itself is not modelled: when the
 //! prompts ahead take it all (`p × T` at least the budget), the request waits longer than this
-//! says.
+//! says. Priced with the budget it moved the agentic figures within their seeds' spread, for a
+//! setting the router would have to be told (docs/benchmarks.md), so it is left out.
 
 /// Prompt tokens computed before the first token of a request needing `uncached` tokens, on a
 /// worker where `prefilling` requests with `queued` tokens left are ahead of it and a prompt
