@@ -376,4 +376,4 @@ impl SimulateArgs {
 
 #[cfg(test)]
 #[path = "args_tests.rs"]
-mod tests;
+pub(super) mod tests;

@@ -9,7 +9,8 @@ struct Cli {
     args: SimulateArgs,
 }
 
-fn parse(flags: &[&str]) -> SimulateArgs {
+/// `simulate`'s flags parsed as the command line gives them (the tier flags' tests use it too).
+pub(in crate::sim) fn parse(flags: &[&str]) -> SimulateArgs {
     Cli::try_parse_from(std::iter::once("simulate").chain(flags.iter().copied()))
         .unwrap()
         .args

@@ -102,22 +102,8 @@ impl TierArgs {
 
 #[cfg(test)]
 mod tests {
-    use clap::Parser;
-
     use super::*;
-    use crate::sim::args::SimulateArgs;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: SimulateArgs,
-    }
-
-    fn parse(flags: &[&str]) -> SimulateArgs {
-        Cli::try_parse_from(std::iter::once("simulate").chain(flags.iter().copied()))
-            .unwrap()
-            .args
-    }
+    use crate::sim::args::tests::parse;
 
     #[test]
     fn a_tier_ratio_gives_every_engine_a_tier_and_the_router_its_link() {
