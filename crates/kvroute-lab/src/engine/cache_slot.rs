@@ -59,12 +59,16 @@ mod tests {
     fn engines_sharing_a_slot_see_one_cache() {
         let shared: PooledCache = Arc::new(Mutex::new(KvCache::new(8, 4)));
         let mut a = CacheSlot::Pooled(shared.clone());
-        let b = CacheSlot::Pooled(shared);
+        let mut b = CacheSlot::Pooled(shared);
         let mut own = CacheSlot::Own(KvCache::new(8, 4));
-        a.with(|c| c.set_now(5.0));
-        own.with(|c| c.set_now(5.0));
-        assert_eq!(b.read(|c| c.num_free()), 8);
-        assert_eq!(a.read(|c| c.block_size()), 4);
-        assert_eq!(own.read(|c| c.num_free()), 8);
+        // A reset through one slot is an event of the cache the other reads.
+        assert!(a.with(KvCache::reset_prefix_cache));
+        assert_eq!(b.with(KvCache::take_events).len(), 1);
+        assert!(
+            a.with(KvCache::take_events).is_empty(),
+            "taken through the other"
+        );
+        assert!(own.with(KvCache::take_events).is_empty());
+        assert_eq!(b.read(KvCache::block_size), 4);
     }
 }

@@ -226,5 +226,4 @@ fn engines_sharing_a_cache_hit_each_others_blocks() {
     };
     assert_eq!(hit(&mut b), 24);
     assert_eq!(hit(&mut own), 0);
-    assert!(!b.take_kv_events().is_empty() || a.with_cache(|c| c.num_cached()) >= 6);
 }

@@ -134,17 +134,10 @@ pub fn oracle(trace: &Trace, config: &SimConfig) -> PolicyRun {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workload::trace::TraceRequest;
+    use crate::sim::reference_tests;
 
-    fn req(at: f64, ids: &[u64], tokens: u32) -> TraceRequest {
-        TraceRequest {
-            arrival_s: at,
-            input_tokens: tokens,
-            output_tokens: 3,
-            hash_ids: ids.to_vec(),
-            block_tokens: 64,
-            session: None,
-        }
+    fn req(at: f64, ids: &[u64], tokens: u32) -> crate::workload::trace::TraceRequest {
+        reference_tests::req(at, ids, tokens, 3)
     }
 
     #[test]
