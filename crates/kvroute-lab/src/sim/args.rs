@@ -198,6 +198,12 @@ pub struct SimulateArgs {
     /// KV cache of the fleet's size (what partitioned caches cost, with queueing).
     #[arg(long)]
     pub pooled_fleet: bool,
+    /// Also replay each policy's placement without its queues: every request on the worker
+    /// the policy chose, over that worker's own cache, alone on an idle engine (a
+    /// `<policy>_unqueued` row: how much of its TTFT is where it put prompts, how much its
+    /// queues).
+    #[arg(long)]
+    pub unqueued: bool,
     /// Policies simulated in parallel threads (results do not depend on it).
     #[arg(long, default_value_t = 1)]
     pub jobs: usize,

@@ -20,6 +20,7 @@ use super::results::{PolicyResult, Results};
 use super::scenario::Scenario;
 use super::simulation::pooled_fleet::pooled_fleet;
 use super::simulation::{PolicyRun, Simulation};
+use super::unqueued::unqueued;
 use kvroute_router::policy::PolicyKind;
 
 /// Everything one `kvroute simulate` invocation produced.
@@ -62,6 +63,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         a.jobs = args.jobs;
         a.records = args.records;
         a.pooled_fleet = args.pooled_fleet;
+        a.unqueued = args.unqueued;
         // Policy settings given on the command line apply to every scenario.
         if args.kv_aware_prefill_rate.is_some() {
             a.kv_aware_prefill_rate = args.kv_aware_prefill_rate;
@@ -190,6 +192,15 @@ pub fn run_one(
         if let Some(run) = pooled_fleet(trace, &config)? {
             wall_s.push((run.policy.clone(), started.elapsed().as_secs_f64()));
             references.push(run);
+        }
+    }
+    if args.unqueued {
+        for (run, _) in &timed {
+            let started = Instant::now();
+            if let Some(replay) = unqueued(trace, &config, run) {
+                wall_s.push((replay.policy.clone(), started.elapsed().as_secs_f64()));
+                references.push(replay);
+            }
         }
     }
     let started = Instant::now();

@@ -40,6 +40,7 @@ pub mod scenario;
 pub mod search;
 pub mod simulation;
 pub mod tier_args;
+pub mod unqueued;
 
 pub use args::{IndexChoice, SimulateArgs};
 pub use capacity::{Capacity, CapacitySpec, PolicyCapacity};

@@ -24,9 +24,15 @@ use super::config::SimConfig;
 use super::record::SimRecord;
 use super::simulation::PolicyRun;
 
-/// Seconds to prefill `tokens` new tokens alone on an idle engine.
+/// Seconds to prefill `tokens` new tokens alone on an idle engine: in steps of the token
+/// budget, or of the long-prefill threshold when the engine has one (vLLM caps a long prompt's
+/// step even when it runs alone).
 pub fn idle_prefill_s(engine: &EngineConfig, tokens: usize) -> f64 {
-    let budget = engine.max_num_batched_tokens.max(1);
+    let budget = match engine.long_prefill_token_threshold {
+        0 => engine.max_num_batched_tokens,
+        cap => cap.min(engine.max_num_batched_tokens),
+    }
+    .max(1);
     let mut left = tokens.max(1);
     let mut ms = 0.0;
     while left > 0 {
@@ -159,5 +165,16 @@ mod tests {
     fn chunked_prefill_costs_more_than_one_chunk() {
         let e = SimConfig::default().engine;
         assert!(idle_prefill_s(&e, 16_384) > idle_prefill_s(&e, 8192) * 2.0 - 1e-12);
+    }
+
+    #[test]
+    fn a_long_prefill_threshold_caps_each_step_of_a_lone_prompt() {
+        let mut e = SimConfig::default().engine;
+        let whole = idle_prefill_s(&e, 8192);
+        e.long_prefill_token_threshold = 4096;
+        let capped = idle_prefill_s(&e, 8192);
+        let ms = 2.0 * e.timing.prefill_ms(4096) / 1000.0 / e.timing.speedup;
+        assert!((capped - ms).abs() < 1e-12);
+        assert!(capped > whole);
     }
 }

@@ -21,7 +21,7 @@
 use crate::engine::core::sample_token;
 use crate::engine::cpu_tier::CpuTierConfig;
 use crate::engine::kv_cache::{BlockTable, KvCache, SeqView};
-use crate::engine::{EngineHasher, RequestId};
+use crate::engine::{EngineConfig, EngineHasher, RequestId};
 use crate::workload::trace::Trace;
 use kvroute_router::kv_events::EngineHash;
 
@@ -35,39 +35,80 @@ pub const NAME: &str = "pooled_cache";
 /// The pooled-cache reference's records for `trace` under `config`.
 pub fn pooled_cache(trace: &Trace, config: &SimConfig) -> PolicyRun {
     let engine = &config.engine;
-    let block_size = engine.block_size.max(1);
-    let blocks = config
-        .max_workers()
-        .max(1)
-        .saturating_mul(engine.num_blocks);
+    let workers = config.max_workers().max(1);
     // A tiered fleet pools its host-memory tiers too, loading at one engine's link.
     let tier = engine.cpu_tier.map(|t| CpuTierConfig {
-        blocks: t.blocks.saturating_mul(config.max_workers().max(1)),
+        blocks: t.blocks.saturating_mul(workers),
         ..t
     });
-    let mut cache = KvCache::with_tier(blocks, block_size, tier);
-    let mut clock = 0.0;
-    let hasher = EngineHasher::new(engine.seed);
-    let chain = hasher.chain_seed(None);
-    let mut tokens: Vec<u32> = Vec::new();
-    let mut hashes: Vec<EngineHash> = Vec::new();
+    let cache = KvCache::with_tier(
+        workers.saturating_mul(engine.num_blocks),
+        engine.block_size.max(1),
+        tier,
+    );
+    let mut caches = IdleCaches::new(engine, vec![cache]);
     let mut run = reference_run(NAME, trace, config, |i, prompt, output| {
-        tokens.clear();
-        tokens.extend_from_slice(prompt);
+        caches.serve(0, i, prompt, output)
+    });
+    run.counters.evictions = caches.evictions();
+    run
+}
+
+/// KV caches whose requests each run alone on an idle engine: the references' model of
+/// caching without queueing (the pooled cache is one such cache of the fleet's size; a
+/// policy's placement replayed, [`super::unqueued`], one per worker).
+pub(super) struct IdleCaches<'a> {
+    engine: &'a EngineConfig,
+    caches: Vec<KvCache>,
+    hasher: EngineHasher,
+    clock: f64,
+    tokens: Vec<u32>,
+    hashes: Vec<EngineHash>,
+}
+
+impl<'a> IdleCaches<'a> {
+    /// Requests of engines configured as `engine` over `caches`.
+    pub(super) fn new(engine: &'a EngineConfig, caches: Vec<KvCache>) -> Self {
+        IdleCaches {
+            engine,
+            caches,
+            hasher: EngineHasher::new(engine.seed),
+            clock: 0.0,
+            tokens: Vec::new(),
+            hashes: Vec::new(),
+        }
+    }
+
+    /// How many caches there are.
+    pub(super) fn len(&self) -> usize {
+        self.caches.len()
+    }
+
+    /// Request `i` (`prompt`, then `output` tokens) on cache `slot`: what it finds, and its
+    /// prompt and output blocks then cached as an engine caches them.
+    pub(super) fn serve(&mut self, slot: usize, i: usize, prompt: &[u32], output: u32) -> Lookup {
+        let engine = self.engine;
+        let block_size = engine.block_size.max(1);
+        let chain = self.hasher.chain_seed(None);
+        self.tokens.clear();
+        self.tokens.extend_from_slice(prompt);
         // Request `i` samples its output as an engine would: distinct per request, as sampled
         // answers are, so two requests with the same prompt do not share output blocks.
         let id = RequestId(i as u64);
-        tokens.extend(
+        self.tokens.extend(
             (0..output as usize).map(|j| sample_token(engine.seed, id, j, engine.vocab_size)),
         );
-        hashes.clear();
-        for block in tokens.chunks_exact(block_size) {
-            hashes.push(hasher.hash(chain, hashes.last().copied(), block));
+        self.hashes.clear();
+        for block in self.tokens.chunks_exact(block_size) {
+            let parent = self.hashes.last().copied();
+            self.hashes.push(self.hasher.hash(chain, parent, block));
         }
         // Offloads are written by the time of the request (an idle fleet's links are free).
-        clock += 1e9;
-        cache.set_now(clock);
-        let hits = cache.cached_prefix(&hashes, prompt.len());
+        self.clock += 1e9;
+        let cache = &mut self.caches[slot];
+        cache.set_now(self.clock);
+        let hashes = &self.hashes;
+        let hits = cache.cached_prefix(hashes, prompt.len());
         let reusable = (prompt.len().saturating_sub(1) / block_size).min(hashes.len());
         let loads = cache.tier_prefix(&hashes[hits.len().min(reusable)..reusable]);
         let load_s = if loads > 0 {
@@ -77,15 +118,15 @@ pub fn pooled_cache(trace: &Trace, config: &SimConfig) -> PolicyRun {
         };
         let cached = (hits.len() + loads) * block_size;
         let seq = SeqView {
-            tokens: &tokens,
-            hashes: &hashes,
+            tokens: &self.tokens,
+            hashes,
             cache_salt: None,
         };
         let mut table = BlockTable::default();
         // Every other request has freed its blocks, so only a sequence longer than the whole
-        // fleet's cache fails here (the engine limit refuses those first); it caches nothing.
+        // cache fails here (the engine limit refuses those first); it caches nothing.
         let gpu = hits.len() * block_size;
-        let _ = cache.allocate(&mut table, &hits, gpu, tokens.len() - gpu, seq);
+        let _ = cache.allocate(&mut table, &hits, gpu, self.tokens.len() - gpu, seq);
         cache.free(&mut table);
         Lookup {
             queried_blocks: prompt.len() / block_size,
@@ -93,9 +134,12 @@ pub fn pooled_cache(trace: &Trace, config: &SimConfig) -> PolicyRun {
             cached_tokens: cached,
             load_s,
         }
-    });
-    run.counters.evictions = cache.evictions();
-    run
+    }
+
+    /// Blocks evicted from every cache so far.
+    pub(super) fn evictions(&self) -> u64 {
+        self.caches.iter().map(KvCache::evictions).sum()
+    }
 }
 
 #[cfg(test)]
