@@ -20,7 +20,7 @@ use super::results::{PolicyResult, Results};
 use super::scenario::Scenario;
 use super::simulation::pooled_fleet::pooled_fleet;
 use super::simulation::{PolicyRun, Simulation};
-use super::unqueued::unqueued;
+use super::unqueued::{breakdown, unqueued};
 use kvroute_router::policy::PolicyKind;
 
 /// Everything one `kvroute simulate` invocation produced.
@@ -209,11 +209,14 @@ pub fn run_one(
     references.push(pooled);
     let started = Instant::now();
     let o = oracle(trace, &config);
-    wall_s.push(("oracle".to_string(), started.elapsed().as_secs_f64()));
+    wall_s.push((o.policy.clone(), started.elapsed().as_secs_f64()));
     let runs: Vec<PolicyRun> = timed.into_iter().map(|(r, _)| r).collect();
     let refs: Vec<&PolicyRun> = references.iter().collect();
     let results = Results::new(&runs, &refs, &o, config.slo);
     println!("{header}\n{}", summary_table(&results, &wall_s));
+    if let Some(parts) = breakdown(&results) {
+        println!("Where the mean TTFT goes:\n\n{parts}");
+    }
     if let Some(dir) = out {
         let mut shown = refs.clone();
         shown.push(&o);

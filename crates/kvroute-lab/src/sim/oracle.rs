@@ -24,6 +24,9 @@ use super::config::SimConfig;
 use super::record::SimRecord;
 use super::simulation::PolicyRun;
 
+/// The oracle's row name.
+pub const NAME: &str = "oracle";
+
 /// Seconds to prefill `tokens` new tokens alone on an idle engine: in steps of the token
 /// budget, or of the long-prefill threshold when the engine has one (vLLM caps a long prompt's
 /// step even when it runs alone).
@@ -124,7 +127,7 @@ pub fn oracle(trace: &Trace, config: &SimConfig) -> PolicyRun {
     let block_size = config.engine.block_size;
     let seed = request_seed(&config.model, None, None);
     let mut seen: HashSet<u64> = HashSet::new();
-    reference_run("oracle", trace, config, |_, prompt, _| {
+    reference_run(NAME, trace, config, |_, prompt, _| {
         let hashes = block_hashes(seed, prompt, block_size);
         let hit = hashes.iter().take_while(|h| seen.contains(&h.0)).count();
         seen.extend(hashes.iter().map(|h| h.0));

@@ -122,7 +122,10 @@ pub fn write_all(
     std::fs::write(&json, results.to_json())
         .with_context(|| format!("cannot write {}", json.display()))?;
     let md = dir.join("summary.md");
-    let text = format!("{header}\n{}", summary_table(results, wall_s));
+    let mut text = format!("{header}\n{}", summary_table(results, wall_s));
+    if let Some(parts) = super::unqueued::breakdown(results) {
+        text.push_str(&format!("\nWhere the mean TTFT goes:\n\n{parts}"));
+    }
     std::fs::write(&md, text).with_context(|| format!("cannot write {}", md.display()))?;
     let mut cdf: Vec<Series> = runs.iter().map(|r| ttft_cdf(&r.policy, r, 500)).collect();
     cdf.extend(references.iter().map(|r| ttft_cdf(&r.policy, r, 500)));

@@ -135,7 +135,7 @@ impl Results {
         o.ttft_mean_vs_oracle = ratio(stats.mean, stats.mean);
         o.ttft_p50_vs_oracle = ratio(stats.p50, stats.p50);
         o.ttft_p90_vs_oracle = ratio(stats.p90, stats.p90);
-        policies.insert("oracle".to_string(), to_value(&o));
+        policies.insert(super::oracle::NAME.to_string(), to_value(&o));
         Results { policies }
     }
 

@@ -23,7 +23,8 @@ use crate::workload::trace::Trace;
 
 use super::config::SimConfig;
 use super::oracle::{Lookup, reference_run};
-use super::pooled::IdleCaches;
+use super::pooled::{self, IdleCaches};
+use super::results::Results;
 use super::simulation::PolicyRun;
 use crate::engine::kv_cache::KvCache;
 
@@ -69,6 +70,37 @@ pub fn unqueued(trace: &Trace, config: &SimConfig, run: &PolicyRun) -> Option<Po
     }
     replay.counters.evictions = caches.evictions();
     Some(replay)
+}
+
+/// Where each policy's mean TTFT goes, as a Markdown table, when `results` has its unqueued
+/// row: the oracle's (no cache limit, no queueing), plus capacity (the pooled cache less the
+/// oracle), plus its placement's misses (its unqueued replay less the pooled cache), plus
+/// queueing (the policy less its replay). Means add up, so the four parts sum to the policy's
+/// mean (over successful requests); `None` without an unqueued row.
+pub fn breakdown(results: &Results) -> Option<String> {
+    let oracle = results.get(super::oracle::NAME)?.ttft_s.mean;
+    let pooled = results.get(pooled::NAME)?.ttft_s.mean;
+    let mut out = String::from(
+        "| policy | TTFT mean (ms) | oracle | + capacity | + placement | + queueing |\n|---|---:|---:|---:|---:|---:|\n",
+    );
+    let mut any = false;
+    for policy in results.policies.keys() {
+        let (Some(run), Some(replay)) = (results.get(policy), results.get(&name(policy))) else {
+            continue;
+        };
+        let (mean, unqueued) = (run.ttft_s.mean, replay.ttft_s.mean);
+        let ms = |s: f64| s * 1e3;
+        out.push_str(&format!(
+            "| {policy} | {:.1} | {:.1} | {:+.1} | {:+.1} | {:+.1} |\n",
+            ms(mean),
+            ms(oracle),
+            ms(pooled - oracle),
+            ms(unqueued - pooled),
+            ms(mean - unqueued),
+        ));
+        any = true;
+    }
+    any.then_some(out)
 }
 
 #[cfg(test)]
@@ -181,5 +213,57 @@ mod tests {
             .results
             .policies;
         assert!(!rows.keys().any(|k| k.ends_with("_unqueued")));
+    }
+
+    #[test]
+    fn the_breakdown_adds_up_to_each_policys_mean() {
+        let args = crate::sim::args::tests::parse(&[
+            "--synthetic",
+            "multi-turn",
+            "--requests",
+            "60",
+            "--rate",
+            "40",
+            "--policies",
+            "kv_aware,round_robin",
+            "--unqueued",
+        ]);
+        let (trace, _) = args.workload().unwrap();
+        let results = crate::sim::cli::run_one(&args, &trace, "", None)
+            .unwrap()
+            .results;
+        let table = breakdown(&results).unwrap();
+        let rows: Vec<&str> = table.lines().skip(2).collect();
+        assert_eq!(rows.len(), 2, "{table}");
+        let mean_ms = |row: &str| results.get(row).unwrap().ttft_s.mean * 1e3;
+        for row in rows {
+            let policy = row.split('|').nth(1).unwrap().trim();
+            let cells: Vec<f64> = row
+                .split('|')
+                .skip(2)
+                .filter_map(|c| c.trim().parse().ok())
+                .collect();
+            let [mean, oracle, capacity, placement, queueing] = cells[..] else {
+                panic!("{row}");
+            };
+            let close = |a: f64, b: f64| (a - b).abs() < 0.06;
+            assert!(close(mean, mean_ms(policy)), "{row}");
+            assert!(close(oracle, mean_ms("oracle")), "{row}");
+            assert!(
+                close(capacity, mean_ms("pooled_cache") - mean_ms("oracle")),
+                "{row}"
+            );
+            let replay = mean_ms(&name(policy));
+            assert!(close(placement, replay - mean_ms("pooled_cache")), "{row}");
+            assert!(close(queueing, mean_ms(policy) - replay), "{row}");
+            assert!(queueing > 0.0, "{row}");
+        }
+        // Without the replay there is nothing to split.
+        let plain =
+            crate::sim::args::tests::parse(&["--synthetic", "multi-turn", "--requests", "20"]);
+        let results = crate::sim::cli::run_one(&plain, &trace, "", None)
+            .unwrap()
+            .results;
+        assert!(breakdown(&results).is_none());
     }
 }
