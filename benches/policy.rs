@@ -41,6 +41,7 @@ fn bench(c: &mut Criterion) {
         blocks: 500,
         block_size: 16,
         kv_bytes_per_token: 0,
+        warm_prefix_rate: 0.0,
     };
     let mut group = c.benchmark_group("decision_16_workers");
     for kind in PolicyKind::ALL {

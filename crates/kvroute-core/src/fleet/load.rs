@@ -126,6 +126,12 @@ impl Load {
         (running.tokens(block_size), running.held_prefix(hashes))
     }
 
+    /// How many requests in flight here hold the first `blocks` blocks of `hashes`
+    /// ([`RunningBlocks::sharing`]).
+    pub fn running_sharing(&self, hashes: &[BlockHash], blocks: usize) -> u32 {
+        self.lock_running().sharing(hashes, blocks)
+    }
+
     /// From now on, every request admitted here is announced through `announcer` (once: a
     /// later call changes nothing and returns false).
     pub fn announce_to(&self, announcer: Announcer) -> bool {

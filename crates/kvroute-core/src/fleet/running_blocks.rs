@@ -99,6 +99,19 @@ impl RunningBlocks {
         }
         lo * STRIDE
     }
+
+    /// How many requests in flight hold the first `blocks` blocks of `hashes` (to within
+    /// [`STRIDE`] blocks below; 0 for a prefix shorter than one mark).
+    pub fn sharing(&self, hashes: &[BlockHash], blocks: usize) -> u32 {
+        let k = blocks.min(hashes.len()) / STRIDE;
+        if k == 0 {
+            return 0;
+        }
+        self.counts
+            .get(&hashes[k * STRIDE - 1].0)
+            .copied()
+            .unwrap_or(0)
+    }
 }
 
 #[cfg(test)]

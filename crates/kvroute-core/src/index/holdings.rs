@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::approx::ApproxIndex;
 use super::exact::KvIndex;
 use super::overlaps::Overlaps;
+use super::prefix_rates::PrefixRates;
 use super::residency::Residency;
 use super::sessions::SessionHomes;
 use crate::fleet::WorkerId;
@@ -27,6 +28,8 @@ pub struct Holdings {
     pub residency: Residency,
     /// The homes of the sessions clients named (affinity hints).
     pub sessions: SessionHomes,
+    /// Arrivals per second by prefix, counted at admission (`prefix_rates`).
+    pub prefix_rates: PrefixRates,
 }
 
 impl Holdings {
@@ -37,19 +40,21 @@ impl Holdings {
             approx,
             residency: Residency::default(),
             sessions: SessionHomes::default(),
+            prefix_rates: PrefixRates::default(),
         }
     }
 
     /// Holdings of another router replica over the same KV events: this one's exact index,
     /// shared (every replica subscribes to every engine's stream, so theirs are the same),
-    /// with its own `approx` predictions, working sets and session homes, which only its own
-    /// decisions (and, over a replica bus, the others' bookings) feed.
+    /// with its own `approx` predictions, working sets, session homes and prefix rates, which
+    /// only its own decisions (and, over a replica bus, the others' bookings) feed.
     pub fn beside(&self, approx: ApproxIndex) -> Self {
         Holdings {
             exact: Arc::clone(&self.exact),
             approx,
             residency: Residency::new(self.residency.config()),
             sessions: SessionHomes::default(),
+            prefix_rates: PrefixRates::default(),
         }
     }
 

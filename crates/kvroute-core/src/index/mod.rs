@@ -50,6 +50,7 @@ pub mod dynamo_workload;
 mod exact;
 mod holdings;
 mod overlaps;
+pub mod prefix_rates;
 mod residency;
 mod run;
 mod runs;
@@ -65,6 +66,7 @@ pub use approx::{ApproxConfig, ApproxIndex};
 pub use exact::{Applied, ChainHolders, IndexConfig, KvIndex, SeedFor, WRITE_CHUNK};
 pub use holdings::Holdings;
 pub use overlaps::Overlaps;
+pub use prefix_rates::PrefixRates;
 pub use residency::{Residency, ResidencyConfig, ReuseCurve};
 pub use sessions::{
     DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL, SessionHome, SessionHomes, SessionKey,

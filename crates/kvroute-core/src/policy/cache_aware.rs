@@ -112,6 +112,7 @@ mod tests {
             blocks: 100,
             block_size: 16,
             kv_bytes_per_token: 0,
+            warm_prefix_rate: 0.0,
         }
     }
 

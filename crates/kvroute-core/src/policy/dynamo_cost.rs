@@ -86,6 +86,7 @@ mod tests {
             blocks: 100,
             block_size: 16,
             kv_bytes_per_token: 0,
+            warm_prefix_rate: 0.0,
         };
         let mut c = idle(2);
         // Worker 0 holds 60 blocks but has 50 active: 40 + 50 = 90.

@@ -67,6 +67,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::calibration::Rates;
+use super::copy_value;
 use super::fleet_calibration::FleetCalibration;
 use super::kv_room::{Residence, Room};
 use super::saturation;
@@ -96,6 +97,9 @@ pub struct KvAwareConfig {
     /// that writing this prompt evicts, times the measured chance they come back, priced at
     /// the prefill rate (0: the decision ignores what it evicts).
     pub eviction_weight: f64,
+    /// Weight of what a copy of a busy prefix saves the later requests for it
+    /// ([`super::copy_value`]; 0: a prefix is copied only for the request in hand).
+    pub copy_weight: f64,
     /// Weight of the work a placement adds to a saturated fleet ([`super::saturation`]),
     /// counted again for the requests queued behind it (0: own latency only, at any load).
     pub saturation_weight: f64,
@@ -128,6 +132,7 @@ impl Default for KvAwareConfig {
             temperature: 0.0,
             decode_weight: 0.25,
             eviction_weight: 1.0,
+            copy_weight: 1.0,
             saturation_weight: 1.0,
             long_prefill_token_threshold: 0,
             tiers: TierCostConfig::default(),
@@ -272,17 +277,39 @@ impl Policy for KvAware {
             .collect();
         let residence_s = super::lock(&self.residence).mean_s();
         let saturated = saturation::saturated(request.prompt_tokens, candidates);
-        let (predicted, cost): (Vec<f64>, Vec<f64>) = {
+        let rates: Vec<Rates> = {
             let calibration = super::lock(&self.calibration);
             candidates
                 .iter()
-                .zip(&quotes)
-                .map(|(c, quote)| {
-                    let rates = calibration.rates_in_view(c.worker, partial);
-                    Self::predict(&config, request, c, &rates, quote, residence_s, saturated)
-                })
-                .unzip()
+                .map(|c| calibration.rates_in_view(c.worker, partial))
+                .collect()
         };
+        let (predicted, mut cost): (Vec<f64>, Vec<f64>) = candidates
+            .iter()
+            .zip(&quotes)
+            .zip(&rates)
+            .map(|((c, quote), rates)| {
+                Self::predict(&config, request, c, rates, quote, residence_s, saturated)
+            })
+            .unzip();
+        let sharing: u32 = candidates.iter().map(|c| c.cache.sharing_requests).sum();
+        if !saturated && sharing > 0 {
+            let sides: Vec<copy_value::Side> = quotes
+                .iter()
+                .zip(&predicted)
+                .zip(&rates)
+                .map(|((quote, ttft), rates)| {
+                    let own = request.prompt_tokens.saturating_sub(quote.cached_tokens);
+                    copy_value::Side {
+                        cached_tokens: quote.cached_tokens,
+                        wait_s: ttft - own as f64 * rates.seconds_per_token,
+                        seconds_per_token: rates.seconds_per_token,
+                    }
+                })
+                .collect();
+            let off = copy_value::discounts(request.warm_prefix_rate, &sides, config.copy_weight);
+            cost.iter_mut().zip(off).for_each(|(k, d)| *k -= d);
+        }
         let best = cost.iter().copied().fold(f64::INFINITY, f64::min);
         let chosen = if config.temperature > 0.0 {
             let scale = config.temperature * best.max(1e-3);

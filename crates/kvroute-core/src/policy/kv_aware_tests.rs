@@ -10,6 +10,7 @@ fn req(tokens: u64) -> RouteRequest {
         blocks: (tokens / 16) as u32,
         block_size: 16,
         kv_bytes_per_token: 0,
+        warm_prefix_rate: 0.0,
     }
 }
 
@@ -533,4 +534,40 @@ fn saturation_weight_zero_weighs_only_the_requests_own_latency() {
     let mut c = siblings_fleet(50_000);
     c[0].load.in_flight = 1;
     assert_ne!(p.choose(&req(4_224), &c).unwrap().chosen, 0);
+}
+
+#[test]
+fn a_hot_prefix_is_copied_before_its_holders_queue_costs_one_request_more() {
+    // Worker 0 holds the prompt's 8,000-token prefix behind a 0.3 s queue; worker 1 is idle.
+    // For this request alone waiting is cheaper (0.3 s against 0.4 s of copy).
+    let mut c = idle(2);
+    c[0].overlap_blocks = 500;
+    c[0].load.queued_prefill_tokens = 6_000;
+    c[0].cache.sharing_requests = 3;
+    let mut r = req(8_256);
+    assert_eq!(policy().choose(&r, &c).unwrap().chosen, 0);
+    // Twenty requests a second ask for that prefix: six arrive while the queue drains.
+    r.warm_prefix_rate = 20.0;
+    let d = policy().choose(&r, &c).unwrap();
+    assert_eq!(d.chosen, 1);
+    // The same rate from one session's turns in a row (none of them in flight now) is no
+    // one arriving meanwhile: no copy.
+    c[0].cache.sharing_requests = 0;
+    assert_eq!(policy().choose(&r, &c).unwrap().chosen, 0);
+    c[0].cache.sharing_requests = 3;
+    // The copy's price moved, not the prediction.
+    assert!(d.predicted_ttft_s[1].unwrap() > d.predicted_ttft_s[0].unwrap());
+    // One a second is not enough to pay for the copy, and weight 0 ignores the rate.
+    r.warm_prefix_rate = 1.0;
+    assert_eq!(policy().choose(&r, &c).unwrap().chosen, 0);
+    r.warm_prefix_rate = 20.0;
+    let off = KvAware::new(
+        KvAwareConfig {
+            calibrate: false,
+            copy_weight: 0.0,
+            ..Default::default()
+        },
+        1,
+    );
+    assert_eq!(off.choose(&r, &c).unwrap().chosen, 0);
 }

@@ -8,6 +8,7 @@
 pub mod cache_aware;
 pub mod calibration;
 pub mod chunking;
+pub mod copy_value;
 pub mod dynamo_cost;
 pub mod fleet_calibration;
 mod kind;
@@ -46,6 +47,10 @@ pub struct RouteRequest {
     /// KV bytes of one token of the model, when its configuration states them (0: the
     /// policy's default), for the price of loading offloaded blocks.
     pub kv_bytes_per_token: u64,
+    /// Requests per second arriving for the longest prefix of the prompt any worker holds
+    /// (`index::prefix_rates`; 0 when none holds any or it is not asked for): what a copy of
+    /// that prefix on another worker would serve (`copy_value`).
+    pub warm_prefix_rate: f64,
 }
 
 /// What a policy sees of one eligible worker.
@@ -86,6 +91,9 @@ pub struct WorkingSet {
     /// first, as its engine does), how many are expected to be asked for again (each weighed
     /// by the measured chance that a block idle that long comes back).
     pub returning_evictions: f64,
+    /// Requests in flight there holding this prompt's warm prefix (the longest prefix of it
+    /// any candidate holds): other requests using it now, not one session's turns in a row.
+    pub sharing_requests: u32,
 }
 
 /// A policy's choice, with the per-candidate score it was based on.

@@ -100,6 +100,7 @@ mod tests {
             blocks: 15,
             block_size: 64,
             kv_bytes_per_token: 0,
+            warm_prefix_rate: 0.0,
         };
         assert_eq!(in_flight_prefix_tokens(&request, &candidate(0, 10)), 640);
         assert_eq!(in_flight_prefix_tokens(&request, &candidate(0, 0)), 0);

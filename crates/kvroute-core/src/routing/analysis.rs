@@ -71,12 +71,16 @@ impl Analysis {
         } else {
             holdings.lookup(&hashes[..reusable], now)
         };
+        let warm_prefix_rate = holdings
+            .prefix_rates
+            .rate(&hashes, overlaps.max() as usize, now);
         Analysis {
             request: RouteRequest {
                 prompt_tokens: prompt_tokens as u64,
                 blocks: u32::try_from(hashes.len()).unwrap_or(u32::MAX),
                 block_size: u32::try_from(block_size).unwrap_or(u32::MAX),
                 kv_bytes_per_token: 0,
+                warm_prefix_rate,
             },
             hashes,
             overlaps,

@@ -130,6 +130,7 @@ impl Decider {
             .collect();
         let curve = self.holdings.residency.curve();
         let home = self.session_home(analysis);
+        let warm = analysis.overlaps.max() as usize;
         let candidates = picked
             .iter()
             .map(|t| {
@@ -140,7 +141,7 @@ impl Decider {
                     load: t.load().view(),
                     overlap_blocks: overlap_with_hint(analysis, *t, at_home),
                     lower_blocks: analysis.lower_blocks(t.worker()),
-                    cache: self.working_set(analysis, *t, &curve),
+                    cache: self.working_set(analysis, *t, &curve, warm),
                     session_home: at_home.is_some(),
                 }
             })
@@ -164,6 +165,7 @@ impl Decider {
         analysis: &Analysis,
         target: &T,
         curve: &ReuseCurve,
+        warm: usize,
     ) -> WorkingSet {
         if analysis.hashes.is_empty() {
             return WorkingSet::default();
@@ -177,6 +179,7 @@ impl Decider {
             .load()
             .running(&analysis.hashes, analysis.request.block_size);
         WorkingSet {
+            sharing_requests: target.load().running_sharing(&analysis.hashes, warm),
             live_blocks: residency.live_blocks(worker, analysis.at),
             capacity_blocks,
             running_tokens,
@@ -324,6 +327,7 @@ impl Decider {
             now,
             choice.target.kv_blocks().map(|b| b as u64),
         );
+        self.holdings.prefix_rates.arrive(&analysis.hashes, now);
         let mut guard = choice.target.load().admit_holding(
             analysis.request.prompt_tokens,
             uncached,

@@ -166,3 +166,32 @@ fn siblings_spread_with_room_and_co_locate_on_a_saturated_fleet() {
     assert!(on <= 2, "on {on} workers");
     assert!(booked < 3 * 4_128, "{booked} tokens booked");
 }
+
+/// A prompt of a 512-token prefix every `tag` shares, then 64 tokens of its own.
+fn shared_prefix_prompt(tag: u32) -> Vec<u32> {
+    (0..512u32)
+        .chain((0..64).map(|i| 1_000_000 + tag * 100 + i))
+        .collect()
+}
+
+#[test]
+fn admissions_count_toward_the_rate_of_the_prefix_they_share() {
+    let d = decider();
+    let targets = fleet(2, false);
+    let mut hold = Vec::new();
+    for tag in 0..5 {
+        route(&d, &targets, &shared_prefix_prompt(tag), None, 0, &mut hold);
+    }
+    let at = Duration::from_millis(500);
+    let hot = d.analyse(&shared_prefix_prompt(99), seed(), 16, at);
+    // Five arrivals, each worth 1/10 s⁻¹ and half a second old.
+    let expected = 0.5 * (-0.05f64).exp();
+    assert!(
+        (hot.request.warm_prefix_rate - expected).abs() < 1e-9,
+        "{:?}",
+        hot.request
+    );
+    // A prompt nobody holds any of has no warm prefix to price.
+    let cold = d.analyse(&ids(7, 576), seed(), 16, at);
+    assert_eq!(cold.request.warm_prefix_rate, 0.0);
+}

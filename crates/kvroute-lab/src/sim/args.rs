@@ -154,6 +154,10 @@ pub struct SimulateArgs {
     /// sessions' live blocks (the live router's `kv_aware.eviction_weight`; 0 ignores it).
     #[arg(long, value_name = "WEIGHT")]
     pub kv_aware_eviction_weight: Option<f64>,
+    /// kv_aware: weight of what a copy of a busy prefix saves the later requests for it (the
+    /// live router's `kv_aware.copy_weight`; 0 copies only for the request in hand).
+    #[arg(long, value_name = "WEIGHT")]
+    pub kv_aware_copy_weight: Option<f64>,
     /// kv_aware: weight of the work a placement adds when every worker has at least twice the
     /// prompt queued (the live router's `kv_aware.saturation_weight`; 0 ignores it).
     #[arg(long, value_name = "WEIGHT")]
@@ -321,6 +325,9 @@ impl SimulateArgs {
         }
         if let Some(w) = self.kv_aware_eviction_weight {
             kv_aware.eviction_weight = w;
+        }
+        if let Some(w) = self.kv_aware_copy_weight {
+            kv_aware.copy_weight = w;
         }
         if let Some(w) = self.kv_aware_saturation_weight {
             kv_aware.saturation_weight = w;

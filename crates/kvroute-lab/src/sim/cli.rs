@@ -77,6 +77,9 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         if args.kv_aware_eviction_weight.is_some() {
             a.kv_aware_eviction_weight = args.kv_aware_eviction_weight;
         }
+        if args.kv_aware_copy_weight.is_some() {
+            a.kv_aware_copy_weight = args.kv_aware_copy_weight;
+        }
         if args.kv_aware_saturation_weight.is_some() {
             a.kv_aware_saturation_weight = args.kv_aware_saturation_weight;
         }

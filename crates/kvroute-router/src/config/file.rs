@@ -192,6 +192,7 @@ pub(super) struct FileKvAware {
     pub(super) temperature: Option<f64>,
     pub(super) decode_weight: Option<f64>,
     pub(super) eviction_weight: Option<f64>,
+    pub(super) copy_weight: Option<f64>,
     pub(super) saturation_weight: Option<f64>,
     pub(super) long_prefill_token_threshold: Option<u64>,
     /// `[kv_aware.tiers]`.

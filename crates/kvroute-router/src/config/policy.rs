@@ -58,6 +58,7 @@ pub(super) fn kv_aware(file: &FileKvAware) -> Result<KvAwareConfig, ConfigError>
             file.eviction_weight,
             d.eviction_weight,
         )?,
+        copy_weight: non_negative("kv_aware.copy_weight", file.copy_weight, d.copy_weight)?,
         saturation_weight: non_negative(
             "kv_aware.saturation_weight",
             file.saturation_weight,
