@@ -180,9 +180,16 @@ async fn same_prefix_requests_concentrate_on_the_warm_worker() {
         "in_flight",
         "predicted_ttft_s",
         "returning_evictions",
+        "sharing_requests",
     ] {
         assert!(warm_row.get(key).is_some(), "{key} missing: {warm_row}");
     }
+    // Nine admissions asked for the system prompt: its arrival rate is counted; a prompt
+    // nobody holds has no warm prefix to count.
+    let rate = explained["warm_prefix_rate"].as_f64().unwrap();
+    assert!(rate > 0.0 && rate <= 0.9, "{explained}");
+    let unique = s.explain(&prompt("never-seen", 400)).await;
+    assert_eq!(unique["warm_prefix_rate"].as_f64(), Some(0.0), "{unique}");
     // The warm worker's working set holds the system prompt's blocks, touched by nine
     // admissions; a worker that was never chosen has none.
     assert!(

@@ -292,22 +292,8 @@ impl Policy for KvAware {
                 Self::predict(&config, request, c, rates, quote, residence_s, saturated)
             })
             .unzip();
-        let sharing: u32 = candidates.iter().map(|c| c.cache.sharing_requests).sum();
-        if !saturated && sharing > 0 {
-            let sides: Vec<copy_value::Side> = quotes
-                .iter()
-                .zip(&predicted)
-                .zip(&rates)
-                .map(|((quote, ttft), rates)| {
-                    let own = request.prompt_tokens.saturating_sub(quote.cached_tokens);
-                    copy_value::Side {
-                        cached_tokens: quote.cached_tokens,
-                        wait_s: ttft - own as f64 * rates.seconds_per_token,
-                        seconds_per_token: rates.seconds_per_token,
-                    }
-                })
-                .collect();
-            let off = copy_value::discounts(request.warm_prefix_rate, &sides, config.copy_weight);
+        if !saturated {
+            let off = copy_discounts(&config, request, candidates, &quotes, &predicted, &rates);
             cost.iter_mut().zip(off).for_each(|(k, d)| *k -= d);
         }
         let best = cost.iter().copied().fold(f64::INFINITY, f64::min);
@@ -401,6 +387,37 @@ impl Policy for KvAware {
 }
 
 /// The members of `tied` with the smallest `key`.
+/// What each candidate's copy of the warm prefix saves the requests for it after this one
+/// ([`copy_value`]). Nothing unless requests in flight hold that prefix now: one session's
+/// turns come one after another, so its own context's rate is nobody arriving meanwhile.
+fn copy_discounts(
+    config: &KvAwareConfig,
+    request: &RouteRequest,
+    candidates: &[Candidate],
+    quotes: &[super::TierQuote],
+    predicted: &[f64],
+    rates: &[Rates],
+) -> Vec<f64> {
+    let sharing: u32 = candidates.iter().map(|c| c.cache.sharing_requests).sum();
+    if sharing == 0 || config.copy_weight <= 0.0 {
+        return vec![0.0; candidates.len()];
+    }
+    let sides: Vec<copy_value::Side> = quotes
+        .iter()
+        .zip(predicted)
+        .zip(rates)
+        .map(|((quote, ttft), rates)| {
+            let own = request.prompt_tokens.saturating_sub(quote.cached_tokens);
+            copy_value::Side {
+                cached_tokens: quote.cached_tokens,
+                wait_s: ttft - own as f64 * rates.seconds_per_token,
+                seconds_per_token: rates.seconds_per_token,
+            }
+        })
+        .collect();
+    copy_value::discounts(request.warm_prefix_rate, &sides, config.copy_weight)
+}
+
 fn fewest_by(tied: Vec<usize>, key: impl Fn(usize) -> u64) -> Vec<usize> {
     let fewest = tied.iter().map(|&i| key(i)).min().unwrap_or(0);
     tied.into_iter().filter(|&i| key(i) == fewest).collect()
