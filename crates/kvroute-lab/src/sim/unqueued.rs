@@ -55,8 +55,8 @@ pub fn unqueued(trace: &Trace, config: &SimConfig, run: &PolicyRun) -> Option<Po
     let mut replay = reference_run(&name(&run.policy), trace, config, |i, prompt, output| {
         match slots[i] {
             Some(slot) => caches.serve(slot, i, prompt, output),
-            // The policy did not place it (no worker was eligible): it computes everything
-            // and caches nothing, as a request that never reached an engine.
+            // The policy did not place it (no worker was eligible): it caches nothing, as a
+            // request that never reached an engine, and fails below as it failed there.
             None => Lookup {
                 queried_blocks: 0,
                 hit_blocks: 0,
@@ -65,8 +65,15 @@ pub fn unqueued(trace: &Trace, config: &SimConfig, run: &PolicyRun) -> Option<Po
             },
         }
     });
-    for (rec, slot) in replay.records.iter_mut().zip(&slots) {
+    for ((rec, slot), placed) in replay.records.iter_mut().zip(&slots).zip(&run.records) {
         rec.worker = slot.map(|s| s as u32);
+        // A request the policy's run failed fails here too, so both rows' statistics are
+        // over the same requests.
+        if placed.error.is_some() && rec.error.is_none() {
+            rec.error.clone_from(&placed.error);
+            rec.first_token = None;
+            rec.end = Some(rec.arrival);
+        }
     }
     replay.counters.evictions = caches.evictions();
     Some(replay)
@@ -165,15 +172,18 @@ mod tests {
     }
 
     #[test]
-    fn an_unplaced_request_computes_everything_and_caches_nothing() {
+    fn an_unplaced_request_fails_as_it_did_and_caches_nothing() {
         let trace = Trace::new(vec![
             req(0.0, &[1, 2], 128, 1),
             req(1.0, &[1, 2, 3], 192, 1),
         ]);
         let mut run = placed(&[0, 0]);
         run.records[0].worker = None;
+        run.records[0].error = Some("no worker is eligible".to_string());
         let r = unqueued(&trace, &config(1, 64), &run).unwrap();
         assert_eq!(r.records[0].worker, None);
+        assert_eq!(r.records[0].error, run.records[0].error);
+        assert_eq!(r.records[0].ttft(), None);
         assert_eq!(r.records[1].cached_tokens, 0);
     }
 
