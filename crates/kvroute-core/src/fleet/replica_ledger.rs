@@ -37,7 +37,8 @@ pub trait Landing {
 
     /// A booking of `hashes` (a prompt's chained block hashes) on `target` was heard at `now`:
     /// they are the target's most recently used blocks, in this replica's working set of it,
-    /// exactly as if this replica had admitted the request there.
+    /// and an arrival for each of their prefixes, exactly as if this replica had admitted the
+    /// request there.
     fn touch(&self, target: &TargetKey, hashes: &[BlockHash], now: Duration);
 }
 

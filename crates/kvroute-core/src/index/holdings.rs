@@ -58,6 +58,21 @@ impl Holdings {
         }
     }
 
+    /// A request with chained block `hashes` was admitted on `worker` (a cache of `capacity`
+    /// blocks, when known) at `now`, by this router or, heard over the replica bus, by
+    /// another: its blocks are the worker's most recently used, and it is an arrival for each
+    /// of its prefixes.
+    pub fn admitted(
+        &self,
+        worker: WorkerId,
+        hashes: &[BlockHash],
+        now: Duration,
+        capacity: Option<u64>,
+    ) {
+        self.residency.touch(worker, hashes, now, capacity);
+        self.prefix_rates.arrive(hashes, now);
+    }
+
     /// Drops everything known of what `worker` holds, exact and predicted: it went down, and a
     /// replica that comes back is a new process with a cold cache. Its KV capacity is kept.
     pub fn clear_worker(&self, worker: WorkerId) {

@@ -321,13 +321,12 @@ impl Decider {
                 .sessions
                 .learn(key, worker, &analysis.hashes, now);
         }
-        self.holdings.residency.touch(
+        self.holdings.admitted(
             worker,
             &analysis.hashes,
             now,
             choice.target.kv_blocks().map(|b| b as u64),
         );
-        self.holdings.prefix_rates.arrive(&analysis.hashes, now);
         let mut guard = choice.target.load().admit_holding(
             analysis.request.prompt_tokens,
             uncached,

@@ -125,12 +125,9 @@ impl Landing for SimRouter {
 
     fn touch(&self, target: &TargetKey, hashes: &[BlockHash], now: Duration) {
         if let Some(t) = self.target_named(target) {
-            self.decider.holdings().residency.touch(
-                t.worker,
-                hashes,
-                now,
-                t.kv_blocks.map(|b| b as u64),
-            );
+            self.decider
+                .holdings()
+                .admitted(t.worker, hashes, now, t.kv_blocks.map(|b| b as u64));
         }
     }
 }

@@ -54,7 +54,7 @@ impl Landing for Targets<'_> {
     fn touch(&self, target: &TargetKey, hashes: &[BlockHash], now: Duration) {
         if let Some(t) = self.targets.get(target) {
             let capacity = t.worker.kv_blocks().map(|b| b as u64);
-            self.holdings.residency.touch(t.key, hashes, now, capacity);
+            self.holdings.admitted(t.key, hashes, now, capacity);
         }
     }
 }

@@ -211,4 +211,7 @@ fn a_bookings_block_hashes_reach_the_other_replicas_working_set_and_running_bloc
         b.fleet.workers()[1].rank(1).load.running(&hashes, 16),
         (640, 32)
     );
+    // And it is an arrival for its prefixes in b's rates, as if b had admitted it.
+    let rate = b.holdings.prefix_rates.rate(&hashes, 32, at);
+    assert!((rate - 0.1).abs() < 1e-9, "{rate}");
 }
