@@ -122,14 +122,25 @@ impl Load {
     /// Tokens the requests in flight here hold in the KV cache (shared prefixes once), and how
     /// many leading blocks of `hashes` they already hold.
     pub fn running(&self, hashes: &[BlockHash], block_size: u32) -> (u64, usize) {
-        let running = self.lock_running();
-        (running.tokens(block_size), running.held_prefix(hashes))
+        let (tokens, held, _) = self.running_sharing(hashes, block_size, 0);
+        (tokens, held)
     }
 
-    /// How many requests in flight here hold the first `blocks` blocks of `hashes`
-    /// ([`RunningBlocks::sharing`]).
-    pub fn running_sharing(&self, hashes: &[BlockHash], blocks: usize) -> u32 {
-        self.lock_running().sharing(hashes, blocks)
+    /// [`Load::running`], and how many of those requests hold the first `warm` blocks of
+    /// `hashes` ([`RunningBlocks::sharing`]), read under one lock: a decision asks every
+    /// candidate.
+    pub fn running_sharing(
+        &self,
+        hashes: &[BlockHash],
+        block_size: u32,
+        warm: usize,
+    ) -> (u64, usize, u32) {
+        let running = self.lock_running();
+        (
+            running.tokens(block_size),
+            running.held_prefix(hashes),
+            running.sharing(hashes, warm),
+        )
     }
 
     /// From now on, every request admitted here is announced through `announcer` (once: a

@@ -36,8 +36,8 @@ pub const FLOOR_PER_S: f64 = 0.01;
 /// Arrivals between two sweeps of decayed entries.
 pub const SWEEP_EVERY: u64 = 4096;
 
-/// The most marks kept (about 8 MiB): past it a sweep keeps the fastest half. Unique prompts'
-/// marks, asked for once, are the slowest and go first.
+/// The most marks kept: past it a sweep keeps the fastest half. Unique prompts' marks, asked
+/// for once, are the slowest and go first.
 pub const MAX_MARKS: usize = 1 << 18;
 
 /// One mark's decaying rate.

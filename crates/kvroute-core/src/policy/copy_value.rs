@@ -5,8 +5,9 @@
 //! alone. But a copy made now also serves the later requests for the same prefix, and the
 //! sooner it exists, the fewer of them queue at the holders. Under a hot system prompt
 //! (the `hot-prefix` scenario: 180 requests a second share one 8k-token prefix) the holders'
-//! queues grow until the one-request rule finally copies, and that start-up is the run's
-//! p99.
+//! queues grow until the one-request rule finally copies: without this price the run's slowest
+//! 1 % all arrived in its first 0.6 s and all ran on the prefix's first holder
+//! (docs/benchmarks.md, "A copy of a hot prefix").
 //!
 //! The price, for a candidate that lacks part of the warm prefix (the longest any candidate
 //! holds): requests for the prefix arrive at `λ` per second (`index::prefix_rates`); while

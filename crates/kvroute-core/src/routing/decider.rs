@@ -175,11 +175,12 @@ impl Decider {
         let capacity_blocks = target.kv_blocks().map(|b| b as u64);
         let overlap = (analysis.overlaps.get(worker) as usize).min(analysis.hashes.len());
         let new_blocks = (analysis.hashes.len() - overlap) as u64;
-        let (running_tokens, running_prefix) = target
-            .load()
-            .running(&analysis.hashes, analysis.request.block_size);
+        let (running_tokens, running_prefix, sharing_requests) =
+            target
+                .load()
+                .running_sharing(&analysis.hashes, analysis.request.block_size, warm);
         WorkingSet {
-            sharing_requests: target.load().running_sharing(&analysis.hashes, warm),
+            sharing_requests,
             live_blocks: residency.live_blocks(worker, analysis.at),
             capacity_blocks,
             running_tokens,
