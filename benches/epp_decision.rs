@@ -18,14 +18,22 @@
 //!
 //! - **floor**: the same ext_proc exchange with a server that decides nothing (`null_picker`:
 //!   the picker's messages, a fixed endpoint, the body unread): the stand-in, HTTP/2 and gRPC
-//!   alone. The picker less the floor is what its own work adds.
+//!   alone, once in a thread of the bench's process and once in a process of its own (as
+//!   `kvroute epp` runs). The picker less the second is what its own work adds.
+//! - **forwarder**: a bare hyper forwarder that reads the body before forwarding it and
+//!   decides nothing (`bare_forwarder`, a process of its own): the floor under what `serve`
+//!   adds, as the null picker is the floor under the pick. The two floors' difference is what
+//!   the ext_proc exchange costs beyond an HTTP/1 forward on this machine, before either face
+//!   does any work: a picker that does `serve`'s work can add no less than `serve` when that
+//!   difference exceeds what `serve` does that the picker does not.
 //!
 //! `KVROUTE_BENCH_BASELINE` may name another `kvroute` binary (say, one built from main): its
 //! `kvroute epp` over the same engines is a fourth path of the same run, so a change to the
 //! picker is measured against what it changes.
 //!
 //! Run: `flock /tmp/kvroute-bench.lock cargo bench --bench epp_decision` (N defaults to 2,000
-//! per path; set `KVROUTE_BENCH_N`).
+//! per path; set `KVROUTE_BENCH_N`; `KVROUTE_BENCH_WORDS` sets the prompt's words, 300 by
+//! default).
 
 #![allow(
     clippy::unwrap_used,
@@ -48,6 +56,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
+#[path = "common/bare_forwarder.rs"]
+mod bare_forwarder;
 #[path = "common/fake_backend.rs"]
 mod fake_backend;
 // The Envoy stand-in of the `epp` tests; the bench uses its stream steps, not its whole
@@ -68,8 +78,19 @@ const ROUNDS: usize = 10;
 const WARM_UP: usize = 50;
 /// Engines behind both routers.
 const ENGINES: usize = 4;
-/// Words in a prompt (about 2 KB of JSON).
+/// Words in a prompt (about 2 KB of JSON) unless `KVROUTE_BENCH_WORDS` says otherwise.
 const WORDS: usize = 300;
+
+/// Words in each prompt of this run.
+fn words() -> usize {
+    static WORDS_NOW: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *WORDS_NOW.get_or_init(|| {
+        std::env::var("KVROUTE_BENCH_WORDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(WORDS)
+    })
+}
 /// The body chunk the stand-in sends (Envoy passes on what the client's frames carried).
 const CHUNK: usize = 1024;
 const PATH: &str = "/v1/chat/completions";
@@ -79,7 +100,7 @@ type BenchClient = Client<HttpConnector, Full<Bytes>>;
 fn body(seed: u64) -> Vec<u8> {
     serde_json::to_vec(&serde_json::json!({
         "model": "m",
-        "messages": [{"role": "user", "content": prose::words(WORDS, seed)}],
+        "messages": [{"role": "user", "content": prose::words(words(), seed)}],
         "max_tokens": 1,
     }))
     .expect("json")
@@ -220,9 +241,14 @@ struct Figures {
     serve: Histogram<u64>,
     pick: Histogram<u64>,
     body_back: Histogram<u64>,
-    /// The null picker's (the exchange's floor).
+    /// The null picker's in the bench's process (the exchange's floor).
     floor_pick: Histogram<u64>,
     floor_body_back: Histogram<u64>,
+    /// The null picker's in a process of its own.
+    floor_process_pick: Histogram<u64>,
+    floor_process_body_back: Histogram<u64>,
+    /// Through the bare forwarder (body read first): the floor under `serve`.
+    forwarder: Histogram<u64>,
     /// The baseline binary's picker (`KVROUTE_BENCH_BASELINE`), when one is given.
     baseline_pick: Option<Histogram<u64>>,
     baseline_body_back: Option<Histogram<u64>>,
@@ -247,17 +273,42 @@ async fn epp_round(
     }
 }
 
-/// The pickers one run asks: kvroute's, the floor, and the baseline binary's if given.
+/// The pickers one run asks: kvroute's, the floors, and the baseline binary's if given.
 struct Pickers<'a> {
     epp: &'a Gateway,
     floor: &'a Gateway,
+    floor_process: &'a Gateway,
     baseline: Option<&'a Gateway>,
 }
 
-async fn run(client: &BenchClient, direct: &str, serve: &str, p: Pickers<'_>, n: usize) -> Figures {
+/// The HTTP paths one run asks: an engine directly, `serve`, the bare forwarder.
+struct Urls<'a> {
+    direct: &'a str,
+    serve: &'a str,
+    forwarder: &'a str,
+}
+
+/// Sends one round's requests to `url`, recording those after the warm-up.
+async fn http_round(
+    client: &BenchClient,
+    url: &str,
+    first: u64,
+    per_round: usize,
+    h: &mut Histogram<u64>,
+) {
+    for i in 0..per_round + WARM_UP {
+        let ns = http_request(client, url, first + i as u64).await;
+        if i >= WARM_UP {
+            h.record(ns).expect("record");
+        }
+    }
+}
+
+async fn run(client: &BenchClient, urls: Urls<'_>, p: Pickers<'_>, n: usize) -> Figures {
     let Pickers {
         epp: gateway,
         floor,
+        floor_process,
         baseline,
     } = p;
     let new = || Histogram::<u64>::new(3).expect("histogram");
@@ -268,6 +319,9 @@ async fn run(client: &BenchClient, direct: &str, serve: &str, p: Pickers<'_>, n:
         body_back: new(),
         floor_pick: new(),
         floor_body_back: new(),
+        floor_process_pick: new(),
+        floor_process_body_back: new(),
+        forwarder: new(),
         baseline_pick: baseline.map(|_| new()),
         baseline_body_back: baseline.map(|_| new()),
     };
@@ -275,18 +329,9 @@ async fn run(client: &BenchClient, direct: &str, serve: &str, p: Pickers<'_>, n:
     let mut seed = 1;
     for _ in 0..ROUNDS {
         let first = seed;
-        for i in 0..per_round + WARM_UP {
-            let ns = http_request(client, direct, first + i as u64).await;
-            if i >= WARM_UP {
-                f.direct.record(ns).expect("record");
-            }
-        }
-        for i in 0..per_round + WARM_UP {
-            let ns = http_request(client, serve, first + i as u64).await;
-            if i >= WARM_UP {
-                f.serve.record(ns).expect("record");
-            }
-        }
+        http_round(client, urls.direct, first, per_round, &mut f.direct).await;
+        http_round(client, urls.serve, first, per_round, &mut f.serve).await;
+        http_round(client, urls.forwarder, first, per_round, &mut f.forwarder).await;
         epp_round(gateway, first, per_round, &mut f.pick, &mut f.body_back).await;
         epp_round(
             floor,
@@ -294,6 +339,14 @@ async fn run(client: &BenchClient, direct: &str, serve: &str, p: Pickers<'_>, n:
             per_round,
             &mut f.floor_pick,
             &mut f.floor_body_back,
+        )
+        .await;
+        epp_round(
+            floor_process,
+            first,
+            per_round,
+            &mut f.floor_process_pick,
+            &mut f.floor_process_body_back,
         )
         .await;
         if let (Some(b), Some(pick), Some(back)) = (
@@ -318,6 +371,9 @@ fn report(f: &Figures) {
         ("epp: body end -> body back", &f.body_back),
         ("floor: -> pick", &f.floor_pick),
         ("floor: -> body back", &f.floor_body_back),
+        ("floor, own process: -> pick", &f.floor_process_pick),
+        ("floor, own process: -> back", &f.floor_process_body_back),
+        ("through the bare forwarder", &f.forwarder),
     ];
     if let (Some(p), Some(b)) = (&f.baseline_pick, &f.baseline_body_back) {
         paths.push(("baseline epp: -> pick", p));
@@ -343,6 +399,7 @@ fn report(f: &Figures) {
         us(&f.pick, 0.5) - us(&f.floor_pick, 0.5),
         us(&f.pick, 0.99) - us(&f.floor_pick, 0.99)
     );
+    report_floors(f, added.0);
     let mut ratios = vec![
         ("pick", &f.pick),
         ("body back", &f.body_back),
@@ -361,7 +418,32 @@ fn report(f: &Figures) {
     }
 }
 
+/// The two faces against their floors, at the median: the forwarder's added latency is
+/// `serve`'s floor, the null picker in its own process the pick's.
+fn report_floors(f: &Figures, serve_added: f64) {
+    let median = |h: &Histogram<u64>| h.value_at_quantile(0.5) as f64 / 1000.0;
+    let forward_floor = median(&f.forwarder) - median(&f.direct);
+    let exchange_floor = median(&f.floor_process_pick);
+    println!("bare forwarder adds (median)          : {forward_floor:>8.1} µs");
+    println!(
+        "serve beyond its floor (median)       : {:>8.1} µs",
+        serve_added - forward_floor
+    );
+    println!(
+        "epp beyond its floor, own process     : {:>8.1} µs",
+        median(&f.pick) - exchange_floor
+    );
+    println!(
+        "exchange floor less forward floor     : {:>8.1} µs ({:.2}× serve's added)",
+        exchange_floor - forward_floor,
+        (exchange_floor - forward_floor) / serve_added
+    );
+}
+
 fn main() {
+    if bare_forwarder::serve_if_child() || null_picker::serve_if_child() {
+        return;
+    }
     let n: usize = std::env::var("KVROUTE_BENCH_N")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -388,6 +470,11 @@ fn main() {
         ready_http(&client, &serve).await;
         let gateway = ready_epp(grpc).await;
         let floor = ready_epp(null_picker::start(engines[0])).await;
+        let (null_process, null_addr) = null_picker::start_process(engines[0]);
+        let floor_own = ready_epp(null_addr).await;
+        let (forwarder_process, forwarder_addr) = bare_forwarder::start(engines[0], true);
+        let forwarder = format!("http://{forwarder_addr}{PATH}");
+        ready_http(&client, &forwarder).await;
         let baseline_gateway = match &baseline {
             Some((_, addr)) => Some(ready_epp(*addr).await),
             None => None,
@@ -395,11 +482,18 @@ fn main() {
         let pickers = Pickers {
             epp: &gateway,
             floor: &floor,
+            floor_process: &floor_own,
             baseline: baseline_gateway.as_ref(),
         };
-        let figures = run(&client, &direct, &serve, pickers, n).await;
+        let urls = Urls {
+            direct: &direct,
+            serve: &serve,
+            forwarder: &forwarder,
+        };
+        let figures = run(&client, urls, pickers, n).await;
         report(&figures);
         drop((serve_process, epp_process, baseline));
+        drop((null_process, forwarder_process));
     });
     let _ = std::fs::remove_dir_all(&dir);
 }

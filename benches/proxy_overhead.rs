@@ -30,7 +30,6 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use axum::Router;
 use bytes::Bytes;
 use hdrhistogram::Histogram;
 use http_body_util::{BodyExt, Full};
@@ -40,6 +39,8 @@ use hyper_util::rt::TokioExecutor;
 use kvroute::config::Config;
 use tokio::net::TcpListener;
 
+#[path = "common/bare_forwarder.rs"]
+mod bare_forwarder;
 #[path = "common/fake_backend.rs"]
 mod fake_backend;
 
@@ -50,8 +51,6 @@ const KV_AWARE: &str = "kvroute serve (kv_aware)";
 const FLOOR: &str = "bare hyper forwarder";
 /// The forwarder reading the whole body before it forwards (see [`bare_forwarder`]).
 const FLOOR_READ: &str = "bare forwarder, body read first";
-/// Set (to `LISTEN BACKEND`) in the child process that runs [`bare_forwarder`].
-const FLOOR_ENV: &str = "KVROUTE_BENCH_BARE_FORWARDER";
 const BASELINE: &str = "baseline serve (kv_aware)";
 const BASELINE_LOAD: &str = "baseline serve (least_request)";
 /// A disaggregated model: a prefill worker, then a decode worker (two upstream requests).
@@ -162,65 +161,8 @@ fn sglang_router(python: &str, backend: SocketAddr) -> (Process, String) {
     (child, format!("http://{addr}/v1/completions"))
 }
 
-/// The floor of any router on this machine: a separate process that forwards each request to
-/// the backend over a pooled hyper connection and streams the answer back, deciding nothing
-/// (no parsing, no routing, no metrics). What it adds is the cost of a process boundary and of
-/// the HTTP hops themselves, which every router pays; what a router adds beyond it is its own.
-///
-/// With `read` as its spec's third word it reads the whole request body before forwarding it,
-/// as any router must that routes on the body: what that adds over the streaming forwarder is
-/// the part of a router's cost that reading the body itself costs.
-fn bare_forwarder(spec: &str) {
-    let mut parts = spec.split_whitespace();
-    let (Some(listen), Some(backend)) = (parts.next(), parts.next()) else {
-        panic!("{FLOOR_ENV} must be `LISTEN BACKEND [read]`");
-    };
-    let read_first = parts.next() == Some("read");
-    let (listen, backend) = (listen.to_owned(), backend.to_owned());
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    rt.block_on(async move {
-        let client: Client<HttpConnector, axum::body::Body> =
-            Client::builder(TokioExecutor::new()).build_http();
-        let app = Router::new().fallback(move |req: axum::extract::Request| {
-            let (client, backend) = (client.clone(), backend.clone());
-            async move {
-                let (mut parts, body) = req.into_parts();
-                let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-                parts.uri = format!("http://{backend}{path}").parse().expect("uri");
-                let body = if read_first {
-                    let bytes = body.collect().await.expect("body").to_bytes();
-                    axum::body::Body::from(bytes)
-                } else {
-                    body
-                };
-                match client.request(http::Request::from_parts(parts, body)).await {
-                    Ok(resp) => resp.map(axum::body::Body::new),
-                    Err(e) => http::Response::builder()
-                        .status(502)
-                        .body(axum::body::Body::from(e.to_string()))
-                        .expect("response"),
-                }
-            }
-        });
-        let listener = TcpListener::bind(listen).await.expect("bind");
-        axum::serve(listener, app).await.expect("serve");
-    });
-}
-
-fn bare_forwarder_process(backend: SocketAddr, read_first: bool) -> (Process, String) {
-    let addr = free_addr();
-    let read = if read_first { " read" } else { "" };
-    let child = spawn_quiet(
-        Command::new(std::env::current_exe().expect("this bench"))
-            .env(FLOOR_ENV, format!("{addr} {backend}{read}")),
-        "bare forwarder",
-    );
-    (child, format!("http://{addr}/v1/completions"))
-}
-
 fn main() {
-    if let Ok(spec) = std::env::var(FLOOR_ENV) {
-        bare_forwarder(&spec);
+    if bare_forwarder::serve_if_child() {
         return;
     }
     let n: usize = std::env::var("KVROUTE_BENCH_N")
@@ -255,10 +197,12 @@ fn main() {
             ),
         ];
         let mut processes = Vec::new();
-        let (p, url) = bare_forwarder_process(backend_addr, false);
+        let (p, addr) = bare_forwarder::start(backend_addr, false);
+        let url = format!("http://{addr}/v1/completions");
         processes.push(p);
         paths.push((FLOOR, url));
-        let (p, url) = bare_forwarder_process(backend_addr, true);
+        let (p, addr) = bare_forwarder::start(backend_addr, true);
+        let url = format!("http://{addr}/v1/completions");
         processes.push(p);
         paths.push((FLOOR_READ, url));
         let this = Path::new(env!("CARGO_BIN_EXE_kvroute"));

@@ -100,25 +100,59 @@ impl ExternalProcessor for NullPicker {
     }
 }
 
-/// Starts a null picker naming `endpoint` on a runtime of its own (a thread that lives as long
-/// as the bench); its gRPC address.
-pub fn start(endpoint: SocketAddr) -> SocketAddr {
-    let addr = crate::fake_backend::free_addr();
+/// Set (to `LISTEN ENDPOINT`) in the child process that runs a null picker ([`start_process`]).
+pub const ENV: &str = "KVROUTE_BENCH_NULL_PICKER";
+
+/// Serves a null picker naming `endpoint` on `addr` on a two-worker runtime, until the
+/// process ends.
+fn serve(addr: SocketAddr, endpoint: SocketAddr) {
     let picker = NullPicker {
         endpoint: endpoint.to_string(),
     };
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(
-            tonic::transport::Server::builder()
-                .add_service(ExternalProcessorServer::new(picker))
-                .serve(addr),
-        )
-        .expect("the null picker serves");
-    });
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(
+        tonic::transport::Server::builder()
+            .add_service(ExternalProcessorServer::new(picker))
+            .serve(addr),
+    )
+    .expect("the null picker serves");
+}
+
+/// Starts a null picker naming `endpoint` on a runtime of its own (a thread of this process
+/// that lives as long as the bench); its gRPC address.
+pub fn start(endpoint: SocketAddr) -> SocketAddr {
+    let addr = crate::fake_backend::free_addr();
+    std::thread::spawn(move || serve(addr, endpoint));
     addr
+}
+
+/// Starts a null picker naming `endpoint` in a process of its own (this bench binary re-run
+/// with [`ENV`]), as `kvroute epp` runs: the exchange's floor with the process boundary the
+/// picker pays. Its process and gRPC address.
+pub fn start_process(endpoint: SocketAddr) -> (crate::fake_backend::Process, SocketAddr) {
+    let addr = crate::fake_backend::free_addr();
+    let child = crate::fake_backend::spawn_quiet(
+        std::process::Command::new(std::env::current_exe().expect("this bench"))
+            .env(ENV, format!("{addr} {endpoint}")),
+        "null picker",
+    );
+    (child, addr)
+}
+
+/// Runs the null picker and never returns when this process is the child [`start_process`]
+/// started; `false` otherwise.
+pub fn serve_if_child() -> bool {
+    let Ok(spec) = std::env::var(ENV) else {
+        return false;
+    };
+    let mut parts = spec.split_whitespace().map(|p| p.parse::<SocketAddr>());
+    let (Some(Ok(addr)), Some(Ok(endpoint))) = (parts.next(), parts.next()) else {
+        panic!("{ENV} must be `LISTEN ENDPOINT`");
+    };
+    serve(addr, endpoint);
+    true
 }
