@@ -18,6 +18,9 @@
 #                 `vllm` = vllm-router cache_aware (it asks the engines' /tokenize)
 #   ENGINES       engines in the fleet (default 4)
 #   ENGINE_ARGS   flags for every `kvroute engine` (default: real speed, 2,048 blocks of 16)
+#   ENGINE_SPEEDUPS  a mixed fleet: each engine's --engine-speedup, space-separated and
+#                 repeated over the fleet ("2 1": every second engine at half the speed of
+#                 the first); ENGINE_ARGS must not set --engine-speedup then (default: unset)
 #   ROUNDS        repeat the routers this many times, reversing the order every other round,
 #                 so drift of a shared machine falls on every router alike (default 1)
 #   PORT_BASE     first loopback port used (default 23000; below the ephemeral range)
@@ -31,7 +34,12 @@ mkdir -p "$out"
 kvroute=${KVROUTE:-target/release/kvroute}
 routers=(${ROUTERS:-kv_aware least_request sglang vllm})
 engines=${ENGINES:-4}
-engine_args=${ENGINE_ARGS:---engine-speedup 1 --block-size 16 --num-blocks 2048}
+read -r -a engine_speedups <<<"${ENGINE_SPEEDUPS:-}"
+if [ "${#engine_speedups[@]}" -gt 0 ]; then
+    engine_args=${ENGINE_ARGS:---block-size 16 --num-blocks 2048}
+else
+    engine_args=${ENGINE_ARGS:---engine-speedup 1 --block-size 16 --num-blocks 2048}
+fi
 rounds=${ROUNDS:-1}
 base=${PORT_BASE:-23000}
 model=kvroute/sim
@@ -80,12 +88,15 @@ engine_port() { echo $((base + 3 * $1)); }
 start_engines() {
     local run=$1
     for i in $(seq 0 $((engines - 1))); do
-        local p
+        local p speed=()
         p=$(engine_port "$i")
+        if [ "${#engine_speedups[@]}" -gt 0 ]; then
+            speed=(--engine-speedup "${engine_speedups[$((i % ${#engine_speedups[@]}))]}")
+        fi
         # shellcheck disable=SC2086
         spawn "$out/$run.engine$i.log" "$kvroute" engine --listen "127.0.0.1:$p" --model "$model" \
             --kv-events-endpoint "tcp://127.0.0.1:$((p + 1))" \
-            --kv-replay-endpoint "tcp://127.0.0.1:$((p + 2))" --seed "$i" $engine_args
+            --kv-replay-endpoint "tcp://127.0.0.1:$((p + 2))" --seed "$i" $engine_args "${speed[@]}"
     done
     for i in $(seq 0 $((engines - 1))); do
         wait_http "http://127.0.0.1:$(engine_port "$i")/health" "engine $i"

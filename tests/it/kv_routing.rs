@@ -184,6 +184,14 @@ async fn same_prefix_requests_concentrate_on_the_warm_worker() {
     ] {
         assert!(warm_row.get(key).is_some(), "{key} missing: {warm_row}");
     }
+    // Every candidate is priced at a prefill rate; identical engines at nearly the same one
+    // (a mixed fleet's would differ by its speeds).
+    let rate_of = |row: &serde_json::Value| row["prefill_tokens_per_s"].as_f64().unwrap();
+    assert!(rate_of(&warm_row) > 0.0, "{warm_row}");
+    assert!(
+        (rate_of(&warm_row) / rate_of(&cold_row) - 1.0).abs() < 0.05,
+        "{warm_row} {cold_row}"
+    );
     // Nine admissions asked for the system prompt: its arrival rate is counted; a prompt
     // nobody holds has no warm prefix to count.
     let rate = explained["warm_prefix_rate"].as_f64().unwrap();

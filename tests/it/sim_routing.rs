@@ -336,3 +336,38 @@ fn siblings_spread_with_room_and_co_locate_when_the_fleet_is_saturated() {
     let saturated = workers_per_sibling_group(0.0625);
     assert!(saturated <= 2.5, "{saturated} workers per group");
 }
+
+/// A mixed fleet (`simulate --worker-speeds 1,0.5`: workers 1 and 3 at half speed) under
+/// unique 4k-token prompts at 20/s, about three quarters of its prefill capacity: `kv_aware`
+/// learns that the slow workers take twice as long, and the slow half gets about a quarter of
+/// the requests (measured 0.280), where one speed for the whole fleet gave it a third (0.341)
+/// and the longer TTFTs that go with it.
+#[test]
+fn a_mixed_fleet_sends_the_slow_workers_their_share() {
+    let trace = SyntheticSpec {
+        kind: SyntheticKind::Unique,
+        requests: 1200,
+        rate: 20.0,
+        input_tokens: 4096,
+        output_tokens: 64,
+        block_tokens: 64,
+        seed: 5,
+    }
+    .generate()
+    .unwrap();
+    let config = SimConfig {
+        worker_speeds: vec![1.0, 0.5],
+        ..SimConfig::default()
+    };
+    let run = Simulation::new(&trace, &config, PolicyKind::KvAware)
+        .unwrap()
+        .run();
+    let mut counts = [0usize; 4];
+    // After the first 400 requests, which teach the cost model the speeds.
+    for r in &run.records[400..] {
+        counts[r.worker.expect("routed") as usize] += 1;
+    }
+    let slow = (counts[1] + counts[3]) as f64 / 800.0;
+    eprintln!("requests per worker {counts:?}: the slow half took {slow:.3}");
+    assert!(slow < 0.31, "{counts:?}");
+}

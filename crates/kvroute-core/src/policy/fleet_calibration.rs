@@ -26,6 +26,23 @@
 //! A truly slower worker (another GPU type, a noisy neighbour) still ends up with a factor
 //! above 1 and a smaller share; ±30 % noise on identical engines does not.
 //!
+//! Shrinkage that strong cannot learn a fleet that really is mixed: a worker twice as slow as
+//! its peers was priced about 1.12× theirs, so half a fleet at half speed took 40 % of the
+//! requests and the fleet's TTFT p99 was half as high again as with each worker priced at its
+//! true speed (docs/benchmarks.md, "Mixed fleets"). So the fleet is judged *mixed* once its
+//! slowest and fastest workers' own means stand [`MIXED_SPREAD`] apart, each taken
+//! [`SPREAD_Z`] standard errors in toward the other (workers with at least
+//! [`OWN_MEAN_WEIGHT`] observations); then every worker with that much evidence is priced at
+//! its own mean, barely shrunk, the fast ones as well as the slow. Only requests that had
+//! nothing queued ahead of them on their worker judge: there the prediction is the engine's own
+//! prefill, and a ratio off it is the engine's speed, where under a queue it is as often the
+//! model misjudging the queue (a burst of siblings tripped the judgement on identical engines
+//! until queued requests were left out of it). The fleet is one pool again once the spread falls
+//! under [`POOLED_SPREAD`]: a slow worker gets little traffic, its evidence thins and its margin
+//! widens, and the judgement must not flap with it. GPU generations and tensor-parallel sizes
+//! differ by 1.5–3×; identical engines stay one pool. A worker that stops being observed loses
+//! its evidence as any other does.
+//!
 //! One exception keeps a full fit per worker: load the router's view cannot see. With several
 //! router replicas, a replica knows other replicas' requests on a worker only from the engine's
 //! last load reading, as counts, priced at its own mean prompt (`fleet::load_view`). What that
@@ -64,21 +81,122 @@ pub const SHRINKAGE_OBSERVATIONS: f64 = 1_000.0;
 /// How far a worker's speed factor may stray from the fleet's: ½ to 2×.
 pub const MAX_FACTOR: f64 = 2.0;
 
-/// One worker's evidence: forgetting-weighted sum of clipped log-ratios and its weight.
+/// How far apart the slowest and the fastest worker must be for the fleet to be judged
+/// *mixed* (another GPU type, not the model's misfit on identical engines): 1.5×.
+pub const MIXED_SPREAD: f64 = 1.5;
+
+/// How close they must come again for a mixed fleet to be one pool again: 1.25× (hysteresis:
+/// a slow worker's evidence thins while it gets little traffic, and the judgement must not
+/// flap with it).
+pub const POOLED_SPREAD: f64 = 1.25;
+
+/// Standard errors by which each side's mean is taken in before the spread is measured.
+pub const SPREAD_Z: f64 = 2.0;
+
+/// Fewest effective observations before a worker's own mean counts.
+pub const OWN_MEAN_WEIGHT: f64 = 16.0;
+
+/// Effective observations a worker's own mean is shrunk by in a mixed fleet (a light touch).
+const MIXED_SHRINKAGE: f64 = 4.0;
+
+/// Forgetting-weighted sums of clipped log-ratios and of their squares, and their weight.
+#[derive(Clone, Copy, Debug, Default)]
+struct Moments {
+    log_ratio_sum: f64,
+    log_ratio_squares: f64,
+    weight: f64,
+}
+
+impl Moments {
+    fn add(&mut self, log_ratio: f64) {
+        self.log_ratio_sum += log_ratio;
+        self.log_ratio_squares += log_ratio * log_ratio;
+        self.weight += 1.0;
+    }
+
+    fn decay(&mut self, by: f64) {
+        self.log_ratio_sum *= by;
+        self.log_ratio_squares *= by;
+        self.weight *= by;
+    }
+
+    fn mean(&self) -> f64 {
+        if self.weight <= 0.0 {
+            return 0.0;
+        }
+        self.log_ratio_sum / self.weight
+    }
+
+    fn standard_error(&self) -> f64 {
+        if self.weight <= 1.0 {
+            return f64::INFINITY;
+        }
+        let mean = self.mean();
+        let variance = (self.log_ratio_squares / self.weight - mean * mean).max(0.0);
+        (variance / self.weight).sqrt()
+    }
+}
+
+/// One worker's evidence: every observation's log-ratio, and apart those of requests that had
+/// nothing queued ahead of them there (what the engine's speed alone decides).
 #[derive(Clone, Copy, Debug, Default)]
 struct Evidence {
-    log_ratio_sum: f64,
-    weight: f64,
+    all: Moments,
+    alone: Moments,
 }
 
 impl Evidence {
     /// The worker's mean log-ratio, shrunk toward 0.
     fn shrunk(&self) -> f64 {
-        if self.weight <= 0.0 {
+        if self.all.weight <= 0.0 {
             return 0.0;
         }
-        self.log_ratio_sum / (self.weight + SHRINKAGE_OBSERVATIONS)
+        self.all.log_ratio_sum / (self.all.weight + SHRINKAGE_OBSERVATIONS)
     }
+
+    /// The worker's log speed factor before it is made relative to the fleet's: in a mixed
+    /// fleet its own mean (once it has [`OWN_MEAN_WEIGHT`] observations), else the strongly
+    /// shrunk mean.
+    fn estimate(&self, mixed: bool) -> f64 {
+        if mixed && self.all.weight >= OWN_MEAN_WEIGHT {
+            self.all.log_ratio_sum / (self.all.weight + MIXED_SHRINKAGE)
+        } else {
+            self.shrunk()
+        }
+    }
+
+    fn decay(&mut self, by: f64) {
+        self.all.decay(by);
+        self.alone.decay(by);
+    }
+}
+
+/// The log of how far apart the slowest and the fastest worker are, each mean taken
+/// [`SPREAD_Z`] standard errors in toward the other (0 with fewer than two workers of
+/// [`OWN_MEAN_WEIGHT`] observations).
+fn spread<'e>(evidence: impl Iterator<Item = &'e Evidence>) -> f64 {
+    let (mut slowest, mut fastest) = (f64::NEG_INFINITY, f64::INFINITY);
+    for e in evidence
+        .map(|e| &e.alone)
+        .filter(|e| e.weight >= OWN_MEAN_WEIGHT)
+    {
+        let margin = SPREAD_Z * e.standard_error();
+        slowest = slowest.max(e.mean() - margin);
+        fastest = fastest.min(e.mean() + margin);
+    }
+    if slowest.is_finite() && fastest.is_finite() {
+        (slowest - fastest).max(0.0)
+    } else {
+        0.0
+    }
+}
+
+/// What the workers' factors are measured against: whether the fleet is mixed, and the
+/// fleet's weighted mean estimate.
+#[derive(Clone, Copy, Debug)]
+struct Reference {
+    mixed: bool,
+    fleet: f64,
 }
 
 /// A pooled fit of the rates and a speed factor per worker `K`.
@@ -89,6 +207,8 @@ pub struct FleetCalibration<K> {
     /// Per-worker fits of every observation, for decisions on a partial view.
     own_fits: HashMap<K, Calibrator>,
     forgetting: f64,
+    /// Whether the workers' speeds differ ([`MIXED_SPREAD`], [`POOLED_SPREAD`]).
+    mixed: bool,
 }
 
 impl<K: Copy + Eq + Hash> FleetCalibration<K> {
@@ -101,6 +221,7 @@ impl<K: Copy + Eq + Hash> FleetCalibration<K> {
             pooled,
             evidence: HashMap::new(),
             own_fits: HashMap::new(),
+            mixed: false,
         }
     }
 
@@ -110,6 +231,21 @@ impl<K: Copy + Eq + Hash> FleetCalibration<K> {
     /// the pooled fit and the worker's own fit, not its speed factor, because the load the view
     /// missed is no evidence of speed.
     pub fn observe(&mut self, worker: K, tokens: f64, decoding: f64, ttft_s: f64, partial: bool) {
+        self.observe_alone(worker, tokens, decoding, ttft_s, partial, false);
+    }
+
+    /// [`Self::observe`], saying whether the request had nothing queued ahead of it on the
+    /// worker (`alone`): only such samples judge whether the fleet is mixed, since a queue's
+    /// misprediction is no evidence of an engine's speed.
+    pub fn observe_alone(
+        &mut self,
+        worker: K,
+        tokens: f64,
+        decoding: f64,
+        ttft_s: f64,
+        partial: bool,
+        alone: bool,
+    ) {
         if !(tokens.is_finite() && decoding.is_finite() && ttft_s.is_finite()) || ttft_s < 0.0 {
             return;
         }
@@ -136,12 +272,14 @@ impl<K: Copy + Eq + Hash> FleetCalibration<K> {
                 let workers = self.evidence.len().max(1) as f64;
                 let decay = self.forgetting.powf(1.0 / workers);
                 for e in self.evidence.values_mut() {
-                    e.log_ratio_sum *= decay;
-                    e.weight *= decay;
+                    e.decay(decay);
                 }
                 let e = self.evidence.entry(worker).or_default();
-                e.log_ratio_sum += log_ratio;
-                e.weight += 1.0;
+                e.all.add(log_ratio);
+                if alone {
+                    e.alone.add(log_ratio);
+                }
+                self.judge();
             }
         }
         self.pooled.observe(tokens, decoding, ttft_s);
@@ -160,28 +298,55 @@ impl<K: Copy + Eq + Hash> FleetCalibration<K> {
         self.pooled.rates()
     }
 
-    /// `worker`'s speed factor: its shrunk mean log-ratio relative to the fleet's weighted mean,
-    /// within [1/[`MAX_FACTOR`], [`MAX_FACTOR`]]; 1 for a worker without evidence measured
-    /// against the fleet's mean (a newcomer is scored like its peers).
-    pub fn factor(&self, worker: K) -> f64 {
-        let total: f64 = self.evidence.values().map(|e| e.weight).sum();
+    /// What every worker's factor is measured against now (`None` without evidence).
+    fn reference(&self) -> Option<Reference> {
+        let total: f64 = self.evidence.values().map(|e| e.all.weight).sum();
         if total <= 0.0 {
-            return 1.0;
+            return None;
         }
+        let mixed = self.mixed;
         let fleet = self
             .evidence
             .values()
-            .map(|e| e.weight * e.shrunk())
+            .map(|e| e.all.weight * e.estimate(mixed))
             .sum::<f64>()
             / total;
-        let own = self.evidence.get(&worker).map_or(fleet, Evidence::shrunk);
+        Some(Reference { mixed, fleet })
+    }
+
+    /// `worker`'s speed factor against `reference`.
+    fn factor_in(&self, worker: K, reference: Option<&Reference>) -> f64 {
+        let Some(r) = reference else {
+            return 1.0;
+        };
+        let own = self
+            .evidence
+            .get(&worker)
+            .map_or(r.fleet, |e| e.estimate(r.mixed));
         let bound = MAX_FACTOR.ln();
-        (own - fleet).clamp(-bound, bound).exp()
+        (own - r.fleet).clamp(-bound, bound).exp()
+    }
+
+    /// `worker`'s speed factor: its estimated log-ratio ([`Evidence::estimate`]: strongly
+    /// shrunk, or its own mean in a mixed fleet) relative to the fleet's weighted mean, within
+    /// [1/[`MAX_FACTOR`], [`MAX_FACTOR`]]; 1 for a worker without evidence measured against the
+    /// fleet's mean (a newcomer is scored like its peers).
+    pub fn factor(&self, worker: K) -> f64 {
+        self.factor_in(worker, self.reference().as_ref())
+    }
+
+    /// Whether the fleet is judged mixed: some worker's speed stands apart from the rest.
+    pub fn mixed(&self) -> bool {
+        self.mixed
     }
 
     /// The rates used for `worker`: the pooled ones scaled by its factor.
     pub fn rates(&self, worker: K) -> Rates {
-        let f = self.factor(worker);
+        self.rates_against(worker, self.reference().as_ref())
+    }
+
+    fn rates_against(&self, worker: K, reference: Option<&Reference>) -> Rates {
+        let f = self.factor_in(worker, reference);
         let r = self.pooled();
         Rates {
             seconds_per_token: r.seconds_per_token * f,
@@ -194,177 +359,41 @@ impl<K: Copy + Eq + Hash> FleetCalibration<K> {
     /// other router replicas' requests): the worker's own fit once it has enough observations;
     /// otherwise, and on a complete view, [`Self::rates`].
     pub fn rates_in_view(&self, worker: K, partial: bool) -> Rates {
-        match self.own_fits.get(&worker) {
-            Some(fit) if partial && fit.observations() >= MIN_OBSERVATIONS => fit.rates(),
-            _ => self.rates(worker),
-        }
+        self.rates_in_view_of(std::iter::once(worker), partial)
+            .pop()
+            .unwrap_or_else(|| self.pooled())
+    }
+
+    /// [`Self::rates_in_view`] of each of `workers`, the fleet's reference computed once.
+    pub fn rates_in_view_of(&self, workers: impl Iterator<Item = K>, partial: bool) -> Vec<Rates> {
+        let reference = self.reference();
+        workers
+            .map(|w| match self.own_fits.get(&w) {
+                Some(fit) if partial && fit.observations() >= MIN_OBSERVATIONS => fit.rates(),
+                _ => self.rates_against(w, reference.as_ref()),
+            })
+            .collect()
     }
 
     /// Forgets `worker`'s evidence (it left; its id may name another worker later).
     pub fn forget(&mut self, worker: K) {
         self.evidence.remove(&worker);
         self.own_fits.remove(&worker);
+        self.judge();
+    }
+
+    /// Judges the fleet mixed when its workers' speeds spread past [`MIXED_SPREAD`], and one
+    /// pool again once they come within [`POOLED_SPREAD`].
+    fn judge(&mut self) {
+        let spread = spread(self.evidence.values());
+        if self.mixed {
+            self.mixed = spread >= POOLED_SPREAD.ln();
+        } else {
+            self.mixed = spread >= MIXED_SPREAD.ln();
+        }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn prior() -> Rates {
-        Rates {
-            seconds_per_token: 5e-5,
-            step_cost_s: 5e-4,
-            overhead_s: 0.02,
-        }
-    }
-
-    /// A deterministic uniform draw in [-0.5, 0.5).
-    fn noise(x: &mut u64) -> f64 {
-        *x = x
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (*x >> 33) as f64 / f64::from(1u32 << 31) - 0.5
-    }
-
-    fn spread(values: impl Iterator<Item = f64>) -> f64 {
-        let v: Vec<f64> = values.collect();
-        let max = v.iter().copied().fold(f64::MIN, f64::max);
-        let min = v.iter().copied().fold(f64::MAX, f64::min);
-        max / min
-    }
-
-    /// Identical workers, short prompts, nothing decoding (the idle fleet of the herding
-    /// report), ±30 % noise and an occasional 20× stall: their load price and their idle
-    /// predictions stay within 10 % of each other. Per-worker fits put them 3–8× apart.
-    #[test]
-    fn noise_does_not_separate_identical_workers() {
-        let truth = Rates {
-            seconds_per_token: 1.5e-5,
-            step_cost_s: 0.0,
-            overhead_s: 0.0165,
-        };
-        let mut fleet = FleetCalibration::new(prior(), 0.995);
-        let mut per_worker: Vec<Calibrator> =
-            (0..4).map(|_| Calibrator::new(prior(), 0.995)).collect();
-        let mut x = 12345;
-        for i in 0..400u64 {
-            let tokens = 24.0 + (i % 7) as f64 * 8.0;
-            let mut ttft = truth.predict(tokens, 0.0) * (1.0 + 0.6 * noise(&mut x));
-            if i % 37 == 0 {
-                ttft *= 20.0;
-            }
-            let w = (i % 4) as usize;
-            fleet.observe(w, tokens, 0.0, ttft, false);
-            per_worker[w].observe(tokens, 0.0, ttft);
-        }
-        let price = spread((0..4).map(|w| fleet.rates(w).seconds_per_token));
-        assert!(price < 1.1, "pooled fit: load price spread {price}");
-        let idle = spread((0..4).map(|w| fleet.rates(w).predict(40.0, 0.0)));
-        assert!(idle < 1.1, "pooled fit: idle prediction spread {idle}");
-        // What per-worker fits made of the same samples (the behaviour this replaces).
-        let old = spread(per_worker.iter().map(|c| c.rates().seconds_per_token));
-        assert!(old > 1.15, "per-worker fits: {old}");
-    }
-
-    #[test]
-    fn a_slower_worker_is_recognised_within_bounds() {
-        let mut fleet = FleetCalibration::new(prior(), 0.995);
-        for i in 0..3_000u64 {
-            let tokens = 200.0 + ((i * 7919) % 4000) as f64;
-            let w = (i % 3) as u32;
-            // Worker 2 is 3× slower; worker 1 looks 100× faster (implausible).
-            let slow = match w {
-                2 => 3.0,
-                1 => 0.01,
-                _ => 1.0,
-            };
-            fleet.observe(w, tokens, 0.0, (tokens * 5e-5 + 0.02) * slow, false);
-        }
-        let f: Vec<f64> = (0..3).map(|w| fleet.factor(w)).collect();
-        assert!(f[2] / f[0] > 1.1, "{f:?}");
-        assert!(f[1] >= 1.0 / MAX_FACTOR && f[1] < f[0], "{f:?}");
-        // A worker without evidence is scored as the fleet's mean, and so is a forgotten one.
-        let unknown = fleet.factor(9);
-        assert!(unknown > f[1] && unknown < f[2], "{unknown} vs {f:?}");
-        fleet.forget(2);
-        assert_eq!(fleet.factor(2), fleet.factor(9));
-    }
-
-    #[test]
-    fn an_unobserved_worker_drifts_back_to_the_pool() {
-        let mut fleet = FleetCalibration::new(prior(), 0.99);
-        // Worker 0 looks slow for a while, then only workers 1 and 2 are observed.
-        for i in 0..300u64 {
-            let tokens = 100.0 + (i % 50) as f64 * 40.0;
-            let w = (i % 3) as u32;
-            let slow = if w == 0 { 3.0 } else { 1.0 };
-            fleet.observe(w, tokens, 0.0, (tokens * 5e-5 + 0.02) * slow, false);
-        }
-        let before = fleet.factor(0);
-        assert!(before > 1.03, "{before}");
-        for i in 0..2_000u64 {
-            let tokens = 100.0 + (i % 50) as f64 * 40.0;
-            fleet.observe(1 + (i % 2) as u32, tokens, 0.0, tokens * 5e-5 + 0.02, false);
-        }
-        let after = fleet.factor(0);
-        assert!(after - 1.0 < (before - 1.0) / 4.0, "{before} → {after}");
-    }
-
-    /// Worker 0 shares its engine with other router replicas' requests the view prices too
-    /// low: its TTFTs run 3× what its visible load predicts. On a partial view its own fit
-    /// prices that; on a complete view it is priced like its peers (those samples were no
-    /// evidence of speed), and a forgotten worker is scored like a newcomer.
-    #[test]
-    fn own_fits_decide_only_on_a_partial_view() {
-        let mut fleet = FleetCalibration::new(prior(), 0.995);
-        for i in 0..400u64 {
-            let tokens = 200.0 + ((i * 7919) % 4000) as f64;
-            let visible = tokens * 5e-5 + 0.02;
-            fleet.observe(0, tokens, 0.0, 3.0 * visible, true);
-            fleet.observe(1, tokens, 0.0, visible, false);
-        }
-        let predict = |w: u32, partial: bool| fleet.rates_in_view(w, partial).predict(2000.0, 0.0);
-        let truth = 2000.0 * 5e-5 + 0.02;
-        assert!(
-            (predict(0, true) / (3.0 * truth) - 1.0).abs() < 0.05,
-            "{}",
-            predict(0, true)
-        );
-        assert!(
-            (predict(1, true) / truth - 1.0).abs() < 0.05,
-            "{}",
-            predict(1, true)
-        );
-        assert!((predict(0, false) / predict(1, false) - 1.0).abs() < 0.01);
-        fleet.forget(0);
-        assert_eq!(fleet.rates_in_view(0, true), fleet.rates_in_view(0, false));
-    }
-
-    #[test]
-    fn the_pooled_fit_learns_the_rates() {
-        let truth = Rates {
-            seconds_per_token: 2.5e-5,
-            step_cost_s: 4e-3,
-            overhead_s: 0.02,
-        };
-        let mut fleet = FleetCalibration::new(prior(), 0.995);
-        for i in 0..400u64 {
-            let tokens = ((i * 7919) % 9000) as f64 + 100.0;
-            let decoding = ((i * 31) % 64) as f64;
-            fleet.observe(
-                (i % 4) as u32,
-                tokens,
-                decoding,
-                truth.predict(tokens, decoding),
-                false,
-            );
-        }
-        let r = fleet.rates(2);
-        assert!(
-            (r.seconds_per_token - truth.seconds_per_token).abs() < 1e-6,
-            "{r:?}"
-        );
-        assert!((fleet.factor(0) - 1.0).abs() < 0.01);
-    }
-}
+#[path = "fleet_calibration_tests.rs"]
+mod tests;

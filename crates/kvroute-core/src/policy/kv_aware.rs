@@ -277,13 +277,8 @@ impl Policy for KvAware {
             .collect();
         let residence_s = super::lock(&self.residence).mean_s();
         let saturated = saturation::saturated(request.prompt_tokens, candidates);
-        let rates: Vec<Rates> = {
-            let calibration = super::lock(&self.calibration);
-            candidates
-                .iter()
-                .map(|c| calibration.rates_in_view(c.worker, partial))
-                .collect()
-        };
+        let rates: Vec<Rates> = super::lock(&self.calibration)
+            .rates_in_view_of(candidates.iter().map(|c| c.worker), partial);
         let (predicted, mut cost): (Vec<f64>, Vec<f64>) = candidates
             .iter()
             .zip(&quotes)
@@ -336,6 +331,10 @@ impl Policy for KvAware {
             predicted_ttft_s: predicted.into_iter().map(Some).collect(),
             cost: cost.into_iter().map(Some).collect(),
             tiers: quotes.into_iter().map(Some).collect(),
+            prefill_tokens_per_s: rates
+                .iter()
+                .map(|r| (r.seconds_per_token > 0.0).then(|| 1.0 / r.seconds_per_token))
+                .collect(),
         })
     }
 
@@ -376,12 +375,13 @@ impl Policy for KvAware {
             .rates(o.worker)
             .predict(tokens, o.decoding as f64);
         let ttft_s = self.tiers.observe(&config.tiers, o, prefill);
-        calibration.observe(
+        calibration.observe_alone(
             o.worker,
             tokens,
             o.decoding as f64,
             ttft_s,
             o.unseen_in_flight > 0,
+            ahead == 0,
         );
     }
 }

@@ -108,6 +108,9 @@ pub struct RouteDecision {
     /// What each candidate's GPU and offloaded blocks were worth, where the policy prices them
     /// (for explanations: `/debug/route`'s `tiers`).
     pub tiers: Vec<Option<TierQuote>>,
+    /// The prefill rate, tokens per second, the policy priced each candidate at: its
+    /// calibrated speed, where the policy calibrates one (for explanations).
+    pub prefill_tokens_per_s: Vec<Option<f64>>,
 }
 
 impl RouteDecision {
@@ -118,6 +121,7 @@ impl RouteDecision {
             predicted_ttft_s: vec![None; candidates],
             cost: vec![None; candidates],
             tiers: vec![None; candidates],
+            prefill_tokens_per_s: vec![None; candidates],
         }
     }
 }

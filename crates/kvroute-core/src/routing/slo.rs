@@ -56,6 +56,7 @@ mod tests {
             predicted_ttft_s: ttft.to_vec(),
             cost: cost.to_vec(),
             tiers: vec![None; ttft.len()],
+            prefill_tokens_per_s: vec![None; ttft.len()],
         }
     }
 

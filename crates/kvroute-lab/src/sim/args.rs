@@ -84,7 +84,7 @@ pub struct SimulateArgs {
             // holding a nested flatten does not conflict as a whole).
             "WorkloadArgs", "SloArgs", "TimingArgs", "block_size", "num_blocks", "max_num_seqs",
             "max_num_batched_tokens", "long_prefill_token_threshold", "max_model_len", "engine_speedup", "workers", "index",
-            "event_delay", "join_at", "restart_at", "seed", "routers", "load_sample_ms", "replica_sync_ms",
+            "event_delay", "join_at", "restart_at", "seed", "routers", "worker_speeds", "load_sample_ms", "replica_sync_ms",
             "prefill_workers", "decode_workers", "TransferArgs", "slo_itl", "TierArgs",
         ]
     )]
@@ -95,6 +95,11 @@ pub struct SimulateArgs {
     /// Workers at the start.
     #[arg(long, default_value_t = 4)]
     pub workers: u32,
+    /// A mixed fleet: each worker's engine speed as a multiple of --engine-speedup, given per
+    /// worker and repeated over the fleet (`1,0.5`: every second worker at half speed;
+    /// default: every engine alike). The oracle and pooled-cache references run at speed 1.
+    #[arg(long, value_delimiter = ',', value_name = "S1,S2,…")]
+    pub worker_speeds: Vec<f64>,
     /// Compare a disaggregated fleet of P prefill and D decode workers with an aggregated
     /// fleet of P + D workers (same policy, same trace): TTFT, inter-token latency, E2E, SLO.
     #[arg(
@@ -381,6 +386,7 @@ impl SimulateArgs {
                 .map(|ms| ms / 1000.0),
             replica_sync_s: self.replica_sync_ms.map(|ms| ms / 1000.0),
             pd,
+            worker_speeds: self.worker_speeds.clone(),
         };
         config.validate()?;
         Ok(config)

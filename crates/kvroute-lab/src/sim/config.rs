@@ -118,6 +118,10 @@ pub struct SimConfig {
     /// A disaggregated fleet (`workers` must be its size); `None`: every worker serves whole
     /// requests.
     pub pd: Option<PdSplit>,
+    /// A mixed fleet: worker `i`'s engine runs at `worker_speeds[i % len]` times the engine's
+    /// speed (another GPU type, another tensor-parallel size); empty: every engine alike. The
+    /// references (oracle, pooled cache) run at the engine's own speed.
+    pub worker_speeds: Vec<f64>,
 }
 
 impl SimConfig {
@@ -147,6 +151,7 @@ impl Default for SimConfig {
             load_sample_s: None,
             replica_sync_s: None,
             pd: None,
+            worker_speeds: Vec::new(),
         }
     }
 }
@@ -194,6 +199,9 @@ pub enum SimConfigError {
     /// A disaggregated fleet without a side, of the wrong size, or with fleet changes.
     #[error("disaggregated fleet: {0}")]
     Pd(String),
+    /// A worker speed that is not a positive number.
+    #[error("--worker-speeds must be positive numbers")]
+    WorkerSpeed,
 }
 
 impl SimConfig {
@@ -205,6 +213,13 @@ impl SimConfig {
         }
         if self.routers == 0 {
             return Err(SimConfigError::NoRouters);
+        }
+        if self
+            .worker_speeds
+            .iter()
+            .any(|s| !(s.is_finite() && *s > 0.0))
+        {
+            return Err(SimConfigError::WorkerSpeed);
         }
         if self
             .load_sample_s

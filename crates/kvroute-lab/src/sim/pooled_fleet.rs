@@ -61,12 +61,17 @@ pub fn pooled_fleet(trace: &Trace, config: &SimConfig) -> Result<Option<PolicyRu
     // One hashing seed for every engine (a block is one entry of the shared cache whoever
     // computed it), and the fleet's capacity as each engine's limit (a prompt longer than one
     // engine's cache would otherwise be refused, not computed).
-    let pooled_config = crate::engine::EngineConfig {
-        num_blocks: blocks,
-        cpu_tier: tier,
-        ..engine_config(base, 0, 0)
+    // Each engine at its slot's speed in a mixed fleet.
+    let seed = engine_config(config, 0, 0).seed;
+    let engine = |slot| {
+        let pooled_config = crate::engine::EngineConfig {
+            num_blocks: blocks,
+            cpu_tier: tier,
+            seed,
+            ..engine_config(config, slot, 0)
+        };
+        EngineCore::pooled(pooled_config, shared.clone())
     };
-    let engine = |_slot| EngineCore::pooled(pooled_config.clone(), shared.clone());
     let mut sim = Simulation::with_engines(trace, config, policy, engine, blocks)?;
     sim.pooled = true;
     let mut run = sim.run();

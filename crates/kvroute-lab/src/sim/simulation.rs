@@ -141,13 +141,21 @@ pub struct Simulation<'t> {
     itl_gaps: Vec<f64>,
 }
 
-fn engine_config(base: &EngineConfig, slot: u32, life: u32) -> EngineConfig {
+/// The engine in `slot` in its `life`th life: the fleet's engine, at the slot's speed in a
+/// mixed fleet.
+fn engine_config(config: &SimConfig, slot: u32, life: u32) -> EngineConfig {
+    let base = &config.engine;
+    let mut timing = base.timing;
+    if !config.worker_speeds.is_empty() {
+        timing.speedup *= config.worker_speeds[slot as usize % config.worker_speeds.len()];
+    }
     EngineConfig {
         // Distinct engines hash blocks differently, as real replicas' opaque ids do.
         seed: base
             .seed
             .wrapping_add(u64::from(slot) << 32)
             .wrapping_add(u64::from(life)),
+        timing,
         ..base.clone()
     }
 }
@@ -171,7 +179,7 @@ fn first_events(config: &SimConfig, trace: &Trace) -> EventQueue<Event> {
 impl<'t> Simulation<'t> {
     /// A simulation of `policy` over `trace` with `config`.
     pub fn new(trace: &'t Trace, config: &SimConfig, policy: PolicyKind) -> Result<Self, SimError> {
-        let engine = |slot| EngineCore::new(engine_config(&config.engine, slot, 0));
+        let engine = |slot| EngineCore::new(engine_config(config, slot, 0));
         Self::with_engines(trace, config, policy, engine, config.engine.num_blocks)
     }
 
@@ -580,7 +588,7 @@ impl<'t> Simulation<'t> {
         w.life += 1;
         let counters = w.engine.counters();
         w.past += counters;
-        match EngineCore::new(engine_config(&self.config.engine, slot, w.life)) {
+        match EngineCore::new(engine_config(&self.config, slot, w.life)) {
             Ok(engine) => w.engine = engine,
             Err(e) => tracing::error!(error = %e, "cannot restart engine"),
         }

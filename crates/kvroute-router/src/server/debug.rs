@@ -186,6 +186,7 @@ fn candidates(analysis: &Analysis, e: &Explanation<'_, WorkerRank>) -> Vec<serde
                 "kv_warming": t.state().is_kv_warming(),
                 "predicted_ttft_s": d.predicted_ttft_s.get(i).copied().flatten(),
                 "cost_s": d.cost.get(i).copied().flatten(),
+                "prefill_tokens_per_s": d.prefill_tokens_per_s.get(i).copied().flatten(),
                 "live_blocks": c.cache.live_blocks,
                 "kv_capacity_blocks": c.cache.capacity_blocks,
                 "running_kv_tokens": c.cache.running_tokens,
