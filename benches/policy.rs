@@ -1,4 +1,6 @@
-//! Routing decision time per policy with 16 candidate workers.
+//! Routing decision time per policy with 16 candidate workers, and `kv_aware`'s once its
+//! calibration has evidence from every worker (16 and 1,024 workers): the decision, and one
+//! observation (a first token) fed to the calibration.
 //!
 //! Run: `cargo bench --bench policy`
 #![allow(
@@ -11,7 +13,7 @@ use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use kvroute::fleet::{LoadSnapshot, WorkerId};
-use kvroute::policy::{Candidate, PolicyKind, RouteRequest, seeded};
+use kvroute::policy::{Candidate, Observation, PolicyKind, RouteRequest, seeded};
 
 fn candidates(n: usize) -> Vec<Candidate> {
     (0..n)
@@ -53,5 +55,56 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench);
+/// A first token on `worker`: `uncached` tokens computed, some queued ahead, a TTFT off the
+/// prediction by a few per cent either way.
+fn observation(worker: usize, i: usize) -> Observation {
+    let uncached = 500 + (i * 7919 % 8000) as u64;
+    let queued = if i.is_multiple_of(3) {
+        0
+    } else {
+        (i * 31 % 4000) as u64
+    };
+    Observation {
+        worker: WorkerId(worker as u32),
+        uncached_tokens: uncached,
+        queued_tokens: queued,
+        decoding: (i % 7) as u64,
+        prefilling: u64::from(queued > 0),
+        unseen_in_flight: 0,
+        ttft_s: (uncached + queued) as f64 * 5e-5 * (0.9 + (i % 5) as f64 * 0.05) + 0.02,
+        loaded_tokens: [0, 0],
+        kv_bytes_per_token: 0,
+    }
+}
+
+fn calibrated(c: &mut Criterion) {
+    let req = RouteRequest {
+        prompt_tokens: 8000,
+        blocks: 500,
+        block_size: 16,
+        kv_bytes_per_token: 0,
+        warm_prefix_rate: 0.0,
+    };
+    let mut group = c.benchmark_group("kv_aware_calibrated");
+    for workers in [16, 1024] {
+        let cands = candidates(workers);
+        let policy = seeded(PolicyKind::KvAware, 1);
+        for i in 0..20 * workers {
+            policy.observe(&observation(i % workers, i));
+        }
+        group.bench_function(format!("choose_{workers}_workers"), |b| {
+            b.iter(|| black_box(policy.choose(black_box(&req), black_box(&cands))))
+        });
+        let mut i = 0;
+        group.bench_function(format!("observe_{workers}_workers"), |b| {
+            b.iter(|| {
+                i += 1;
+                policy.observe(black_box(&observation(i % workers, i)));
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench, calibrated);
 criterion_main!(benches);
