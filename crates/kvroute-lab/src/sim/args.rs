@@ -97,7 +97,8 @@ pub struct SimulateArgs {
     pub workers: u32,
     /// A mixed fleet: each worker's engine speed as a multiple of --engine-speedup, given per
     /// worker and repeated over the fleet (`1,0.5`: every second worker at half speed;
-    /// default: every engine alike). The oracle and pooled-cache references run at speed 1.
+    /// default: every engine alike). The oracle, pooled-cache and --unqueued rows run every
+    /// engine at speed 1; the --pooled-fleet row at each worker's speed.
     #[arg(long, value_delimiter = ',', value_name = "S1,S2,…")]
     pub worker_speeds: Vec<f64>,
     /// Compare a disaggregated fleet of P prefill and D decode workers with an aggregated

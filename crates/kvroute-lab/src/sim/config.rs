@@ -120,7 +120,8 @@ pub struct SimConfig {
     pub pd: Option<PdSplit>,
     /// A mixed fleet: worker `i`'s engine runs at `worker_speeds[i % len]` times the engine's
     /// speed (another GPU type, another tensor-parallel size); empty: every engine alike. The
-    /// references (oracle, pooled cache) run at the engine's own speed.
+    /// oracle, the pooled cache and the unqueued replay run at the engine's own speed; the
+    /// pooled fleet at each slot's.
     pub worker_speeds: Vec<f64>,
 }
 
