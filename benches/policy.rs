@@ -36,15 +36,20 @@ fn candidates(n: usize) -> Vec<Candidate> {
         .collect()
 }
 
-fn bench(c: &mut Criterion) {
-    let cands = candidates(16);
-    let req = RouteRequest {
+/// An 8,000-token prompt of 16-token blocks.
+fn request() -> RouteRequest {
+    RouteRequest {
         prompt_tokens: 8000,
         blocks: 500,
         block_size: 16,
         kv_bytes_per_token: 0,
         warm_prefix_rate: 0.0,
-    };
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let cands = candidates(16);
+    let req = request();
     let mut group = c.benchmark_group("decision_16_workers");
     for kind in PolicyKind::ALL {
         let policy = seeded(kind, 1);
@@ -78,13 +83,7 @@ fn observation(worker: usize, i: usize) -> Observation {
 }
 
 fn calibrated(c: &mut Criterion) {
-    let req = RouteRequest {
-        prompt_tokens: 8000,
-        blocks: 500,
-        block_size: 16,
-        kv_bytes_per_token: 0,
-        warm_prefix_rate: 0.0,
-    };
+    let req = request();
     let mut group = c.benchmark_group("kv_aware_calibrated");
     for workers in [16, 1024] {
         let cands = candidates(workers);

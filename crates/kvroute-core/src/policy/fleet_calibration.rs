@@ -229,15 +229,10 @@ impl<K: Copy + Eq + Hash> FleetCalibration<K> {
     /// request, `decoding` sequences, and the TTFT observed. `partial` says the view the request
     /// was routed on held other router replicas' requests on the worker: the sample then trains
     /// the pooled fit and the worker's own fit, not its speed factor, because the load the view
-    /// missed is no evidence of speed.
-    pub fn observe(&mut self, worker: K, tokens: f64, decoding: f64, ttft_s: f64, partial: bool) {
-        self.observe_alone(worker, tokens, decoding, ttft_s, partial, false);
-    }
-
-    /// [`Self::observe`], saying whether the request had nothing queued ahead of it on the
-    /// worker (`alone`): only such samples judge whether the fleet is mixed, since a queue's
+    /// missed is no evidence of speed. `alone` says the request had nothing queued ahead of it
+    /// on the worker: only such samples judge whether the fleet is mixed, since a queue's
     /// misprediction is no evidence of an engine's speed.
-    pub fn observe_alone(
+    pub fn observe(
         &mut self,
         worker: K,
         tokens: f64,
@@ -355,16 +350,10 @@ impl<K: Copy + Eq + Hash> FleetCalibration<K> {
         }
     }
 
-    /// The rates for `worker` in a decision whose view is `partial` (some worker's load holds
-    /// other router replicas' requests): the worker's own fit once it has enough observations;
-    /// otherwise, and on a complete view, [`Self::rates`].
-    pub fn rates_in_view(&self, worker: K, partial: bool) -> Rates {
-        self.rates_in_view_of(std::iter::once(worker), partial)
-            .pop()
-            .unwrap_or_else(|| self.pooled())
-    }
-
-    /// [`Self::rates_in_view`] of each of `workers`, the fleet's reference computed once.
+    /// The rates for each of `workers` in a decision whose view is `partial` (some worker's
+    /// load holds other router replicas' requests): the worker's own fit once it has enough
+    /// observations; otherwise, and on a complete view, [`Self::rates`] (the fleet's reference
+    /// computed once for all of them).
     pub fn rates_in_view_of(&self, workers: impl Iterator<Item = K>, partial: bool) -> Vec<Rates> {
         let reference = self.reference();
         workers

@@ -2,6 +2,11 @@
 
 use super::*;
 
+/// `worker`'s rates in a decision whose view is `partial`.
+fn rates_in_view(fleet: &FleetCalibration<u32>, worker: u32, partial: bool) -> Rates {
+    fleet.rates_in_view_of(std::iter::once(worker), partial)[0]
+}
+
 fn prior() -> Rates {
     Rates {
         seconds_per_token: 5e-5,
@@ -45,7 +50,7 @@ fn noise_does_not_separate_identical_workers() {
             ttft *= 20.0;
         }
         let w = (i % 4) as usize;
-        fleet.observe(w, tokens, 0.0, ttft, false);
+        fleet.observe(w, tokens, 0.0, ttft, false, false);
         per_worker[w].observe(tokens, 0.0, ttft);
     }
     let price = spread((0..4).map(|w| fleet.rates(w).seconds_per_token));
@@ -69,7 +74,7 @@ fn a_slower_worker_is_recognised_within_bounds() {
             1 => 0.01,
             _ => 1.0,
         };
-        fleet.observe(w, tokens, 0.0, (tokens * 5e-5 + 0.02) * slow, false);
+        fleet.observe(w, tokens, 0.0, (tokens * 5e-5 + 0.02) * slow, false, false);
     }
     let f: Vec<f64> = (0..3).map(|w| fleet.factor(w)).collect();
     assert!(f[2] / f[0] > 1.1, "{f:?}");
@@ -95,7 +100,7 @@ fn observe_fleet(
         let w = (i % u64::from(workers)) as u32;
         let misfit = 1.0 + misfit * f64::from(w % 3);
         let ttft = (tokens * 5e-5 + 0.02) * slow(w) * misfit * (1.0 + 0.6 * noise(&mut x));
-        fleet.observe_alone(w, tokens, 0.0, ttft, false, true);
+        fleet.observe(w, tokens, 0.0, ttft, false, true);
     }
 }
 
@@ -150,7 +155,7 @@ fn a_misjudged_queue_is_no_evidence_of_speed() {
             let queued = i % 3 != 0;
             let misjudged = if w == 1 && queued { 2.0 } else { 1.0 };
             let ttft = (tokens * 5e-5 + 0.02) * misjudged * (1.0 + 0.6 * noise(&mut x));
-            fleet.observe_alone(w, tokens, 0.0, ttft, false, !(told && queued));
+            fleet.observe(w, tokens, 0.0, ttft, false, !(told && queued));
         }
         fleet.mixed()
     };
@@ -179,13 +184,20 @@ fn an_unobserved_worker_drifts_back_to_the_pool() {
         let tokens = 100.0 + (i % 50) as f64 * 40.0;
         let w = (i % 3) as u32;
         let slow = if w == 0 { 3.0 } else { 1.0 };
-        fleet.observe(w, tokens, 0.0, (tokens * 5e-5 + 0.02) * slow, false);
+        fleet.observe(w, tokens, 0.0, (tokens * 5e-5 + 0.02) * slow, false, false);
     }
     let before = fleet.factor(0);
     assert!(before > 1.03, "{before}");
     for i in 0..2_000u64 {
         let tokens = 100.0 + (i % 50) as f64 * 40.0;
-        fleet.observe(1 + (i % 2) as u32, tokens, 0.0, tokens * 5e-5 + 0.02, false);
+        fleet.observe(
+            1 + (i % 2) as u32,
+            tokens,
+            0.0,
+            tokens * 5e-5 + 0.02,
+            false,
+            false,
+        );
     }
     let after = fleet.factor(0);
     assert!(after - 1.0 < (before - 1.0) / 4.0, "{before} → {after}");
@@ -201,10 +213,10 @@ fn own_fits_decide_only_on_a_partial_view() {
     for i in 0..400u64 {
         let tokens = 200.0 + ((i * 7919) % 4000) as f64;
         let visible = tokens * 5e-5 + 0.02;
-        fleet.observe(0, tokens, 0.0, 3.0 * visible, true);
-        fleet.observe(1, tokens, 0.0, visible, false);
+        fleet.observe(0, tokens, 0.0, 3.0 * visible, true, false);
+        fleet.observe(1, tokens, 0.0, visible, false, false);
     }
-    let predict = |w: u32, partial: bool| fleet.rates_in_view(w, partial).predict(2000.0, 0.0);
+    let predict = |w: u32, partial: bool| rates_in_view(&fleet, w, partial).predict(2000.0, 0.0);
     let truth = 2000.0 * 5e-5 + 0.02;
     assert!(
         (predict(0, true) / (3.0 * truth) - 1.0).abs() < 0.05,
@@ -218,7 +230,10 @@ fn own_fits_decide_only_on_a_partial_view() {
     );
     assert!((predict(0, false) / predict(1, false) - 1.0).abs() < 0.01);
     fleet.forget(0);
-    assert_eq!(fleet.rates_in_view(0, true), fleet.rates_in_view(0, false));
+    assert_eq!(
+        rates_in_view(&fleet, 0, true),
+        rates_in_view(&fleet, 0, false)
+    );
 }
 
 #[test]
@@ -237,6 +252,7 @@ fn the_pooled_fit_learns_the_rates() {
             tokens,
             decoding,
             truth.predict(tokens, decoding),
+            false,
             false,
         );
     }

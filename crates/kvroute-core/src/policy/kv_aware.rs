@@ -375,7 +375,7 @@ impl Policy for KvAware {
             .rates(o.worker)
             .predict(tokens, o.decoding as f64);
         let ttft_s = self.tiers.observe(&config.tiers, o, prefill);
-        calibration.observe_alone(
+        calibration.observe(
             o.worker,
             tokens,
             o.decoding as f64,
@@ -386,7 +386,6 @@ impl Policy for KvAware {
     }
 }
 
-/// The members of `tied` with the smallest `key`.
 /// What each candidate's copy of the warm prefix saves the requests for it after this one
 /// ([`copy_value`]). Nothing unless requests in flight hold that prefix now: one session's
 /// turns come one after another, so its own context's rate is nobody arriving meanwhile.
@@ -418,6 +417,7 @@ fn copy_discounts(
     copy_value::discounts(request.warm_prefix_rate, &sides, config.copy_weight)
 }
 
+/// The members of `tied` with the smallest `key`.
 fn fewest_by(tied: Vec<usize>, key: impl Fn(usize) -> u64) -> Vec<usize> {
     let fewest = tied.iter().map(|&i| key(i)).min().unwrap_or(0);
     tied.into_iter().filter(|&i| key(i) == fewest).collect()
