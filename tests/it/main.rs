@@ -61,6 +61,7 @@ mod load_only_hits;
 mod lora_routing;
 mod manual_cli;
 mod mixed_block_sizes;
+mod mixed_contexts;
 mod openai_sdk;
 mod placement_isolation;
 mod proptest_parsers;

@@ -371,3 +371,47 @@ fn a_mixed_fleet_sends_the_slow_workers_their_share() {
     eprintln!("requests per worker {counts:?}: the slow half took {slow:.3}");
     assert!(slow < 0.31, "{counts:?}");
 }
+
+/// A fleet of mixed memory (`simulate --worker-kv-scales 1,0.5`) whose small engines cannot
+/// hold the longer prompts (their context is their cache, 3,200 tokens; the prompts are 4k
+/// tokens on average): every prompt that does not fit there is routed to a large engine and
+/// none is refused, while the prompts that fit anywhere still use the small ones.
+#[test]
+fn a_prompt_is_never_sent_where_its_context_does_not_fit() {
+    let trace = SyntheticSpec {
+        kind: SyntheticKind::Unique,
+        requests: 200,
+        rate: 4.0,
+        input_tokens: 4096,
+        output_tokens: 64,
+        block_tokens: 64,
+        seed: 5,
+    }
+    .generate()
+    .unwrap();
+    let mut config = SimConfig {
+        worker_kv_scales: vec![1.0, 0.5],
+        ..SimConfig::default()
+    };
+    config.engine.num_blocks = 100;
+    let small_context = 50 * 64;
+    let long = |i: usize| {
+        let r = &trace.requests[i];
+        r.input_tokens + r.output_tokens > small_context
+    };
+    let longs = (0..trace.requests.len()).filter(|i| long(*i)).count();
+    assert!(longs > 50, "{longs} long prompts");
+    for policy in [PolicyKind::KvAware, PolicyKind::CacheAware] {
+        let run = Simulation::new(&trace, &config, policy).unwrap().run();
+        let mut small = [0usize; 2];
+        for (i, r) in run.records.iter().enumerate() {
+            assert_eq!(r.error, None, "{policy:?}: request {i}");
+            if r.worker.expect("routed") % 2 == 1 {
+                small[usize::from(long(i))] += 1;
+            }
+        }
+        eprintln!("{policy:?}: small engines took {small:?} (fitting, long)");
+        assert_eq!(small[1], 0, "{policy:?}");
+        assert!(small[0] > 0, "{policy:?}");
+    }
+}

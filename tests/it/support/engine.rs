@@ -62,6 +62,18 @@ impl SimEngine {
         SimEngine::start_with(model, any, events, replay, 0, core).await
     }
 
+    /// Starts an engine serving `model` on ephemeral ports that takes prompts and outputs of at
+    /// most `max_model_len` tokens (and reports it in `/v1/models`).
+    pub async fn start_with_context(model: &str, max_model_len: usize) -> SimEngine {
+        let core = EngineCoreArgs {
+            max_model_len: Some(max_model_len),
+            ..EngineCoreArgs::default()
+        };
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        let (events, replay) = ("tcp://127.0.0.1:*", "tcp://127.0.0.1:*");
+        SimEngine::start_with(model, any, events, replay, 0, core).await
+    }
+
     /// Starts an engine serving `model` on an ephemeral port without KV events, tokenizing with
     /// `tokenizer` (`builtin`, or a Hugging Face tokenizer directory).
     pub async fn start_plain(model: &str, tokenizer: &str) -> SimEngine {

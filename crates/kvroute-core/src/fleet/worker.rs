@@ -228,8 +228,12 @@ impl Worker {
             .unwrap_or_default()
     }
 
-    /// The base model of `model` if this worker reported it as a LoRA adapter.
+    /// The base model of `model` if this worker reported it as a LoRA adapter (a worker whose
+    /// models are configured is read only for its contexts: its configuration names them).
     pub fn adapter_base(&self, model: &str) -> Option<String> {
+        if !self.spec.models.is_empty() {
+            return None;
+        }
         self.discovered_models
             .read()
             .ok()?
@@ -258,6 +262,11 @@ impl Worker {
             .read()
             .map(|m| m.iter().any(|x| x.id == model))
             .unwrap_or(false)
+    }
+
+    /// Whether the worker's `/v1/models` answer is on record.
+    pub fn has_discovered_models(&self) -> bool {
+        self.discovered_models.read().is_ok_and(|m| !m.is_empty())
     }
 
     /// Records the models the worker reported.

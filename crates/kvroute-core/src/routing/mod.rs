@@ -26,6 +26,10 @@
 //! live server, `/debug/route` ([`Decider::explain_plan`]) and the simulator ask these and
 //! keep no copy.
 //!
+//! Once the prompt is tokenized, [`context_fit`] narrows the eligible workers to those whose
+//! context (`max_model_len`) holds it, so a long prompt in a fleet of mixed contexts is not
+//! sent where the engine would refuse it.
+//!
 //! Between candidates and decide, **placement isolation** ([`isolation`]) narrows the candidates
 //! of a tenant over its fair share to its share of the workers, and those of the other tenants
 //! to workers it does not occupy, as the request's [`Standing`] (set by the caller, who knows the
@@ -37,6 +41,7 @@
 
 mod admitted;
 mod analysis;
+pub mod context_fit;
 mod decider;
 mod decision_metrics;
 mod decode_session;

@@ -84,7 +84,7 @@ pub struct SimulateArgs {
             // holding a nested flatten does not conflict as a whole).
             "WorkloadArgs", "SloArgs", "TimingArgs", "block_size", "num_blocks", "max_num_seqs",
             "max_num_batched_tokens", "long_prefill_token_threshold", "max_model_len", "engine_speedup", "workers", "index",
-            "event_delay", "join_at", "restart_at", "seed", "routers", "worker_speeds", "load_sample_ms", "replica_sync_ms",
+            "event_delay", "join_at", "restart_at", "seed", "routers", "worker_speeds", "worker_kv_scales", "load_sample_ms", "replica_sync_ms",
             "prefill_workers", "decode_workers", "TransferArgs", "slo_itl", "TierArgs",
         ]
     )]
@@ -101,6 +101,12 @@ pub struct SimulateArgs {
     /// engine at speed 1; the --pooled-fleet row at each worker's speed.
     #[arg(long, value_delimiter = ',', value_name = "S1,S2,…")]
     pub worker_speeds: Vec<f64>,
+    /// A fleet of mixed memory: each worker's KV cache (its --num-blocks, and its host tier)
+    /// as a multiple of the engine's, given per worker and repeated over the fleet (`1,0.5`:
+    /// every second worker with half the cache; default: every engine alike). The pooled
+    /// references pool the fleet's sum; the --unqueued replay gives each worker its own size.
+    #[arg(long, value_delimiter = ',', value_name = "K1,K2,…")]
+    pub worker_kv_scales: Vec<f64>,
     /// Compare a disaggregated fleet of P prefill and D decode workers with an aggregated
     /// fleet of P + D workers (same policy, same trace): TTFT, inter-token latency, E2E, SLO.
     #[arg(
@@ -388,6 +394,7 @@ impl SimulateArgs {
             replica_sync_s: self.replica_sync_ms.map(|ms| ms / 1000.0),
             pd,
             worker_speeds: self.worker_speeds.clone(),
+            worker_kv_scales: self.worker_kv_scales.clone(),
         };
         config.validate()?;
         Ok(config)

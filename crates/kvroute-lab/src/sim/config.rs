@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+use crate::engine::cpu_tier::CpuTierConfig;
 use crate::engine::{ConfigError, EngineConfig};
 use crate::report::Slo;
 use crate::workload::synthesis::PromptSynth;
@@ -123,9 +124,52 @@ pub struct SimConfig {
     /// oracle, the pooled cache and the unqueued replay run at the engine's own speed; the
     /// pooled fleet at each slot's.
     pub worker_speeds: Vec<f64>,
+    /// A fleet of mixed memory: worker `i`'s KV cache — its GPU blocks and its host tier —
+    /// holds `worker_kv_scales[i % len]` times the engine's (another GPU's memory, another
+    /// tensor-parallel size); empty: every engine alike. The pooled references pool the
+    /// fleet's sum; the unqueued replay gives each worker its own size.
+    pub worker_kv_scales: Vec<f64>,
 }
 
 impl SimConfig {
+    /// The KV-cache scale of the worker in `slot` (1 unless the fleet's memory is mixed).
+    pub fn kv_scale(&self, slot: u32) -> f64 {
+        if self.worker_kv_scales.is_empty() {
+            1.0
+        } else {
+            self.worker_kv_scales[slot as usize % self.worker_kv_scales.len()]
+        }
+    }
+
+    /// The GPU KV blocks of the engine in `slot`.
+    pub fn slot_blocks(&self, slot: u32) -> u32 {
+        scaled(self.engine.num_blocks, self.kv_scale(slot))
+    }
+
+    /// The host tier of the engine in `slot`, if the engines have one.
+    pub fn slot_tier(&self, slot: u32) -> Option<CpuTierConfig> {
+        let scale = self.kv_scale(slot);
+        self.engine.cpu_tier.map(|t| CpuTierConfig {
+            blocks: scaled(t.blocks, scale),
+            ..t
+        })
+    }
+
+    /// The GPU KV blocks of the first `workers` slots together.
+    pub fn fleet_blocks(&self, workers: u32) -> u32 {
+        let sum: u64 = (0..workers).map(|s| u64::from(self.slot_blocks(s))).sum();
+        u32::try_from(sum).unwrap_or(u32::MAX)
+    }
+
+    /// The host-tier blocks of the first `workers` slots together (0 without a tier).
+    pub fn fleet_tier_blocks(&self, workers: u32) -> u32 {
+        let sum: u64 = (0..workers)
+            .filter_map(|s| self.slot_tier(s))
+            .map(|t| u64::from(t.blocks))
+            .sum();
+        u32::try_from(sum).unwrap_or(u32::MAX)
+    }
+
     /// How `policy`'s router learns what the engines cache in this simulation.
     pub fn index_for(&self, policy: PolicyKind) -> IndexMode {
         match (policy, self.cache_aware_index) {
@@ -153,6 +197,7 @@ impl Default for SimConfig {
             replica_sync_s: None,
             pd: None,
             worker_speeds: Vec::new(),
+            worker_kv_scales: Vec::new(),
         }
     }
 }
@@ -203,6 +248,9 @@ pub enum SimConfigError {
     /// A worker speed that is not a positive number.
     #[error("--worker-speeds must be positive numbers")]
     WorkerSpeed,
+    /// A worker KV scale that is not a positive number, or leaves a worker no block.
+    #[error("--worker-kv-scales must be positive numbers that leave every worker a KV block")]
+    WorkerKvScale,
 }
 
 impl SimConfig {
@@ -221,6 +269,13 @@ impl SimConfig {
             .any(|s| !(s.is_finite() && *s > 0.0))
         {
             return Err(SimConfigError::WorkerSpeed);
+        }
+        if self
+            .worker_kv_scales
+            .iter()
+            .any(|s| !(s.is_finite() && *s > 0.0) || scaled(self.engine.num_blocks, *s) == 0)
+        {
+            return Err(SimConfigError::WorkerKvScale);
         }
         if self
             .load_sample_s
@@ -300,6 +355,13 @@ impl SimConfig {
     }
 }
 
+/// `blocks × scale`, rounded.
+fn scaled(blocks: u32, scale: f64) -> u32 {
+    (f64::from(blocks) * scale)
+        .round()
+        .clamp(0.0, f64::from(u32::MAX)) as u32
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -330,5 +392,33 @@ mod tests {
         }
         c.load_sample_s = Some(0.1);
         assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn a_fleet_of_mixed_memory_sizes_each_cache() {
+        let mut c = SimConfig {
+            workers: 3,
+            ..SimConfig::default()
+        };
+        c.engine.num_blocks = 1000;
+        c.engine.cpu_tier = Some(CpuTierConfig {
+            blocks: 4000,
+            read_bytes_per_s: 5e10,
+            write_bytes_per_s: 5e10,
+            latency_s: 5e-4,
+            bytes_per_token: 147_456,
+            events: Default::default(),
+        });
+        assert_eq!((c.slot_blocks(2), c.fleet_blocks(3)), (1000, 3000));
+        c.worker_kv_scales = vec![1.5, 0.5];
+        assert!(c.validate().is_ok());
+        let blocks: Vec<u32> = (0..3).map(|s| c.slot_blocks(s)).collect();
+        assert_eq!(blocks, [1500, 500, 1500]);
+        assert_eq!(c.slot_tier(1).map(|t| t.blocks), Some(2000));
+        assert_eq!((c.fleet_blocks(3), c.fleet_tier_blocks(3)), (3500, 14_000));
+        for bad in [0.0, -1.0, f64::INFINITY, 0.0001] {
+            c.worker_kv_scales = vec![1.0, bad];
+            assert_eq!(c.validate().unwrap_err(), SimConfigError::WorkerKvScale);
+        }
     }
 }

@@ -39,8 +39,9 @@ impl Simulation<'_> {
     pub(super) fn arrive_pair(&mut self, i: usize, now: f64) {
         let (prompt, replica, session) = self.open_arrival(i, now);
         let rec = &mut self.records[i];
+        let max_tokens = Some(u64::from(self.trace.requests[i].output_tokens.max(1)));
         let Some(mut routed) =
-            self.routers[replica].route_on(&prompt, now, Some(Side::Prefill), session)
+            self.routers[replica].route_on(&prompt, max_tokens, now, Some(Side::Prefill), session)
         else {
             rec.error = Some("no prefill worker available".to_string());
             rec.end = Some(now);

@@ -38,14 +38,10 @@ pub fn pooled_cache(trace: &Trace, config: &SimConfig) -> PolicyRun {
     let workers = config.max_workers().max(1);
     // A tiered fleet pools its host-memory tiers too, loading at one engine's link.
     let tier = engine.cpu_tier.map(|t| CpuTierConfig {
-        blocks: t.blocks.saturating_mul(workers),
+        blocks: config.fleet_tier_blocks(workers),
         ..t
     });
-    let cache = KvCache::with_tier(
-        workers.saturating_mul(engine.num_blocks),
-        engine.block_size.max(1),
-        tier,
-    );
+    let cache = KvCache::with_tier(config.fleet_blocks(workers), engine.block_size.max(1), tier);
     let mut caches = IdleCaches::new(engine, vec![cache]);
     let mut run = reference_run(NAME, trace, config, |i, prompt, output| {
         caches.serve(0, i, prompt, output)

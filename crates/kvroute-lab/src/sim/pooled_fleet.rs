@@ -47,9 +47,9 @@ pub fn pooled_fleet(trace: &Trace, config: &SimConfig) -> Result<Option<PolicyRu
     }
     let workers = config.max_workers().max(1);
     let base = &config.engine;
-    let blocks = workers.saturating_mul(base.num_blocks);
+    let blocks = config.fleet_blocks(workers);
     let tier = base.cpu_tier.map(|t| CpuTierConfig {
-        blocks: t.blocks.saturating_mul(workers),
+        blocks: config.fleet_tier_blocks(workers),
         write_bytes_per_s: t.write_bytes_per_s * f64::from(workers),
         ..t
     });
@@ -72,7 +72,7 @@ pub fn pooled_fleet(trace: &Trace, config: &SimConfig) -> Result<Option<PolicyRu
         };
         EngineCore::pooled(pooled_config, shared.clone())
     };
-    let mut sim = Simulation::with_engines(trace, config, policy, engine, blocks)?;
+    let mut sim = Simulation::with_engines(trace, config, policy, engine, |_| blocks)?;
     sim.pooled = true;
     let mut run = sim.run();
     run.policy = NAME.to_owned();

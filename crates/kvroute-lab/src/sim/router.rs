@@ -23,7 +23,8 @@ use kvroute_router::index::{
 };
 use kvroute_router::kv_events::KvEvent;
 use kvroute_router::policy::{self, Policy, PolicyKind};
-use kvroute_router::routing::{Admitted, Analysis, Decider, Target, request_seed};
+use kvroute_router::routing::context_fit;
+use kvroute_router::routing::{Admitted, Analysis, Decider, Target, plan_roles, request_seed};
 use kvroute_router::tokens::{BlockHash, HashSeed, block_hashes};
 
 use super::config::{IndexMode, SimConfig};
@@ -84,6 +85,8 @@ struct SimTarget {
     events: bool,
     role: Role,
     kv_blocks: Option<usize>,
+    /// The longest prompt and output its engine takes (`max_model_len`), once told.
+    context: Option<u64>,
 }
 
 impl Target for SimTarget {
@@ -220,6 +223,7 @@ impl SimRouter {
                     events,
                     role: Role::Both,
                     kv_blocks: None,
+                    context: None,
                 })
                 .collect(),
             mode,
@@ -350,9 +354,43 @@ impl SimRouter {
         block_hashes(self.seed, prompt, self.block_size)
     }
 
+    /// Tells the router that worker `slot`'s engine takes prompts and outputs of at most
+    /// `max_model_len` tokens, as the live router reads it from the engine's `/v1/models`.
+    pub fn set_context(&mut self, slot: u32, max_model_len: usize) {
+        if let Some(t) = self.targets.get_mut(slot as usize) {
+            t.context = Some(max_model_len as u64);
+        }
+    }
+
+    /// The eligible workers whose context cannot hold a prompt of `prompt_tokens` with up to
+    /// `max_tokens` output tokens while another's can (`routing::context_fit`, as the live
+    /// router narrows a request's eligible workers); none when leaving them out would leave a
+    /// disaggregated fleet without a side.
+    fn unfit(&self, prompt_tokens: u64, max_tokens: Option<u64>) -> Vec<WorkerId> {
+        let eligible: Vec<&SimTarget> = self.targets.iter().filter(|t| t.eligible).collect();
+        let limits: Vec<Option<u64>> = eligible.iter().map(|t| t.context).collect();
+        let keep = context_fit::fitting(&limits, prompt_tokens, max_tokens);
+        let roles: Vec<Role> = eligible.iter().map(|t| t.role).collect();
+        let kept: Vec<Role> = roles
+            .iter()
+            .zip(&keep)
+            .filter(|(_, k)| **k)
+            .map(|(r, _)| *r)
+            .collect();
+        if plan_roles(kept.iter().copied()) != plan_roles(roles.iter().copied()) {
+            return Vec::new();
+        }
+        eligible
+            .iter()
+            .zip(&keep)
+            .filter(|(_, k)| !**k)
+            .map(|(t, _)| t.worker)
+            .collect()
+    }
+
     /// Routes a prompt at time `now`; `None` when no worker is eligible.
     pub fn route(&self, prompt: &[u32], now: f64) -> Option<Routed> {
-        self.route_on(prompt, now, None, None)
+        self.route_on(prompt, None, now, None, None)
     }
 
     /// [`Self::route`] for a request of the trace's session `session`, named as a client
@@ -360,10 +398,11 @@ impl SimRouter {
     pub fn route_in_session(
         &self,
         prompt: &[u32],
+        max_tokens: Option<u64>,
         now: f64,
         session: Option<u64>,
     ) -> Option<Routed> {
-        self.route_on(prompt, now, None, session)
+        self.route_on(prompt, max_tokens, now, None, session)
     }
 
     /// Routes a prompt at `now` among the workers serving `side` (all for `None`): a
@@ -372,6 +411,7 @@ impl SimRouter {
     pub fn route_on(
         &self,
         prompt: &[u32],
+        max_tokens: Option<u64>,
         now: f64,
         side: Option<Side>,
         session: Option<u64>,
@@ -379,9 +419,11 @@ impl SimRouter {
         let mut analysis = self.analyse(prompt, now);
         analysis.session =
             session.map(|s| SessionKey::new(None, &self.model, s.to_string().as_bytes()));
+        // The prompt's length as the live router knows it: counted only when tokenized.
+        let mut skip = self.unfit(analysis.request.prompt_tokens, max_tokens);
         let choice = self
             .decider
-            .choose_on(&analysis, &self.targets, &mut Vec::new(), side)?;
+            .choose_on(&analysis, &self.targets, &mut skip, side)?;
         let admitted = self.decider.admit(&analysis, &choice, duration(now));
         let mut routed = Self::routed(admitted, now);
         routed.warmest_blocks = self

@@ -141,8 +141,8 @@ pub struct Simulation<'t> {
     itl_gaps: Vec<f64>,
 }
 
-/// The engine in `slot` in its `life`th life: the fleet's engine, at the slot's speed in a
-/// mixed fleet.
+/// The engine in `slot` in its `life`th life: the fleet's engine, at the slot's speed and
+/// with the slot's KV cache in a mixed fleet.
 fn engine_config(config: &SimConfig, slot: u32, life: u32) -> EngineConfig {
     let base = &config.engine;
     let mut timing = base.timing;
@@ -156,6 +156,8 @@ fn engine_config(config: &SimConfig, slot: u32, life: u32) -> EngineConfig {
             .wrapping_add(u64::from(slot) << 32)
             .wrapping_add(u64::from(life)),
         timing,
+        num_blocks: config.slot_blocks(slot),
+        cpu_tier: config.slot_tier(slot),
         ..base.clone()
     }
 }
@@ -180,16 +182,18 @@ impl<'t> Simulation<'t> {
     /// A simulation of `policy` over `trace` with `config`.
     pub fn new(trace: &'t Trace, config: &SimConfig, policy: PolicyKind) -> Result<Self, SimError> {
         let engine = |slot| EngineCore::new(engine_config(config, slot, 0));
-        Self::with_engines(trace, config, policy, engine, config.engine.num_blocks)
+        Self::with_engines(trace, config, policy, engine, |slot| {
+            config.slot_blocks(slot)
+        })
     }
 
-    /// [`Self::new`] over the engines `engine` makes per slot, of `kv_blocks` blocks each.
+    /// [`Self::new`] over the engines `engine` makes per slot, of `kv_blocks(slot)` blocks.
     fn with_engines(
         trace: &'t Trace,
         config: &SimConfig,
         policy: PolicyKind,
         engine: impl Fn(u32) -> Result<EngineCore, crate::engine::ConfigError>,
-        kv_blocks: u32,
+        kv_blocks: impl Fn(u32) -> u32,
     ) -> Result<Self, SimError> {
         config.validate()?;
         let max = config.max_workers();
@@ -209,8 +213,10 @@ impl<'t> Simulation<'t> {
         }
         for slot in 0..config.workers {
             let role = config.pd.map_or(Role::Both, |pd| pd.role(slot));
+            let context = workers[slot as usize].engine.config().max_model_len();
             for router in &mut routers {
-                router.enable_as(slot, kv_blocks as usize, role);
+                router.enable_as(slot, kv_blocks(slot) as usize, role);
+                router.set_context(slot, context);
             }
         }
         if config.pd.is_some() {
@@ -348,12 +354,16 @@ impl<'t> Simulation<'t> {
         }
         let (prompt, replica, session) = self.open_arrival(i, now);
         let req = &self.trace.requests[i];
-        let rec = &mut self.records[i];
-        let Some(mut routed) = self.routers[replica].route_in_session(&prompt, now, session) else {
+        let max_tokens = Some(u64::from(req.output_tokens.max(1)));
+        let Some(mut routed) =
+            self.routers[replica].route_in_session(&prompt, max_tokens, now, session)
+        else {
+            let rec = &mut self.records[i];
             rec.error = Some("no worker available".to_string());
             rec.end = Some(now);
             return;
         };
+        let rec = &mut self.records[i];
         rec.worker = Some(routed.slot);
         rec.predicted_blocks = routed.overlap_blocks;
         rec.predicted_ttft = routed.predicted_ttft();
@@ -562,8 +572,10 @@ impl<'t> Simulation<'t> {
             FleetChange::Join { .. } => {
                 let slot = self.joined;
                 self.joined += 1;
+                let context = self.workers[slot as usize].engine.config().max_model_len();
                 for router in &mut self.routers {
-                    router.enable(slot, self.config.engine.num_blocks as usize);
+                    router.enable(slot, self.config.slot_blocks(slot) as usize);
+                    router.set_context(slot, context);
                 }
             }
             FleetChange::Restart { worker, .. } => self.restart(worker, now),

@@ -41,7 +41,10 @@ pub fn unqueued(trace: &Trace, config: &SimConfig, run: &PolicyRun) -> Option<Po
     }
     let engine = &config.engine;
     let caches = (0..config.max_workers().max(1))
-        .map(|_| KvCache::with_tier(engine.num_blocks, engine.block_size.max(1), engine.cpu_tier))
+        .map(|slot| {
+            let blocks = config.slot_blocks(slot);
+            KvCache::with_tier(blocks, engine.block_size.max(1), config.slot_tier(slot))
+        })
         .collect();
     let mut caches = IdleCaches::new(engine, caches);
     let worker_of = |i: usize| {

@@ -125,8 +125,11 @@ pub async fn check_worker(
         tracing::debug!(worker = worker.id(), %reason, "health check failed");
     }
     worker.set_health_error(failure.clone());
+    // A worker whose models are configured is read once per life, for each model's context
+    // (`max_model_len`, which routing narrows on); one discovering its models, every time.
+    let configured = !worker.spec.models.is_empty();
     if ok
-        && worker.spec.models.is_empty()
+        && !(configured && worker.has_discovered_models())
         && let Some((status, body)) = get(client, worker, "/v1/models", config.timeout).await
         && status.is_success()
     {
@@ -142,6 +145,9 @@ pub async fn check_worker(
         // them again.
         worker.set_discovered_kv_blocks(0);
         worker.engine_block_size.forget();
+        if configured {
+            worker.set_discovered_models(Vec::new());
+        }
     }
     if was != now {
         if now {

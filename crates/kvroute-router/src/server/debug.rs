@@ -71,6 +71,7 @@ async fn explain(
         eligible,
         mut analysis,
         hint,
+        context_excluded,
         ..
     } = decide::decide(
         state,
@@ -107,6 +108,7 @@ async fn explain(
         "blocks": analysis.request.blocks,
         "warm_prefix_rate": analysis.request.warm_prefix_rate,
         "candidates": candidates(&analysis, &explained),
+        "context_excluded": context_excluded,
         "saturated": saturation::saturated(analysis.request.prompt_tokens, &explained.candidates),
         "isolation": isolation(&analysis, &explained),
         "session": hint.map(|source| session(state, &analysis, &explained, source)),

@@ -10,7 +10,7 @@ use super::api::Api;
 use super::auth::{Caller, Keys};
 use super::call::{Call, Routing};
 use super::session_hint::{HintSource, session_of};
-use super::{AppState, route};
+use super::{AppState, context, route};
 use crate::openai::{ApiError, RequestView};
 use crate::routing::{self, Analysis, Eligible, Needs};
 
@@ -30,6 +30,9 @@ pub(super) struct Decided {
     pub(super) started: Instant,
     /// Where the session it names was named, if it names one.
     pub(super) hint: Option<HintSource>,
+    /// The workers left out because their context cannot hold the request as asked
+    /// (`context::narrowed`).
+    pub(super) context_excluded: Vec<String>,
 }
 
 /// What a request of `api` routed so needs of its model's workers.
@@ -81,6 +84,16 @@ pub(super) async fn decide(
         Routing::Load | Routing::Pinned(_) => (Analysis::load_only(), None),
     };
     analysis.session = session.map(|(key, _)| key);
+    let (eligible, context_excluded) = match (model, &view) {
+        (Some(m), Some(v)) => context::narrowed(
+            state,
+            eligible,
+            m,
+            analysis.request.prompt_tokens,
+            v.max_tokens,
+        ),
+        _ => (eligible, Vec::new()),
+    };
     Ok(Decided {
         eligible,
         analysis,
@@ -89,5 +102,6 @@ pub(super) async fn decide(
         client_params,
         started,
         hint: session.map(|(_, source)| source),
+        context_excluded,
     })
 }

@@ -14,6 +14,7 @@ mod cache_salt;
 mod call;
 mod canned;
 mod connection;
+mod context;
 mod debug;
 mod decide;
 mod endpoints;

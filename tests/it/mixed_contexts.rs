@@ -1,0 +1,96 @@
+//! A fleet of mixed contexts: one model's engines started with different `--max-model-len`
+//! (GPUs of different memory). A prompt only the larger context holds is routed there, never
+//! to an engine that would refuse it; a prompt both hold is routed among both; a completion the
+//! smaller context would cut short goes where it fits whole (`routing::context_fit`).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use kvroute::config::Config;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+
+use crate::support::{self, SimEngine};
+
+const MODEL: &str = "sim";
+
+/// The workers `/debug/route` says were left out for their context.
+fn excluded(explained: &Value) -> Vec<String> {
+    explained["context_excluded"]
+        .as_array()
+        .map(|ws| {
+            ws.iter()
+                .filter_map(|w| w.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The candidates `/debug/route` weighed.
+fn candidates(explained: &Value) -> Vec<String> {
+    explained["candidates"]
+        .as_array()
+        .map(|cs| {
+            cs.iter()
+                .filter_map(|c| c["worker"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_goes_where_its_context_fits() {
+    let short = SimEngine::start_with_context(MODEL, 256).await;
+    let long = SimEngine::start_with_context(MODEL, 4096).await;
+    let text = "policy = \"kv_aware\"\nshutdown_grace_s = 1.0\n[health]\ninterval_s = 0.2\n";
+    let mut config = Config::from_toml(text, Path::new("test")).unwrap();
+    config.workers = vec![short.worker("short", MODEL), long.worker("long", MODEL)];
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let router = kvroute::server::start(&config, listener).unwrap();
+    let debug = format!("http://{}/debug/route", router.addr);
+    let long_prompt = json!({"model": MODEL, "prompt": "word ".repeat(600), "max_tokens": 4});
+
+    // The router reads each engine's context from its `/v1/models` on the first health check.
+    let end = Instant::now() + Duration::from_secs(10);
+    let explained = loop {
+        let explained = support::post_json(&debug, &long_prompt).await;
+        if !excluded(&explained).is_empty() || Instant::now() > end {
+            break explained;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let tokens = explained["prompt_tokens"].as_u64().unwrap_or(0);
+    assert!((256..4096).contains(&tokens), "{explained}");
+    assert_eq!(excluded(&explained), ["short"], "{explained}");
+    assert_eq!(candidates(&explained), ["long"], "{explained}");
+
+    // Sent together, the long prompts would be spread over both engines by load; every one
+    // goes to the engine that holds it, and none is refused.
+    let client = support::client();
+    let sends = (0..12).map(|i| {
+        let body = json!({"model": MODEL, "prompt": format!("{i} {}", "word ".repeat(600)), "max_tokens": 4});
+        let client = client.clone();
+        let addr = router.addr;
+        async move { support::complete(&client, addr, &body).await }
+    });
+    for resp in futures_util::future::join_all(sends).await {
+        let worker = resp
+            .headers()
+            .get("x-kvroute-worker")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        assert_eq!(resp.status(), 200, "served by {worker:?}");
+        assert_eq!(worker.as_deref(), Some("long"));
+    }
+
+    // A prompt both hold is weighed on both.
+    let small = json!({"model": MODEL, "prompt": "word ".repeat(20), "max_tokens": 4});
+    let explained = support::post_json(&debug, &small).await;
+    assert!(excluded(&explained).is_empty(), "{explained}");
+    assert_eq!(candidates(&explained).len(), 2, "{explained}");
+    // The same prompt asking for more output than the short context leaves room for: that
+    // engine would cut the completion short, the other serves it whole.
+    let cut = json!({"model": MODEL, "prompt": "word ".repeat(20), "max_tokens": 1000});
+    let explained = support::post_json(&debug, &cut).await;
+    assert_eq!(excluded(&explained), ["short"], "{explained}");
+}
