@@ -68,6 +68,7 @@ mod proptest_parsers;
 mod readiness;
 mod real_sglang;
 mod real_vllm;
+mod real_vllm_contexts;
 mod real_vllm_dp;
 mod real_vllm_endpoints;
 #[cfg(feature = "epp")]

@@ -123,6 +123,13 @@ impl VllmEngine {
         let (setup, options) = (setup.clone(), options.clone());
         EngineProc::start_all(&VLLM, n, move |e| command(&setup, &options, e)).await
     }
+
+    /// Starts one engine per entry of `options` at once (engine `i` with `options[i]`).
+    pub async fn start_each(setup: &VllmSetup, options: &[VllmOptions]) -> Vec<EngineProc> {
+        let (setup, options) = (setup.clone(), options.to_vec());
+        let n = options.len();
+        EngineProc::start_all(&VLLM, n, move |e| command(&setup, &options[e.index], e)).await
+    }
 }
 
 /// The command that starts `vllm serve` on `e`'s ports.

@@ -14,6 +14,11 @@
 //! answer: the router's token count is its own tokenization of the request, so it never refuses
 //! a request on it.
 //!
+//! SGLang 0.5.23 (`srt/managers/tokenizer_manager.py`) has the same edge for the prompt (`p ≥
+//! context_len` is refused) and refuses rather than clamps `p + max_tokens > context_len`
+//! unless started to truncate: the whole grade is its rule exactly, and where only the clamped
+//! grade is left, an SGLang worker refuses as every other would.
+//!
 //! A worker that has not reported its context (no `/v1/models` answer yet, an engine that does
 //! not say) is taken to hold anything: it is never the reason a request is refused. Pure: the
 //! limits are passed in, per worker, by the caller.
