@@ -83,6 +83,14 @@ async fn a_prompt_goes_where_its_context_fits() {
         assert_eq!(worker.as_deref(), Some("long"));
     }
 
+    // Counted once per request narrowed (the explanations above count nothing).
+    let page = support::metrics_text(router.addr).await;
+    let whole = page
+        .lines()
+        .find_map(|l| l.strip_prefix("kvroute_context_narrowed_total{kept=\"whole\"} "))
+        .and_then(|v| v.trim().parse::<f64>().ok());
+    assert_eq!(whole, Some(12.0), "{page}");
+
     // A prompt both hold is weighed on both.
     let small = json!({"model": MODEL, "prompt": "word ".repeat(20), "max_tokens": 4});
     let explained = support::post_json(&debug, &small).await;

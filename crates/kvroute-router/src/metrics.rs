@@ -17,6 +17,7 @@ use prometheus::{
 mod cache_prediction;
 mod config;
 mod connections;
+mod context;
 mod decisions;
 mod disaggregation;
 mod discovery;
@@ -34,6 +35,7 @@ mod tokens;
 pub use cache_prediction::CachePredictionMetrics;
 pub use config::ConfigMetrics;
 pub use connections::ConnectionMetrics;
+pub use context::ContextMetrics;
 pub use disaggregation::DisaggregationMetrics;
 pub use discovery::DiscoveryMetrics;
 pub use isolation::IsolationMetrics;
@@ -93,6 +95,8 @@ pub struct Metrics {
     pub slo: SloMetrics,
     /// Decisions placement isolation narrowed.
     pub isolation: IsolationMetrics,
+    /// Requests kept off workers whose context could not hold them.
+    pub context: ContextMetrics,
     /// Decisions made on a fleet saturated for the request.
     pub prefill_saturation: PrefillSaturationMetrics,
     /// Prompt, completion and cached tokens; inter-token latency and time per output token.
@@ -145,6 +149,7 @@ impl Metrics {
         let shaping = ShapingMetrics::register(&registry);
         let slo = SloMetrics::register(&registry);
         let isolation = IsolationMetrics::register(&registry);
+        let context = ContextMetrics::register(&registry);
         let prefill_saturation = PrefillSaturationMetrics::register(&registry);
         let tokens = TokenMetrics::register(&registry);
         let cache_prediction = CachePredictionMetrics::register(&registry);
@@ -171,6 +176,7 @@ impl Metrics {
             shaping,
             slo,
             isolation,
+            context,
             prefill_saturation,
             tokens,
             cache_prediction,

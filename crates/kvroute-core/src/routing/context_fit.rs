@@ -52,24 +52,38 @@ pub fn fit(limit: Option<u64>, prompt_tokens: u64, max_tokens: Option<u64>) -> F
 
 /// Which of the workers whose contexts are `limits` a request of `prompt_tokens` (0: not
 /// tokenized — every worker) and `max_tokens` should be routed among: those of the best
-/// [`Fit`] present, or when none holds the prompt, those with the largest context.
-pub fn fitting(limits: &[Option<u64>], prompt_tokens: u64, max_tokens: Option<u64>) -> Vec<bool> {
+/// [`Fit`] present, or when none holds the prompt ([`Fit::Over`]), those with the largest
+/// context; and that best fit.
+pub fn fitting(
+    limits: &[Option<u64>],
+    prompt_tokens: u64,
+    max_tokens: Option<u64>,
+) -> (Vec<bool>, Fit) {
     if prompt_tokens == 0 {
-        return vec![true; limits.len()];
+        return (vec![true; limits.len()], Fit::Whole);
     }
     let fits: Vec<Fit> = limits
         .iter()
         .map(|l| fit(*l, prompt_tokens, max_tokens))
         .collect();
-    let Some(best) = fits.iter().copied().max() else {
-        return Vec::new();
-    };
+    let best = fits.iter().copied().max().unwrap_or(Fit::Whole);
     if best > Fit::Over {
-        return fits.iter().map(|f| *f == best).collect();
+        return (fits.iter().map(|f| *f == best).collect(), best);
     }
     // Every limit is known and too small: the largest.
     let largest = limits.iter().flatten().copied().max();
-    limits.iter().map(|l| *l == largest).collect()
+    (limits.iter().map(|l| *l == largest).collect(), best)
+}
+
+impl Fit {
+    /// Its name in metrics: what the workers a request was narrowed to can do with it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Fit::Whole => "whole",
+            Fit::Clamped => "clamped",
+            Fit::Over => "largest",
+        }
+    }
 }
 
 #[cfg(test)]
@@ -93,31 +107,40 @@ mod tests {
     fn the_best_fit_present_is_kept() {
         let limits = [Some(32_768), Some(131_072), None, Some(131_072)];
         // Fits everywhere.
-        assert_eq!(fitting(&limits, 1_000, Some(1_000)), [true; 4]);
-        // 40k tokens: only the large contexts and the unknown one.
-        assert_eq!(fitting(&limits, 40_000, None), [false, true, true, true]);
-        // 30k + 8k output: the small context would clamp the completion; the others do not.
         assert_eq!(
-            fitting(&limits, 30_000, Some(8_000)),
-            [false, true, true, true]
+            fitting(&limits, 1_000, Some(1_000)),
+            (vec![true; 4], Fit::Whole)
         );
+        // 40k tokens: only the large contexts and the unknown one.
+        let keep = vec![false, true, true, true];
+        assert_eq!(fitting(&limits, 40_000, None), (keep.clone(), Fit::Whole));
+        // 30k + 8k output: the small context would clamp the completion; the others do not.
+        assert_eq!(fitting(&limits, 30_000, Some(8_000)), (keep, Fit::Whole));
     }
 
     #[test]
     fn a_clamped_completion_beats_a_refusal() {
         let limits = [Some(32_768), Some(65_536)];
         // 60k + 8k fits nowhere as asked; the 64k context serves it clamped.
-        assert_eq!(fitting(&limits, 60_000, Some(8_000)), [false, true]);
+        let clamped = (vec![false, true], Fit::Clamped);
+        assert_eq!(fitting(&limits, 60_000, Some(8_000)), clamped);
         // Both clamp: both are kept.
-        assert_eq!(fitting(&limits, 30_000, Some(60_000)), [true, true]);
+        assert_eq!(
+            fitting(&limits, 30_000, Some(60_000)),
+            (vec![true, true], Fit::Clamped)
+        );
     }
 
     #[test]
     fn a_prompt_no_context_holds_goes_to_the_largest() {
         let limits = [Some(32_768), Some(65_536), Some(65_536)];
-        assert_eq!(fitting(&limits, 100_000, None), [false, true, true]);
+        let largest = (vec![false, true, true], Fit::Over);
+        assert_eq!(fitting(&limits, 100_000, None), largest);
         // An untokenized request (0 tokens) is not narrowed.
-        assert_eq!(fitting(&limits, 0, Some(1 << 40)), [true; 3]);
-        assert!(fitting(&[], 100, None).is_empty());
+        assert_eq!(
+            fitting(&limits, 0, Some(1 << 40)),
+            (vec![true; 3], Fit::Whole)
+        );
+        assert!(fitting(&[], 100, None).0.is_empty());
     }
 }

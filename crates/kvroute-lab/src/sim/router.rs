@@ -369,7 +369,7 @@ impl SimRouter {
     fn unfit(&self, prompt_tokens: u64, max_tokens: Option<u64>) -> Vec<WorkerId> {
         let eligible: Vec<&SimTarget> = self.targets.iter().filter(|t| t.eligible).collect();
         let limits: Vec<Option<u64>> = eligible.iter().map(|t| t.context).collect();
-        let keep = context_fit::fitting(&limits, prompt_tokens, max_tokens);
+        let (keep, _) = context_fit::fitting(&limits, prompt_tokens, max_tokens);
         let roles: Vec<Role> = eligible.iter().map(|t| t.role).collect();
         let kept: Vec<Role> = roles
             .iter()

@@ -7,11 +7,11 @@ use std::sync::Arc;
 
 use super::AppState;
 use crate::fleet::Worker;
-use crate::routing::context_fit::fitting;
+use crate::routing::context_fit::{Fit, fitting};
 use crate::routing::{Eligible, Plan, plan_roles};
 
 /// `eligible` narrowed for a prompt of `prompt_tokens` (0 when it was not tokenized) with up to
-/// `max_tokens` output tokens for `model`, and the ids of the workers left out. A
+/// `max_tokens` output tokens for `model`, and how, when it was. A
 /// disaggregated request keeps every worker when narrowing would leave one side with none:
 /// the engine then answers for itself, as it does where no context holds the prompt.
 pub(super) fn narrowed(
@@ -20,9 +20,9 @@ pub(super) fn narrowed(
     model: &str,
     prompt_tokens: u64,
     max_tokens: Option<u64>,
-) -> (Eligible, Vec<String>) {
+) -> (Eligible, Option<Narrowing>) {
     if prompt_tokens == 0 || eligible.workers.len() < 2 {
-        return (eligible, Vec::new());
+        return (eligible, None);
     }
     let base = state.adapter_base(model);
     let configured = state
@@ -33,9 +33,9 @@ pub(super) fn narrowed(
         .iter()
         .map(|w| context_of(w, model, base.as_deref()).or(configured))
         .collect();
-    let keep = fitting(&limits, prompt_tokens, max_tokens);
+    let (keep, kept_fit) = fitting(&limits, prompt_tokens, max_tokens);
     if keep.iter().all(|k| *k) {
-        return (eligible, Vec::new());
+        return (eligible, None);
     }
     let (kept, left): (Vec<_>, Vec<_>) = eligible
         .workers
@@ -44,14 +44,27 @@ pub(super) fn narrowed(
         .partition(|(_, keep)| **keep);
     let kept: Vec<Arc<Worker>> = kept.into_iter().map(|(w, _)| Arc::clone(w)).collect();
     if eligible.plan == Plan::Pair && plan_roles(kept.iter().map(|w| w.role())) != Ok(Plan::Pair) {
-        return (eligible, Vec::new());
+        return (eligible, None);
     }
-    let left = left.into_iter().map(|(w, _)| w.id().to_owned()).collect();
+    let excluded = left.into_iter().map(|(w, _)| w.id().to_owned()).collect();
     let narrowed = Eligible {
         workers: kept,
         plan: eligible.plan,
     };
-    (narrowed, left)
+    let narrowing = Narrowing {
+        kept: kept_fit,
+        excluded,
+    };
+    (narrowed, Some(narrowing))
+}
+
+/// How a request's workers were narrowed.
+#[derive(Debug)]
+pub(super) struct Narrowing {
+    /// What the workers kept can do with it.
+    pub(super) kept: Fit,
+    /// The ids of the workers left out.
+    pub(super) excluded: Vec<String>,
 }
 
 /// The context `worker` reported for `model`, or for the base model it adapts.

@@ -71,7 +71,7 @@ async fn explain(
         eligible,
         mut analysis,
         hint,
-        context_excluded,
+        context,
         ..
     } = decide::decide(
         state,
@@ -108,7 +108,7 @@ async fn explain(
         "blocks": analysis.request.blocks,
         "warm_prefix_rate": analysis.request.warm_prefix_rate,
         "candidates": candidates(&analysis, &explained),
-        "context_excluded": context_excluded,
+        "context_excluded": context.map(|c| c.excluded).unwrap_or_default(),
         "saturated": saturation::saturated(analysis.request.prompt_tokens, &explained.candidates),
         "isolation": isolation(&analysis, &explained),
         "session": hint.map(|source| session(state, &analysis, &explained, source)),

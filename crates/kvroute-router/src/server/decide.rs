@@ -30,9 +30,9 @@ pub(super) struct Decided {
     pub(super) started: Instant,
     /// Where the session it names was named, if it names one.
     pub(super) hint: Option<HintSource>,
-    /// The workers left out because their context cannot hold the request as asked
+    /// How its workers were narrowed to those whose context holds it, when they were
     /// (`context::narrowed`).
-    pub(super) context_excluded: Vec<String>,
+    pub(super) context: Option<context::Narrowing>,
 }
 
 /// What a request of `api` routed so needs of its model's workers.
@@ -84,7 +84,7 @@ pub(super) async fn decide(
         Routing::Load | Routing::Pinned(_) => (Analysis::load_only(), None),
     };
     analysis.session = session.map(|(key, _)| key);
-    let (eligible, context_excluded) = match (model, &view) {
+    let (eligible, context) = match (model, &view) {
         (Some(m), Some(v)) => context::narrowed(
             state,
             eligible,
@@ -92,7 +92,7 @@ pub(super) async fn decide(
             analysis.request.prompt_tokens,
             v.max_tokens,
         ),
-        _ => (eligible, Vec::new()),
+        _ => (eligible, None),
     };
     Ok(Decided {
         eligible,
@@ -102,6 +102,6 @@ pub(super) async fn decide(
         client_params,
         started,
         hint: session.map(|(_, source)| source),
-        context_excluded,
+        context,
     })
 }

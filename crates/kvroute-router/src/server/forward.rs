@@ -266,6 +266,9 @@ async fn forward(
     .await?;
     // Placement isolation: the tenant's stance now, with the slot it holds counted.
     decided.analysis.standing = ticket.standing();
+    if let Some(narrowing) = &decided.context {
+        state.metrics.context.count(narrowing.kept);
+    }
     let (slo, reservation) =
         slo_and_reservation(state, &caller, &call.headers, model_ref, &mut decided)?;
     let trail = trail(state, &mut decided, bytes.len(), started);

@@ -148,6 +148,9 @@ pub async fn pick(
     )
     .await?;
     permit(&mut decided.eligible.workers, allowed)?;
+    if let Some(narrowing) = &decided.context {
+        state.metrics.context.count(narrowing.kept);
+    }
     decided.analysis.standing = ticket.standing();
     let trail = forward::trail(state, &mut decided, bytes.len(), started);
     let edits = forward::Edits {
