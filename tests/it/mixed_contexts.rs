@@ -40,10 +40,22 @@ fn candidates(explained: &Value) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prompt_goes_where_its_context_fits() {
+    fits_under("kv_aware").await;
+}
+
+/// A load-only policy does not tokenize for its decision; in a fleet of mixed contexts the
+/// router counts the prompt anyway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_only_policy_is_narrowed_too() {
+    fits_under("least_request").await;
+}
+
+async fn fits_under(policy: &str) {
     let short = SimEngine::start_with_context(MODEL, 256).await;
     let long = SimEngine::start_with_context(MODEL, 4096).await;
-    let text = "policy = \"kv_aware\"\nshutdown_grace_s = 1.0\n[health]\ninterval_s = 0.2\n";
-    let mut config = Config::from_toml(text, Path::new("test")).unwrap();
+    let text =
+        format!("policy = \"{policy}\"\nshutdown_grace_s = 1.0\n[health]\ninterval_s = 0.2\n");
+    let mut config = Config::from_toml(&text, Path::new("test")).unwrap();
     config.workers = vec![short.worker("short", MODEL), long.worker("long", MODEL)];
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let router = kvroute::server::start(&config, listener).unwrap();
@@ -59,8 +71,10 @@ async fn a_prompt_goes_where_its_context_fits() {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    let tokens = explained["prompt_tokens"].as_u64().unwrap_or(0);
-    assert!((256..4096).contains(&tokens), "{explained}");
+    if policy == "kv_aware" {
+        let tokens = explained["prompt_tokens"].as_u64().unwrap_or(0);
+        assert!((256..4096).contains(&tokens), "{explained}");
+    }
     assert_eq!(excluded(&explained), ["short"], "{explained}");
     assert_eq!(candidates(&explained), ["long"], "{explained}");
 

@@ -401,7 +401,11 @@ fn a_prompt_is_never_sent_where_its_context_does_not_fit() {
     };
     let longs = (0..trace.requests.len()).filter(|i| long(*i)).count();
     assert!(longs > 50, "{longs} long prompts");
-    for policy in [PolicyKind::KvAware, PolicyKind::CacheAware] {
+    for policy in [
+        PolicyKind::KvAware,
+        PolicyKind::CacheAware,
+        PolicyKind::LeastRequest,
+    ] {
         let run = Simulation::new(&trace, &config, policy).unwrap().run();
         let mut small = [0usize; 2];
         for (i, r) in run.records.iter().enumerate() {

@@ -419,8 +419,8 @@ impl SimRouter {
         let mut analysis = self.analyse(prompt, now);
         analysis.session =
             session.map(|s| SessionKey::new(None, &self.model, s.to_string().as_bytes()));
-        // The prompt's length as the live router knows it: counted only when tokenized.
-        let mut skip = self.unfit(analysis.request.prompt_tokens, max_tokens);
+        // The live router counts a load-only policy's prompt too when contexts differ.
+        let mut skip = self.unfit(prompt.len() as u64, max_tokens);
         let choice = self
             .decider
             .choose_on(&analysis, &self.targets, &mut skip, side)?;

@@ -1,41 +1,60 @@
-//! A tokenized request's eligible workers narrowed to those whose context holds it
+//! A request's eligible workers narrowed to those whose context holds it
 //! (`routing::context_fit`), with each worker's context as this router knows it: what the
 //! worker reported for the model in `/v1/models` (for a LoRA adapter, what it reported for the
 //! base model), else the model's configured `max_model_len` (`[[models]]`), else unknown.
+//!
+//! A prefix-aware policy has tokenized the prompt already. A load-only one has not, and skips
+//! tokenizing for its speed: it is tokenized here only when the workers' contexts differ, the
+//! one case where its length can change where the request may go.
 
 use std::sync::Arc;
 
-use super::AppState;
+use super::{AppState, route};
 use crate::fleet::Worker;
+use crate::openai::{ApiError, RequestView};
 use crate::routing::context_fit::{Fit, fitting};
 use crate::routing::{Eligible, Plan, plan_roles};
 
-/// `eligible` narrowed for a prompt of `prompt_tokens` (0 when it was not tokenized) with up to
-/// `max_tokens` output tokens for `model`, and how, when it was. A
-/// disaggregated request keeps every worker when narrowing would leave one side with none:
-/// the engine then answers for itself, as it does where no context holds the prompt.
-pub(super) fn narrowed(
-    state: &AppState,
+/// How a request's workers were narrowed.
+#[derive(Debug)]
+pub(super) struct Narrowing {
+    /// What the workers kept can do with it.
+    pub(super) kept: Fit,
+    /// The ids of the workers left out.
+    pub(super) excluded: Vec<String>,
+}
+
+/// `eligible` narrowed for `view`'s request for `model`, whose prompt has `prompt_tokens`
+/// tokens (0 when it was not tokenized; `body_bytes`: the body's size, for where to tokenize
+/// it then), and how, when it was. A disaggregated request keeps every worker when narrowing
+/// would leave one side with none: the engine then answers for itself, as it does where no
+/// context holds the prompt.
+pub(super) async fn narrowed(
+    state: &Arc<AppState>,
     eligible: Eligible,
     model: &str,
     prompt_tokens: u64,
-    max_tokens: Option<u64>,
-) -> (Eligible, Option<Narrowing>) {
-    if prompt_tokens == 0 || eligible.workers.len() < 2 {
-        return (eligible, None);
+    view: RequestView,
+    body_bytes: usize,
+) -> Result<(Eligible, Option<Narrowing>, RequestView), ApiError> {
+    if eligible.workers.len() < 2 {
+        return Ok((eligible, None, view));
     }
-    let base = state.adapter_base(model);
-    let configured = state
-        .model_config(base.as_deref().unwrap_or(model))
-        .and_then(|m| m.max_model_len);
-    let limits: Vec<Option<u64>> = eligible
-        .workers
-        .iter()
-        .map(|w| context_of(w, model, base.as_deref()).or(configured))
-        .collect();
-    let (keep, kept_fit) = fitting(&limits, prompt_tokens, max_tokens);
+    let limits = contexts(state, &eligible.workers, model);
+    if limits.iter().all(|l| *l == limits[0]) {
+        // One context for all: nothing to choose between.
+        return Ok((eligible, None, view));
+    }
+    let (prompt_tokens, view) = match prompt_tokens {
+        0 => route::prompt_len(state, view, body_bytes).await?,
+        n => (Some(n), view),
+    };
+    let Some(prompt_tokens) = prompt_tokens else {
+        return Ok((eligible, None, view));
+    };
+    let (keep, kept_fit) = fitting(&limits, prompt_tokens, view.max_tokens);
     if keep.iter().all(|k| *k) {
-        return (eligible, None);
+        return Ok((eligible, None, view));
     }
     let (kept, left): (Vec<_>, Vec<_>) = eligible
         .workers
@@ -44,7 +63,7 @@ pub(super) fn narrowed(
         .partition(|(_, keep)| **keep);
     let kept: Vec<Arc<Worker>> = kept.into_iter().map(|(w, _)| Arc::clone(w)).collect();
     if eligible.plan == Plan::Pair && plan_roles(kept.iter().map(|w| w.role())) != Ok(Plan::Pair) {
-        return (eligible, None);
+        return Ok((eligible, None, view));
     }
     let excluded = left.into_iter().map(|(w, _)| w.id().to_owned()).collect();
     let narrowed = Eligible {
@@ -55,16 +74,19 @@ pub(super) fn narrowed(
         kept: kept_fit,
         excluded,
     };
-    (narrowed, Some(narrowing))
+    Ok((narrowed, Some(narrowing), view))
 }
 
-/// How a request's workers were narrowed.
-#[derive(Debug)]
-pub(super) struct Narrowing {
-    /// What the workers kept can do with it.
-    pub(super) kept: Fit,
-    /// The ids of the workers left out.
-    pub(super) excluded: Vec<String>,
+/// Each of `workers`' context for `model`, as far as it is known.
+fn contexts(state: &AppState, workers: &[Arc<Worker>], model: &str) -> Vec<Option<u64>> {
+    let base = state.adapter_base(model);
+    let configured = state
+        .model_config(base.as_deref().unwrap_or(model))
+        .and_then(|m| m.max_model_len);
+    workers
+        .iter()
+        .map(|w| context_of(w, model, base.as_deref()).or(configured))
+        .collect()
 }
 
 /// The context `worker` reported for `model`, or for the base model it adapts.

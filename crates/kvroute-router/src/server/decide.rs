@@ -84,15 +84,14 @@ pub(super) async fn decide(
         Routing::Load | Routing::Pinned(_) => (Analysis::load_only(), None),
     };
     analysis.session = session.map(|(key, _)| key);
-    let (eligible, context) = match (model, &view) {
-        (Some(m), Some(v)) => context::narrowed(
-            state,
-            eligible,
-            m,
-            analysis.request.prompt_tokens,
-            v.max_tokens,
-        ),
-        _ => (eligible, None),
+    let (eligible, context, view) = match (model, view) {
+        (Some(m), Some(v)) => {
+            let tokens = analysis.request.prompt_tokens;
+            let (eligible, context, v) =
+                context::narrowed(state, eligible, m, tokens, v, body_bytes).await?;
+            (eligible, context, Some(v))
+        }
+        (_, view) => (eligible, None, view),
     };
     Ok(Decided {
         eligible,

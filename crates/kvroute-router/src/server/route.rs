@@ -83,6 +83,33 @@ pub(super) async fn analyse(
     Ok((analysis, view))
 }
 
+/// How many tokens `view`'s prompt has, for a policy that did not tokenize it (routing by
+/// context length, `server::context`): counted on the request's task when the body is small
+/// (`body_bytes`), else on a blocking thread. `None` when it cannot be tokenized (the engine
+/// will say why). Token ids a client sent are counted where they are, not moved.
+pub(super) async fn prompt_len(
+    state: &Arc<AppState>,
+    view: RequestView,
+    body_bytes: usize,
+) -> Result<(Option<u64>, RequestView), ApiError> {
+    match &view.input {
+        Input::Prompt(Prompt::Tokens(ids)) => return Ok((Some(ids.len() as u64), view)),
+        Input::Prompt(Prompt::TokenBatches(batches)) => {
+            let first = batches.first().map_or(0, |ids| ids.len() as u64);
+            return Ok((Some(first), view));
+        }
+        _ => {}
+    }
+    let (tokens, _) = tokens_and_seed(state, &view.model, None);
+    let count = move |view: &RequestView| tokens.prompt_ids(view).ok().map(|ids| ids.len() as u64);
+    if body_bytes < INLINE_TOKENIZE_BYTES {
+        return Ok((count(&view), view));
+    }
+    tokio::task::spawn_blocking(move || (count(&view), view))
+        .await
+        .map_err(|e| internal(format!("tokenizer task failed: {e}")))
+}
+
 /// The analysis a prefix-aware policy would have made of `view`'s prompt, made for a load-only
 /// policy (see `trail`): tokenized, hashed and looked up now, on the calling thread. `None`
 /// when the prompt cannot be tokenized.
