@@ -1,6 +1,6 @@
 //! One upstream replica as the router sees it.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, Weak};
 use std::time::Instant;
 
@@ -116,6 +116,10 @@ pub struct Worker {
     streak: AtomicU32,
     /// KV cache capacity read from the engine's metrics (0: not read yet).
     discovered_kv_blocks: AtomicUsize,
+    /// A digest of the contexts its `/v1/models` reported (each model's `max_model_len`; 0:
+    /// none): workers with equal digests have equal contexts for every model, so a request
+    /// need not look further.
+    contexts_digest: AtomicU64,
     on_down: Option<DownHook>,
     /// The fleet's workers, asked before this worker's circuit opens (none for a worker
     /// outside a fleet).
@@ -175,6 +179,7 @@ impl Worker {
             health_error: RwLock::new(None),
             streak: AtomicU32::new(0),
             discovered_kv_blocks: AtomicUsize::new(0),
+            contexts_digest: AtomicU64::new(0),
             on_down,
             roster,
         }
@@ -269,8 +274,17 @@ impl Worker {
         self.discovered_models.read().is_ok_and(|m| !m.is_empty())
     }
 
+    /// A digest of the contexts the worker reported, equal between two workers only when they
+    /// reported the same `max_model_len` for the same models (0 when it reported none): the
+    /// router compares digests before it looks up any context, which costs a lock per worker.
+    pub fn contexts_digest(&self) -> u64 {
+        self.contexts_digest.load(Ordering::Relaxed)
+    }
+
     /// Records the models the worker reported.
     pub fn set_discovered_models(&self, models: Vec<ServedModel>) {
+        self.contexts_digest
+            .store(contexts_digest(&models), Ordering::Relaxed);
         if let Ok(mut m) = self.discovered_models.write() {
             *m = models;
         }
@@ -413,3 +427,20 @@ impl Worker {
 #[cfg(test)]
 #[path = "worker_tests.rs"]
 mod tests;
+
+/// The digest of `models`' contexts: each reported `max_model_len` with its model's name, in
+/// name order; 0 when none is reported.
+fn contexts_digest(models: &[ServedModel]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut contexts: Vec<(&str, u64)> = models
+        .iter()
+        .filter_map(|m| Some((m.id.as_str(), m.max_model_len?)))
+        .collect();
+    if contexts.is_empty() {
+        return 0;
+    }
+    contexts.sort_unstable();
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    contexts.hash(&mut hasher);
+    hasher.finish().max(1)
+}

@@ -133,3 +133,43 @@ fn configured_models_win_over_discovered() {
     assert_eq!(w.max_model_len("b-lora"), Some(4096));
     assert_eq!(w.max_model_len("b"), None);
 }
+
+/// Workers compare their contexts by digest before any lookup: equal only for the same
+/// `max_model_len` per model, whatever order the models were listed in.
+#[test]
+fn contexts_digests_are_equal_only_for_equal_contexts() {
+    let model = |id: &str, len: Option<u64>| ServedModel {
+        id: id.into(),
+        parent: None,
+        max_model_len: len,
+    };
+    let digest = |models: Vec<ServedModel>| {
+        let spec = WorkerSpec {
+            id: "w".into(),
+            url: BaseUrl::parse("http://h:1").unwrap(),
+            models: vec![],
+            kv_events: None,
+            kv_replay: None,
+            kv_blocks: None,
+            data_parallel_size: 1,
+            role: crate::fleet::Role::Both,
+            bootstrap_port: None,
+        };
+        let w = Worker::new(spec, WorkerId(1));
+        assert_eq!(w.contexts_digest(), 0);
+        w.set_discovered_models(models);
+        w.contexts_digest()
+    };
+    let a = digest(vec![model("a", Some(4096)), model("b", Some(32_768))]);
+    assert_ne!(a, 0);
+    assert_eq!(
+        a,
+        digest(vec![model("b", Some(32_768)), model("a", Some(4096))])
+    );
+    assert_ne!(
+        a,
+        digest(vec![model("a", Some(4096)), model("b", Some(16_384))])
+    );
+    assert_ne!(a, digest(vec![model("a", Some(4096))]));
+    assert_eq!(digest(vec![model("a", None)]), 0);
+}

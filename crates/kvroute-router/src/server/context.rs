@@ -37,7 +37,14 @@ pub(super) async fn narrowed(
     view: RequestView,
     body_bytes: usize,
 ) -> Result<(Eligible, Option<Narrowing>, RequestView), ApiError> {
-    if eligible.workers.len() < 2 {
+    let digest = eligible.workers.first().map(|w| w.contexts_digest());
+    if eligible
+        .workers
+        .iter()
+        .all(|w| Some(w.contexts_digest()) == digest)
+    {
+        // Every worker reported the same contexts (or none): one context for all. An atomic
+        // read per worker, where looking the contexts up takes a lock each.
         return Ok((eligible, None, view));
     }
     let limits = contexts(state, &eligible.workers, model);
