@@ -21,6 +21,9 @@
 #   ENGINE_SPEEDUPS  a mixed fleet: each engine's --engine-speedup, space-separated and
 #                 repeated over the fleet ("2 1": every second engine at half the speed of
 #                 the first); ENGINE_ARGS must not set --engine-speedup then (default: unset)
+#   ENGINE_MAX_MODEL_LENS  a fleet of mixed contexts: each engine's --max-model-len,
+#                 space-separated and repeated over the fleet ("32768 8192": every second
+#                 engine takes prompts of at most 8,192 tokens with their output; default: unset)
 #   ROUNDS        repeat the routers this many times, reversing the order every other round,
 #                 so drift of a shared machine falls on every router alike (default 1)
 #   PORT_BASE     first loopback port used (default 23000; below the ephemeral range)
@@ -35,6 +38,7 @@ kvroute=${KVROUTE:-target/release/kvroute}
 routers=(${ROUTERS:-kv_aware least_request sglang vllm})
 engines=${ENGINES:-4}
 read -r -a engine_speedups <<<"${ENGINE_SPEEDUPS:-}"
+read -r -a engine_contexts <<<"${ENGINE_MAX_MODEL_LENS:-}"
 if [ "${#engine_speedups[@]}" -gt 0 ]; then
     engine_args=${ENGINE_ARGS:---block-size 16 --num-blocks 2048}
 else
@@ -92,6 +96,9 @@ start_engines() {
         p=$(engine_port "$i")
         if [ "${#engine_speedups[@]}" -gt 0 ]; then
             speed=(--engine-speedup "${engine_speedups[$((i % ${#engine_speedups[@]}))]}")
+        fi
+        if [ "${#engine_contexts[@]}" -gt 0 ]; then
+            speed+=(--max-model-len "${engine_contexts[$((i % ${#engine_contexts[@]}))]}")
         fi
         # shellcheck disable=SC2086
         spawn "$out/$run.engine$i.log" "$kvroute" engine --listen "127.0.0.1:$p" --model "$model" \
