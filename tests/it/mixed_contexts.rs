@@ -14,18 +14,6 @@ use crate::support::{self, SimEngine};
 
 const MODEL: &str = "sim";
 
-/// The workers `/debug/route` says were left out for their context.
-fn excluded(explained: &Value) -> Vec<String> {
-    explained["context_excluded"]
-        .as_array()
-        .map(|ws| {
-            ws.iter()
-                .filter_map(|w| w.as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// The candidates `/debug/route` weighed.
 fn candidates(explained: &Value) -> Vec<String> {
     explained["candidates"]
@@ -66,7 +54,7 @@ async fn fits_under(policy: &str) {
     let end = Instant::now() + Duration::from_secs(10);
     let explained = loop {
         let explained = support::post_json(&debug, &long_prompt).await;
-        if !excluded(&explained).is_empty() || Instant::now() > end {
+        if !support::context_excluded(&explained).is_empty() || Instant::now() > end {
             break explained;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -75,7 +63,11 @@ async fn fits_under(policy: &str) {
         let tokens = explained["prompt_tokens"].as_u64().unwrap_or(0);
         assert!((256..4096).contains(&tokens), "{explained}");
     }
-    assert_eq!(excluded(&explained), ["short"], "{explained}");
+    assert_eq!(
+        support::context_excluded(&explained),
+        ["short"],
+        "{explained}"
+    );
     assert_eq!(candidates(&explained), ["long"], "{explained}");
 
     // Sent together, the long prompts would be spread over both engines by load; every one
@@ -108,11 +100,18 @@ async fn fits_under(policy: &str) {
     // A prompt both hold is weighed on both.
     let small = json!({"model": MODEL, "prompt": "word ".repeat(20), "max_tokens": 4});
     let explained = support::post_json(&debug, &small).await;
-    assert!(excluded(&explained).is_empty(), "{explained}");
+    assert!(
+        support::context_excluded(&explained).is_empty(),
+        "{explained}"
+    );
     assert_eq!(candidates(&explained).len(), 2, "{explained}");
     // The same prompt asking for more output than the short context leaves room for: that
     // engine would cut the completion short, the other serves it whole.
     let cut = json!({"model": MODEL, "prompt": "word ".repeat(20), "max_tokens": 1000});
     let explained = support::post_json(&debug, &cut).await;
-    assert_eq!(excluded(&explained), ["short"], "{explained}");
+    assert_eq!(
+        support::context_excluded(&explained),
+        ["short"],
+        "{explained}"
+    );
 }

@@ -8,6 +8,7 @@
 
 use serde_json::{Value, json};
 
+use crate::support;
 use crate::support::real_router::{MODEL, RealRouter, router_config};
 use crate::support::vllm::{VllmEngine, VllmOptions, VllmSetup};
 
@@ -33,17 +34,6 @@ async fn direct(url: &str, body: &Value) -> (u16, Value) {
         .expect("the engine answers");
     let status = resp.status().as_u16();
     (status, resp.json().await.unwrap_or(Value::Null))
-}
-
-fn excluded(explained: &Value) -> Vec<String> {
-    explained["context_excluded"]
-        .as_array()
-        .map(|ws| {
-            ws.iter()
-                .filter_map(|w| w.as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -81,18 +71,21 @@ async fn a_prompt_goes_to_the_real_engine_whose_context_holds_it() {
     let over_body = ids(SHORT, None);
     let explained = loop {
         let explained = router.explain(&over_body, None).await;
-        if !excluded(&explained).is_empty() || std::time::Instant::now() > end {
+        if !support::context_excluded(&explained).is_empty() || std::time::Instant::now() > end {
             break explained;
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     };
-    assert_eq!(excluded(&explained), ["v0"], "{explained}");
+    assert_eq!(support::context_excluded(&explained), ["v0"], "{explained}");
     // The edge, as the router applies it: one token less fits both; a long max_tokens does
     // not fit v0 whole.
     let explained = router.explain(&ids(SHORT - 1, None), None).await;
-    assert!(excluded(&explained).is_empty(), "{explained}");
+    assert!(
+        support::context_excluded(&explained).is_empty(),
+        "{explained}"
+    );
     let explained = router.explain(&ids(200, Some(100)), None).await;
-    assert_eq!(excluded(&explained), ["v0"], "{explained}");
+    assert_eq!(support::context_excluded(&explained), ["v0"], "{explained}");
 
     // Every prompt v0 would refuse is served by v1.
     for n in [SHORT, 300, 1000] {

@@ -467,6 +467,18 @@ pub async fn post_json(url: &str, body: &serde_json::Value) -> serde_json::Value
         .unwrap()
 }
 
+/// The workers a `/debug/route` explanation says were left out for their context.
+pub fn context_excluded(explained: &serde_json::Value) -> Vec<String> {
+    explained["context_excluded"]
+        .as_array()
+        .map(|ws| {
+            ws.iter()
+                .filter_map(|w| w.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// `POST /v1/completions` with a JSON body.
 pub async fn complete(
     c: &reqwest::Client,

@@ -3,6 +3,21 @@
 use super::*;
 use crate::fleet::WorkerUrlError;
 
+/// Worker `w` at `http://h:1` with `models` configured.
+fn spec(models: &[&str]) -> WorkerSpec {
+    WorkerSpec {
+        id: "w".into(),
+        url: BaseUrl::parse("http://h:1").unwrap(),
+        models: models.iter().map(|m| (*m).into()).collect(),
+        kv_events: None,
+        kv_replay: None,
+        kv_blocks: None,
+        data_parallel_size: 1,
+        role: crate::fleet::Role::Both,
+        bootstrap_port: None,
+    }
+}
+
 #[test]
 fn health_flips_after_thresholds_and_down_runs_the_hook() {
     let downs = Arc::new(AtomicU32::new(0));
@@ -10,17 +25,7 @@ fn health_flips_after_thresholds_and_down_runs_the_hook() {
     let hook: DownHook = Arc::new(move |_| {
         d.fetch_add(1, Ordering::Relaxed);
     });
-    let spec = WorkerSpec {
-        id: "w".into(),
-        url: BaseUrl::parse("http://h:1").unwrap(),
-        models: vec!["m".into()],
-        kv_events: None,
-        kv_replay: None,
-        kv_blocks: None,
-        data_parallel_size: 1,
-        role: crate::fleet::Role::Both,
-        bootstrap_port: None,
-    };
+    let spec = spec(&["m"]);
     let w = Worker::with(
         spec,
         &[WorkerId(0)],
@@ -93,17 +98,7 @@ fn base_url_parsing() {
 
 #[test]
 fn configured_models_win_over_discovered() {
-    let spec = WorkerSpec {
-        id: "w".into(),
-        url: BaseUrl::parse("http://h:1").unwrap(),
-        models: vec!["a".into()],
-        kv_events: None,
-        kv_replay: None,
-        kv_blocks: None,
-        data_parallel_size: 1,
-        role: crate::fleet::Role::Both,
-        bootstrap_port: None,
-    };
+    let spec = spec(&["a"]);
     let w = Worker::new(spec.clone(), WorkerId(0));
     w.set_discovered_models(vec!["b".into()]);
     assert!(w.serves("a") && !w.serves("b"));
@@ -144,18 +139,7 @@ fn contexts_digests_are_equal_only_for_equal_contexts() {
         max_model_len: len,
     };
     let digest = |models: Vec<ServedModel>| {
-        let spec = WorkerSpec {
-            id: "w".into(),
-            url: BaseUrl::parse("http://h:1").unwrap(),
-            models: vec![],
-            kv_events: None,
-            kv_replay: None,
-            kv_blocks: None,
-            data_parallel_size: 1,
-            role: crate::fleet::Role::Both,
-            bootstrap_port: None,
-        };
-        let w = Worker::new(spec, WorkerId(1));
+        let w = Worker::new(spec(&[]), WorkerId(1));
         assert_eq!(w.contexts_digest(), 0);
         w.set_discovered_models(models);
         w.contexts_digest()
