@@ -67,6 +67,7 @@ mod placement_isolation;
 mod proptest_parsers;
 mod readiness;
 mod real_sglang;
+mod real_sglang_contexts;
 mod real_vllm;
 mod real_vllm_contexts;
 mod real_vllm_dp;

@@ -95,6 +95,13 @@ impl SglangEngine {
         let (setup, options) = (setup.clone(), options.clone());
         EngineProc::start_all(&SGLANG, n, move |e| command(&setup, &options, e)).await
     }
+
+    /// Starts one engine per entry of `options` at once (engine `i` with `options[i]`).
+    pub async fn start_each(setup: &SglangSetup, options: &[SglangOptions]) -> Vec<EngineProc> {
+        let (setup, options) = (setup.clone(), options.to_vec());
+        let n = options.len();
+        EngineProc::start_all(&SGLANG, n, move |e| command(&setup, &options[e.index], e)).await
+    }
 }
 
 /// The command that starts `sglang.launch_server` on `e`'s ports.

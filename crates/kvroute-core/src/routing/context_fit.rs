@@ -14,14 +14,20 @@
 //! answer: the router's token count is its own tokenization of the request, so it never refuses
 //! a request on it.
 //!
-//! SGLang 0.5.23 (`srt/managers/tokenizer_manager.py`) has the same edge for the prompt (`p ≥
-//! context_len` is refused) and refuses rather than clamps `p + max_tokens > context_len`
-//! unless started to truncate: the whole grade is its rule exactly, and where only the clamped
-//! grade is left, an SGLang worker refuses as every other would.
+//! SGLang 0.5.23 keeps more back and clamps nothing. Its scheduler refuses a prompt of
+//! `min(context_len − 1, KV pool − 1) − 5` tokens or more (`srt/managers/tp_worker.py`,
+//! `srt/managers/utils.py::validate_input_length`): 250 tokens on a 256-token context, measured
+//! by `tests/it/real_sglang_contexts.rs`. Its tokenizer manager refuses `p + max_tokens >
+//! context_len` unless started to truncate (`srt/managers/tokenizer_manager.py`). So for a
+//! model served by SGLang (`[[models]] engine = "sglang"`) a worker is whole or over, never
+//! clamped. A request without `max_tokens` is taken to ask for one token: SGLang's own default
+//! for completions (16) can leave a prompt within 16 tokens of the edge refused there.
 //!
 //! A worker that has not reported its context (no `/v1/models` answer yet, an engine that does
 //! not say) is taken to hold anything: it is never the reason a request is refused. Pure: the
 //! limits are passed in, per worker, by the caller.
+
+use crate::tokens::EngineKind;
 
 /// How a request's length meets one worker's context.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -34,37 +40,50 @@ pub enum Fit {
     Whole,
 }
 
+/// Tokens past the prompt an SGLang engine keeps back: its scheduler takes prompts shorter than
+/// `context_len − 1 − 5` (see the module's notes), so a prompt needs 7 tokens of room.
+const SGLANG_PROMPT_ROOM: u64 = 7;
+
 /// How a prompt of `prompt_tokens` with up to `max_tokens` output tokens (unbounded: `None`,
-/// taken as one) meets a context of `limit` tokens (`None`: unknown).
-pub fn fit(limit: Option<u64>, prompt_tokens: u64, max_tokens: Option<u64>) -> Fit {
+/// taken as one) meets a context of `limit` tokens (`None`: unknown) on an `engine`.
+pub fn fit(
+    limit: Option<u64>,
+    prompt_tokens: u64,
+    max_tokens: Option<u64>,
+    engine: EngineKind,
+) -> Fit {
     let Some(limit) = limit else {
         return Fit::Whole;
     };
     let asked = prompt_tokens.saturating_add(max_tokens.unwrap_or(1).max(1));
-    if asked <= limit {
-        Fit::Whole
-    } else if prompt_tokens.saturating_add(1) <= limit {
-        Fit::Clamped
-    } else {
-        Fit::Over
+    let room = match engine {
+        EngineKind::Vllm => 1,
+        EngineKind::Sglang => SGLANG_PROMPT_ROOM,
+    };
+    let prompt_fits = prompt_tokens.saturating_add(room) <= limit;
+    match (prompt_fits, asked <= limit, engine) {
+        (true, true, _) => Fit::Whole,
+        (true, false, EngineKind::Vllm) => Fit::Clamped,
+        _ => Fit::Over,
     }
 }
 
-/// Which of the workers whose contexts are `limits` a request of `prompt_tokens` (0: not
-/// tokenized — every worker) and `max_tokens` should be routed among: those of the best
+/// Which of the workers whose contexts are `limits` (a model's, all run by `engine`) a request
+/// of `prompt_tokens` (0: not tokenized — every worker) and `max_tokens` should be routed among: those of the best
 /// [`Fit`] present, or when none holds the prompt ([`Fit::Over`]), those with the largest
 /// context; and that best fit.
 pub fn fitting(
     limits: &[Option<u64>],
     prompt_tokens: u64,
     max_tokens: Option<u64>,
+    engine: EngineKind,
 ) -> (Vec<bool>, Fit) {
     if prompt_tokens == 0 {
         return (vec![true; limits.len()], Fit::Whole);
     }
     let fits: Vec<Fit> = limits
         .iter()
-        .map(|l| fit(*l, prompt_tokens, max_tokens))
+        .map(|l| fit(*l, prompt_tokens, max_tokens, engine))
         .collect();
     let best = fits.iter().copied().max().unwrap_or(Fit::Whole);
     if best > Fit::Over {
@@ -90,17 +109,38 @@ impl Fit {
 mod tests {
     use super::*;
 
+    fn fit_v(limit: Option<u64>, prompt: u64, max_tokens: Option<u64>) -> Fit {
+        fit(limit, prompt, max_tokens, EngineKind::Vllm)
+    }
+
+    fn fitting_v(limits: &[Option<u64>], prompt: u64, max_tokens: Option<u64>) -> (Vec<bool>, Fit) {
+        fitting(limits, prompt, max_tokens, EngineKind::Vllm)
+    }
+
+    #[test]
+    fn sglang_keeps_room_back_and_clamps_nothing() {
+        let sglang = |prompt, max_tokens| fit(Some(256), prompt, max_tokens, EngineKind::Sglang);
+        // Its scheduler's edge on a 256-token context: 249 prompt tokens served, 250 refused.
+        assert_eq!(sglang(249, Some(1)), Fit::Whole);
+        assert_eq!(sglang(250, Some(1)), Fit::Over);
+        assert_eq!(sglang(200, Some(56)), Fit::Whole);
+        assert_eq!(sglang(200, Some(57)), Fit::Over);
+        let limits = [Some(256), Some(4096)];
+        let (keep, kept) = fitting(&limits, 200, Some(100), EngineKind::Sglang);
+        assert_eq!((keep, kept), (vec![false, true], Fit::Whole));
+    }
+
     #[test]
     fn a_prompt_needs_room_for_one_output_token() {
         // vLLM's own edge: 2,047 prompt tokens on a 2,048-token model are served, 2,048 not.
-        assert_eq!(fit(Some(2048), 2047, None), Fit::Whole);
-        assert_eq!(fit(Some(2048), 2047, Some(1)), Fit::Whole);
-        assert_eq!(fit(Some(2048), 2048, None), Fit::Over);
-        assert_eq!(fit(Some(2048), 2047, Some(0)), Fit::Whole);
-        assert_eq!(fit(Some(2048), 2000, Some(48)), Fit::Whole);
-        assert_eq!(fit(Some(2048), 2000, Some(49)), Fit::Clamped);
-        assert_eq!(fit(None, u64::MAX, Some(u64::MAX)), Fit::Whole);
-        assert_eq!(fit(Some(10), u64::MAX, None), Fit::Over);
+        assert_eq!(fit_v(Some(2048), 2047, None), Fit::Whole);
+        assert_eq!(fit_v(Some(2048), 2047, Some(1)), Fit::Whole);
+        assert_eq!(fit_v(Some(2048), 2048, None), Fit::Over);
+        assert_eq!(fit_v(Some(2048), 2047, Some(0)), Fit::Whole);
+        assert_eq!(fit_v(Some(2048), 2000, Some(48)), Fit::Whole);
+        assert_eq!(fit_v(Some(2048), 2000, Some(49)), Fit::Clamped);
+        assert_eq!(fit_v(None, u64::MAX, Some(u64::MAX)), Fit::Whole);
+        assert_eq!(fit_v(Some(10), u64::MAX, None), Fit::Over);
     }
 
     #[test]
@@ -108,14 +148,14 @@ mod tests {
         let limits = [Some(32_768), Some(131_072), None, Some(131_072)];
         // Fits everywhere.
         assert_eq!(
-            fitting(&limits, 1_000, Some(1_000)),
+            fitting_v(&limits, 1_000, Some(1_000)),
             (vec![true; 4], Fit::Whole)
         );
         // 40k tokens: only the large contexts and the unknown one.
         let keep = vec![false, true, true, true];
-        assert_eq!(fitting(&limits, 40_000, None), (keep.clone(), Fit::Whole));
+        assert_eq!(fitting_v(&limits, 40_000, None), (keep.clone(), Fit::Whole));
         // 30k + 8k output: the small context would clamp the completion; the others do not.
-        assert_eq!(fitting(&limits, 30_000, Some(8_000)), (keep, Fit::Whole));
+        assert_eq!(fitting_v(&limits, 30_000, Some(8_000)), (keep, Fit::Whole));
     }
 
     #[test]
@@ -123,10 +163,10 @@ mod tests {
         let limits = [Some(32_768), Some(65_536)];
         // 60k + 8k fits nowhere as asked; the 64k context serves it clamped.
         let clamped = (vec![false, true], Fit::Clamped);
-        assert_eq!(fitting(&limits, 60_000, Some(8_000)), clamped);
+        assert_eq!(fitting_v(&limits, 60_000, Some(8_000)), clamped);
         // Both clamp: both are kept.
         assert_eq!(
-            fitting(&limits, 30_000, Some(60_000)),
+            fitting_v(&limits, 30_000, Some(60_000)),
             (vec![true, true], Fit::Clamped)
         );
     }
@@ -135,12 +175,12 @@ mod tests {
     fn a_prompt_no_context_holds_goes_to_the_largest() {
         let limits = [Some(32_768), Some(65_536), Some(65_536)];
         let largest = (vec![false, true, true], Fit::Over);
-        assert_eq!(fitting(&limits, 100_000, None), largest);
+        assert_eq!(fitting_v(&limits, 100_000, None), largest);
         // An untokenized request (0 tokens) is not narrowed.
         assert_eq!(
-            fitting(&limits, 0, Some(1 << 40)),
+            fitting_v(&limits, 0, Some(1 << 40)),
             (vec![true; 3], Fit::Whole)
         );
-        assert!(fitting(&[], 100, None).0.is_empty());
+        assert!(fitting_v(&[], 100, None).0.is_empty());
     }
 }

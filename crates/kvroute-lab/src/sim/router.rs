@@ -25,7 +25,7 @@ use kvroute_router::kv_events::KvEvent;
 use kvroute_router::policy::{self, Policy, PolicyKind};
 use kvroute_router::routing::context_fit;
 use kvroute_router::routing::{Admitted, Analysis, Decider, Target, plan_roles, request_seed};
-use kvroute_router::tokens::{BlockHash, HashSeed, block_hashes};
+use kvroute_router::tokens::{BlockHash, EngineKind, HashSeed, block_hashes};
 
 use super::config::{IndexMode, SimConfig};
 
@@ -369,7 +369,8 @@ impl SimRouter {
     fn unfit(&self, prompt_tokens: u64, max_tokens: Option<u64>) -> Vec<WorkerId> {
         let eligible: Vec<&SimTarget> = self.targets.iter().filter(|t| t.eligible).collect();
         let limits: Vec<Option<u64>> = eligible.iter().map(|t| t.context).collect();
-        let (keep, _) = context_fit::fitting(&limits, prompt_tokens, max_tokens);
+        // The simulated engine refuses as vLLM does at the prompt's edge.
+        let (keep, _) = context_fit::fitting(&limits, prompt_tokens, max_tokens, EngineKind::Vllm);
         let roles: Vec<Role> = eligible.iter().map(|t| t.role).collect();
         let kept: Vec<Role> = roles
             .iter()

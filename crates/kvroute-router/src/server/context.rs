@@ -14,6 +14,7 @@ use crate::fleet::Worker;
 use crate::openai::{ApiError, RequestView};
 use crate::routing::context_fit::{Fit, fitting};
 use crate::routing::{Eligible, Plan, plan_roles};
+use crate::tokens::EngineKind;
 
 /// How a request's workers were narrowed.
 #[derive(Debug)]
@@ -47,7 +48,7 @@ pub(super) async fn narrowed(
         // read per worker, where looking the contexts up takes a lock each.
         return Ok((eligible, None, view));
     }
-    let limits = contexts(state, &eligible.workers, model);
+    let (limits, engine) = contexts(state, &eligible.workers, model);
     if limits.iter().all(|l| *l == limits[0]) {
         // One context for all: nothing to choose between.
         return Ok((eligible, None, view));
@@ -59,7 +60,7 @@ pub(super) async fn narrowed(
     let Some(prompt_tokens) = prompt_tokens else {
         return Ok((eligible, None, view));
     };
-    let (keep, kept_fit) = fitting(&limits, prompt_tokens, view.max_tokens);
+    let (keep, kept_fit) = fitting(&limits, prompt_tokens, view.max_tokens, engine);
     if keep.iter().all(|k| *k) {
         return Ok((eligible, None, view));
     }
@@ -84,16 +85,21 @@ pub(super) async fn narrowed(
     Ok((narrowed, Some(narrowing), view))
 }
 
-/// Each of `workers`' context for `model`, as far as it is known.
-fn contexts(state: &AppState, workers: &[Arc<Worker>], model: &str) -> Vec<Option<u64>> {
+/// Each of `workers`' context for `model`, as far as it is known, and the kind of engine
+/// that runs the model (whose limits differ: `routing::context_fit`).
+fn contexts(
+    state: &AppState,
+    workers: &[Arc<Worker>],
+    model: &str,
+) -> (Vec<Option<u64>>, EngineKind) {
     let base = state.adapter_base(model);
-    let configured = state
-        .model_config(base.as_deref().unwrap_or(model))
-        .and_then(|m| m.max_model_len);
-    workers
+    let config = state.model_config(base.as_deref().unwrap_or(model));
+    let configured = config.and_then(|m| m.max_model_len);
+    let limits = workers
         .iter()
         .map(|w| context_of(w, model, base.as_deref()).or(configured))
-        .collect()
+        .collect();
+    (limits, config.map(|m| m.engine).unwrap_or_default())
 }
 
 /// The context `worker` reported for `model`, or for the base model it adapts.
