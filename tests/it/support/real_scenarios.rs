@@ -395,3 +395,89 @@ pub async fn router_restart(setup: &impl RouterModel, engine: &EngineProc, table
     }
     router.shutdown().await;
 }
+
+/// The small context of [`contexts_route_where_they_fit`]'s first engine.
+pub const SHORT_CONTEXT: usize = 256;
+
+/// A completion of `n` token ids (the same id: the tokenizer is not involved), up to
+/// `max_tokens` output tokens when given.
+fn token_ids(n: usize, max_tokens: Option<u64>) -> Value {
+    let mut body = serde_json::json!({"model": MODEL, "prompt": vec![42u32; n], "temperature": 0});
+    if let Some(m) = max_tokens {
+        body["max_tokens"] = serde_json::json!(m);
+    }
+    body
+}
+
+/// The status and answer of `body` sent straight to the engine at `url`.
+async fn direct(url: &str, body: &Value) -> (u16, Value) {
+    let resp = reqwest::Client::new()
+        .post(format!("{url}/v1/completions"))
+        .json(body)
+        .send()
+        .await
+        .expect("the engine answers");
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+/// Two engines, the first of context [`SHORT_CONTEXT`], the second larger, behind `kv_aware`:
+/// the engine's own edges asked directly — `last_fit` prompt tokens served on the small one and
+/// one more refused; 200 prompt tokens with `max_tokens` 100 answered `long_max_tokens` (vLLM
+/// clamps, 200; SGLang refuses, 400) — then the router's narrowing at the same edges, and every
+/// prompt the small engine would refuse served by the large one.
+pub async fn contexts_route_where_they_fit(
+    setup: &impl RouterModel,
+    engines: &[EngineProc],
+    last_fit: usize,
+    long_max_tokens: u16,
+) {
+    let (small, large) = (&engines[0], &engines[1]);
+    let (fits, answer) = direct(&small.url(), &token_ids(last_fit, Some(1))).await;
+    assert_eq!(fits, 200, "{answer}");
+    let over = token_ids(last_fit + 1, Some(1));
+    let (refused, answer) = direct(&small.url(), &over).await;
+    assert_eq!(refused, 400, "{answer}");
+    let (held, answer) = direct(&large.url(), &over).await;
+    assert_eq!(held, 200, "{answer}");
+    let (status, answer) = direct(&small.url(), &token_ids(200, Some(100))).await;
+    assert_eq!(status, long_max_tokens, "{answer}");
+    if status == 200 {
+        let completion = answer["usage"]["completion_tokens"].as_u64().unwrap_or(0);
+        assert!(completion <= (SHORT_CONTEXT - 200) as u64, "{answer}");
+    }
+
+    let router = RealRouter::start(&router_config(setup, engines, "kv_aware", &[])).await;
+    router.wait_ready().await;
+    // The router reads each engine's context from its /v1/models on a passing health check.
+    let end = Instant::now() + Duration::from_secs(20);
+    let explained = loop {
+        let explained = router.explain(&over, None).await;
+        if !super::context_excluded(&explained).is_empty() || Instant::now() > end {
+            break explained;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let small_only = [small.name.as_str()];
+    assert_eq!(
+        super::context_excluded(&explained),
+        small_only,
+        "{explained}"
+    );
+    let explained = router.explain(&token_ids(last_fit, Some(1)), None).await;
+    assert!(
+        super::context_excluded(&explained).is_empty(),
+        "{explained}"
+    );
+    let explained = router.explain(&token_ids(200, Some(100)), None).await;
+    assert_eq!(
+        super::context_excluded(&explained),
+        small_only,
+        "{explained}"
+    );
+    for n in [last_fit + 1, 300, 1000] {
+        let (worker, answer) = router.send(&token_ids(n, Some(4)), None).await;
+        assert_eq!(worker, large.name, "{n} tokens: {answer}");
+    }
+    router.shutdown().await;
+}
