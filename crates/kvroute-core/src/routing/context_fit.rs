@@ -27,6 +27,8 @@
 //! not say) is taken to hold anything: it is never the reason a request is refused. Pure: the
 //! limits are passed in, per worker, by the caller.
 
+use super::pair::plan_roles;
+use crate::fleet::Role;
 use crate::tokens::EngineKind;
 
 /// How a request's length meets one worker's context.
@@ -69,8 +71,8 @@ pub fn fit(
 }
 
 /// Which of the workers whose contexts are `limits` (a model's, all run by `engine`) a request
-/// of `prompt_tokens` (0: not tokenized — every worker) and `max_tokens` should be routed among: those of the best
-/// [`Fit`] present, or when none holds the prompt ([`Fit::Over`]), those with the largest
+/// of `prompt_tokens` (0: not tokenized — every worker) and `max_tokens` should be routed
+/// among: those of the best [`Fit`] present, or when none holds the prompt ([`Fit::Over`]), those with the largest
 /// context; and that best fit.
 pub fn fitting(
     limits: &[Option<u64>],
@@ -92,6 +94,40 @@ pub fn fitting(
     // Every limit is known and too small: the largest.
     let largest = limits.iter().flatten().copied().max();
     (limits.iter().map(|l| *l == largest).collect(), best)
+}
+
+/// Whether the contexts `limits` differ: only then can a request's length change where it may
+/// go (callers check before they count a prompt's tokens for it).
+pub fn differ(limits: &[Option<u64>]) -> bool {
+    limits.windows(2).any(|pair| pair[0] != pair[1])
+}
+
+/// The narrowing of workers whose contexts are `limits` and roles `roles` (in the same order)
+/// for a request of `prompt_tokens` and `max_tokens` on an `engine`: which to keep and what
+/// they can do with it ([`fitting`]); `None` when every worker is kept, or when those kept would
+/// not serve as all of them do (a disaggregated fleet left without a side: the engine then
+/// answers for itself, as it does where no context holds the prompt). The live router and the
+/// simulator both narrow through this.
+pub fn narrow(
+    limits: &[Option<u64>],
+    roles: &[Role],
+    prompt_tokens: u64,
+    max_tokens: Option<u64>,
+    engine: EngineKind,
+) -> Option<(Vec<bool>, Fit)> {
+    if !differ(limits) {
+        return None;
+    }
+    let (keep, kept) = fitting(limits, prompt_tokens, max_tokens, engine);
+    if keep.iter().all(|k| *k) {
+        return None;
+    }
+    let kept_roles = roles
+        .iter()
+        .zip(&keep)
+        .filter(|(_, k)| **k)
+        .map(|(r, _)| *r);
+    (plan_roles(kept_roles) == plan_roles(roles.iter().copied())).then_some((keep, kept))
 }
 
 impl Fit {
@@ -169,6 +205,24 @@ mod tests {
             fitting_v(&limits, 30_000, Some(60_000)),
             (vec![true, true], Fit::Clamped)
         );
+    }
+
+    #[test]
+    fn narrowing_keeps_both_sides_of_a_disaggregated_fleet() {
+        let limits = [Some(256), Some(4096), Some(4096)];
+        let both = [Role::Both; 3];
+        let narrowed = narrow(&limits, &both, 300, None, EngineKind::Vllm);
+        assert_eq!(narrowed, Some((vec![false, true, true], Fit::Whole)));
+        // Nothing to narrow: one context for all, or a prompt every worker holds.
+        assert_eq!(
+            narrow(&[Some(256); 3], &both, 300, None, EngineKind::Vllm),
+            None
+        );
+        assert_eq!(narrow(&limits, &both, 100, None, EngineKind::Vllm), None);
+        // The only prefill worker cannot hold it: every worker is kept, the engine answers.
+        let pair = [Role::Prefill, Role::Decode, Role::Decode];
+        assert_eq!(narrow(&limits, &pair, 300, None, EngineKind::Vllm), None);
+        assert!(differ(&limits) && !differ(&[None, None]) && !differ(&[]));
     }
 
     #[test]

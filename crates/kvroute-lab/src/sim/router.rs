@@ -24,7 +24,7 @@ use kvroute_router::index::{
 use kvroute_router::kv_events::KvEvent;
 use kvroute_router::policy::{self, Policy, PolicyKind};
 use kvroute_router::routing::context_fit;
-use kvroute_router::routing::{Admitted, Analysis, Decider, Target, plan_roles, request_seed};
+use kvroute_router::routing::{Admitted, Analysis, Decider, Target, request_seed};
 use kvroute_router::tokens::{BlockHash, EngineKind, HashSeed, block_hashes};
 
 use super::config::{IndexMode, SimConfig};
@@ -367,26 +367,22 @@ impl SimRouter {
     /// router narrows a request's eligible workers); none when leaving them out would leave a
     /// disaggregated fleet without a side.
     fn unfit(&self, prompt_tokens: u64, max_tokens: Option<u64>) -> Vec<WorkerId> {
-        let eligible: Vec<&SimTarget> = self.targets.iter().filter(|t| t.eligible).collect();
-        let limits: Vec<Option<u64>> = eligible.iter().map(|t| t.context).collect();
-        // The simulated engine refuses as vLLM does at the prompt's edge.
-        let (keep, _) = context_fit::fitting(&limits, prompt_tokens, max_tokens, EngineKind::Vllm);
-        let roles: Vec<Role> = eligible.iter().map(|t| t.role).collect();
-        let kept: Vec<Role> = roles
-            .iter()
-            .zip(&keep)
-            .filter(|(_, k)| **k)
-            .map(|(r, _)| *r)
-            .collect();
-        if plan_roles(kept.iter().copied()) != plan_roles(roles.iter().copied()) {
+        let eligible = || self.targets.iter().filter(|t| t.eligible);
+        let limits: Vec<Option<u64>> = eligible().map(|t| t.context).collect();
+        if !context_fit::differ(&limits) {
             return Vec::new();
         }
-        eligible
-            .iter()
-            .zip(&keep)
-            .filter(|(_, k)| !**k)
-            .map(|(t, _)| t.worker)
-            .collect()
+        let roles: Vec<Role> = eligible().map(|t| t.role).collect();
+        // The simulated engine refuses as vLLM does at the prompt's edge.
+        let engine = EngineKind::Vllm;
+        match context_fit::narrow(&limits, &roles, prompt_tokens, max_tokens, engine) {
+            Some((keep, _)) => eligible()
+                .zip(&keep)
+                .filter(|(_, k)| !**k)
+                .map(|(t, _)| t.worker)
+                .collect(),
+            None => Vec::new(),
+        }
     }
 
     /// Routes a prompt at time `now`; `None` when no worker is eligible.

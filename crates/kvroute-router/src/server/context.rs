@@ -10,10 +10,11 @@
 use std::sync::Arc;
 
 use super::{AppState, route};
+use crate::fleet::Role;
 use crate::fleet::Worker;
 use crate::openai::{ApiError, RequestView};
-use crate::routing::context_fit::{Fit, fitting};
-use crate::routing::{Eligible, Plan, plan_roles};
+use crate::routing::Eligible;
+use crate::routing::context_fit::{Fit, differ, narrow};
 use crate::tokens::EngineKind;
 
 /// How a request's workers were narrowed.
@@ -49,7 +50,7 @@ pub(super) async fn narrowed(
         return Ok((eligible, None, view));
     }
     let (limits, engine) = contexts(state, &eligible.workers, model);
-    if limits.iter().all(|l| *l == limits[0]) {
+    if !differ(&limits) {
         // One context for all: nothing to choose between.
         return Ok((eligible, None, view));
     }
@@ -57,22 +58,18 @@ pub(super) async fn narrowed(
         0 => route::prompt_len(state, view, body_bytes).await?,
         n => (Some(n), view),
     };
-    let Some(prompt_tokens) = prompt_tokens else {
+    let roles: Vec<Role> = eligible.workers.iter().map(|w| w.role()).collect();
+    let narrowed =
+        prompt_tokens.and_then(|tokens| narrow(&limits, &roles, tokens, view.max_tokens, engine));
+    let Some((keep, kept_fit)) = narrowed else {
         return Ok((eligible, None, view));
     };
-    let (keep, kept_fit) = fitting(&limits, prompt_tokens, view.max_tokens, engine);
-    if keep.iter().all(|k| *k) {
-        return Ok((eligible, None, view));
-    }
     let (kept, left): (Vec<_>, Vec<_>) = eligible
         .workers
         .iter()
         .zip(&keep)
         .partition(|(_, keep)| **keep);
     let kept: Vec<Arc<Worker>> = kept.into_iter().map(|(w, _)| Arc::clone(w)).collect();
-    if eligible.plan == Plan::Pair && plan_roles(kept.iter().map(|w| w.role())) != Ok(Plan::Pair) {
-        return Ok((eligible, None, view));
-    }
     let excluded = left.into_iter().map(|(w, _)| w.id().to_owned()).collect();
     let narrowed = Eligible {
         workers: kept,
