@@ -38,27 +38,55 @@ async fn a_load_only_policy_is_narrowed_too() {
     fits_under("least_request").await;
 }
 
-async fn fits_under(policy: &str) {
-    let short = SimEngine::start_with_context(MODEL, 256).await;
-    let long = SimEngine::start_with_context(MODEL, 4096).await;
-    let text =
-        format!("policy = \"{policy}\"\nshutdown_grace_s = 1.0\n[health]\ninterval_s = 0.2\n");
-    let mut config = Config::from_toml(&text, Path::new("test")).unwrap();
-    config.workers = vec![short.worker("short", MODEL), long.worker("long", MODEL)];
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let router = kvroute::server::start(&config, listener).unwrap();
-    let debug = format!("http://{}/debug/route", router.addr);
-    let long_prompt = json!({"model": MODEL, "prompt": "word ".repeat(600), "max_tokens": 4});
+/// Engines of 256 and 4,096 tokens of context behind a router running `policy`.
+struct Fleet {
+    _short: SimEngine,
+    _long: SimEngine,
+    router: kvroute::server::RouterHandle,
+}
 
-    // The router reads each engine's context from its `/v1/models` on the first health check.
-    let end = Instant::now() + Duration::from_secs(10);
-    let explained = loop {
-        let explained = support::post_json(&debug, &long_prompt).await;
-        if !support::context_excluded(&explained).is_empty() || Instant::now() > end {
-            break explained;
+impl Fleet {
+    async fn start(policy: &str) -> Fleet {
+        let short = SimEngine::start_with_context(MODEL, 256).await;
+        let long = SimEngine::start_with_context(MODEL, 4096).await;
+        let text =
+            format!("policy = \"{policy}\"\nshutdown_grace_s = 1.0\n[health]\ninterval_s = 0.2\n");
+        let mut config = Config::from_toml(&text, Path::new("test")).unwrap();
+        config.workers = vec![short.worker("short", MODEL), long.worker("long", MODEL)];
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let router = kvroute::server::start(&config, listener).unwrap();
+        Fleet {
+            _short: short,
+            _long: long,
+            router,
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    }
+
+    fn debug(&self) -> String {
+        format!("http://{}/debug/route", self.router.addr)
+    }
+
+    /// `/debug/route`'s explanation of `body` once the router has read both engines'
+    /// contexts (from their `/v1/models`, on the first health check): the first that
+    /// excludes a worker, or the last tried.
+    async fn explained_once_read(&self, body: &Value) -> Value {
+        let end = Instant::now() + Duration::from_secs(10);
+        loop {
+            let explained = support::post_json(&self.debug(), body).await;
+            if !support::context_excluded(&explained).is_empty() || Instant::now() > end {
+                return explained;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+async fn fits_under(policy: &str) {
+    let fleet = Fleet::start(policy).await;
+    let router = &fleet.router;
+    let debug = fleet.debug();
+    let long_prompt = json!({"model": MODEL, "prompt": "word ".repeat(600), "max_tokens": 4});
+    let explained = fleet.explained_once_read(&long_prompt).await;
     if policy == "kv_aware" {
         let tokens = explained["prompt_tokens"].as_u64().unwrap_or(0);
         assert!((256..4096).contains(&tokens), "{explained}");
@@ -114,4 +142,45 @@ async fn fits_under(policy: &str) {
         ["short"],
         "{explained}"
     );
+}
+
+/// A batch is analysed (hashed, looked up) on its first prompt, but the engine refuses the
+/// whole batch when any of its prompts does not fit: a batch whose first prompt is short and
+/// whose second is long goes where the long one fits, as token ids and as text. (The
+/// simulated engine serves one prompt per request, so the explanation is checked here; the
+/// real-vLLM stage sends a batch.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_goes_where_its_longest_prompt_fits() {
+    let fleet = Fleet::start("kv_aware").await;
+    let ids = |n: usize| {
+        (0..n)
+            .map(|i| 1000 + (i % 500) as u32)
+            .collect::<Vec<u32>>()
+    };
+    let tokens = json!({"model": MODEL, "prompt": [ids(8), ids(600)], "max_tokens": 4});
+    let explained = fleet.explained_once_read(&tokens).await;
+    assert_eq!(
+        support::context_excluded(&explained),
+        ["short"],
+        "{explained}"
+    );
+    assert_eq!(candidates(&explained), ["long"], "{explained}");
+
+    let texts = json!({"model": MODEL, "prompt": ["word ".repeat(5), "word ".repeat(600)], "max_tokens": 4});
+    let explained = support::post_json(&fleet.debug(), &texts).await;
+    assert_eq!(
+        support::context_excluded(&explained),
+        ["short"],
+        "{explained}"
+    );
+    assert_eq!(candidates(&explained), ["long"], "{explained}");
+
+    // Both prompts short: both engines are weighed.
+    let small = json!({"model": MODEL, "prompt": [ids(8), ids(16)], "max_tokens": 4});
+    let explained = support::post_json(&fleet.debug(), &small).await;
+    assert!(
+        support::context_excluded(&explained).is_empty(),
+        "{explained}"
+    );
+    assert_eq!(candidates(&explained).len(), 2, "{explained}");
 }

@@ -79,12 +79,7 @@ async fn the_router_answers_tokenize_exactly_as_the_engine() {
     )
     .await;
     assert!(
-        wait_for(std::time::Duration::from_secs(10), || r
-            .state
-            .fleet
-            .max_model_len(MODEL)
-            .is_some())
-        .await,
+        wait_for(std::time::Duration::from_secs(10), || reported(&r, MODEL)).await,
         "the worker's models were never read"
     );
     for (path, body) in local_bodies() {
@@ -150,8 +145,17 @@ async fn the_router_answers_tokenize_exactly_as_the_engine() {
     r.shutdown().await;
 }
 
-/// Without the model's tokenizer (or with `local_tokenize = false`, or without a known
-/// `max_model_len`) every request is forwarded.
+/// Whether every worker has reported its context for `model` (from its `/v1/models`).
+fn reported(r: &kvroute::server::RouterHandle, model: &str) -> bool {
+    r.state
+        .fleet
+        .workers()
+        .iter()
+        .all(|w| w.max_model_len(model).is_some())
+}
+
+/// Without the model's tokenizer (or with `local_tokenize = false`) every request is
+/// forwarded; with it, a configured `max_model_len` is enough before any worker reports one.
 #[tokio::test]
 async fn without_the_models_tokenizer_tokenize_is_forwarded() {
     let engine = SimEngine::start_plain(MODEL, "builtin").await;
@@ -161,11 +165,6 @@ async fn without_the_models_tokenizer_tokenize_is_forwarded() {
         format!("[[models]]\nname = \"{MODEL}\"\nmax_model_len = 4096\n"),
         format!(
             "[endpoints]\nlocal_tokenize = false\n[[models]]\nname = \"{MODEL}\"\ntokenizer = \"{}\"\nmax_model_len = 4096\n",
-            qwen_dir()
-        ),
-        // Configured workers' models are not discovered: no max_model_len known.
-        format!(
-            "[[models]]\nname = \"{MODEL}\"\ntokenizer = \"{}\"\n",
             qwen_dir()
         ),
     ] {
@@ -178,8 +177,10 @@ async fn without_the_models_tokenizer_tokenize_is_forwarded() {
         assert!(!here && status == 200, "{extra}: {text}");
         r.shutdown().await;
     }
-    // A configured `max_model_len` is enough with the model's tokenizer.
-    let engine = SimEngine::start_plain(MODEL, &qwen_dir()).await;
+    // A configured `max_model_len` is enough with the model's tokenizer. (The engine reports
+    // the same on the router's first health check, which may come first: the worker's own
+    // report is preferred, as in routing.)
+    let engine = SimEngine::start_plain_with_context(MODEL, &qwen_dir(), 1234).await;
     let extra = format!(
         "[[models]]\nname = \"{MODEL}\"\ntokenizer = \"{}\"\nmax_model_len = 1234\n",
         qwen_dir()
@@ -200,5 +201,33 @@ async fn without_the_models_tokenizer_tokenize_is_forwarded() {
         serde_json::from_str::<Value>(&text).unwrap()["max_model_len"],
         1234
     );
+    r.shutdown().await;
+}
+
+/// In a fleet of mixed contexts `/tokenize` names the largest: routing sends a prompt where
+/// its context fits (`routing::context_fit`), so that is the longest prompt the fleet takes.
+/// Each worker's own report comes before the configured `max_model_len`, as in routing.
+#[tokio::test]
+async fn tokenize_names_the_largest_context_of_a_mixed_fleet() {
+    let small = SimEngine::start_plain_with_context(MODEL, &qwen_dir(), 256).await;
+    let large = SimEngine::start_plain_with_context(MODEL, &qwen_dir(), 4096).await;
+    let extra = format!(
+        "[health]\ninterval_s = 0.1\n[[models]]\nname = \"{MODEL}\"\ntokenizer = \"{}\"\nmax_model_len = 1234\n",
+        qwen_dir()
+    );
+    let workers = [(small.url(), vec![MODEL]), (large.url(), vec![MODEL])];
+    let r = start_router(&router_config(PolicyKind::KvAware, &workers, &extra)).await;
+    assert!(
+        wait_for(std::time::Duration::from_secs(10), || reported(&r, MODEL)).await,
+        "the workers' contexts were never read"
+    );
+    let (here, status, text) = ask(
+        &format!("http://{}/tokenize", r.addr),
+        &json!({"model": MODEL, "prompt": "hello there"}),
+    )
+    .await;
+    assert!(here && status == 200, "{text}");
+    let answer: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(answer["max_model_len"], 4096, "{answer}");
     r.shutdown().await;
 }

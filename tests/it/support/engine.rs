@@ -86,6 +86,26 @@ impl SimEngine {
         SimEngine::serve(args, "none".into(), "none".into()).await
     }
 
+    /// [`SimEngine::start_plain`] with a context of `max_model_len` tokens (reported in
+    /// `/v1/models`).
+    pub async fn start_plain_with_context(
+        model: &str,
+        tokenizer: &str,
+        max_model_len: usize,
+    ) -> SimEngine {
+        let args = EngineArgs {
+            model: model.into(),
+            kv_events_endpoint: "none".into(),
+            tokenizer: tokenizer.into(),
+            core: EngineCoreArgs {
+                max_model_len: Some(max_model_len),
+                ..EngineCoreArgs::default()
+            },
+            ..EngineArgs::default()
+        };
+        SimEngine::serve(args, "none".into(), "none".into()).await
+    }
+
     /// Starts a simulated engine with `ranks` data-parallel ranks behind one ephemeral HTTP
     /// port: rank N publishes on `events` port + N and replays on `replay` port + N (the
     /// engine's `auto` replay port: the events port + `ranks`).

@@ -479,5 +479,16 @@ pub async fn contexts_route_where_they_fit(
         let (worker, answer) = router.send(&token_ids(n, Some(4)), None).await;
         assert_eq!(worker, large.name, "{n} tokens: {answer}");
     }
+    // A batch is hashed on its first prompt; the small engine refuses it for its second.
+    let batch = serde_json::json!({
+        "model": MODEL,
+        "prompt": [vec![42u32; 8], vec![42u32; last_fit + 1]],
+        "max_tokens": 4,
+        "temperature": 0,
+    });
+    let (refused, answer) = direct(&small.url(), &batch).await;
+    assert_eq!(refused, 400, "{answer}");
+    let (worker, answer) = router.send(&batch, None).await;
+    assert_eq!(worker, large.name, "a batch: {answer}");
     router.shutdown().await;
 }

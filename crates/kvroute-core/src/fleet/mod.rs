@@ -158,11 +158,6 @@ impl Fleet {
         self.workers().iter().find_map(|w| w.adapter_base(model))
     }
 
-    /// The `max_model_len` a worker reported for `model` (the first that did).
-    pub fn max_model_len(&self, model: &str) -> Option<u64> {
-        self.workers().iter().find_map(|w| w.max_model_len(model))
-    }
-
     /// Whether the router can serve: at least one worker serves a model, may take requests, and
     /// has passed a health check (workers start healthy so that routing need not wait for the
     /// first round, but readiness must not be claimed before any worker was actually seen).

@@ -283,6 +283,22 @@ impl ModelTokens {
         }
     }
 
+    /// The length of the longest prompt a request carries: for a batch, of any of its
+    /// prompts, where [`Self::prompt_ids`] takes the first. An engine runs each prompt of a
+    /// batch as a request of its own and refuses the batch when one of them does not fit its
+    /// context, so a batch goes only where its longest prompt fits.
+    pub fn longest_prompt_len(&self, view: &RequestView) -> Result<usize, TokenError> {
+        match &view.input {
+            Input::Prompt(Prompt::Texts(texts)) => texts
+                .iter()
+                .try_fold(0, |longest, text| Ok(longest.max(self.encode(text)?.len()))),
+            Input::Prompt(Prompt::TokenBatches(batches)) => {
+                Ok(batches.iter().map(TokenIds::len).max().unwrap_or(0))
+            }
+            _ => Ok(self.prompt_ids(view)?.len()),
+        }
+    }
+
     /// Chained hashes of the full blocks of `ids`.
     pub fn block_hashes(&self, ids: &[u32], seed: HashSeed) -> Vec<BlockHash> {
         block_hashes(seed, ids, self.block_size)
@@ -391,6 +407,27 @@ mod tests {
             .unwrap();
         assert_eq!(first, vec![1, 2]);
         assert!(m.segmenting().is_err());
+    }
+
+    #[test]
+    fn a_batch_is_as_long_as_its_longest_prompt() {
+        let m = ModelTokens::builtin(4);
+        let len = |body| {
+            m.longest_prompt_len(&view(Endpoint::Completions, body))
+                .unwrap()
+        };
+        let long = m.tokenizer().encode("a b c d e f").unwrap().len();
+        assert!(long > m.tokenizer().encode("z").unwrap().len());
+        assert_eq!(
+            len(json!({"model": "m", "prompt": ["z", "a b c d e f"]})),
+            long
+        );
+        assert_eq!(
+            len(json!({"model": "m", "prompt": [[1, 2], [3, 4, 5], [6]]})),
+            3
+        );
+        assert_eq!(len(json!({"model": "m", "prompt": [5, 6, 7, 8]})), 4);
+        assert_eq!(len(json!({"model": "m", "prompt": "a b c d e f"})), long);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use super::{AppState, route};
 use crate::fleet::Role;
 use crate::fleet::Worker;
-use crate::openai::{ApiError, RequestView};
+use crate::openai::{ApiError, Input, Prompt, RequestView};
 use crate::routing::Eligible;
 use crate::routing::context_fit::{Fit, differ, narrow};
 use crate::tokens::EngineKind;
@@ -54,9 +54,10 @@ pub(super) async fn narrowed(
         // One context for all: nothing to choose between.
         return Ok((eligible, None, view));
     }
+    // A batch was analysed on its first prompt; it fits only where its longest one does.
     let (prompt_tokens, view) = match prompt_tokens {
-        0 => route::prompt_len(state, view, body_bytes).await?,
-        n => (Some(n), view),
+        n if n > 0 && !batched(&view) => (Some(n), view),
+        _ => route::prompt_len(state, view, body_bytes).await?,
     };
     let roles: Vec<Role> = eligible.workers.iter().map(|w| w.role()).collect();
     let narrowed =
@@ -80,6 +81,31 @@ pub(super) async fn narrowed(
         excluded,
     };
     Ok((narrowed, Some(narrowing), view))
+}
+
+/// The largest context among the workers serving `model`, as routing knows each
+/// ([`contexts`]): the longest request the fleet takes, since a request goes where its context
+/// fits. `None` when no worker's is known.
+pub(super) fn largest(state: &AppState, model: &str) -> Option<u64> {
+    let base = state.adapter_base(model);
+    let serving: Vec<Arc<Worker>> = state
+        .fleet
+        .workers()
+        .iter()
+        .filter(|w| w.serves(model) || base.as_deref().is_some_and(|b| w.serves(b)))
+        .cloned()
+        .collect();
+    let (limits, _) = contexts(state, &serving, model);
+    limits.into_iter().flatten().max()
+}
+
+/// Whether `view` carries a batch of more than one prompt.
+fn batched(view: &RequestView) -> bool {
+    match &view.input {
+        Input::Prompt(Prompt::Texts(texts)) => texts.len() > 1,
+        Input::Prompt(Prompt::TokenBatches(batches)) => batches.len() > 1,
+        _ => false,
+    }
 }
 
 /// Each of `workers`' context for `model`, as far as it is known, and the kind of engine

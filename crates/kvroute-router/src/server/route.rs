@@ -83,8 +83,9 @@ pub(super) async fn analyse(
     Ok((analysis, view))
 }
 
-/// How many tokens `view`'s prompt has, for a policy that did not tokenize it (routing by
-/// context length, `server::context`): counted on the request's task when the body is small
+/// How many tokens `view`'s prompt has (a batch's: its longest prompt's), for routing by
+/// context length (`server::context`) where the policy did not tokenize it, or tokenized only
+/// a batch's first prompt: counted on the request's task when the body is small
 /// (`body_bytes`), else on a blocking thread. `None` when it cannot be tokenized (the engine
 /// will say why). Token ids a client sent are counted where they are, not moved.
 pub(super) async fn prompt_len(
@@ -95,13 +96,16 @@ pub(super) async fn prompt_len(
     match &view.input {
         Input::Prompt(Prompt::Tokens(ids)) => return Ok((Some(ids.len() as u64), view)),
         Input::Prompt(Prompt::TokenBatches(batches)) => {
-            let first = batches.first().map_or(0, |ids| ids.len() as u64);
-            return Ok((Some(first), view));
+            let longest = batches.iter().map(|ids| ids.len() as u64).max();
+            return Ok((Some(longest.unwrap_or(0)), view));
         }
         _ => {}
     }
     let (tokens, _) = tokens_and_seed(state, &view.model, None);
-    let count = move |view: &RequestView| tokens.prompt_ids(view).ok().map(|ids| ids.len() as u64);
+    let count = move |view: &RequestView| {
+        let longest = tokens.longest_prompt_len(view).ok();
+        longest.map(|len| len as u64)
+    };
     if body_bytes < INLINE_TOKENIZE_BYTES {
         return Ok((count(&view), view));
     }

@@ -1,7 +1,8 @@
 //! `POST /tokenize` and `POST /detokenize`: answered by the router itself, exactly as vLLM
 //! answers them ([`crate::tokens::tokenize_api`]), when it has the model's own tokenizer — the model
 //! (or the base of a LoRA adapter) is listed in `[[models]]` with a `tokenizer` path — and
-//! knows its `max_model_len` (`[[models]] max_model_len`, or a worker's `/v1/models`). Anything
+//! knows its `max_model_len` (a worker's `/v1/models`, or `[[models]] max_model_len`; in a fleet of
+//! mixed contexts the largest, as routing sends a prompt where it fits). Anything
 //! else is forwarded to a worker serving the model, on load: a model without a configured
 //! tokenizer, a request using what only the engine renders exactly (a request-supplied chat
 //! template, tools, multimodal content, …), or one the tokenizer or template refuses (the
@@ -81,10 +82,8 @@ fn local_tokens(state: &AppState, model: &str) -> Option<(Arc<ModelTokens>, u64)
     ) {
         return None;
     }
-    let max_model_len = configured
-        .max_model_len
-        .or_else(|| state.fleet.max_model_len(model))
-        .or_else(|| state.fleet.max_model_len(base))?;
+    // In a fleet of mixed contexts, the largest: routing sends a prompt where it fits.
+    let max_model_len = super::context::largest(state, model)?;
     Some((state.tokens.get(base), max_model_len))
 }
 
