@@ -571,3 +571,39 @@ fn a_hot_prefix_is_copied_before_its_holders_queue_costs_one_request_more() {
     );
     assert_eq!(off.choose(&r, &c).unwrap().chosen, 0);
 }
+
+/// The stall a prefill imposes on a worker's decoding sequences lasts as long as that worker
+/// takes to prefill: on a fleet judged mixed it is priced at each worker's speed. (Pricing it
+/// at the fleet's rates on uniform fleets was tried and not kept: docs/benchmarks.md, "Full
+/// batches"; this keeps any such change off mixed fleets.)
+#[test]
+fn a_mixed_fleet_prices_the_stall_at_each_workers_speed() {
+    // Worker 0 twice as slow, judged mixed: its prefill stalls its decodes twice as long.
+    let p = KvAware::new(KvAwareConfig::default(), 1);
+    for i in 0..600u64 {
+        let slot = (i % 2) as u32;
+        let slow = if slot == 0 { 2.0 } else { 1.0 };
+        let tokens = 500 + i * 10;
+        p.observe(&Observation {
+            worker: WorkerId(slot),
+            uncached_tokens: tokens,
+            queued_tokens: 0,
+            decoding: 0,
+            prefilling: 0,
+            unseen_in_flight: 0,
+            ttft_s: slow * (tokens as f64 / 20_000.0 + 0.02),
+            loaded_tokens: [0, 0],
+            kv_bytes_per_token: 0,
+        });
+    }
+    assert!(super::super::lock(&p.calibration).mixed());
+    let mut c = idle(2);
+    for w in &mut c {
+        w.load.in_flight = 100;
+        w.load.decoding = 100;
+    }
+    let d = p.choose(&req(2048), &c).unwrap();
+    let stall = |i: usize| d.cost[i].unwrap() - d.predicted_ttft_s[i].unwrap();
+    assert!(stall(0) > 1.5 * stall(1), "{d:?}");
+    assert_eq!(d.chosen, 1);
+}
