@@ -62,6 +62,7 @@ mod lora_routing;
 mod manual_cli;
 mod mixed_block_sizes;
 mod mixed_contexts;
+mod multimodal_routing;
 mod openai_sdk;
 mod placement_isolation;
 mod proptest_parsers;

@@ -13,6 +13,8 @@ use std::fmt;
 
 use xxhash_rust::xxh3::xxh3_64;
 
+use super::media::MediaMark;
+
 /// The hash of one full block of tokens together with everything before it.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct BlockHash(pub u64);
@@ -124,6 +126,36 @@ pub fn block_hashes(seed: HashSeed, tokens: &[u32], block_size: usize) -> Vec<Bl
     out
 }
 
+/// [`block_hashes`] of a chat whose media begin at `mark` ([`super::media`]): the blocks
+/// before the one holding the first media item hash as text; from that block on, the chain
+/// also covers the media's digest, so they match only the same media at the same place.
+pub fn block_hashes_marked(
+    seed: HashSeed,
+    tokens: &[u32],
+    block_size: usize,
+    mark: Option<MediaMark>,
+) -> Vec<BlockHash> {
+    let Some(mark) = mark else {
+        return block_hashes(seed, tokens, block_size);
+    };
+    if block_size == 0 {
+        return Vec::new();
+    }
+    let first_media_block = mark.at / block_size;
+    let mut out = Vec::with_capacity(tokens.len() / block_size);
+    let mut parent = None;
+    for (i, block) in tokens.chunks_exact(block_size).enumerate() {
+        if i == first_media_block {
+            let from = parent.map_or(seed.0, |p: BlockHash| p.0);
+            parent = Some(BlockHash(link(from, mark.digest)));
+        }
+        let h = chain_hash(seed, parent, block);
+        out.push(h);
+        parent = Some(h);
+    }
+    out
+}
+
 /// [`block_hashes`] of ids that are walked rather than held as a slice (a client's token ids
 /// are kept compact, see [`crate::openai::TokenIds`]): each block is gathered into one reused
 /// buffer and hashed exactly as [`block_hashes`] hashes it. Also returns how many ids there were.
@@ -159,6 +191,29 @@ mod tests {
 
     fn seed() -> HashSeed {
         HashSeed::new("m", None, None)
+    }
+
+    #[test]
+    fn media_change_the_chain_from_their_block_on() {
+        let tokens: Vec<u32> = (0..64).collect();
+        let plain = block_hashes(seed(), &tokens, 16);
+        let mark = |at, digest| Some(MediaMark { at, digest });
+        assert_eq!(block_hashes_marked(seed(), &tokens, 16, None), plain);
+        // Media at token 35, in the third block: the first two blocks are the text's.
+        let a = block_hashes_marked(seed(), &tokens, 16, mark(35, 1));
+        assert_eq!(a[..2], plain[..2]);
+        assert!(a[2..].iter().zip(&plain[2..]).all(|(x, y)| x != y));
+        // The same media hash alike; other media differ from the same block on.
+        assert_eq!(block_hashes_marked(seed(), &tokens, 16, mark(35, 1)), a);
+        let b = block_hashes_marked(seed(), &tokens, 16, mark(35, 2));
+        assert_eq!(b[..2], plain[..2]);
+        assert!(b[2..].iter().zip(&a[2..]).all(|(x, y)| x != y));
+        // At the very start, and past the last full block.
+        assert_ne!(
+            block_hashes_marked(seed(), &tokens, 16, mark(0, 1))[0],
+            plain[0]
+        );
+        assert_eq!(block_hashes_marked(seed(), &tokens, 16, mark(64, 1)), plain);
     }
 
     #[test]

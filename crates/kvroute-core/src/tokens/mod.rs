@@ -8,6 +8,7 @@ pub mod chat_template;
 pub mod engine_tools;
 pub mod hash;
 pub mod id_map;
+pub mod media;
 pub mod model;
 mod pyjson;
 pub mod segment;
@@ -18,7 +19,9 @@ pub mod tokenizer;
 
 pub use chat_template::{ChatRequest, ChatTemplate};
 pub use engine_tools::EngineKind;
-pub use hash::{BlockHash, HashSeed, block_hashes, block_hashes_of, chain_hash};
+pub use hash::{
+    BlockHash, HashSeed, block_hashes, block_hashes_marked, block_hashes_of, chain_hash,
+};
 pub use id_map::{IdHasher, IdMap};
 pub use model::ModelTokens;
 pub use segment::{SegmentCache, Segmenter};

@@ -17,6 +17,7 @@ use super::byte_bpe::ByteBpe;
 use super::chat_template::{ChatRequest, ChatTemplate};
 use super::engine_tools::EngineKind;
 use super::hash::{BlockHash, HashSeed, block_hashes};
+use super::media::{self, MediaMark};
 use super::segment::{CacheStats, Piece, SegmentCache, Segmenter, Unsegmentable};
 use super::tokenizer::{TokenError, Tokenizer};
 use crate::openai::{Input, Prompt, RequestView, TokenIds};
@@ -283,6 +284,41 @@ impl ModelTokens {
         }
     }
 
+    /// [`Self::prompt_ids`], and for a chat with media (images, audio, video) where they begin
+    /// in those ids and what they are ([`super::media`]): routing hashes the blocks from there
+    /// on with the media, as the engine keys them. A chat whose media cannot be placed (its
+    /// marked rendering fails) is marked from its first token: never credited for another
+    /// request's media.
+    pub fn prompt_ids_marked(
+        &self,
+        view: &RequestView,
+    ) -> Result<(Vec<u32>, Option<MediaMark>), TokenError> {
+        let ids = self.prompt_ids(view)?;
+        let Input::Messages(messages) = &view.input else {
+            return Ok((ids, None));
+        };
+        let Some(digest) = media::digest(messages) else {
+            return Ok((ids, None));
+        };
+        let marked = media::marked(messages);
+        let tools = self
+            .engine
+            .template_tools(view.tools.as_ref(), view.tool_choice.as_ref());
+        let marked_ids = self
+            .render_chat(&ChatRequest {
+                messages: &marked,
+                tools: tools.as_deref(),
+                add_generation_prompt: view.add_generation_prompt,
+                kwargs: view.chat_template_kwargs.as_ref(),
+            })
+            .and_then(|text| self.encode(&text));
+        let mark = match marked_ids {
+            Ok(marked_ids) => media::mark(&ids, &marked_ids, digest),
+            Err(_) => MediaMark { at: 0, digest },
+        };
+        Ok((ids, Some(mark)))
+    }
+
     /// The length of the longest prompt a request carries: for a batch, of any of its
     /// prompts, where [`Self::prompt_ids`] takes the first. An engine runs each prompt of a
     /// batch as a request of its own and refuses the batch when one of them does not fit its
@@ -407,6 +443,49 @@ mod tests {
             .unwrap();
         assert_eq!(first, vec![1, 2]);
         assert!(m.segmenting().is_err());
+    }
+
+    #[test]
+    fn a_chats_media_are_marked_where_they_begin() {
+        let m = ModelTokens::builtin(4);
+        let chat = |parts: Json| {
+            view(
+                Endpoint::ChatCompletions,
+                json!({"model": "m", "messages": [
+                    {"role": "system", "content": "a b c d e f g h"},
+                    {"role": "user", "content": parts},
+                ]}),
+            )
+        };
+        let with_image = chat(json!([
+            {"type": "text", "text": "look"},
+            {"type": "image_url", "image_url": {"url": "https://x/a.png"}},
+            {"type": "text", "text": "and tell me more"},
+        ]));
+        let (ids, mark) = m.prompt_ids_marked(&with_image).unwrap();
+        assert_eq!(ids, m.prompt_ids(&with_image).unwrap());
+        let mark = mark.expect("a chat with an image is marked");
+        // The builtin template prints nothing for the image: its place is where the marked
+        // rendering's marker begins: after the text before it (and the newline the builtin
+        // joins parts with), well before the end (the text after it).
+        let before = chat(json!([{"type": "text", "text": "look"}]));
+        let before = m.prompt_ids(&before).unwrap();
+        assert!(mark.at > 1, "{mark:?}");
+        assert_eq!(ids[..mark.at - 1], before[..mark.at - 1], "{mark:?}");
+        assert!(mark.at + 10 < ids.len(), "{mark:?} {}", ids.len());
+        // Another image: another digest, the same place.
+        let other = chat(json!([
+            {"type": "text", "text": "look"},
+            {"type": "image_url", "image_url": {"url": "https://x/b.png"}},
+            {"type": "text", "text": "and tell me more"},
+        ]));
+        let (_, other) = m.prompt_ids_marked(&other).unwrap();
+        let other = other.unwrap();
+        assert_eq!(other.at, mark.at);
+        assert_ne!(other.digest, mark.digest);
+        // Text alone is not marked.
+        let plain = chat(json!([{"type": "text", "text": "look"}]));
+        assert_eq!(m.prompt_ids_marked(&plain).unwrap().1, None);
     }
 
     #[test]

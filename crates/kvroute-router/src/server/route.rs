@@ -16,7 +16,10 @@ use crate::index::Overlaps;
 use crate::openai::{ApiError, Input, Prompt, RequestView, TokenIds};
 use crate::routing::{Analysis, request_seed};
 use crate::telemetry::TARGET as TRACE;
-use crate::tokens::{BlockHash, HashSeed, ModelTokens, block_hashes, block_hashes_of};
+use crate::tokens::media::MediaMark;
+use crate::tokens::{
+    BlockHash, HashSeed, ModelTokens, TokenError, block_hashes_marked, block_hashes_of,
+};
 
 /// Bodies smaller than this are tokenized on the request's own task: their prompt tokenizes
 /// in microseconds, less than the hop to a blocking thread and back costs (measured by
@@ -49,13 +52,11 @@ pub(super) async fn analyse(
         match take_token_ids(&mut view) {
             Some(ids) => Ok((Ok(PromptIds::Sent(ids)), view)),
             None if body_bytes < INLINE_TOKENIZE_BYTES => {
-                Ok((tokens.prompt_ids(&view).map(PromptIds::Encoded), view))
+                Ok((PromptIds::encode(&tokens, &view), view))
             }
-            None => tokio::task::spawn_blocking(move || {
-                (tokens.prompt_ids(&view).map(PromptIds::Encoded), view)
-            })
-            .await
-            .map_err(|e| internal(format!("tokenizer task failed: {e}"))),
+            None => tokio::task::spawn_blocking(move || (PromptIds::encode(&tokens, &view), view))
+                .await
+                .map_err(|e| internal(format!("tokenizer task failed: {e}"))),
         }
     }
     .instrument(span.clone())
@@ -127,7 +128,7 @@ pub(super) fn hash_now(
     let reads_cache = view.reads_prefix_cache;
     let ids = match take_token_ids(&mut view) {
         Some(ids) => PromptIds::Sent(ids),
-        None => PromptIds::Encoded(tokens.prompt_ids(&view).ok()?),
+        None => PromptIds::encode(&tokens, &view).ok()?,
     };
     Some(ids.analysis(state, seed, block_size, reads_cache))
 }
@@ -160,17 +161,24 @@ fn tokens_and_seed(
     (tokens, seed)
 }
 
-/// A prompt's token ids: as the client sent them, or as the tokenizer made them.
+/// A prompt's token ids: as the client sent them, or as the tokenizer made them (with where a
+/// chat's media begin in them: `tokens::media`).
 enum PromptIds {
     Sent(TokenIds),
-    Encoded(Vec<u32>),
+    Encoded(Vec<u32>, Option<MediaMark>),
 }
 
 impl PromptIds {
+    /// `view`'s prompt, tokenized.
+    fn encode(tokens: &ModelTokens, view: &RequestView) -> Result<PromptIds, TokenError> {
+        let (ids, mark) = tokens.prompt_ids_marked(view)?;
+        Ok(PromptIds::Encoded(ids, mark))
+    }
+
     fn len(&self) -> usize {
         match self {
             PromptIds::Sent(ids) => ids.len(),
-            PromptIds::Encoded(ids) => ids.len(),
+            PromptIds::Encoded(ids, _) => ids.len(),
         }
     }
 
@@ -178,7 +186,10 @@ impl PromptIds {
     fn hashes(&self, seed: HashSeed, block_size: usize) -> (Vec<BlockHash>, usize) {
         match self {
             PromptIds::Sent(ids) => block_hashes_of(seed, ids, block_size),
-            PromptIds::Encoded(ids) => (block_hashes(seed, ids, block_size), ids.len()),
+            PromptIds::Encoded(ids, mark) => {
+                let hashes = block_hashes_marked(seed, ids, block_size, *mark);
+                (hashes, ids.len())
+            }
         }
     }
 

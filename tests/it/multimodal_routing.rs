@@ -1,0 +1,133 @@
+//! Chats with images are routed on their text up to the first image, and on the image itself
+//! after it (`tokens::media`): two requests with the same words and different pictures share
+//! only the blocks before the picture, as an engine's prefix cache shares them; the same
+//! picture again is credited whole. Checked on the router's own predictions (no KV events),
+//! where text-only hashing credited every same-worded request with the first one's prompt.
+
+use std::path::Path;
+
+use kvroute::config::Config;
+use kvroute::fleet::{BaseUrl, WorkerSpec};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+
+use crate::support::{self, SimEngine};
+
+const MODEL: &str = "sim";
+
+fn words(n: usize, salt: &str) -> String {
+    (0..n).map(|i| format!("{salt}{i} ")).collect()
+}
+
+/// A chat whose picture, at `url`, sits between a system prompt and a long question.
+fn chat(url: &str) -> Value {
+    json!({
+        "model": MODEL,
+        "max_tokens": 2,
+        "messages": [
+            {"role": "system", "content": words(120, "sys")},
+            {"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": url}},
+                {"type": "text", "text": words(200, "q")},
+            ]},
+        ],
+    })
+}
+
+/// Each candidate's predicted prefix, in blocks, from `/debug/route`.
+fn overlaps(explained: &Value) -> Vec<(String, u64)> {
+    explained["candidates"]
+        .as_array()
+        .map(|cs| {
+            cs.iter()
+                .map(|c| {
+                    let worker = c["worker"].as_str().unwrap_or_default().to_owned();
+                    (worker, c["overlap_blocks"].as_u64().unwrap_or(0))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_different_picture_shares_only_the_blocks_before_it() {
+    let engines = [
+        SimEngine::start(MODEL, 0, 4.0).await,
+        SimEngine::start(MODEL, 1, 4.0).await,
+    ];
+    let text = format!(
+        "policy = \"kv_aware\"\nshutdown_grace_s = 1.0\n[[models]]\nname = \"{MODEL}\"\nblock_size = 16\n"
+    );
+    let mut config = Config::from_toml(&text, Path::new("test")).expect("config");
+    config.workers = engines
+        .iter()
+        .enumerate()
+        .map(|(i, e)| WorkerSpec {
+            id: format!("e{i}"),
+            url: BaseUrl::parse(&format!("http://{}", e.addr)).expect("url"),
+            models: vec![MODEL.into()],
+            // No KV events: the router's own record of what it routed is the index.
+            kv_events: None,
+            kv_replay: None,
+            kv_blocks: None,
+            data_parallel_size: 1,
+            role: kvroute::fleet::Role::Both,
+            bootstrap_port: None,
+        })
+        .collect();
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let router = kvroute::server::start(&config, listener).expect("router");
+    let debug = format!("http://{}/debug/route", router.addr);
+
+    let first = chat("https://example.com/a.png");
+    let resp = support::client()
+        .post(format!("http://{}/v1/chat/completions", router.addr))
+        .json(&first)
+        .send()
+        .await
+        .expect("router answers");
+    assert_eq!(resp.status(), 200);
+    let home = resp
+        .headers()
+        .get("x-kvroute-worker")
+        .and_then(|v| v.to_str().ok())
+        .expect("served by a worker")
+        .to_owned();
+    let at_home = |explained: &Value| {
+        overlaps(explained)
+            .into_iter()
+            .find(|(w, _)| *w == home)
+            .map_or(0, |(_, o)| o)
+    };
+
+    // The same picture again: the whole prompt is credited where it went.
+    let same = support::post_json(&debug, &first).await;
+    let whole = at_home(&same);
+    let blocks = same["prompt_tokens"].as_u64().unwrap_or(0) / 16;
+    assert!(whole + 1 >= blocks && whole > 0, "{same}");
+
+    // Another picture after the same words: only the system prompt's blocks, before it.
+    let other = support::post_json(&debug, &chat("https://example.com/b.png")).await;
+    let shared = at_home(&other);
+    assert!(
+        shared > 0,
+        "the system prompt before the picture is shared: {other}"
+    );
+    assert!(
+        shared < whole / 2,
+        "{shared} of {whole} blocks credited: {other}"
+    );
+
+    // Text alone (no picture) parts from the first chat where its picture was.
+    let plain = json!({
+        "model": MODEL,
+        "max_tokens": 2,
+        "messages": [
+            {"role": "system", "content": words(120, "sys")},
+            {"role": "user", "content": words(200, "q")},
+        ],
+    });
+    let plain = support::post_json(&debug, &plain).await;
+    assert!(at_home(&plain) < whole / 2, "{plain}");
+    router.shutdown().await;
+}
