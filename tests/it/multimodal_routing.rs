@@ -7,7 +7,6 @@
 use std::path::Path;
 
 use kvroute::config::Config;
-use kvroute::fleet::{BaseUrl, WorkerSpec};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
@@ -59,21 +58,11 @@ async fn a_different_picture_shares_only_the_blocks_before_it() {
         "policy = \"kv_aware\"\nshutdown_grace_s = 1.0\n[[models]]\nname = \"{MODEL}\"\nblock_size = 16\n"
     );
     let mut config = Config::from_toml(&text, Path::new("test")).expect("config");
+    // No KV events: the router's own record of what it routed is the index.
     config.workers = engines
         .iter()
         .enumerate()
-        .map(|(i, e)| WorkerSpec {
-            id: format!("e{i}"),
-            url: BaseUrl::parse(&format!("http://{}", e.addr)).expect("url"),
-            models: vec![MODEL.into()],
-            // No KV events: the router's own record of what it routed is the index.
-            kv_events: None,
-            kv_replay: None,
-            kv_blocks: None,
-            data_parallel_size: 1,
-            role: kvroute::fleet::Role::Both,
-            bootstrap_port: None,
-        })
+        .map(|(i, e)| e.worker_without_events(&format!("e{i}"), MODEL))
         .collect();
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let router = kvroute::server::start(&config, listener).expect("router");

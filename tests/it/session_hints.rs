@@ -7,7 +7,6 @@ use std::path::Path;
 use std::time::Duration;
 
 use kvroute::config::Config;
-use kvroute::fleet::{BaseUrl, WorkerSpec};
 use kvroute::server::RouterHandle;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
@@ -38,17 +37,7 @@ impl Fleet {
         config.workers = engines
             .iter()
             .enumerate()
-            .map(|(i, e)| WorkerSpec {
-                id: format!("e{i}"),
-                url: BaseUrl::parse(&format!("http://{}", e.addr)).expect("url"),
-                models: vec![MODEL.into()],
-                kv_events: None,
-                kv_replay: None,
-                kv_blocks: None,
-                data_parallel_size: 1,
-                role: kvroute::fleet::Role::Both,
-                bootstrap_port: None,
-            })
+            .map(|(i, e)| e.worker_without_events(&format!("e{i}"), MODEL))
             .collect();
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let router = kvroute::server::start(&config, listener).expect("router");

@@ -197,6 +197,15 @@ impl SimEngine {
         }
     }
 
+    /// [`SimEngine::worker`] without its KV events: the router predicts what it routed there.
+    pub fn worker_without_events(&self, id: &str, model: &str) -> kvroute::fleet::WorkerSpec {
+        kvroute::fleet::WorkerSpec {
+            kv_events: None,
+            kv_replay: None,
+            ..self.worker(id, model)
+        }
+    }
+
     /// A router configuration from TOML `text` routing `model` over `engines` (workers `e0`,
     /// `e1`, … in order, each with its KV events and replay).
     pub fn config_over(text: &str, engines: &[SimEngine], model: &str) -> kvroute::config::Config {
