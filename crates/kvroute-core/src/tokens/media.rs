@@ -36,10 +36,14 @@ pub struct MediaMark {
     pub digest: u64,
 }
 
-/// Whether `part` of a message's content is media: anything without text of its own
-/// (`image_url`, `input_image`, `input_audio`, `video_url`, …).
+/// Whether `part` of a message's content is media (`image_url`, `input_image`, `input_audio`,
+/// `video_url`, `file`, …): anything but text, and an assistant's refusal.
 fn is_media(part: &Value) -> bool {
-    part.get("text").and_then(Value::as_str).is_none()
+    let textual = matches!(
+        part.get("type").and_then(Value::as_str),
+        Some("text" | "input_text" | "output_text" | "refusal")
+    );
+    !textual && part.get("text").and_then(Value::as_str).is_none()
 }
 
 /// The content parts of `messages`' array contents.
@@ -140,6 +144,7 @@ mod tests {
         let plain = vec![
             json!({"role": "user", "content": "hi"}),
             json!({"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "input_text", "text": "b"}]}),
+            json!({"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]}),
         ];
         assert_eq!(digest(&plain), None);
         assert_eq!(marked(&plain), plain);

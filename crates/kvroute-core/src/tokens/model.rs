@@ -269,19 +269,22 @@ impl ModelTokens {
             Input::Prompt(Prompt::TokenBatches(batches)) => {
                 Ok(batches.first().map(TokenIds::to_vec).unwrap_or_default())
             }
-            Input::Messages(messages) => {
-                let tools = self
-                    .engine
-                    .template_tools(view.tools.as_ref(), view.tool_choice.as_ref());
-                let text = self.render_chat(&ChatRequest {
-                    messages,
-                    tools: tools.as_deref(),
-                    add_generation_prompt: view.add_generation_prompt,
-                    kwargs: view.chat_template_kwargs.as_ref(),
-                })?;
-                self.encode(&text)
-            }
+            Input::Messages(messages) => self.chat_ids(view, messages),
         }
+    }
+
+    /// `messages` rendered with `view`'s chat settings, then encoded.
+    fn chat_ids(&self, view: &RequestView, messages: &[Json]) -> Result<Vec<u32>, TokenError> {
+        let tools = self
+            .engine
+            .template_tools(view.tools.as_ref(), view.tool_choice.as_ref());
+        let text = self.render_chat(&ChatRequest {
+            messages,
+            tools: tools.as_deref(),
+            add_generation_prompt: view.add_generation_prompt,
+            kwargs: view.chat_template_kwargs.as_ref(),
+        })?;
+        self.encode(&text)
     }
 
     /// [`Self::prompt_ids`], and for a chat with media (images, audio, video) where they begin
@@ -300,19 +303,7 @@ impl ModelTokens {
         let Some(digest) = media::digest(messages) else {
             return Ok((ids, None));
         };
-        let marked = media::marked(messages);
-        let tools = self
-            .engine
-            .template_tools(view.tools.as_ref(), view.tool_choice.as_ref());
-        let marked_ids = self
-            .render_chat(&ChatRequest {
-                messages: &marked,
-                tools: tools.as_deref(),
-                add_generation_prompt: view.add_generation_prompt,
-                kwargs: view.chat_template_kwargs.as_ref(),
-            })
-            .and_then(|text| self.encode(&text));
-        let mark = match marked_ids {
+        let mark = match self.chat_ids(view, &media::marked(messages)) {
             Ok(marked_ids) => media::mark(&ids, &marked_ids, digest),
             Err(_) => MediaMark { at: 0, digest },
         };
