@@ -166,6 +166,15 @@ async fn a_batch_goes_where_its_longest_prompt_fits() {
     );
     assert_eq!(candidates(&explained), ["long"], "{explained}");
 
+    // The long prompt first: its ids are the ones the analysis hashes (and moves out).
+    let first_long = json!({"model": MODEL, "prompt": [ids(600), ids(8)], "max_tokens": 4});
+    let explained = support::post_json(&fleet.debug(), &first_long).await;
+    assert_eq!(
+        support::context_excluded(&explained),
+        ["short"],
+        "{explained}"
+    );
+
     let texts = json!({"model": MODEL, "prompt": ["word ".repeat(5), "word ".repeat(600)], "max_tokens": 4});
     let explained = support::post_json(&fleet.debug(), &texts).await;
     assert_eq!(

@@ -54,10 +54,16 @@ pub(super) async fn narrowed(
         // One context for all: nothing to choose between.
         return Ok((eligible, None, view));
     }
-    // A batch was analysed on its first prompt; it fits only where its longest one does.
+    // A batch was analysed on its first prompt; it fits only where its longest one does. The
+    // analysis counted the first (and, for token ids, moved them out of the view): the longest
+    // is the larger of that count and the rest's.
     let (prompt_tokens, view) = match prompt_tokens {
         n if n > 0 && !batched(&view) => (Some(n), view),
-        _ => route::prompt_len(state, view, body_bytes).await?,
+        n => {
+            let (counted, view) = route::prompt_len(state, view, body_bytes).await?;
+            let first = (n > 0).then_some(n);
+            (counted.max(first), view)
+        }
     };
     let roles: Vec<Role> = eligible.workers.iter().map(|w| w.role()).collect();
     let narrowed =
