@@ -187,6 +187,12 @@ impl RequestView {
     }
 }
 
+/// Whether a content part of type `ty` is text (`text`, and the Responses API's `input_text`
+/// and `output_text`) or an assistant's `refusal`; anything else is media.
+pub fn is_text_part_type(ty: &str) -> bool {
+    matches!(ty, "text" | "input_text" | "output_text" | "refusal")
+}
+
 /// The text of a chat message's `content`: a string, or the `text` parts of a list joined
 /// with newlines (non-text parts contribute nothing).
 pub fn content_text(content: Option<&Value>) -> String {

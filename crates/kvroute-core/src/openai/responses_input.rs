@@ -78,10 +78,8 @@ fn text_of(content: Option<&RawValue>) -> String {
                 let text = match kind(part) {
                     Kind::String => string_of(Some(part)),
                     Kind::Object => members_of(part, PART_KEYS).and_then(|p| {
-                        let textual = matches!(
-                            member_string(&p, "type").as_deref(),
-                            Some("text" | "input_text" | "output_text" | "refusal")
-                        );
+                        let ty = member_string(&p, "type");
+                        let textual = ty.as_deref().is_some_and(super::is_text_part_type);
                         textual.then(|| member_string(&p, "text")).flatten()
                     }),
                     _ => None,

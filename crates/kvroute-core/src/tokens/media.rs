@@ -39,10 +39,8 @@ pub struct MediaMark {
 /// Whether `part` of a message's content is media (`image_url`, `input_image`, `input_audio`,
 /// `video_url`, `file`, …): anything but text, and an assistant's refusal.
 fn is_media(part: &Value) -> bool {
-    let textual = matches!(
-        part.get("type").and_then(Value::as_str),
-        Some("text" | "input_text" | "output_text" | "refusal")
-    );
+    let ty = part.get("type").and_then(Value::as_str);
+    let textual = ty.is_some_and(crate::openai::is_text_part_type);
     !textual && part.get("text").and_then(Value::as_str).is_none()
 }
 
