@@ -294,21 +294,31 @@ async fn decodes_spread_over_the_decode_pool_by_load() {
         "",
     )
     .await;
+    // Only the answers' heads are awaited (the router answers once the decode's first token
+    // is in) and the streams are held open: every decode is still running when the last is
+    // picked, however slowly a loaded machine lets the four prefills end. (Reading whole
+    // answers of a few hundred tokens let a fast decode end before a late pick, which then
+    // saw one decode worker idle and sent two there.)
     let sends = (0..4).map(|i| {
         let body = json!({"model": MODEL, "prompt": prompt(&format!("q{i}"), 30),
-            "max_tokens": 300, "stream": true});
-        let r = &r;
-        async move { send(r, body, false).await }
+            "max_tokens": 20_000, "stream": true});
+        client()
+            .post(format!("http://{}/v1/completions", r.addr))
+            .json(&body)
+            .send()
     });
     let answers = futures_util::future::join_all(sends).await;
     let mut per = std::collections::BTreeMap::new();
-    for (status, decode, prefill, text) in answers {
-        assert_eq!(status, 200, "{text}");
-        assert_eq!(prefill, "p0");
-        *per.entry(decode).or_insert(0) += 1;
+    for answer in &answers {
+        let answer = answer.as_ref().expect("an answer");
+        assert_eq!(answer.status(), 200);
+        assert_eq!(header(answer, "x-kvroute-prefill-worker"), "p0");
+        *per.entry(header(answer, "x-kvroute-worker")).or_insert(0) += 1;
     }
     assert_eq!(per.get("d0"), Some(&2), "{per:?}");
     assert_eq!(per.get("d1"), Some(&2), "{per:?}");
+    // Dropping the answers disconnects the client, which aborts the decodes.
+    drop(answers);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
