@@ -48,24 +48,31 @@ fn overlaps(explained: &Value) -> Vec<(String, u64)> {
         .unwrap_or_default()
 }
 
+/// A `kv_aware` router over `engines` without their KV events: the router's own record of
+/// what it routed is the index.
+fn start_router(engines: &[SimEngine]) -> kvroute::server::RouterHandle {
+    let text = format!(
+        "policy = \"kv_aware\"\nshutdown_grace_s = 1.0\n[[models]]\nname = \"{MODEL}\"\nblock_size = 16\n"
+    );
+    let mut config = Config::from_toml(&text, Path::new("test")).expect("config");
+    config.workers = engines
+        .iter()
+        .enumerate()
+        .map(|(i, e)| e.worker_without_events(&format!("e{i}"), MODEL))
+        .collect();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let listener = TcpListener::from_std(listener).expect("a tokio listener");
+    kvroute::server::start(&config, listener).expect("router")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_different_picture_shares_only_the_blocks_before_it() {
     let engines = [
         SimEngine::start(MODEL, 0, 4.0).await,
         SimEngine::start(MODEL, 1, 4.0).await,
     ];
-    let text = format!(
-        "policy = \"kv_aware\"\nshutdown_grace_s = 1.0\n[[models]]\nname = \"{MODEL}\"\nblock_size = 16\n"
-    );
-    let mut config = Config::from_toml(&text, Path::new("test")).expect("config");
-    // No KV events: the router's own record of what it routed is the index.
-    config.workers = engines
-        .iter()
-        .enumerate()
-        .map(|(i, e)| e.worker_without_events(&format!("e{i}"), MODEL))
-        .collect();
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let router = kvroute::server::start(&config, listener).expect("router");
+    let router = start_router(&engines);
     let debug = format!("http://{}/debug/route", router.addr);
 
     let first = chat("https://example.com/a.png");
@@ -118,5 +125,68 @@ async fn a_different_picture_shares_only_the_blocks_before_it() {
     });
     let plain = support::post_json(&debug, &plain).await;
     assert!(at_home(&plain) < whole / 2, "{plain}");
+    router.shutdown().await;
+}
+
+/// A Responses request whose picture sits in its second user turn, after a long first one.
+fn responses(url: &str) -> Value {
+    json!({
+        "model": MODEL,
+        "max_output_tokens": 2,
+        "instructions": words(60, "sys"),
+        "input": [
+            {"role": "user", "content": words(120, "turn")},
+            {"role": "user", "content": [
+                {"type": "input_text", "text": words(200, "q")},
+                {"type": "input_image", "image_url": url},
+            ]},
+        ],
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_responses_input_with_another_picture_shares_only_the_turns_before_it() {
+    let engines = [
+        SimEngine::start(MODEL, 0, 4.0).await,
+        SimEngine::start(MODEL, 1, 4.0).await,
+    ];
+    let router = start_router(&engines);
+    let debug = format!("http://{}/debug/route", router.addr);
+    let first = responses("https://example.com/a.png");
+    let resp = support::client()
+        .post(format!("http://{}/v1/responses", router.addr))
+        .json(&first)
+        .send()
+        .await
+        .expect("router answers");
+    assert_eq!(resp.status(), 200);
+    let home = resp
+        .headers()
+        .get("x-kvroute-worker")
+        .and_then(|v| v.to_str().ok())
+        .expect("served by a worker")
+        .to_owned();
+    let at_home = |explained: &Value| {
+        overlaps(explained)
+            .into_iter()
+            .find(|(w, _)| *w == home)
+            .map_or(0, |(_, o)| o)
+    };
+    let same = support::post_json(&debug, &first).await;
+    let whole = at_home(&same);
+    let blocks = same["prompt_tokens"].as_u64().unwrap_or(0) / 16;
+    assert!(whole + 1 >= blocks && whole > 0, "{same}");
+    // Another picture: the instructions and the first turn are shared, not the turn that
+    // holds the picture (its text flattened as vLLM renders it, the picture beside it).
+    let other = support::post_json(&debug, &responses("https://example.com/b.png")).await;
+    let shared = at_home(&other);
+    assert!(
+        shared > 0,
+        "the turns before the picture are shared: {other}"
+    );
+    assert!(
+        shared < whole * 2 / 3,
+        "{shared} of {whole} blocks credited: {other}"
+    );
     router.shutdown().await;
 }

@@ -113,6 +113,18 @@ pub struct RequestView {
     /// reach an engine (`proxy::handoff::without_client_params`): known from the parse for
     /// completions and chat, so other bodies are not scanned for it.
     pub kv_transfer_params: bool,
+    /// Media that the messages' string contents no longer show (a Responses input's images,
+    /// flattened as vLLM renders them): routing still keys the blocks from them on by them.
+    pub flattened_media: Option<FlattenedMedia>,
+}
+
+/// Where the media of flattened messages were, and what they were ([`RequestView`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlattenedMedia {
+    /// The index of the first message that had a media item.
+    pub message: usize,
+    /// A digest of every media item, in order (`tokens::media::Digest`).
+    pub digest: u64,
 }
 
 /// Largest `max_tokens` accepted; beyond it no engine could serve the request.
@@ -183,6 +195,7 @@ impl RequestView {
             add_generation_prompt,
             reads_prefix_cache,
             kv_transfer_params: f.kv_transfer_params,
+            flattened_media: None,
         })
     }
 }

@@ -31,7 +31,7 @@ use serde_json::{Map, Value, json};
 
 use super::responses_input::{chat_tools, input_messages, reasoning_effort, string_of};
 use super::top_level::{self, Kind, Members, kind};
-use super::{ApiError, Endpoint, Input, RequestView, Scalar};
+use super::{ApiError, Endpoint, FlattenedMedia, Input, RequestView, Scalar};
 
 /// The fields of a Responses request that routing reads.
 #[derive(Clone, Debug, PartialEq)]
@@ -64,6 +64,8 @@ pub struct ResponsesRequest {
     pub store: bool,
     /// `request_id` (vLLM): the id the client chose for the response, when a string.
     pub request_id: Option<String>,
+    /// The media of `input`'s contents, which `messages` hold as text only.
+    pub media: Option<FlattenedMedia>,
 }
 
 fn invalid(message: impl Into<String>, param: &str) -> ApiError {
@@ -128,7 +130,7 @@ impl ResponsesRequest {
         };
         let model = string("model")?.filter(|m| !m.is_empty());
         let instructions = string("instructions")?;
-        let (messages, continue_final) = messages(instructions, m.get("input"))?;
+        let (messages, continue_final, media) = messages(instructions, m.get("input"))?;
         let max_output_tokens = match top_level::scalar(m.get("max_output_tokens")) {
             None | Some(Scalar::Null) => None,
             Some(Scalar::U64(n)) => Some(n),
@@ -164,6 +166,7 @@ impl ResponsesRequest {
             add_generation_prompt: !continue_final,
             store: boolean("store")?.unwrap_or(true),
             request_id: string_of(m.get("request_id")),
+            media,
         })
     }
 
@@ -187,6 +190,7 @@ impl ResponsesRequest {
             reads_prefix_cache: true,
             // Not read by this parse: the bytes are checked.
             kv_transfer_params: true,
+            flattened_media: self.media,
         }
     }
 }
@@ -226,11 +230,14 @@ fn template_kwargs(m: &Members<'_>) -> Result<Option<Map<String, Value>>, ApiErr
 
 /// `instructions` and `input` as chat messages, and whether the last input item is an
 /// assistant message to continue.
+/// The chat messages of `instructions` and `input`, whether the last is an assistant message
+/// to continue, and the media their contents had.
 fn messages(
     instructions: Option<String>,
     input: Option<&RawValue>,
-) -> Result<(Vec<Value>, bool), ApiError> {
+) -> Result<(Vec<Value>, bool, Option<FlattenedMedia>), ApiError> {
     let mut messages = Vec::new();
+    let mut media = None;
     if let Some(text) = instructions.filter(|s| !s.is_empty()) {
         messages.push(json!({"role": "system", "content": text}));
     }
@@ -244,9 +251,13 @@ fn messages(
             false
         }
         Kind::Array => {
-            let (items, partial) = input_messages(input)?;
-            messages.extend(items);
-            partial
+            let input = input_messages(input)?;
+            media = input.media.map(|m| FlattenedMedia {
+                message: m.message + messages.len(),
+                ..m
+            });
+            messages.extend(input.messages);
+            input.partial
         }
         _ => {
             return Err(invalid(
@@ -255,7 +266,7 @@ fn messages(
             ));
         }
     };
-    Ok((messages, continue_final))
+    Ok((messages, continue_final, media))
 }
 
 #[cfg(test)]
@@ -264,6 +275,37 @@ mod tests {
 
     fn parse(v: Value) -> ResponsesRequest {
         ResponsesRequest::parse(&v).unwrap()
+    }
+
+    #[test]
+    fn media_parts_are_flattened_out_of_the_text_and_kept_for_routing() {
+        let r = |image: &str| {
+            parse(json!({"model": "m", "instructions": "sys", "input": [
+                {"role": "user", "content": "hi"},
+                {"type": "function_call_output", "call_id": "c", "output": [
+                    {"type": "input_text", "text": "the chart"},
+                    {"type": "input_image", "image_url": image, "detail": "auto"},
+                ]},
+            ]}))
+        };
+        let a = r("data:image/png;base64,AAAA");
+        // The text is vLLM's "string" rendering: the image is not in it.
+        assert_eq!(a.messages[2]["content"], "the chart");
+        let media = a.media.expect("the image is kept");
+        assert_eq!(media.message, 2, "counted after the instructions' message");
+        assert_eq!(a.chat_view("m").flattened_media, Some(media));
+        assert_eq!(r("data:image/png;base64,AAAA").media, Some(media));
+        assert_ne!(
+            r("data:image/png;base64,BBBB").media.unwrap().digest,
+            media.digest
+        );
+        // Text parts alone, a string input, a refusal: no media.
+        let plain = parse(json!({"model": "m", "input": [
+            {"role": "user", "content": [{"type": "input_text", "text": "x"}]},
+            {"role": "user", "content": [{"type": "refusal", "refusal": "no"}]},
+        ]}));
+        assert_eq!(plain.media, None);
+        assert_eq!(parse(json!({"model": "m", "input": "x"})).media, None);
     }
 
     #[test]

@@ -9,7 +9,8 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
 use super::top_level::{self, Kind, Members, kind, members_of};
-use super::{ApiError, Scalar};
+use super::{ApiError, FlattenedMedia, Scalar};
+use crate::tokens::media;
 
 /// The members of an input item that vLLM reads.
 const ITEM_KEYS: &[&str] = &[
@@ -64,9 +65,29 @@ fn passed(raw: Option<&RawValue>) -> Option<Value> {
     })
 }
 
-/// The text of a content value: a string, or its text parts joined with newlines (vLLM's
-/// "string" content format; `input_text` and `output_text` parts are text).
-fn text_of(content: Option<&RawValue>) -> String {
+/// The media items met while the input's contents are flattened into text, and the message
+/// the first one was in.
+#[derive(Default)]
+struct MediaSeen {
+    digest: media::Digest,
+    first: Option<usize>,
+}
+
+impl MediaSeen {
+    /// What the messages lost of their media, for routing ([`FlattenedMedia`]).
+    fn flattened(&self) -> Option<FlattenedMedia> {
+        Some(FlattenedMedia {
+            message: self.first?,
+            digest: self.digest.finish()?,
+        })
+    }
+}
+
+/// The text of a content value that will be message `at`: a string, or its text parts joined
+/// with newlines (vLLM's "string" content format; `input_text` and `output_text` parts are
+/// text). Its media parts (`input_image`, `input_file`, …), which vLLM hands the engine beside
+/// the text, are added to `seen`.
+fn text_of(content: Option<&RawValue>, at: usize, seen: &mut MediaSeen) -> String {
     let Some(raw) = content else {
         return String::new();
     };
@@ -80,6 +101,9 @@ fn text_of(content: Option<&RawValue>) -> String {
                     Kind::Object => members_of(part, PART_KEYS).and_then(|p| {
                         let ty = member_string(&p, "type");
                         let textual = ty.as_deref().is_some_and(super::is_text_part_type);
+                        if !textual {
+                            add_media(part, at, seen);
+                        }
                         textual.then(|| member_string(&p, "text")).flatten()
                     }),
                     _ => None,
@@ -90,6 +114,17 @@ fn text_of(content: Option<&RawValue>) -> String {
             parts.join("\n")
         }
         _ => String::new(),
+    }
+}
+
+/// Adds the content part `part` of message `at` to `seen` when it is a media item.
+fn add_media(part: &RawValue, at: usize, seen: &mut MediaSeen) {
+    let Ok(item) = serde_json::from_str::<Value>(part.get()) else {
+        return;
+    };
+    if media::is_media(&item) {
+        seen.digest.add(&item);
+        seen.first.get_or_insert(at);
     }
 }
 
@@ -122,31 +157,49 @@ fn is_partial_assistant(o: &Members<'_>) -> bool {
     }
 }
 
-/// The chat messages of the `input` array `items`, and whether its last item is an assistant
-/// message to continue. Reading stops at the first item refused.
-pub(super) fn input_messages(items: &RawValue) -> Result<(Vec<Value>, bool), ApiError> {
+/// The chat messages of an `input` array.
+pub(super) struct InputMessages {
+    /// The messages.
+    pub(super) messages: Vec<Value>,
+    /// Whether the last item is an assistant message to continue.
+    pub(super) partial: bool,
+    /// The media their contents had, the first message's index counted in `messages`.
+    pub(super) media: Option<FlattenedMedia>,
+}
+
+/// The chat messages of the `input` array `items`. Reading stops at the first item refused.
+pub(super) fn input_messages(items: &RawValue) -> Result<InputMessages, ApiError> {
     let mut out: Vec<Map<String, Value>> = Vec::new();
+    let mut seen = MediaSeen::default();
     let mut partial = false;
     let mut refused = None;
-    top_level::for_each_element(items, |i, item| match add_item(&mut out, i, item) {
-        Ok(p) => {
-            partial = p;
-            true
-        }
-        Err(e) => {
-            refused = Some(e);
-            false
+    top_level::for_each_element(items, |i, item| {
+        match add_item(&mut out, &mut seen, i, item) {
+            Ok(p) => {
+                partial = p;
+                true
+            }
+            Err(e) => {
+                refused = Some(e);
+                false
+            }
         }
     });
     match refused {
         Some(e) => Err(e),
-        None => Ok((out.into_iter().map(finish_message).collect(), partial)),
+        None => Ok(InputMessages {
+            messages: out.into_iter().map(finish_message).collect(),
+            partial,
+            media: seen.flattened(),
+        }),
     }
 }
 
-/// Adds input item `i` to the messages `out`; whether it is an assistant message to continue.
+/// Adds input item `i` to the messages `out` (its media to `seen`); whether it is an
+/// assistant message to continue.
 fn add_item(
     out: &mut Vec<Map<String, Value>>,
+    seen: &mut MediaSeen,
     i: usize,
     item: &RawValue,
 ) -> Result<bool, ApiError> {
@@ -163,7 +216,8 @@ fn add_item(
         (Some("function_call_output" | "custom_tool_call_output"), _) => {
             let mut m = Map::new();
             m.insert("role".into(), "tool".into());
-            m.insert("content".into(), Value::String(text_of(o.get("output"))));
+            let text = text_of(o.get("output"), out.len(), seen);
+            m.insert("content".into(), Value::String(text));
             if let Some(id) = passed(o.get("call_id")) {
                 m.insert("tool_call_id".into(), id);
             }
@@ -181,7 +235,8 @@ fn add_item(
         (_, Some(role)) => {
             let mut m = Map::new();
             m.insert("role".into(), Value::String(role.to_owned()));
-            m.insert("content".into(), Value::String(text_of(o.get("content"))));
+            let text = text_of(o.get("content"), out.len(), seen);
+            m.insert("content".into(), Value::String(text));
             if let Some(name) = member_string(&o, "name") {
                 m.insert("name".into(), Value::String(name));
             }

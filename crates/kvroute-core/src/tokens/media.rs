@@ -38,7 +38,7 @@ pub struct MediaMark {
 
 /// Whether `part` of a message's content is media (`image_url`, `input_image`, `input_audio`,
 /// `video_url`, `file`, …): anything but text, and an assistant's refusal.
-fn is_media(part: &Value) -> bool {
+pub fn is_media(part: &Value) -> bool {
     let ty = part.get("type").and_then(Value::as_str);
     let textual = ty.is_some_and(crate::openai::is_text_part_type);
     !textual && part.get("text").and_then(Value::as_str).is_none()
@@ -67,18 +67,36 @@ impl std::io::Write for Digesting<'_> {
     }
 }
 
-/// A digest of `messages`' media items in order, or `None` when they have none.
-pub fn digest(messages: &[Value]) -> Option<u64> {
-    let mut hasher = Xxh3::new();
-    let mut any = false;
-    for part in parts(messages).filter(|p| is_media(p)) {
-        any = true;
+/// A digest of media items, fed one at a time in order.
+#[derive(Clone, Default)]
+pub struct Digest {
+    hasher: Xxh3,
+    any: bool,
+}
+
+impl Digest {
+    /// Adds the media item `part`.
+    pub fn add(&mut self, part: &Value) {
+        self.any = true;
         // serde_json writes an object's members in one order for one parse: the same item
         // sent twice digests alike. A separator keeps two items apart from one.
-        let _ = serde_json::to_writer(Digesting(&mut hasher), part);
-        hasher.update(&[0xff]);
+        let _ = serde_json::to_writer(Digesting(&mut self.hasher), part);
+        self.hasher.update(&[0xff]);
     }
-    any.then(|| hasher.digest())
+
+    /// The digest of the items added, or `None` when there were none.
+    pub fn finish(&self) -> Option<u64> {
+        self.any.then(|| self.hasher.digest())
+    }
+}
+
+/// A digest of `messages`' media items in order, or `None` when they have none.
+pub fn digest(messages: &[Value]) -> Option<u64> {
+    let mut d = Digest::default();
+    for part in parts(messages).filter(|p| is_media(p)) {
+        d.add(part);
+    }
+    d.finish()
 }
 
 /// `messages` with every media item replaced by a text part holding the marker (the items
@@ -109,6 +127,19 @@ fn marked_message(message: &Value) -> Value {
         .collect();
     out.insert("content".to_owned(), Value::Array(content));
     Value::Object(out)
+}
+
+/// `messages` with the marker put before the string content of message `at`: where the media
+/// of a message whose parts were flattened into text (a Responses input's, as vLLM's "string"
+/// content format renders it, with the media's placeholders ahead of the text) begin.
+pub fn marked_from(messages: &[Value], at: usize) -> Vec<Value> {
+    let mut out = messages.to_vec();
+    if let Some(Value::Object(m)) = out.get_mut(at) {
+        let text = m.get("content").and_then(Value::as_str).unwrap_or_default();
+        let content = format!("{MARKER}{text}");
+        m.insert("content".to_owned(), Value::String(content));
+    }
+    out
 }
 
 /// The media mark of a chat whose tokens are `ids` and, with its media replaced by markers,
@@ -165,6 +196,28 @@ mod tests {
         assert_eq!(m[0], chat("u")[0]);
         assert_eq!(m[1]["content"][0]["text"], "Describe this image.");
         assert_eq!(m[1]["content"][1], json!({"type": "text", "text": MARKER}));
+    }
+
+    #[test]
+    fn a_flattened_message_is_marked_before_its_text() {
+        let m = vec![
+            json!({"role": "system", "content": "s"}),
+            json!({"role": "user", "content": "look", "name": "n"}),
+        ];
+        let marked = marked_from(&m, 1);
+        assert_eq!(marked[0], m[0]);
+        assert_eq!(marked[1]["content"], format!("{MARKER}look"));
+        assert_eq!(marked[1]["name"], "n");
+        assert_eq!(marked_from(&m, 5), m, "no such message: nothing marked");
+    }
+
+    #[test]
+    fn items_fed_one_by_one_digest_as_a_chat_of_them() {
+        let chat = chat("https://x/a.png");
+        let mut d = Digest::default();
+        assert_eq!(d.finish(), None);
+        d.add(&chat[1]["content"][1]);
+        assert_eq!(d.finish(), digest(&chat));
     }
 
     #[test]

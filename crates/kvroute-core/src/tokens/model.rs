@@ -300,10 +300,16 @@ impl ModelTokens {
         let Input::Messages(messages) = &view.input else {
             return Ok((ids, None));
         };
-        let Some(digest) = media::digest(messages) else {
-            return Ok((ids, None));
+        // A Responses input's media were flattened out of its messages' text; a chat's are
+        // parts of them.
+        let (digest, marked) = match view.flattened_media {
+            Some(m) => (m.digest, media::marked_from(messages, m.message)),
+            None => match media::digest(messages) {
+                Some(digest) => (digest, media::marked(messages)),
+                None => return Ok((ids, None)),
+            },
         };
-        let mark = match self.chat_ids(view, &media::marked(messages)) {
+        let mark = match self.chat_ids(view, &marked) {
             Ok(marked_ids) => media::mark(&ids, &marked_ids, digest),
             Err(_) => MediaMark { at: 0, digest },
         };
@@ -477,6 +483,49 @@ mod tests {
         // Text alone is not marked.
         let plain = chat(json!([{"type": "text", "text": "look"}]));
         assert_eq!(m.prompt_ids_marked(&plain).unwrap().1, None);
+    }
+
+    #[test]
+    fn a_responses_inputs_media_are_marked_where_their_message_begins() {
+        let m = ModelTokens::builtin(4);
+        let responses = |image: &str| {
+            let r = crate::openai::ResponsesRequest::parse(&json!({
+                "model": "m", "instructions": "a b c d e f g h",
+                "input": [
+                    {"role": "user", "content": "first turn"},
+                    {"role": "user", "content": [
+                        {"type": "input_text", "text": "look and tell me more"},
+                        {"type": "input_image", "image_url": image},
+                    ]},
+                ],
+            }))
+            .unwrap();
+            r.chat_view("m")
+        };
+        let a = responses("https://x/a.png");
+        let (ids, mark) = m.prompt_ids_marked(&a).unwrap();
+        assert_eq!(ids, m.prompt_ids(&a).unwrap());
+        let mark = mark.expect("an input with an image is marked");
+        // The image's message is the third (after the instructions and the first turn): the
+        // mark is past the first two and before that message's text.
+        let Input::Messages(messages) = &a.input else {
+            panic!("a chat view");
+        };
+        let upto = |n: usize| {
+            let mut v = a.clone();
+            v.input = Input::Messages(messages[..n].to_vec());
+            v.add_generation_prompt = false;
+            m.prompt_ids(&v).unwrap().len()
+        };
+        assert!(mark.at >= upto(2), "{mark:?}");
+        assert!(mark.at + 4 < ids.len(), "{mark:?} {}", ids.len());
+        // Another image: another digest, the same place; the same image, the same digest.
+        let (_, b) = m.prompt_ids_marked(&responses("https://x/b.png")).unwrap();
+        let b = b.unwrap();
+        assert_eq!(b.at, mark.at);
+        assert_ne!(b.digest, mark.digest);
+        let (_, again) = m.prompt_ids_marked(&responses("https://x/a.png")).unwrap();
+        assert_eq!(again, Some(mark));
     }
 
     #[test]
