@@ -111,6 +111,18 @@ pub struct KvAwareConfig {
     pub tiers: TierCostConfig,
 }
 
+/// The threshold the cost model prices queued prefills with (`long_prefill_token_threshold`)
+/// when the router sends long prompts in pieces of `piece_tokens` (0: whole;
+/// `routing::prefill_pieces`): a request then waits behind one piece of each, or the engines'
+/// own cap `engine_threshold` if that is smaller (0: none).
+pub fn threshold_with_pieces(engine_threshold: u64, piece_tokens: u64) -> u64 {
+    match (engine_threshold, piece_tokens) {
+        (0, p) => p,
+        (t, 0) => t,
+        (t, p) => t.min(p),
+    }
+}
+
 /// Costs within this fraction of the best are ties: the model's precision, not a preference.
 /// Measured on the Mooncake conversation trace × 16 (TTFT mean / p90): 2 % → 185.5 / 426.7 ms,
 /// 10 % → 187.1 / 436.3 ms, exact ties only → 189.2 / 429.9 ms (with per-worker factors then

@@ -607,3 +607,17 @@ fn a_mixed_fleet_prices_the_stall_at_each_workers_speed() {
     assert!(stall(0) > 1.5 * stall(1), "{d:?}");
     assert_eq!(d.chosen, 1);
 }
+
+#[test]
+fn pieces_cap_the_priced_wait_behind_a_queued_prefill() {
+    use super::threshold_with_pieces;
+    assert_eq!(threshold_with_pieces(0, 0), 0, "whole prompts, no cap");
+    assert_eq!(threshold_with_pieces(0, 16_384), 16_384);
+    assert_eq!(threshold_with_pieces(4_096, 0), 4_096);
+    assert_eq!(
+        threshold_with_pieces(4_096, 16_384),
+        4_096,
+        "the engine's smaller cap"
+    );
+    assert_eq!(threshold_with_pieces(32_768, 16_384), 16_384);
+}

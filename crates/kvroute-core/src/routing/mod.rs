@@ -50,6 +50,7 @@ mod error;
 mod explain;
 pub mod isolation;
 mod pair;
+pub mod prefill_pieces;
 mod route_error;
 mod runners_up;
 mod seed;

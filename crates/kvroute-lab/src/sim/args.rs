@@ -178,6 +178,12 @@ pub struct SimulateArgs {
     /// simulated engines' `--long-prefill-token-threshold`; 0 prices a whole queue as waited for).
     #[arg(long, value_name = "TOKENS")]
     pub kv_aware_long_prefill_token_threshold: Option<u64>,
+    /// Send a prompt that needs at least two pieces of N tokens beyond what its worker holds
+    /// in prefix pieces of N tokens first, each a one-token request, so that the requests
+    /// arriving meanwhile queue ahead of its next piece (the live `[routing]
+    /// prefill_piece_tokens`); kv_aware then prices a queued prefill as blocking one piece.
+    #[arg(long, value_name = "N")]
+    pub prefill_piece_tokens: Option<usize>,
     /// kv_aware: sample the choice with weights `exp(−Δcost / (temperature × best))` instead of
     /// always taking the minimum (the live router's `kv_aware.temperature`; default 0).
     #[arg(long, value_name = "T")]
@@ -344,10 +350,17 @@ impl SimulateArgs {
         if let Some(w) = self.kv_aware_saturation_weight {
             kv_aware.saturation_weight = w;
         }
-        // The router knows its engines' cap, as an operator configures it to match theirs.
+        // The router knows its engines' cap, as an operator configures it to match theirs,
+        // and its own pieces.
         kv_aware.long_prefill_token_threshold = self
             .kv_aware_long_prefill_token_threshold
             .unwrap_or(self.core.long_prefill_token_threshold as u64);
+        let pieces = self.prefill_piece_tokens.unwrap_or(0) as u64;
+        kv_aware.long_prefill_token_threshold =
+            kvroute_router::policy::kv_aware::threshold_with_pieces(
+                kv_aware.long_prefill_token_threshold,
+                pieces,
+            );
         self.tiers
             .apply_policy(&mut kv_aware, &self.core.engine_config(self.seed));
         PolicySettings {
@@ -395,6 +408,7 @@ impl SimulateArgs {
             pd,
             worker_speeds: self.worker_speeds.clone(),
             worker_kv_scales: self.worker_kv_scales.clone(),
+            prefill_piece_tokens: self.prefill_piece_tokens.unwrap_or(0),
         };
         config.validate()?;
         Ok(config)

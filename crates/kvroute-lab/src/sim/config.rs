@@ -129,6 +129,9 @@ pub struct SimConfig {
     /// tensor-parallel size); empty: every engine alike. The pooled references pool the
     /// fleet's sum; the unqueued replay gives each worker its own size.
     pub worker_kv_scales: Vec<f64>,
+    /// The router sends a prompt that needs at least two pieces of this many tokens beyond
+    /// what its worker holds in prefix pieces first (`routing::prefill_pieces`); 0: whole.
+    pub prefill_piece_tokens: usize,
 }
 
 impl SimConfig {
@@ -198,6 +201,7 @@ impl Default for SimConfig {
             pd: None,
             worker_speeds: Vec::new(),
             worker_kv_scales: Vec::new(),
+            prefill_piece_tokens: 0,
         }
     }
 }

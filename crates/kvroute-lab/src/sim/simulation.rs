@@ -139,6 +139,8 @@ pub struct Simulation<'t> {
     last_token: Vec<f64>,
     /// Client-visible gaps between consecutive tokens.
     itl_gaps: Vec<f64>,
+    /// Requests whose prompt is going to their worker in pieces, by trace index.
+    pieces: std::collections::HashMap<usize, pieces::Pieces>,
 }
 
 /// The engine in `slot` in its `life`th life: the fleet's engine, at the slot's speed and
@@ -248,6 +250,7 @@ impl<'t> Simulation<'t> {
             pairs: (0..trace.len()).map(|_| None).collect(),
             last_token: vec![0.0; trace.len()],
             itl_gaps: Vec::new(),
+            pieces: std::collections::HashMap::new(),
         })
     }
 
@@ -355,7 +358,7 @@ impl<'t> Simulation<'t> {
         let (prompt, replica, session) = self.open_arrival(i, now);
         let req = &self.trace.requests[i];
         let max_tokens = Some(u64::from(req.output_tokens.max(1)));
-        let Some(mut routed) =
+        let Some(routed) =
             self.routers[replica].route_in_session(&prompt, max_tokens, now, session)
         else {
             let rec = &mut self.records[i];
@@ -370,8 +373,12 @@ impl<'t> Simulation<'t> {
         rec.warmest_blocks = routed.warmest_blocks;
         rec.blocks = routed.blocks;
         let slot = routed.slot;
-        let w = &mut self.workers[slot as usize];
         let output = req.output_tokens.max(1) as usize;
+        let (prompt, mut routed) = match self.send_in_pieces(i, prompt, routed, output, now) {
+            Ok(()) => return,
+            Err(whole) => whole,
+        };
+        let w = &mut self.workers[slot as usize];
         match w
             .engine
             .add_request(RequestId(i as u64), prompt, output, now)
@@ -385,6 +392,7 @@ impl<'t> Simulation<'t> {
                 }
             }
             Err(e) => {
+                let rec = &mut self.records[i];
                 rec.error = Some(e.to_string());
                 rec.end = Some(now);
                 routed.finish();
@@ -529,6 +537,9 @@ impl<'t> Simulation<'t> {
         let events = std::mem::take(&mut out.kv_events);
         self.publish(slot, life, out.end, events);
         for t in &out.tokens {
+            if pieces::is_piece(t.id) {
+                continue;
+            }
             let i = t.id.0 as usize;
             let visible = self.client_sees(i);
             if t.index == 0 {
@@ -546,6 +557,10 @@ impl<'t> Simulation<'t> {
             }
         }
         for s in &out.finished {
+            if let Some(i) = pieces::piece_of(s.id) {
+                self.next_piece(i, now);
+                continue;
+            }
             let i = s.id.0 as usize;
             if s.handoff == Handoff::ToDecode {
                 self.prefill_done(slot, s, out.end);
@@ -583,6 +598,7 @@ impl<'t> Simulation<'t> {
     }
 
     fn restart(&mut self, slot: u32, now: f64) {
+        self.drop_pieces(slot, now);
         let w = &mut self.workers[slot as usize];
         let live: Vec<usize> = std::mem::take(&mut w.requests).into_iter().collect();
         for i in live {
@@ -616,5 +632,7 @@ impl<'t> Simulation<'t> {
 
 #[path = "handoff.rs"]
 mod handoff;
+#[path = "pieces.rs"]
+mod pieces;
 #[path = "pooled_fleet.rs"]
 pub(super) mod pooled_fleet;
