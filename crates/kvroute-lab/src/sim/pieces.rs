@@ -47,8 +47,8 @@ pub(super) fn piece_of(id: RequestId) -> Option<usize> {
 
 impl Simulation<'_> {
     /// Sends request `i` (its `prompt` and `output` tokens, routed as `routed`) in pieces
-    /// when its prompt needs them, its first piece queued now; its prompt and admission back
-    /// when it goes whole.
+    /// when its prompt needs them, its first piece queued now (`None`); its prompt and
+    /// admission back when it goes whole.
     pub(super) fn send_in_pieces(
         &mut self,
         i: usize,
@@ -56,7 +56,7 @@ impl Simulation<'_> {
         routed: Routed,
         output: usize,
         now: f64,
-    ) -> Result<(), (Vec<u32>, Routed)> {
+    ) -> Option<(Vec<u32>, Routed)> {
         let block = self.config.engine.block_size;
         let cached = routed.overlap_blocks as usize * block;
         let ends = piece_ends(
@@ -66,14 +66,14 @@ impl Simulation<'_> {
             block,
         );
         if ends.is_empty() {
-            return Err((prompt, routed));
+            return Some((prompt, routed));
         }
         let slot = routed.slot;
         self.routed[i] = Some(routed);
         self.pieces
             .insert(i, Pieces::new(prompt, ends, slot, output));
         self.next_piece(i, now);
-        Ok(())
+        None
     }
 
     /// Queues request `i`'s next piece on its worker, or the request itself after the last.

@@ -374,9 +374,8 @@ impl<'t> Simulation<'t> {
         rec.blocks = routed.blocks;
         let slot = routed.slot;
         let output = req.output_tokens.max(1) as usize;
-        let (prompt, mut routed) = match self.send_in_pieces(i, prompt, routed, output, now) {
-            Ok(()) => return,
-            Err(whole) => whole,
+        let Some((prompt, mut routed)) = self.send_in_pieces(i, prompt, routed, output, now) else {
+            return;
         };
         let w = &mut self.workers[slot as usize];
         match w
