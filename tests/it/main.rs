@@ -65,6 +65,7 @@ mod mixed_contexts;
 mod multimodal_routing;
 mod openai_sdk;
 mod placement_isolation;
+mod prefill_pieces;
 mod proptest_parsers;
 mod readiness;
 mod real_sglang;

@@ -23,6 +23,7 @@ mod disaggregation;
 mod discovery;
 mod isolation;
 mod prediction;
+mod prefill_pieces;
 mod prefill_saturation;
 mod recording;
 mod replica_bus;
@@ -40,6 +41,7 @@ pub use disaggregation::DisaggregationMetrics;
 pub use discovery::DiscoveryMetrics;
 pub use isolation::IsolationMetrics;
 pub use prediction::PredictionMetrics;
+pub use prefill_pieces::PrefillPieceMetrics;
 pub use prefill_saturation::PrefillSaturationMetrics;
 pub use recording::RecordingMetrics;
 pub use replica_bus::ReplicaBusMetrics;
@@ -99,6 +101,8 @@ pub struct Metrics {
     pub context: ContextMetrics,
     /// Decisions made on a fleet saturated for the request.
     pub prefill_saturation: PrefillSaturationMetrics,
+    /// Long prompts sent in prefix pieces.
+    pub prefill_pieces: PrefillPieceMetrics,
     /// Prompt, completion and cached tokens; inter-token latency and time per output token.
     pub tokens: TokenMetrics,
     /// The predicted cached tokens against the engines' reports.
@@ -151,6 +155,7 @@ impl Metrics {
         let isolation = IsolationMetrics::register(&registry);
         let context = ContextMetrics::register(&registry);
         let prefill_saturation = PrefillSaturationMetrics::register(&registry);
+        let prefill_pieces = PrefillPieceMetrics::register(&registry);
         let tokens = TokenMetrics::register(&registry);
         let cache_prediction = CachePredictionMetrics::register(&registry);
         let replica_bus = ReplicaBusMetrics::register(&registry);
@@ -178,6 +183,7 @@ impl Metrics {
             isolation,
             context,
             prefill_saturation,
+            prefill_pieces,
             tokens,
             cache_prediction,
             replica_bus,

@@ -113,6 +113,7 @@ pub(super) struct FileProxy {
     pub(super) breaker_window_s: Option<f64>,
     pub(super) breaker_open_s: Option<f64>,
     pub(super) tls: Option<FileUpstreamTls>,
+    pub(super) prefill_piece_tokens: Option<u64>,
 }
 
 #[derive(Deserialize, Debug, Default)]

@@ -58,6 +58,7 @@ pub(super) fn proxy(file: &FileProxy) -> Result<ProxyConfig, ConfigError> {
             ..d.retry_budget
         },
         tls: super::tls::upstream_tls(file.tls.as_ref())?,
+        prefill_piece_tokens: pieces(file.prefill_piece_tokens)?,
     };
     if proxy.retries > MAX_RETRIES {
         return Err(invalid(
@@ -66,6 +67,23 @@ pub(super) fn proxy(file: &FileProxy) -> Result<ProxyConfig, ConfigError> {
         ));
     }
     Ok(proxy)
+}
+
+/// The smallest piece worth a request of its own: under it, the pieces' round trips and steps
+/// would cost more than the wait they spare.
+const MIN_PIECE_TOKENS: u64 = 1_024;
+
+/// `proxy.prefill_piece_tokens`: 0 (off) or at least [`MIN_PIECE_TOKENS`].
+fn pieces(tokens: Option<u64>) -> Result<usize, ConfigError> {
+    match tokens.unwrap_or(0) {
+        0 => Ok(0),
+        t if t < MIN_PIECE_TOKENS => Err(invalid(
+            "proxy.prefill_piece_tokens",
+            "0 (off) or at least 1024 tokens (16384 is twice a step's default budget)",
+        )),
+        t => usize::try_from(t)
+            .map_err(|_| invalid("proxy.prefill_piece_tokens", "too large for this machine")),
+    }
 }
 
 /// `breaker_failures` counted consecutive failures; the breaker now judges a failure rate

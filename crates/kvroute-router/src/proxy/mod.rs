@@ -66,6 +66,9 @@ pub struct ProxyConfig {
     pub retry_budget: RetryBudgetConfig,
     /// How `https://` workers are reached (`[proxy.tls]`).
     pub tls: UpstreamTls,
+    /// A prompt needing at least two pieces of this many tokens beyond what its worker holds
+    /// is sent in prefix pieces first (`dispatch::pieces`); 0: every prompt whole.
+    pub prefill_piece_tokens: usize,
 }
 
 impl Default for ProxyConfig {
@@ -79,6 +82,7 @@ impl Default for ProxyConfig {
             total_timeout: Duration::from_secs(3600),
             retry_budget: RetryBudgetConfig::default(),
             tls: UpstreamTls::default(),
+            prefill_piece_tokens: 0,
         }
     }
 }

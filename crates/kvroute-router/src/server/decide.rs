@@ -12,6 +12,7 @@ use super::call::{Call, Routing};
 use super::session_hint::{HintSource, session_of};
 use super::{AppState, context, route};
 use crate::openai::{ApiError, RequestView};
+use crate::proxy::dispatch::PromptPieces;
 use crate::routing::{self, Analysis, Eligible, Needs};
 
 /// A request decided up to the choice of its worker.
@@ -33,6 +34,8 @@ pub(super) struct Decided {
     /// How its workers were narrowed to those whose context holds it, when they were
     /// (`context::narrowed`).
     pub(super) context: Option<context::Narrowing>,
+    /// Its prompt's token ids when it may go to its worker in prefix pieces.
+    pub(super) pieces: Option<PromptPieces>,
 }
 
 /// What a request of `api` routed so needs of its model's workers.
@@ -75,13 +78,13 @@ pub(super) async fn decide(
         };
         session_of(&state.sessions(), &call.headers, view, caller.tenant(), m)
     });
-    let (mut analysis, view) = match routing {
+    let (mut analysis, view, pieces) = match routing {
         Routing::Prompt(view) => {
-            let (analysis, view) =
+            let (analysis, view, pieces) =
                 route::analyse(state, *view, salt.as_deref(), body_bytes).await?;
-            (analysis, Some(view))
+            (analysis, Some(view), pieces)
         }
-        Routing::Load | Routing::Pinned(_) => (Analysis::load_only(), None),
+        Routing::Load | Routing::Pinned(_) => (Analysis::load_only(), None, None),
     };
     analysis.session = session.map(|(key, _)| key);
     let (eligible, context, view) = match (model, view) {
@@ -102,5 +105,6 @@ pub(super) async fn decide(
         started,
         hint: session.map(|(_, source)| source),
         context,
+        pieces,
     })
 }

@@ -436,6 +436,7 @@ async fn dispatch(
         analysis: decided.analysis,
         started: decided.started,
         protocol,
+        pieces: decided.pieces,
     };
     let clock = || state.now();
     let dispatcher = Dispatcher::new(&state.upstream, &state.decider, &state.metrics, &clock);

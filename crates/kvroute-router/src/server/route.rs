@@ -14,6 +14,7 @@ use tracing::Instrument;
 use super::AppState;
 use crate::index::Overlaps;
 use crate::openai::{ApiError, Input, Prompt, RequestView, TokenIds};
+use crate::proxy::dispatch::PromptPieces;
 use crate::routing::{Analysis, request_seed};
 use crate::telemetry::TARGET as TRACE;
 use crate::tokens::media::MediaMark;
@@ -40,9 +41,9 @@ pub(super) async fn analyse(
     mut view: RequestView,
     cache_salt: Option<&str>,
     body_bytes: usize,
-) -> Result<(Analysis, RequestView), ApiError> {
+) -> Result<Analysed, ApiError> {
     if !state.decider.uses_prefix() {
-        return Ok((Analysis::load_only(), view));
+        return Ok((Analysis::load_only(), view, None));
     }
     let (tokens, seed) = tokens_and_seed(state, &view.model, cache_salt);
     let block_size = tokens.block_size();
@@ -72,7 +73,7 @@ pub(super) async fn analyse(
         Err(e) => {
             // A tokenizer failure must not fail the request: route it on load alone.
             tracing::warn!(model = %view.model, error = %e, "cannot tokenize; routing on load only");
-            return Ok((Analysis::load_only(), view));
+            return Ok((Analysis::load_only(), view, None));
         }
     };
     state
@@ -80,9 +81,13 @@ pub(super) async fn analyse(
         .decision
         .with_label_values(&[state.policy.name(), "tokenize"])
         .observe(started.elapsed().as_secs_f64());
+    let pieces = ids.pieces(state, &view, block_size);
     let analysis = ids.analysis(state, seed, block_size, view.reads_prefix_cache);
-    Ok((analysis, view))
+    Ok((analysis, view, pieces))
 }
+
+/// A prompt's analysis, its view, and its token ids when it may be sent in prefix pieces.
+pub(super) type Analysed = (Analysis, RequestView, Option<PromptPieces>);
 
 /// How many tokens `view`'s prompt has (a batch's: its longest prompt's), for routing by
 /// context length (`server::context`) where the policy did not tokenize it, or tokenized only
@@ -173,6 +178,33 @@ impl PromptIds {
     fn encode(tokens: &ModelTokens, view: &RequestView) -> Result<PromptIds, TokenError> {
         let (ids, mark) = tokens.prompt_ids_marked(view)?;
         Ok(PromptIds::Encoded(ids, mark))
+    }
+
+    /// The ids kept for prefix pieces (`proxy.prefill_piece_tokens`) when the request may go
+    /// in them: one prompt (a batch is many requests to its engine), read from the prefix
+    /// cache, without media (a piece of token ids would not carry them), and at least two
+    /// pieces long. Copied only then.
+    fn pieces(
+        &self,
+        state: &AppState,
+        view: &RequestView,
+        block_size: usize,
+    ) -> Option<PromptPieces> {
+        let piece = state.upstream.config().prefill_piece_tokens;
+        let batch = match &view.input {
+            Input::Prompt(Prompt::Texts(texts)) => texts.len() > 1,
+            Input::Prompt(Prompt::TokenBatches(batches)) => batches.len() > 1,
+            _ => false,
+        };
+        if piece == 0 || batch || !view.reads_prefix_cache || self.len() < 2 * piece {
+            return None;
+        }
+        let ids: Arc<[u32]> = match self {
+            PromptIds::Sent(ids) => ids.to_vec().into(),
+            PromptIds::Encoded(ids, None) => Arc::from(ids.as_slice()),
+            PromptIds::Encoded(_, Some(_)) => return None,
+        };
+        Some(PromptPieces { ids, block_size })
     }
 
     fn len(&self) -> usize {

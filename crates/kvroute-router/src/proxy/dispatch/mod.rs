@@ -11,6 +11,7 @@
 //! passive health and `kvroute_upstream_errors_total` learn of an attempt in this module only.
 
 mod pair;
+mod pieces;
 mod sglang;
 mod vllm;
 mod whole;
@@ -30,6 +31,8 @@ use crate::metrics::Metrics;
 use crate::openai::ApiError;
 use crate::routing::{Analysis, Attempt, Decider, Eligible, Plan, Session};
 
+pub use pieces::PromptPieces;
+
 /// How a request is to be sent: decided up to the choice of its worker.
 pub struct Route {
     /// The workers that may serve it, and whether as a prefill/decode pair.
@@ -40,6 +43,9 @@ pub struct Route {
     pub started: Instant,
     /// Its model's hand-off protocol (used when `eligible` is a pair plan).
     pub protocol: Protocol,
+    /// Its prompt's token ids when it may go to its worker in prefix pieces first (a whole
+    /// request's first attempt; `proxy.prefill_piece_tokens`).
+    pub pieces: Option<PromptPieces>,
 }
 
 /// What is sent to the worker: the method, the path and query, the client's headers (made
@@ -125,7 +131,8 @@ impl<'a> Dispatcher<'a> {
                     self.clock,
                     route.started,
                 );
-                let (a, r) = self.with_retries(&out, &body, &mut session).await?;
+                let pieces = route.pieces.as_ref();
+                let (a, r) = self.with_retries(&out, &body, &mut session, pieces).await?;
                 (a, r, Vec::new(), None)
             }
         };

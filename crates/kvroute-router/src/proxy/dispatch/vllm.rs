@@ -19,7 +19,7 @@ impl Dispatcher<'_> {
             decode,
         } = sides;
         let body = vllm::prefill_body(whole).map_err(body_error)?;
-        let (mut p, answer) = self.with_retries(out, &body, &mut prefill).await?;
+        let (mut p, answer) = self.with_retries(out, &body, &mut prefill, None).await?;
         if !answer.status().is_success() {
             // The request's own answer (a 4xx): the client gets it as it is.
             return Ok(Paired::own_answer(p, answer));
@@ -49,7 +49,7 @@ impl Dispatcher<'_> {
         handoffs.with_label_values(&["vllm", outcome]).inc();
         decode.prefilled_on(&p.worker);
         let body = vllm::decode_body(whole, params.as_ref()).map_err(body_error)?;
-        let (d, answer) = self.with_retries(out, &body, decode).await?;
+        let (d, answer) = self.with_retries(out, &body, decode, None).await?;
         Ok(self.held_answer(d, answer, Arc::clone(&p.worker)).await)
     }
 }

@@ -6,7 +6,7 @@ use http::Response;
 use hyper::body::Incoming;
 use tracing::field;
 
-use super::{Dispatcher, Outbound, upstream_error};
+use super::{Dispatcher, Outbound, PromptPieces, upstream_error};
 use crate::fleet::Side;
 use crate::openai::ApiError;
 use crate::proxy::outcome::{Failure, WorkerFault};
@@ -24,6 +24,7 @@ struct Failed {
 impl Dispatcher<'_> {
     /// Sends `body` on workers `session` chooses, retrying on another worker until one
     /// answers, the retries or the retry budget run out, or the session has no worker left.
+    /// With `pieces`, the first worker chosen gets the prompt's prefix pieces first.
     ///
     /// Returns the attempt that answered and its response; the caller streams it on.
     pub(super) async fn with_retries(
@@ -31,6 +32,7 @@ impl Dispatcher<'_> {
         out: &Outbound<'_>,
         body: &Bytes,
         session: &mut (dyn Attempts + Send),
+        pieces: Option<&PromptPieces>,
     ) -> Result<(Attempt, Response<Incoming>), ApiError> {
         self.upstream.budget.record_request();
         let mut last: Option<Failed> = None;
@@ -44,6 +46,9 @@ impl Dispatcher<'_> {
                 break;
             };
             self.count_pick(session.side(), &attempt);
+            if let Some(pieces) = pieces.filter(|_| attempt_no == 0) {
+                self.send_pieces(&attempt, out, body, pieces).await;
+            }
             match self.send(&attempt, out, body.clone()).await {
                 Ok(resp) => return Ok((attempt, resp)),
                 Err(failure) => last = Some(failed(attempt, failure)),
