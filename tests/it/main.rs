@@ -78,6 +78,7 @@ mod real_vllm_endpoints;
 mod real_vllm_epp;
 mod real_vllm_lifecycle;
 mod real_vllm_pd;
+mod real_vllm_pieces;
 mod real_vllm_quickstart;
 mod real_vllm_routing;
 mod reliability;

@@ -259,6 +259,17 @@ pub struct LoadGuard {
 }
 
 impl LoadGuard {
+    /// The prefill tokens of other requests this router counts queued on the worker (not yet
+    /// at their first token): what a request queued there now would run behind.
+    pub fn others_queued_prefill_tokens(&self) -> u64 {
+        let own = if self.stage == Stage::Prefill {
+            self.prefill_tokens
+        } else {
+            0
+        };
+        self.load.view().queued_prefill_tokens.saturating_sub(own)
+    }
+
     /// Counts the request as `tenant`'s on this worker until it ends.
     pub fn occupy(&mut self, tenant: &Arc<str>) {
         if self.stage != Stage::Done {

@@ -120,6 +120,12 @@ impl Admitted {
         self.worker
     }
 
+    /// The prefill tokens of other requests queued on its worker, as this router counts them
+    /// (`routing::prefill_pieces`: a ladder stops where a piece would wait behind more).
+    pub fn others_queued_prefill_tokens(&self) -> u64 {
+        self.guard.others_queued_prefill_tokens()
+    }
+
     /// The first token arrived: the prefill no longer queues others.
     pub fn first_token(&mut self) {
         self.guard.first_token();

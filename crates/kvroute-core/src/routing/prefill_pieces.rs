@@ -15,6 +15,14 @@
 //! but its last part cached. No token is computed twice (pieces end on block boundaries); the
 //! long prompt pays the short requests' time between its pieces, which its own prefill dwarfs.
 //!
+//! The ladder never starves its request: the next piece goes only while the other requests
+//! queued for prefill on the worker (as the router counts them) come to at most one piece;
+//! past that, the rest of the prompt goes whole with the request ([`next_piece_goes`]). A
+//! piece then waits behind at most about a piece of others' work, and an overloaded worker,
+//! whose queue is always longer, gets whole prompts as without pieces (measured: without this
+//! bound, agentic × 4 — three times what the fleet serves — went from a mean TTFT of 62 s to
+//! 2,106 s, every pieced prompt queued behind the whole queue once per piece).
+//!
 //! Only a prompt that needs at least two pieces beyond what its worker holds is cut: a shorter
 //! one, sent whole, blocks the queue for less than two pieces, and cut it would wait behind
 //! every arrival for little gain (measured: cutting every prompt over one piece cost agentic
@@ -51,9 +59,23 @@ pub fn piece_ends(
     ends
 }
 
+/// Whether a ladder sends its next piece when `others_queued_tokens` of other requests'
+/// prefill are queued on its worker, for pieces of `piece_tokens`; otherwise the request goes
+/// now, with the rest of its prompt.
+pub fn next_piece_goes(others_queued_tokens: u64, piece_tokens: usize) -> bool {
+    others_queued_tokens <= piece_tokens as u64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_ladder_stops_behind_more_than_a_pieces_worth_of_others() {
+        assert!(next_piece_goes(0, 16_384));
+        assert!(next_piece_goes(16_384, 16_384));
+        assert!(!next_piece_goes(16_385, 16_384));
+    }
 
     #[test]
     fn a_prompt_under_two_pieces_is_sent_whole() {

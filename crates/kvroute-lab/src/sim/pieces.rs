@@ -6,7 +6,7 @@
 
 use super::{Event, Routed, Simulation};
 use crate::engine::RequestId;
-use kvroute_router::routing::prefill_pieces::piece_ends;
+use kvroute_router::routing::prefill_pieces::{next_piece_goes, piece_ends};
 
 /// A prompt the router sends in prefix pieces (`routing::prefill_pieces`): each piece a
 /// request of one output token, the next queued when the last ends, then the request.
@@ -30,6 +30,11 @@ impl Pieces {
         }
     }
 }
+
+/// From a piece's answer at its engine to the next piece there: the answer's way back, the
+/// router's next send, the engine's parse. Any delay at all means the engine has planned its
+/// next step without the piece, as a real engine has (it plans the next step as the last ends).
+pub(super) const ROUND_TRIP_S: f64 = 0.002;
 
 /// Engine ids of pieces: request `i`'s is `PIECE + i` (one piece of it is live at a time),
 /// above every trace index.
@@ -82,6 +87,12 @@ impl Simulation<'_> {
             return;
         };
         let slot = p.slot;
+        let ahead = self.routed[i]
+            .as_ref()
+            .map_or(0, Routed::others_queued_prefill_tokens);
+        if !next_piece_goes(ahead, self.config.prefill_piece_tokens) {
+            p.sent = p.ends.len();
+        }
         let (id, prompt, output) = match p.ends.get(p.sent) {
             Some(&end) => {
                 p.sent += 1;
@@ -180,6 +191,26 @@ mod tests {
             ttft(&cut, 0) >= ttft(&whole, 0),
             "it pays for the short one's turn"
         );
+        assert_eq!(whole.counters.prefill_tokens, cut.counters.prefill_tokens);
+    }
+
+    #[test]
+    fn a_ladder_behind_another_long_prompt_goes_whole_and_is_not_starved() {
+        let (a, b): (Vec<u64>, Vec<u64>) = ((0..1_000).collect(), (5_000..6_000).collect());
+        let trace = Trace::new(vec![req(0.0, &a, 64_000, 4), req(0.01, &b, 64_000, 4)]);
+        let mut c = config(1, 4_096);
+        let whole = Simulation::new(&trace, &c, PolicyKind::KvAware)
+            .unwrap()
+            .run();
+        c.prefill_piece_tokens = 8_192;
+        let cut = Simulation::new(&trace, &c, PolicyKind::KvAware)
+            .unwrap()
+            .run();
+        let ttft = |r: &crate::sim::simulation::PolicyRun, i: usize| r.records[i].ttft().unwrap();
+        // The second prompt found more than a piece queued: it went whole, between the first
+        // one's first piece and its rest, which then went whole too (once, not per piece).
+        assert!(ttft(&cut, 1) < ttft(&cut, 0), "{:?}", cut.records);
+        assert!(ttft(&cut, 0) < ttft(&whole, 1) + 0.5, "{:?}", cut.records);
         assert_eq!(whole.counters.prefill_tokens, cut.counters.prefill_tokens);
     }
 

@@ -65,6 +65,11 @@ impl Routed {
         self.finish();
     }
 
+    /// Other requests' prefill tokens this router counts queued on the worker.
+    pub fn others_queued_prefill_tokens(&self) -> u64 {
+        self.admitted.others_queued_prefill_tokens()
+    }
+
     /// The time to first token the policy predicted, if it predicts one.
     pub fn predicted_ttft(&self) -> Option<f64> {
         self.admitted.predicted_ttft_s

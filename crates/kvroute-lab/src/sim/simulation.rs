@@ -88,6 +88,8 @@ enum Event {
     },
     /// A worker may have something to do without a new request (a KV transfer lands).
     Wake(u32),
+    /// Request `i`'s last piece was answered a router round trip ago: its next one is sent.
+    NextPiece(usize),
     /// A decode worker finished pulling a request's KV: its prefill worker frees the blocks.
     Release {
         worker: u32,
@@ -342,6 +344,7 @@ impl<'t> Simulation<'t> {
                 }
             }
             Event::Wake(w) => self.try_step(w, now),
+            Event::NextPiece(i) => self.next_piece(i, now),
             Event::Release {
                 worker,
                 life,
@@ -557,7 +560,10 @@ impl<'t> Simulation<'t> {
         }
         for s in &out.finished {
             if let Some(i) = pieces::piece_of(s.id) {
-                self.next_piece(i, now);
+                // The answer reaches the router, which sends the next piece: the engine has
+                // planned its next step by then.
+                let at = s.finished.max(now) + pieces::ROUND_TRIP_S;
+                self.queue.push(at, Event::NextPiece(i));
                 continue;
             }
             let i = s.id.0 as usize;

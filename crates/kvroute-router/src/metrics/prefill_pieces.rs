@@ -16,6 +16,9 @@ pub struct PrefillPieceMetrics {
     pub tokens: IntCounter,
     /// `kvroute_prefill_pieced_requests_total`: requests sent in pieces.
     pub requests: IntCounter,
+    /// `kvroute_prefill_piece_ladders_stopped_total`: ladders ended early because more than a
+    /// piece of other requests' prefill was queued on the worker.
+    pub stopped: IntCounter,
 }
 
 impl PrefillPieceMetrics {
@@ -38,10 +41,16 @@ impl PrefillPieceMetrics {
             "Requests whose long prompt was sent in prefix pieces first.",
         )
         .expect("static metric definition");
+        let stopped = IntCounter::new(
+            "kvroute_prefill_piece_ladders_stopped_total",
+            "Prefix-piece ladders ended early, the rest of the prompt sent whole with the request, because more than a piece of other requests' prefill was queued on the worker.",
+        )
+        .expect("static metric definition");
         for m in [
             Box::new(pieces.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(tokens.clone()),
             Box::new(requests.clone()),
+            Box::new(stopped.clone()),
         ] {
             registry.register(m).expect("metric names are unique");
         }
@@ -52,6 +61,7 @@ impl PrefillPieceMetrics {
             pieces,
             tokens,
             requests,
+            stopped,
         }
     }
 }

@@ -4,7 +4,8 @@
 //! (`model`, which names a LoRA adapter too, and the cache salt as sent), so that its blocks are
 //! the request's. The next piece goes when the last has answered in full; the request follows
 //! the last. A piece that fails ends the ladder: the request is then sent whole, as it would
-//! have been. Pieces are not retried and charge no breaker — they only reorder the worker's
+//! have been. So does a queue of more than a piece of others' prefill on the worker before the
+//! next piece (`prefill_pieces::next_piece_goes`: a ladder never starves its request). Pieces are not retried and charge no breaker — they only reorder the worker's
 //! queue; the request's own send is what is judged.
 
 use std::sync::Arc;
@@ -16,7 +17,7 @@ use http_body_util::BodyExt;
 use super::{Dispatcher, Outbound};
 use crate::openai::top_level;
 use crate::routing::Attempt;
-use crate::routing::prefill_pieces::piece_ends;
+use crate::routing::prefill_pieces::{next_piece_goes, piece_ends};
 
 /// Top-level members of the request's body (as sent) that a piece carries: what the engine
 /// keys its prefix cache by besides the tokens.
@@ -59,6 +60,11 @@ impl Dispatcher<'_> {
         let headers = piece_headers(&out.headers);
         let mut from = cached;
         for end in ends {
+            let ahead = attempt.admitted.others_queued_prefill_tokens();
+            if !next_piece_goes(ahead, self.config.prefill_piece_tokens) {
+                metrics.stopped.inc();
+                return;
+            }
             let piece = piece_body(&carried, &pieces.ids[..end]);
             match self.send_piece(attempt, &headers, piece).await {
                 Ok(()) => {
