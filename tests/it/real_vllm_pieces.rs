@@ -57,7 +57,7 @@ async fn vllm_finds_the_routers_pieces_in_its_prefix_cache() {
     ] {
         let (prompt, cached) = served(&router, path, &body).await;
         println!("{path}: {prompt} prompt tokens, {cached} cached after the pieces");
-        assert!(prompt >= 3 * PIECE && prompt < 4_000, "{prompt}");
+        assert!((3 * PIECE..4_000).contains(&prompt), "{prompt}");
         // Every piece ends on a block: all of them were found, whole blocks up to the last.
         let last_piece = (prompt / PIECE - 1) * PIECE;
         assert_eq!(
