@@ -21,8 +21,9 @@ async fn served(router: &RealRouter, path: &str, body: &Value) -> (u64, u64) {
         .send()
         .await
         .unwrap();
-    assert!(resp.status().is_success(), "{}", resp.status());
+    let status = resp.status();
     let v: Value = resp.json().await.unwrap();
+    assert!(status.is_success(), "{status}: {v}");
     let usage = &v["usage"];
     let prompt = usage["prompt_tokens"].as_u64().unwrap();
     let cached = usage["prompt_tokens_details"]["cached_tokens"]
@@ -45,19 +46,22 @@ async fn vllm_finds_the_routers_pieces_in_its_prefix_cache() {
     let router = RealRouter::start(&config).await;
     router.wait_ready().await;
 
-    let question: String = (0..700).map(|i| format!("river {i} bends. ")).collect();
+    let question: String = (0..500).map(|i| format!("river {i} bends. ")).collect();
     let messages = json!([
         {"role": "system", "content": "You answer in one word."},
         {"role": "user", "content": question},
     ]);
-    let text: String = (0..700).map(|i| format!("stone {i} falls. ")).collect();
+    let text: String = (0..500).map(|i| format!("stone {i} falls. ")).collect();
     for (path, body) in [
         ("/v1/chat/completions", chat(messages, 2)),
         ("/v1/completions", completion(text, 2)),
     ] {
         let (prompt, cached) = served(&router, path, &body).await;
         println!("{path}: {prompt} prompt tokens, {cached} cached after the pieces");
-        assert!((3 * PIECE..4_000).contains(&prompt), "{prompt}");
+        assert!(
+            (3 * PIECE..4_000).contains(&prompt),
+            "two pieces or more: {prompt}"
+        );
         // Every piece ends on a block: all of them were found, whole blocks up to the last.
         let last_piece = (prompt / PIECE - 1) * PIECE;
         assert_eq!(
