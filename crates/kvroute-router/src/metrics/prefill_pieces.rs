@@ -16,8 +16,9 @@ pub struct PrefillPieceMetrics {
     pub tokens: IntCounter,
     /// `kvroute_prefill_pieced_requests_total`: requests sent in pieces.
     pub requests: IntCounter,
-    /// `kvroute_prefill_piece_ladders_stopped_total`: ladders ended early because more than a
-    /// piece of other requests' prefill was queued on the worker.
+    /// `kvroute_prefill_piece_ladders_stopped_total`: ladders ended after their first piece
+    /// because more than a piece of other requests' prefill was queued on the worker (a
+    /// request that finds that before its first piece is not pieced at all).
     pub stopped: IntCounter,
 }
 

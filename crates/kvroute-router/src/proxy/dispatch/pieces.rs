@@ -56,14 +56,18 @@ impl Dispatcher<'_> {
             return;
         };
         let metrics = &self.metrics.prefill_pieces;
-        metrics.requests.inc();
         let headers = piece_headers(&out.headers);
         let mut from = cached;
         for end in ends {
             let ahead = attempt.admitted.others_queued_prefill_tokens();
             if !next_piece_goes(ahead, self.config.prefill_piece_tokens) {
-                metrics.stopped.inc();
+                if from > cached {
+                    metrics.stopped.inc();
+                }
                 return;
+            }
+            if from == cached {
+                metrics.requests.inc();
             }
             let piece = piece_body(&carried, &pieces.ids[..end]);
             match self.send_piece(attempt, &headers, piece).await {
