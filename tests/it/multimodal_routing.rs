@@ -48,6 +48,42 @@ fn overlaps(explained: &Value) -> Vec<(String, u64)> {
         .unwrap_or_default()
 }
 
+/// The blocks `/debug/route`'s explanation credits `worker` with.
+fn credited(explained: &Value, worker: &str) -> u64 {
+    overlaps(explained)
+        .into_iter()
+        .find(|(w, _)| w == worker)
+        .map_or(0, |(_, o)| o)
+}
+
+/// Sends `body` to `/v1/{path}`: the worker that served it, and the blocks the same body is
+/// then credited with there — the whole prompt.
+async fn served_and_credited(
+    router: &kvroute::server::RouterHandle,
+    path: &str,
+    body: &Value,
+) -> (String, u64) {
+    let resp = support::client()
+        .post(format!("http://{}/v1/{path}", router.addr))
+        .json(body)
+        .send()
+        .await
+        .expect("router answers");
+    assert_eq!(resp.status(), 200);
+    let home = resp
+        .headers()
+        .get("x-kvroute-worker")
+        .and_then(|v| v.to_str().ok())
+        .expect("served by a worker")
+        .to_owned();
+    let debug = format!("http://{}/debug/route", router.addr);
+    let same = support::post_json(&debug, body).await;
+    let whole = credited(&same, &home);
+    let blocks = same["prompt_tokens"].as_u64().unwrap_or(0) / 16;
+    assert!(whole + 1 >= blocks && whole > 0, "{same}");
+    (home, whole)
+}
+
 /// A `kv_aware` router over `engines` without their KV events: the router's own record of
 /// what it routed is the index.
 fn start_router(engines: &[SimEngine]) -> kvroute::server::RouterHandle {
@@ -76,31 +112,8 @@ async fn a_different_picture_shares_only_the_blocks_before_it() {
     let debug = format!("http://{}/debug/route", router.addr);
 
     let first = chat("https://example.com/a.png");
-    let resp = support::client()
-        .post(format!("http://{}/v1/chat/completions", router.addr))
-        .json(&first)
-        .send()
-        .await
-        .expect("router answers");
-    assert_eq!(resp.status(), 200);
-    let home = resp
-        .headers()
-        .get("x-kvroute-worker")
-        .and_then(|v| v.to_str().ok())
-        .expect("served by a worker")
-        .to_owned();
-    let at_home = |explained: &Value| {
-        overlaps(explained)
-            .into_iter()
-            .find(|(w, _)| *w == home)
-            .map_or(0, |(_, o)| o)
-    };
-
-    // The same picture again: the whole prompt is credited where it went.
-    let same = support::post_json(&debug, &first).await;
-    let whole = at_home(&same);
-    let blocks = same["prompt_tokens"].as_u64().unwrap_or(0) / 16;
-    assert!(whole + 1 >= blocks && whole > 0, "{same}");
+    let (home, whole) = served_and_credited(&router, "chat/completions", &first).await;
+    let at_home = |explained: &Value| credited(explained, &home);
 
     // Another picture after the same words: only the system prompt's blocks, before it.
     let other = support::post_json(&debug, &chat("https://example.com/b.png")).await;
@@ -153,33 +166,11 @@ async fn a_responses_input_with_another_picture_shares_only_the_turns_before_it(
     let router = start_router(&engines);
     let debug = format!("http://{}/debug/route", router.addr);
     let first = responses("https://example.com/a.png");
-    let resp = support::client()
-        .post(format!("http://{}/v1/responses", router.addr))
-        .json(&first)
-        .send()
-        .await
-        .expect("router answers");
-    assert_eq!(resp.status(), 200);
-    let home = resp
-        .headers()
-        .get("x-kvroute-worker")
-        .and_then(|v| v.to_str().ok())
-        .expect("served by a worker")
-        .to_owned();
-    let at_home = |explained: &Value| {
-        overlaps(explained)
-            .into_iter()
-            .find(|(w, _)| *w == home)
-            .map_or(0, |(_, o)| o)
-    };
-    let same = support::post_json(&debug, &first).await;
-    let whole = at_home(&same);
-    let blocks = same["prompt_tokens"].as_u64().unwrap_or(0) / 16;
-    assert!(whole + 1 >= blocks && whole > 0, "{same}");
+    let (home, whole) = served_and_credited(&router, "responses", &first).await;
     // Another picture: the instructions and the first turn are shared, not the turn that
     // holds the picture (its text flattened as vLLM renders it, the picture beside it).
     let other = support::post_json(&debug, &responses("https://example.com/b.png")).await;
-    let shared = at_home(&other);
+    let shared = credited(&other, &home);
     assert!(
         shared > 0,
         "the turns before the picture are shared: {other}"
