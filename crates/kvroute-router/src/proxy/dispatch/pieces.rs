@@ -5,8 +5,9 @@
 //! the request's. The next piece goes when the last has answered in full; the request follows
 //! the last. A piece that fails ends the ladder: the request is then sent whole, as it would
 //! have been. So does a queue of more than a piece of others' prefill on the worker before the
-//! next piece (`prefill_pieces::next_piece_goes`: a ladder never starves its request). Pieces are not retried and charge no breaker — they only reorder the worker's
-//! queue; the request's own send is what is judged.
+//! next piece (`prefill_pieces::next_piece_goes`: a ladder never starves its request). Pieces
+//! are not retried and charge no breaker — they only reorder the worker's queue; the request's
+//! own send is what is judged.
 
 use std::sync::Arc;
 
