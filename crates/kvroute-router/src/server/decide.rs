@@ -13,7 +13,7 @@ use super::session_hint::{HintSource, session_of};
 use super::{AppState, context, route};
 use crate::openai::{ApiError, RequestView};
 use crate::proxy::dispatch::PromptPieces;
-use crate::routing::{self, Analysis, Eligible, Needs};
+use crate::routing::{self, Analysis, Eligible, Needs, Plan};
 
 /// A request decided up to the choice of its worker.
 pub(super) struct Decided {
@@ -96,6 +96,8 @@ pub(super) async fn decide(
         }
         (_, view) => (eligible, None, view),
     };
+    // A pair's prefill goes to a prefill worker through its hand-off: no pieces.
+    let pieces = pieces.filter(|_| eligible.plan == Plan::Whole);
     Ok(Decided {
         eligible,
         analysis,

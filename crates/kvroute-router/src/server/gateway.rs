@@ -147,6 +147,8 @@ pub async fn pick(
         bytes.len(),
     )
     .await?;
+    // The gateway sends the request: a picker has no prefix pieces to send.
+    decided.pieces = None;
     permit(&mut decided.eligible.workers, allowed)?;
     if let Some(narrowing) = &decided.context {
         state.metrics.context.count(narrowing.kept);
