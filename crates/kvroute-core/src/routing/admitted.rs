@@ -28,6 +28,8 @@ pub struct Admitted {
     predicted: Option<Predicted>,
     /// Leading blocks the router believed the worker held (at most the prompt's blocks).
     pub overlap_blocks: u32,
+    /// Blocks past those that it held in host memory or on disk (loaded, not computed).
+    pub lower_blocks: u32,
     /// Full blocks of the prompt (0 for load-only policies).
     pub blocks: u32,
     /// Prompt length in tokens (0 for load-only policies).
@@ -85,6 +87,10 @@ impl Admitted {
                 kv_bytes_per_token: analysis.request.kv_bytes_per_token,
             }),
             overlap_blocks: chosen.overlap_blocks.min(analysis.request.blocks),
+            lower_blocks: chosen
+                .lower_blocks
+                .cpu
+                .saturating_add(chosen.lower_blocks.disk),
             blocks: analysis.request.blocks,
             prompt_tokens: analysis.request.prompt_tokens,
             predicted_ttft_s,
@@ -108,6 +114,7 @@ impl Admitted {
             policy,
             predicted: None,
             overlap_blocks: overlap_blocks.min(analysis.request.blocks),
+            lower_blocks: analysis.overlaps.lower(worker).iter().sum(),
             blocks: analysis.request.blocks,
             prompt_tokens: analysis.request.prompt_tokens,
             predicted_ttft_s: None,
@@ -118,6 +125,14 @@ impl Admitted {
     /// The worker it was admitted on.
     pub fn worker(&self) -> WorkerId {
         self.worker
+    }
+
+    /// The prompt's leading blocks the worker holds in any tier: what the engine will not
+    /// compute (host-memory and disk blocks are loaded).
+    pub fn held_blocks(&self) -> u32 {
+        self.overlap_blocks
+            .saturating_add(self.lower_blocks)
+            .min(self.blocks)
     }
 
     /// The prefill tokens of other requests queued on its worker, as this router counts them
@@ -158,5 +173,38 @@ impl Admitted {
     /// The request ended (completed, failed or cancelled): everything it held is released.
     pub fn finish(&mut self) {
         self.guard.finish();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::fleet::Load;
+    use crate::policy::{PolicyKind, seeded};
+
+    #[test]
+    fn blocks_in_lower_tiers_are_held_and_pieces_and_queues_see_the_others() {
+        let worker = WorkerId(3);
+        let mut analysis = Analysis::default();
+        analysis.request.blocks = 10;
+        analysis.request.block_size = 16;
+        analysis.request.prompt_tokens = 160;
+        analysis.overlaps.set_lower(vec![(worker, [3, 2])]);
+        let load = Arc::new(Load::default());
+        let other = load.admit(500, 400);
+        let guard = load.admit(160, 96);
+        let policy = seeded(PolicyKind::KvAware, 1);
+        let a = Admitted::unpredicted(worker, guard, policy, &analysis, 4);
+        // Four on the GPU, three in host memory and two on disk: nine not computed.
+        assert_eq!(
+            (a.overlap_blocks, a.lower_blocks, a.held_blocks()),
+            (4, 5, 9)
+        );
+        // Its own queued prefill is not counted against it; the other request's is.
+        assert_eq!(a.others_queued_prefill_tokens(), 400);
+        drop(other);
+        assert_eq!(a.others_queued_prefill_tokens(), 0);
     }
 }

@@ -63,7 +63,8 @@ impl Simulation<'_> {
         now: f64,
     ) -> Option<(Vec<u32>, Routed)> {
         let block = self.config.engine.block_size;
-        let cached = routed.overlap_blocks as usize * block;
+        // Blocks in host memory are loaded, not computed: no piece for them.
+        let cached = routed.held_blocks() as usize * block;
         let ends = piece_ends(
             prompt.len(),
             cached,

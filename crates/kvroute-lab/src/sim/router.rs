@@ -65,6 +65,11 @@ impl Routed {
         self.finish();
     }
 
+    /// The prompt's leading blocks the router believed the worker held, in any tier.
+    pub fn held_blocks(&self) -> u32 {
+        self.admitted.held_blocks()
+    }
+
     /// Other requests' prefill tokens this router counts queued on the worker.
     pub fn others_queued_prefill_tokens(&self) -> u64 {
         self.admitted.others_queued_prefill_tokens()

@@ -43,7 +43,8 @@ impl Dispatcher<'_> {
         body: &Bytes,
         pieces: &PromptPieces,
     ) {
-        let cached = attempt.admitted.overlap_blocks as usize * pieces.block_size;
+        // Blocks in host memory or on disk are loaded, not computed: no piece for them.
+        let cached = attempt.admitted.held_blocks() as usize * pieces.block_size;
         let ends = piece_ends(
             pieces.ids.len(),
             cached,
