@@ -1,7 +1,7 @@
 //! Long prompts sent to their worker in prefix pieces (`SimConfig::prefill_piece_tokens`,
 //! `routing::prefill_pieces`): the live router's ladder in virtual time. Each piece is a
-//! request of one output token, queued on the worker when the one before it ends; the request
-//! itself follows the last. Its record and its admission are the request's: the router counts
+//! request of one output token, queued on the worker a router round trip ([`ROUND_TRIP_S`])
+//! after the one before it ended; the request itself follows the last. Its record and its admission are the request's: the router counts
 //! its whole prefill queued until its own first token, as the live router does.
 
 use super::{Event, Routed, Simulation};
@@ -9,7 +9,8 @@ use crate::engine::RequestId;
 use kvroute_router::routing::prefill_pieces::{next_piece_goes, piece_ends};
 
 /// A prompt the router sends in prefix pieces (`routing::prefill_pieces`): each piece a
-/// request of one output token, the next queued when the last ends, then the request.
+/// request of one output token, the next queued a round trip after the last ended, then the
+/// request.
 pub(super) struct Pieces {
     prompt: Vec<u32>,
     ends: Vec<usize>,
