@@ -14,6 +14,22 @@ fn req(tokens: u64) -> RouteRequest {
     }
 }
 
+/// A first token on `worker` after `ttft_s` for `tokens` uncached tokens with nothing queued
+/// or decoding there, with `unseen` other replicas' requests in its view.
+fn alone(worker: u32, tokens: u64, ttft_s: f64, unseen: u64) -> Observation {
+    Observation {
+        worker: WorkerId(worker),
+        uncached_tokens: tokens,
+        queued_tokens: 0,
+        decoding: 0,
+        prefilling: 0,
+        unseen_in_flight: unseen,
+        ttft_s,
+        loaded_tokens: [0, 0],
+        kv_bytes_per_token: 0,
+    }
+}
+
 fn policy() -> KvAware {
     KvAware::new(
         KvAwareConfig {
@@ -374,17 +390,12 @@ fn a_partial_view_scores_every_worker_with_its_own_fit() {
     for i in 0..64u64 {
         for (slot, slow) in [(0u32, 3.0), (1, 1.0)] {
             let tokens = 500 + i * 10;
-            p.observe(&Observation {
-                worker: WorkerId(slot),
-                uncached_tokens: tokens,
-                queued_tokens: 0,
-                decoding: 0,
-                prefilling: 0,
-                unseen_in_flight: 2,
-                ttft_s: slow * (tokens as f64 / 20_000.0 + 0.02),
-                loaded_tokens: [0, 0],
-                kv_bytes_per_token: 0,
-            });
+            p.observe(&alone(
+                slot,
+                tokens,
+                slow * (tokens as f64 / 20_000.0 + 0.02),
+                2,
+            ));
         }
     }
     let mut c = idle(2);
@@ -584,17 +595,12 @@ fn a_mixed_fleet_prices_the_stall_at_each_workers_speed() {
         let slot = (i % 2) as u32;
         let slow = if slot == 0 { 2.0 } else { 1.0 };
         let tokens = 500 + i * 10;
-        p.observe(&Observation {
-            worker: WorkerId(slot),
-            uncached_tokens: tokens,
-            queued_tokens: 0,
-            decoding: 0,
-            prefilling: 0,
-            unseen_in_flight: 0,
-            ttft_s: slow * (tokens as f64 / 20_000.0 + 0.02),
-            loaded_tokens: [0, 0],
-            kv_bytes_per_token: 0,
-        });
+        p.observe(&alone(
+            slot,
+            tokens,
+            slow * (tokens as f64 / 20_000.0 + 0.02),
+            0,
+        ));
     }
     assert!(super::super::lock(&p.calibration).mixed());
     let mut c = idle(2);

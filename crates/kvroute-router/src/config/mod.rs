@@ -268,9 +268,15 @@ pub struct Config {
 impl Config {
     /// The settings the policies are built with.
     pub fn policy_settings(&self) -> PolicySettings {
+        let mut kv_aware = self.kv_aware;
+        // Prefix pieces bound what a queued prefill blocks, as an engine's own cap does.
+        kv_aware.long_prefill_token_threshold = crate::policy::kv_aware::threshold_with_pieces(
+            kv_aware.long_prefill_token_threshold,
+            self.proxy.prefill_piece_tokens as u64,
+        );
         PolicySettings {
             seed: self.seed,
-            kv_aware: self.kv_aware,
+            kv_aware,
             ..Default::default()
         }
     }
@@ -355,12 +361,7 @@ impl Config {
         let model_flags = models::ModelFlags::of(args);
         let models =
             models::Models::from_file(&file.tokens, file.models, &model_flags, &mut overrides)?;
-        let mut kv_aware = policy::kv_aware(&file.kv_aware)?;
-        // Pieces bound what a queued prefill blocks, as an engine's own cap does.
-        kv_aware.long_prefill_token_threshold = crate::policy::kv_aware::threshold_with_pieces(
-            kv_aware.long_prefill_token_threshold,
-            proxy.prefill_piece_tokens as u64,
-        );
+        let kv_aware = policy::kv_aware(&file.kv_aware)?;
         let index = IndexSettings::from_file(&file.index)?;
         let replay_limits = kv_events::replay_limits(&file.kv_events)?;
         let engines_per_intake = kv_events::engines_per_intake(&file.kv_events)?;

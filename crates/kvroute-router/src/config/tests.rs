@@ -564,3 +564,28 @@ fn the_body_budget_follows_the_body_limit_and_must_hold_one_body() {
         .to_string();
     assert!(e.contains("`limits.max_body_bytes_in_flight`"), "{e}");
 }
+
+/// Prefix pieces bound what a queued prefill blocks: the policy is built with the smaller of
+/// the piece and the engines' own cap, and with neither cap without pieces.
+#[test]
+fn prefix_pieces_cap_the_policys_priced_wait() {
+    let threshold = |text: &str| {
+        load(text)
+            .unwrap()
+            .policy_settings()
+            .kv_aware
+            .long_prefill_token_threshold
+    };
+    assert_eq!(threshold(""), 0);
+    assert_eq!(threshold("[proxy]\nprefill_piece_tokens = 16384\n"), 16_384);
+    assert_eq!(
+        threshold(
+            "[proxy]\nprefill_piece_tokens = 16384\n[kv_aware]\nlong_prefill_token_threshold = 4096\n"
+        ),
+        4_096
+    );
+    assert_eq!(
+        threshold("[kv_aware]\nlong_prefill_token_threshold = 4096\n"),
+        4_096
+    );
+}
