@@ -13,7 +13,9 @@
 #   KVROUTE       the kvroute binary (default target/release/kvroute)
 #   ROUTERS       which routers, in order (default "kv_aware least_request sglang vllm");
 #                 kvroute policies by name (or LABEL:POLICY:CONFIG, a policy with a config
-#                 file, shown as LABEL), `sglang` = sglang-router cache_aware,
+#                 file, shown as LABEL; LABEL:POLICY:CONFIG:BINARY runs that build of kvroute
+#                 as the router, to compare two builds alternating in one run),
+#                 `sglang` = sglang-router cache_aware,
 #                 `smg` = Shepherd Model Gateway 1.13 (`smg launch`) cache_aware,
 #                 `vllm` = vllm-router cache_aware (it asks the engines' /tokenize)
 #   ENGINES       engines in the fleet (default 4)
@@ -129,10 +131,12 @@ start_router() {
             spawn "$out/$run.router.log" "$peer_bin/vllm-router" \
                 --host 127.0.0.1 --port "$router_port" --policy cache_aware --worker-urls "${urls[@]}" ;;
         *:*:*)
-            # LABEL:POLICY:CONFIG — a kvroute policy with a config file, run as LABEL.
-            local policy config
-            IFS=: read -r _ policy config <<<"$router"
-            spawn "$out/$run.router.log" "$kvroute" serve --listen "127.0.0.1:$router_port" \
+            # LABEL:POLICY:CONFIG[:BINARY] — a kvroute policy with a config file (and another
+            # build of kvroute), run as LABEL.
+            local policy config binary
+            IFS=: read -r _ policy config binary <<<"$router"
+            spawn "$out/$run.router.log" "${binary:-$kvroute}" serve \
+                --listen "127.0.0.1:$router_port" \
                 --policy "$policy" --config "$config" "${workers[@]}" ;;
         *)
             spawn "$out/$run.router.log" "$kvroute" serve --listen "127.0.0.1:$router_port" \

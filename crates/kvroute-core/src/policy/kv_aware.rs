@@ -197,6 +197,11 @@ impl KvAware {
         super::lock(&self.calibration).rates(worker)
     }
 
+    /// The learned mean time from a request's first token to its end, seconds.
+    pub fn residence_mean_s(&self) -> f64 {
+        super::lock(&self.residence).mean_s()
+    }
+
     /// The fitted load factors of the host-memory and disk tiers.
     pub fn tier_factors(&self) -> [f64; 2] {
         self.tiers.factors()
@@ -287,7 +292,7 @@ impl Policy for KvAware {
             .iter()
             .map(|c| self.tiers.quote(&config.tiers, request, c, factors))
             .collect();
-        let residence_s = super::lock(&self.residence).mean_s();
+        let residence_s = super::lock(&self.residence).residual_s();
         let saturated = saturation::saturated(request.prompt_tokens, candidates);
         let rates: Vec<Rates> = super::lock(&self.calibration)
             .rates_in_view_of(candidates.iter().map(|c| c.worker), partial);

@@ -498,6 +498,18 @@ fn a_warm_worker_whose_running_requests_fill_its_cache_is_priced_by_the_wait() {
         p.observe_decode(WorkerId(0), 0.5);
     }
     assert_eq!(p.choose(&req(80_000), &c).unwrap().chosen, 0);
+    // Answers whose mean is as short but whose tail is long (nine in ten end at once, one in
+    // ten runs ten times the mean): the session found running is most likely a long one, and
+    // the 80k tokens are recomputed elsewhere.
+    let p = policy();
+    let recompute = p.choose(&req(80_000), &c).unwrap().predicted_ttft_s[1].unwrap();
+    let long = 4.0 * recompute;
+    for i in 0..200 {
+        p.observe_decode(WorkerId(0), if i % 10 == 9 { long } else { 0.0 });
+    }
+    assert!(p.residence_mean_s() < recompute / 2.0);
+    let d = p.choose(&req(80_000), &c).unwrap();
+    assert_eq!(d.chosen, 1, "{:?}", d.predicted_ttft_s);
 }
 
 /// Four workers; the first is computing a sibling's 4,096-token prefix (its booking queued),

@@ -13,10 +13,18 @@
 //! unfinished requests (`active`) and how many there are (`in_flight`). When `active` plus the
 //! new prompt exceeds the worker's capacity, the request waits until enough of those requests
 //! end to free the excess. With each request holding `active / in_flight` tokens, that is the
-//! `k`-th of `n` to end; with remaining lifetimes taken as memoryless with mean `D` (the
-//! fleet's measured time from first token to end, [`Residence`]), the expected wait is
-//! `D × (1/n + 1/(n−1) + … + 1/(n−k+1))`. It is 0 whenever the prompt fits, which is every
-//! request of a fleet with room, so it moves nothing until a worker's running set is full.
+//! `k`-th of `n` to end; with remaining lifetimes taken as memoryless with mean `R`, the
+//! expected wait is `R × (1/n + 1/(n−1) + … + 1/(n−k+1))`. It is 0 whenever the prompt fits,
+//! which is every request of a fleet with room, so it moves nothing until a worker's running set
+//! is full.
+//!
+//! `R` is what is left of a request found running, not a request's whole residence `D` (the
+//! fleet's measured time from first token to end, [`Residence`]): a request that is running
+//! when another arrives is more likely a long one (the inspection paradox), and what remains of
+//! it is `E[D²] / 2E[D]` on average. Answer lengths are heavy-tailed — on the agentic trace
+//! most answers end within seconds, a few decode thousands of tokens for minutes — so that is
+//! several times the mean: priced with the mean, turns waited 25–120 s for room where 3–5 s
+//! was predicted, and more were sent behind them (docs/benchmarks.md, "Tiered caches").
 
 /// Until the first request ends, the residence assumed: a few hundred output tokens at
 /// tens of milliseconds per step.
@@ -27,22 +35,34 @@ pub const PRIOR_RESIDENCE_S: f64 = 5.0;
 #[derive(Clone, Copy, Debug)]
 pub struct Residence {
     mean_s: f64,
+    /// The mean of the squared residences, s².
+    mean_sq: f64,
     observed: u64,
 }
 
 impl Default for Residence {
+    /// The prior as memoryless: what is left of a running request is the whole mean.
     fn default() -> Self {
         Residence {
             mean_s: PRIOR_RESIDENCE_S,
+            mean_sq: 2.0 * PRIOR_RESIDENCE_S * PRIOR_RESIDENCE_S,
             observed: 0,
         }
     }
 }
 
 impl Residence {
-    /// The current estimate, seconds.
+    /// The current estimate of a request's whole residence, seconds.
     pub fn mean_s(&self) -> f64 {
         self.mean_s
+    }
+
+    /// What is left, on average, of a request found running: `E[D²] / 2E[D]`, seconds.
+    pub fn residual_s(&self) -> f64 {
+        if self.mean_s <= 0.0 {
+            return 0.0;
+        }
+        self.mean_sq / (2.0 * self.mean_s)
     }
 
     /// A request decoded for `decode_s` seconds after its first token. `forgetting` weighs
@@ -57,6 +77,7 @@ impl Residence {
         let keep = forgetting.clamp(0.0, 1.0);
         let new = plain.max(1.0 - keep);
         self.mean_s += new * (decode_s - self.mean_s);
+        self.mean_sq += new * (decode_s * decode_s - self.mean_sq);
     }
 }
 
@@ -75,8 +96,8 @@ pub struct Room {
 }
 
 impl Room {
-    /// The expected seconds the prompt waits for room, with running requests keeping their
-    /// blocks `residence_s` on average.
+    /// The expected seconds the prompt waits for room, with what is left of each running
+    /// request `residence_s` on average ([`Residence::residual_s`]).
     pub fn wait_s(&self, residence_s: f64) -> f64 {
         let over = self.active_tokens + self.needed_tokens - self.capacity_tokens;
         let n = self.in_flight;
@@ -126,6 +147,29 @@ mod tests {
         // More than everything running frees: all of them, and no more.
         let all = 12.0 * (1.0 / 4.0 + 1.0 / 3.0 + 1.0 / 2.0 + 1.0);
         assert!((room(800.0, 4, 5000.0).wait_s(12.0) - all).abs() < 1e-9);
+    }
+
+    #[test]
+    fn what_is_left_of_a_running_request_grows_with_the_tail() {
+        let r = Residence::default();
+        assert!(
+            (r.residual_s() - PRIOR_RESIDENCE_S).abs() < 1e-9,
+            "the prior is memoryless"
+        );
+        // Answers all alike: one found running is half done.
+        let mut r = Residence::default();
+        for _ in 0..100 {
+            r.observe(4.0, 1.0);
+        }
+        assert!((r.residual_s() - 2.0).abs() < 1e-9);
+        // Nine in ten end after 1 s, one in ten after 91 s: the mean is 10 s, and what is left
+        // of one found running E[D²] / 2E[D] = (0.9 × 1 + 0.1 × 8,281) / 20 = 41.45 s.
+        let mut r = Residence::default();
+        for i in 0..1000 {
+            r.observe(if i % 10 == 9 { 91.0 } else { 1.0 }, 1.0);
+        }
+        assert!((r.mean_s() - 10.0).abs() < 1e-9);
+        assert!((r.residual_s() - 41.45).abs() < 1e-9, "{}", r.residual_s());
     }
 
     #[test]
