@@ -198,7 +198,8 @@ impl KvAware {
     }
 
     /// The learned mean time from a request's first token to its end, seconds.
-    pub fn residence_mean_s(&self) -> f64 {
+    #[cfg(test)]
+    pub(crate) fn residence_mean_s(&self) -> f64 {
         super::lock(&self.residence).mean_s()
     }
 

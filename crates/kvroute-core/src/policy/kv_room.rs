@@ -23,15 +23,17 @@
 //! when another arrives is more likely a long one (the inspection paradox), and what remains of
 //! it is `E[D²] / 2E[D]` on average. Answer lengths are heavy-tailed — on the agentic trace
 //! most answers end within seconds, a few decode thousands of tokens for minutes — so that is
-//! several times the mean: priced with the mean, turns waited 25–120 s for room where 3–5 s
-//! was predicted, and more were sent behind them (docs/benchmarks.md, "Tiered caches").
+//! several times the mean: priced with the mean, turns of 333k–505k tokens waited 19–27 s for
+//! room where 3–4 s was predicted, and more were sent behind them (docs/benchmarks.md, "What is
+//! left of a running request").
 
 /// Until the first request ends, the residence assumed: a few hundred output tokens at
 /// tens of milliseconds per step.
 pub const PRIOR_RESIDENCE_S: f64 = 5.0;
 
-/// The fleet's mean time from a request's first token to its end, learned from requests that
-/// completed: how long a running request keeps its KV blocks once it has them.
+/// The fleet's times from a request's first token to its end (their mean and mean square),
+/// learned from requests that completed: how long a running request keeps its KV blocks once
+/// it has them.
 #[derive(Clone, Copy, Debug)]
 pub struct Residence {
     mean_s: f64,
