@@ -181,9 +181,18 @@ async fn same_prefix_requests_concentrate_on_the_warm_worker() {
         "predicted_ttft_s",
         "returning_evictions",
         "sharing_requests",
+        "room_wait_s",
     ] {
         assert!(warm_row.get(key).is_some(), "{key} missing: {warm_row}");
     }
+    // Nothing runs there: no wait for KV room where the capacity is known, none priced where
+    // it is not.
+    let no_wait = if warm_row["kv_capacity_blocks"].is_null() {
+        serde_json::Value::Null
+    } else {
+        serde_json::json!(0.0)
+    };
+    assert_eq!(warm_row["room_wait_s"], no_wait, "{warm_row}");
     // Every candidate is priced at a prefill rate; identical engines at nearly the same one
     // (a mixed fleet's would differ by its speeds).
     let rate_of = |row: &serde_json::Value| row["prefill_tokens_per_s"].as_f64().unwrap();

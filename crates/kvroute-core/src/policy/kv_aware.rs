@@ -221,14 +221,15 @@ impl KvAware {
     }
 
     /// Predicted TTFT of `request` on `c`, and the cost of sending it there; `quote` is what
-    /// its GPU and offloaded blocks are worth (tokens not computed, seconds of loading).
+    /// its GPU and offloaded blocks are worth (tokens not computed, seconds of loading),
+    /// `room_wait_s` how long it waits for room in the worker's KV cache.
     fn predict(
         config: &KvAwareConfig,
         request: &RouteRequest,
         c: &Candidate,
         rates: &Rates,
         quote: &super::TierQuote,
-        residence_s: f64,
+        room_wait_s: f64,
         saturated: bool,
     ) -> (f64, f64) {
         // Saturated, the prefix a request in flight there computes is written before this
@@ -251,9 +252,7 @@ impl KvAware {
         let tokens = ahead as f64 + uncached;
         let decoding = c.load.decoding as f64;
         // A load from host memory or disk delays this request only (it runs beside others).
-        let ttft = rates.predict(tokens, decoding)
-            + quote.load_s()
-            + Self::room(request, c).map_or(0.0, |room| room.wait_s(residence_s));
+        let ttft = rates.predict(tokens, decoding) + quote.load_s() + room_wait_s;
         let stall = uncached * rates.seconds_per_token + rates.overhead_s;
         let recompute =
             c.cache.returning_evictions * f64::from(request.block_size) * rates.seconds_per_token;
@@ -297,12 +296,18 @@ impl Policy for KvAware {
         let saturated = saturation::saturated(request.prompt_tokens, candidates);
         let rates: Vec<Rates> = super::lock(&self.calibration)
             .rates_in_view_of(candidates.iter().map(|c| c.worker), partial);
+        let room_wait: Vec<Option<f64>> = candidates
+            .iter()
+            .map(|c| Self::room(request, c).map(|room| room.wait_s(residence_s)))
+            .collect();
         let (predicted, mut cost): (Vec<f64>, Vec<f64>) = candidates
             .iter()
             .zip(&quotes)
             .zip(&rates)
-            .map(|((c, quote), rates)| {
-                Self::predict(&config, request, c, rates, quote, residence_s, saturated)
+            .zip(&room_wait)
+            .map(|(((c, quote), rates), wait)| {
+                let wait = wait.unwrap_or(0.0);
+                Self::predict(&config, request, c, rates, quote, wait, saturated)
             })
             .unzip();
         if !saturated {
@@ -353,6 +358,7 @@ impl Policy for KvAware {
                 .iter()
                 .map(|r| (r.seconds_per_token > 0.0).then(|| 1.0 / r.seconds_per_token))
                 .collect(),
+            room_wait_s: room_wait,
         })
     }
 

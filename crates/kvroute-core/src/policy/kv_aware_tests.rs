@@ -488,6 +488,8 @@ fn a_warm_worker_whose_running_requests_fill_its_cache_is_priced_by_the_wait() {
         waits >= PRIOR_RESIDENCE_S,
         "the prior residence is waited: {waits}"
     );
+    // The explanation names the wait, and the idle worker's none.
+    assert_eq!(d.room_wait_s, vec![Some(PRIOR_RESIDENCE_S), Some(0.0)]);
     // The running session shares the prompt's prefix: no new room is needed, so it stays.
     c[0].cache.running_prefix_blocks = 5_000;
     assert_eq!(p.choose(&req(80_000), &c).unwrap().chosen, 0);

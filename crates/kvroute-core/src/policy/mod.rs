@@ -111,6 +111,10 @@ pub struct RouteDecision {
     /// The prefill rate, tokens per second, the policy priced each candidate at: its
     /// calibrated speed, where the policy calibrates one (for explanations).
     pub prefill_tokens_per_s: Vec<Option<f64>>,
+    /// The seconds the policy predicted the prompt waits for room in each candidate's KV cache
+    /// beside the requests running there (`kv_room`), where the policy prices that and the
+    /// worker's capacity is known (for explanations: part of `predicted_ttft_s`).
+    pub room_wait_s: Vec<Option<f64>>,
 }
 
 impl RouteDecision {
@@ -122,6 +126,7 @@ impl RouteDecision {
             cost: vec![None; candidates],
             tiers: vec![None; candidates],
             prefill_tokens_per_s: vec![None; candidates],
+            room_wait_s: vec![None; candidates],
         }
     }
 }

@@ -72,6 +72,7 @@ mod tests {
             cost: vec![Some(3.0), Some(0.5), Some(0.1), None, Some(1.5)],
             tiers: vec![None; 5],
             prefill_tokens_per_s: vec![None; 5],
+            room_wait_s: vec![None; 5],
         };
         // Priced ones by cost, the unpriced one last; the chosen one (the cheapest) absent.
         assert_eq!(runners_up(&decision, &candidates), vec![1, 4, 0, 3]);

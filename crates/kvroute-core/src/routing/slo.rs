@@ -57,6 +57,7 @@ mod tests {
             cost: cost.to_vec(),
             tiers: vec![None; ttft.len()],
             prefill_tokens_per_s: vec![None; ttft.len()],
+            room_wait_s: vec![None; ttft.len()],
         }
     }
 

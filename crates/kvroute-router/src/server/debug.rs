@@ -189,6 +189,7 @@ fn candidates(analysis: &Analysis, e: &Explanation<'_, WorkerRank>) -> Vec<serde
                 "predicted_ttft_s": d.predicted_ttft_s.get(i).copied().flatten(),
                 "cost_s": d.cost.get(i).copied().flatten(),
                 "prefill_tokens_per_s": d.prefill_tokens_per_s.get(i).copied().flatten(),
+                "room_wait_s": d.room_wait_s.get(i).copied().flatten(),
                 "live_blocks": c.cache.live_blocks,
                 "kv_capacity_blocks": c.cache.capacity_blocks,
                 "running_kv_tokens": c.cache.running_tokens,
