@@ -292,13 +292,13 @@ impl Policy for KvAware {
             .iter()
             .map(|c| self.tiers.quote(&config.tiers, request, c, factors))
             .collect();
-        let residence_s = super::lock(&self.residence).residual_s();
+        let residual_s = super::lock(&self.residence).residual_s();
         let saturated = saturation::saturated(request.prompt_tokens, candidates);
         let rates: Vec<Rates> = super::lock(&self.calibration)
             .rates_in_view_of(candidates.iter().map(|c| c.worker), partial);
         let room_wait: Vec<Option<f64>> = candidates
             .iter()
-            .map(|c| Self::room(request, c).map(|room| room.wait_s(residence_s)))
+            .map(|c| Self::room(request, c).map(|room| room.wait_s(residual_s)))
             .collect();
         let (predicted, mut cost): (Vec<f64>, Vec<f64>) = candidates
             .iter()

@@ -21,11 +21,11 @@
 //! `R` is what is left of a request found running, not a request's whole residence `D` (the
 //! fleet's measured time from first token to end, [`Residence`]): a request that is running
 //! when another arrives is more likely a long one (the inspection paradox), and what remains of
-//! it is `E[D²] / 2E[D]` on average. Answer lengths are heavy-tailed — on the agentic trace
-//! most answers end within seconds, a few decode thousands of tokens for minutes — so that is
-//! several times the mean: priced with the mean, turns of 333k–505k tokens waited 19–27 s for
-//! room where 3–4 s was predicted, and more were sent behind them (docs/benchmarks.md, "What is
-//! left of a running request").
+//! it is `E[D²] / 2E[D]` on average. Answer lengths are heavy-tailed — on the tiered agentic
+//! fleet (seed 0) half end within 3.5 s, one in a hundred runs over 63 s, the longest 354 s —
+//! so that is more than twice the mean (16.6 s against 7.2 s there): priced with the mean, turns
+//! of 333k–505k tokens waited 19–27 s for room where 3–4 s was predicted, and more were sent
+//! behind them (docs/benchmarks.md, "What is left of a running request").
 
 /// Until the first request ends, the residence assumed: a few hundred output tokens at
 /// tens of milliseconds per step.
@@ -99,8 +99,8 @@ pub struct Room {
 
 impl Room {
     /// The expected seconds the prompt waits for room, with what is left of each running
-    /// request `residence_s` on average ([`Residence::residual_s`]).
-    pub fn wait_s(&self, residence_s: f64) -> f64 {
+    /// request `residual_s` on average ([`Residence::residual_s`]).
+    pub fn wait_s(&self, residual_s: f64) -> f64 {
         let over = self.active_tokens + self.needed_tokens - self.capacity_tokens;
         let n = self.in_flight;
         // Nothing running: a prompt larger than the whole cache is the engine's to refuse,
@@ -110,7 +110,7 @@ impl Room {
         }
         let each = self.active_tokens / n as f64;
         let k = ((over / each).ceil() as u64).clamp(1, n);
-        (0..k).map(|i| residence_s / (n - i) as f64).sum()
+        (0..k).map(|i| residual_s / (n - i) as f64).sum()
     }
 }
 

@@ -87,10 +87,7 @@ impl Admitted {
                 kv_bytes_per_token: analysis.request.kv_bytes_per_token,
             }),
             overlap_blocks: chosen.overlap_blocks.min(analysis.request.blocks),
-            lower_blocks: chosen
-                .lower_blocks
-                .cpu
-                .saturating_add(chosen.lower_blocks.disk),
+            lower_blocks: chosen.lower_blocks.total(),
             blocks: analysis.request.blocks,
             prompt_tokens: analysis.request.prompt_tokens,
             predicted_ttft_s,

@@ -1,8 +1,9 @@
 //! Long prompts sent to their worker in prefix pieces (`SimConfig::prefill_piece_tokens`,
 //! `routing::prefill_pieces`): the live router's ladder in virtual time. Each piece is a
 //! request of one output token, queued on the worker a router round trip ([`ROUND_TRIP_S`])
-//! after the one before it ended; the request itself follows the last. Its record and its admission are the request's: the router counts
-//! its whole prefill queued until its own first token, as the live router does.
+//! after the one before it ended; the request itself follows the last. Its record and its
+//! admission are the request's: the router counts its whole prefill queued until its own first
+//! token, as the live router does.
 
 use super::{Event, Routed, Simulation};
 use crate::engine::RequestId;
