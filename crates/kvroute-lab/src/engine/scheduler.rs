@@ -21,6 +21,11 @@
 //! `WAITING_FOR_REMOTE_KVS`. At the first step planned at or after its KV arrived it joins
 //! the running set (while `max_num_seqs` allows) with all but its last prompt token computed,
 //! and that token runs as a decode.
+//!
+//! A request whose GPU prefix the host-memory tier continues is admitted the same way, with
+//! blocks for the loaded part at once; when they are not free it waits at the head of the
+//! queue, as vLLM's scheduler stops when it cannot allocate a connector's tokens. It is never
+//! admitted to recompute what the tier holds a chunk at a time.
 
 use std::collections::VecDeque;
 
@@ -103,6 +108,17 @@ pub struct Scheduler {
     pulling: Vec<RequestId>,
     requests: IdMap<RequestId, Request>,
     transfer: TransferModel,
+}
+
+/// What a waiting request's host-tier prefix does at admission.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Load {
+    /// The tier holds nothing past the GPU hits: the request is admitted as usual.
+    Nothing,
+    /// Blocks are allocated and the load is under way.
+    Started,
+    /// The tier holds a prefix but its blocks are not free yet: the request waits.
+    NoRoom,
 }
 
 impl Scheduler {
@@ -289,10 +305,19 @@ impl Scheduler {
             let num_tokens = req.num_tokens();
             let hits = cache.cached_prefix(&req.hashes, num_tokens);
             let cached = hits.len() * cache.block_size();
-            if req.pull == Pull::None && Self::start_load(req, cache, &hits, now, batch) {
-                self.waiting.pop_front();
-                self.pulling.push(id);
-                continue;
+            if req.pull == Pull::None {
+                match Self::start_load(req, cache, &hits, now, batch) {
+                    Load::Started => {
+                        self.waiting.pop_front();
+                        self.pulling.push(id);
+                        continue;
+                    }
+                    // vLLM allocates the connector's tokens with the request's and, when they
+                    // are not free, stops admitting: the prompt waits for room rather than
+                    // recomputing what its tier holds.
+                    Load::NoRoom => break,
+                    Load::Nothing => {}
+                }
             }
             if req.pull == Pull::Waiting {
                 if !Self::start_pull(req, cache, &hits, now, self.transfer, batch) {
@@ -373,21 +398,20 @@ impl Scheduler {
 
     /// Admits a request whose GPU prefix the host-memory tier continues: blocks for the GPU
     /// hits and the loaded blocks (these uncommitted until their data is there), and the load.
-    /// `false`, changing nothing, when the tier holds nothing past the hits or the blocks are
-    /// not free.
+    /// Changes nothing unless it answers [`Load::Started`].
     fn start_load(
         req: &mut Request,
         cache: &mut KvCache,
         hits: &[u32],
         now: f64,
         batch: &mut Batch,
-    ) -> bool {
+    ) -> Load {
         let num_tokens = req.num_tokens();
         let bs = cache.block_size();
         let reusable = (num_tokens.saturating_sub(1) / bs).min(req.hashes.len());
         let loads = cache.tier_prefix(&req.hashes[hits.len().min(reusable)..reusable]);
         if loads == 0 {
-            return false;
+            return Load::Nothing;
         }
         let cached = hits.len() * bs;
         let loaded = loads * bs;
@@ -397,7 +421,12 @@ impl Scheduler {
             .allocate(table, hits, cached, loaded, unhashed)
             .is_err()
         {
-            return false;
+            // Blocks the cache could never free at once would stall the queue for good.
+            return if hits.len() + loads > cache.num_blocks() {
+                Load::Nothing
+            } else {
+                Load::NoRoom
+            };
         }
         let seconds = cache.tier_load(&req.hashes[hits.len()..hits.len() + loads]);
         req.num_computed = cached + loaded;
@@ -413,7 +442,7 @@ impl Scheduler {
         batch.hit_tokens += cached;
         batch.queried_blocks += num_tokens / bs;
         batch.hit_blocks += hits.len();
-        true
+        Load::Started
     }
 
     /// Moves every pulled request whose KV arrived by `now` into the running set, while

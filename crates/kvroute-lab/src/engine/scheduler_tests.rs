@@ -267,3 +267,60 @@ fn a_prefix_evicted_to_the_host_tier_is_loaded_back_not_recomputed() {
     // The loaded blocks are cached on the GPU again.
     assert_eq!(cache.num_cached(), 2);
 }
+
+#[test]
+fn a_tier_prefix_without_room_waits_for_its_blocks_rather_than_recomputing() {
+    use crate::engine::cpu_tier::{CpuTierConfig, TierEvents};
+    let tier = CpuTierConfig {
+        blocks: 8,
+        read_bytes_per_s: 1e12,
+        write_bytes_per_s: 1e12,
+        latency_s: 0.5,
+        bytes_per_token: 10,
+        events: TierEvents::Placeholder,
+    };
+    let mut cache = KvCache::with_tier(5, BS, Some(tier));
+    // Steps of one block's tokens: a prompt without room to load could still start a chunk.
+    let mut s = sched(4, BS);
+    let run = |s: &mut Scheduler, cache: &mut KvCache, id, len, out| {
+        s.add(req(id, len, out));
+        // Until its prompt is computed.
+        for _ in 0..len {
+            if s.get(RequestId(id)).is_some_and(|r| r.num_computed >= len) {
+                break;
+            }
+            let b = s.schedule(cache, 1.0);
+            apply(s, &b);
+        }
+        assert!(s.get(RequestId(id)).is_some_and(|r| r.num_computed >= len));
+    };
+    // Request 1's two full prompt blocks stay cached after it ends; request 2 (13 tokens,
+    // decoding within its 4 blocks) and request 4 (2 tokens, then ended) push them to the
+    // tier, and request 4's block is left free.
+    run(&mut s, &mut cache, 1, 9, 1);
+    s.remove(RequestId(1), &mut cache);
+    run(&mut s, &mut cache, 2, 13, 5);
+    run(&mut s, &mut cache, 4, 2, 1);
+    s.remove(RequestId(4), &mut cache);
+    assert_eq!((cache.tier().unwrap().len(), cache.num_free()), (2, 1));
+    // Request 1's prompt again: its prefix is in the tier and one block is free, two are
+    // needed for the load. It waits; it is not recomputed a chunk at a time.
+    let same_prompt: Vec<u32> = (1000..1009).collect();
+    let h = EngineHasher::new(0);
+    s.add(Request::new(
+        RequestId(3),
+        same_prompt,
+        1,
+        2.0,
+        None,
+        &h,
+        BS,
+    ));
+    let b = s.schedule(&mut cache, 2.0);
+    assert!(b.admitted.is_empty() && s.num_pulling() == 0);
+    // Once request 2 ends the two blocks are loaded.
+    s.remove(RequestId(2), &mut cache);
+    s.schedule(&mut cache, 3.0);
+    assert_eq!(s.num_pulling(), 1);
+    assert_eq!(s.get(RequestId(3)).unwrap().cached_tokens, 8);
+}
