@@ -153,6 +153,14 @@ fn demo_config(args: &DemoArgs, workers: Vec<WorkerSpec>) -> Result<Config, Conf
     );
     let mut config = Config::from_toml(&text, Path::new("demo"))?;
     config.workers = workers;
+    // The router's prior for a load from the engines' host-memory tier is their own link, as
+    // an operator would set `[kv_aware.tiers]` to match the engines.
+    if let Some(tier) = args.core.engine_config(0).cpu_tier {
+        let tiers = &mut config.kv_aware.tiers;
+        tiers.kv_bytes_per_token = tier.bytes_per_token;
+        tiers.cpu.bandwidth_bytes_per_s = tier.read_bytes_per_s;
+        tiers.cpu.latency_s = tier.latency_s;
+    }
     Ok(config)
 }
 
@@ -196,5 +204,39 @@ mod tests {
         assert_eq!(c.policy, PolicyKind::DEFAULT);
         assert_eq!(c.listen, DemoArgs::default().listen);
         assert!(c.deprecations.is_empty(), "{:?}", c.deprecations);
+    }
+
+    /// `kvroute demo --cpu-tier-ratio R` gives every engine a host-memory tier, and the
+    /// router the tier's link as the prior of its load price.
+    #[test]
+    fn a_tiered_demo_prices_loads_at_the_engines_link() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            demo: DemoArgs,
+        }
+        let args = Cli::try_parse_from([
+            "demo",
+            "--num-blocks",
+            "100",
+            "--cpu-tier-ratio",
+            "2",
+            "--cpu-tier-read-gbps",
+            "20",
+            "--cpu-tier-latency-ms",
+            "3",
+        ])
+        .unwrap()
+        .demo;
+        let tier = args.core.engine_config(0).cpu_tier.unwrap();
+        assert_eq!(tier.blocks, 200);
+        let c = demo_config(&args, Vec::new()).unwrap();
+        assert_eq!(c.kv_aware.tiers.cpu.bandwidth_bytes_per_s, 20e9);
+        assert_eq!(c.kv_aware.tiers.cpu.latency_s, 0.003);
+        assert_eq!(c.kv_aware.tiers.kv_bytes_per_token, tier.bytes_per_token);
+        let untiered = demo_config(&DemoArgs::default(), Vec::new()).unwrap();
+        let prior = crate::policy::KvAwareConfig::default().tiers;
+        assert_eq!(untiered.kv_aware.tiers, prior);
     }
 }

@@ -36,6 +36,7 @@ mod engine_block_size;
 mod engine_events;
 mod engine_http;
 mod engine_scrape_cost;
+mod engine_tiers;
 #[cfg(feature = "epp")]
 mod epp;
 #[cfg(feature = "epp")]

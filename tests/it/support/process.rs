@@ -51,12 +51,23 @@ pub struct EngineProcess {
 impl EngineProcess {
     /// Starts `kvroute engine` serving `model` and waits until `/health` answers.
     pub async fn start(addrs: &EngineAddrs, model: &str, speedup: f64) -> EngineProcess {
+        EngineProcess::start_with(addrs, model, speedup, &[]).await
+    }
+
+    /// As [`EngineProcess::start`], with more engine flags (`--num-blocks 32`, …).
+    pub async fn start_with(
+        addrs: &EngineAddrs,
+        model: &str,
+        speedup: f64,
+        flags: &[&str],
+    ) -> EngineProcess {
         let child = Command::new(env!("CARGO_BIN_EXE_kvroute"))
             .args(["engine", "--listen", &addrs.http.to_string()])
             .args(["--model", model])
             .args(["--kv-events-endpoint", &addrs.events])
             .args(["--kv-replay-endpoint", &addrs.replay])
             .args(["--engine-speedup", &speedup.to_string()])
+            .args(flags)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -1,5 +1,6 @@
-//! The engine model's flags: KV cache shape, scheduler limits and step time. One group,
-//! flattened into `kvroute engine` (and `demo`) and into `kvroute simulate`.
+//! The engine model's flags: KV cache shape, scheduler limits, step time, the KV link and the
+//! host-memory tier. One group, flattened into `kvroute engine` (and `demo`) and into
+//! `kvroute simulate`.
 //!
 //! A simulation is only evidence about the real-time engine if both are configured by the same
 //! flags with the same meaning; `--engine-speedup` always makes the simulated GPU faster
@@ -10,6 +11,7 @@
 use clap::Args;
 
 use super::core::EngineConfig;
+use super::tier_args::CpuTierArgs;
 use super::timing::StepTiming;
 use super::transfer::{TransferError, TransferModel};
 
@@ -44,6 +46,9 @@ pub struct EngineCoreArgs {
     /// How long a decode engine takes to pull a prompt's KV from its prefill engine.
     #[command(flatten)]
     pub transfer: TransferArgs,
+    /// A host-memory KV tier behind the GPU cache.
+    #[command(flatten)]
+    pub cpu_tier: CpuTierArgs,
 }
 
 /// The KV transfer model's flags (see [`TransferModel`]): a prompt of t tokens takes
@@ -84,14 +89,16 @@ impl TransferArgs {
     }
 }
 
-fn positive(s: &str) -> Result<f64, String> {
+/// A flag value that must be a positive finite number.
+pub(super) fn positive(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
         _ => Err(format!("`{s}` is not a positive number")),
     }
 }
 
-fn non_negative(s: &str) -> Result<f64, String> {
+/// A flag value that must be a finite number of at least 0.
+pub(super) fn non_negative(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
         _ => Err(format!("`{s}` is not a number of at least 0")),
@@ -112,6 +119,7 @@ impl Default for EngineCoreArgs {
             engine_speedup: c.timing.speedup,
             timing: TimingArgs::default(),
             transfer: TransferArgs::default(),
+            cpu_tier: CpuTierArgs::default(),
         }
     }
 }
@@ -120,6 +128,9 @@ impl EngineCoreArgs {
     /// The model-core configuration these flags describe, with `seed` for generated tokens and
     /// engine block hashes.
     pub fn engine_config(&self, seed: u64) -> EngineConfig {
+        // The flags' parsers admit only values the model takes; a struct built in code with
+        // others gets the default link.
+        let transfer = self.transfer.model().unwrap_or_default();
         EngineConfig {
             block_size: self.block_size,
             num_blocks: self.num_blocks,
@@ -129,9 +140,11 @@ impl EngineCoreArgs {
             max_model_len: self.max_model_len,
             timing: self.timing.step_timing(self.engine_speedup),
             seed,
-            // The flags' parsers admit only values the model takes; a struct built in code
-            // with others gets the default link.
-            transfer: self.transfer.model().unwrap_or_default(),
+            transfer,
+            // One size of KV per model: the tier moves what the transfer model pulls.
+            cpu_tier: self
+                .cpu_tier
+                .config(self.num_blocks, transfer.bytes_per_token()),
             ..EngineConfig::default()
         }
     }

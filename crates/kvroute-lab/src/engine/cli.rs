@@ -299,6 +299,53 @@ mod tests {
         assert_eq!((c.timing.speedup, c.timing.decode_a), (4.0, -1.5));
         assert_eq!(a.core.timing.decode_a, -1.5);
     }
+
+    /// The real-time engine takes the host-memory tier `simulate` has, by the same flags.
+    #[test]
+    fn a_tier_ratio_gives_the_engine_a_tier() {
+        let a = Cli::try_parse_from([
+            "engine",
+            "--num-blocks",
+            "64",
+            "--cpu-tier-ratio",
+            "4",
+            "--cpu-tier-write-gbps",
+            "10",
+            "--cpu-tier-events",
+            "self-describing",
+            "--kv-bytes-per-token",
+            "1000",
+        ])
+        .unwrap()
+        .engine;
+        let c = a.engine_config();
+        let tier = c.cpu_tier.expect("a tier");
+        assert_eq!((tier.blocks, tier.bytes_per_token), (256, 1000));
+        assert_eq!(
+            (tier.read_bytes_per_s, tier.write_bytes_per_s),
+            (50e9, 10e9)
+        );
+        assert_eq!(
+            tier.events,
+            super::super::cpu_tier::TierEvents::SelfDescribing
+        );
+        assert!(super::super::core::EngineCore::new(c).is_ok());
+        for bad in [
+            &["--cpu-tier-read-gbps", "0"][..],
+            &["--cpu-tier-ratio=-4"],
+            &["--cpu-tier-latency-ms", "x"],
+        ] {
+            let e = Cli::try_parse_from(["engine"].iter().chain(bad).copied())
+                .err()
+                .map(|e| e.kind());
+            assert_eq!(e, Some(clap::error::ErrorKind::ValueValidation), "{bad:?}");
+        }
+        // Built in code past the parser, a bad link is a configuration error, not a panic.
+        let mut code = a.clone();
+        code.core.cpu_tier.cpu_tier_read_gbps = 0.0;
+        let e = super::super::core::EngineCore::new(code.engine_config()).err();
+        assert_eq!(e, Some(super::super::core::ConfigError::CpuTier));
+    }
 }
 
 /// The replay endpoint `--kv-replay-endpoint auto` means for `events`: the next TCP port on the

@@ -96,6 +96,11 @@ pub enum ConfigError {
     /// `kv_hold_timeout_s` is not a positive finite number.
     #[error("the KV hold timeout must be a positive number of seconds")]
     HoldTimeout,
+    /// The host-memory tier's links are not positive bandwidths with a latency of at least 0.
+    #[error(
+        "the host-memory tier needs positive read and write bandwidths and a latency of 0 or more"
+    )]
+    CpuTier,
 }
 
 impl EngineConfig {
@@ -129,6 +134,16 @@ impl EngineConfig {
         }
         if !(self.kv_hold_timeout_s.is_finite() && self.kv_hold_timeout_s > 0.0) {
             return Err(ConfigError::HoldTimeout);
+        }
+        if let Some(t) = &self.cpu_tier {
+            let positive = |v: f64| v.is_finite() && v > 0.0;
+            if !(positive(t.read_bytes_per_s)
+                && positive(t.write_bytes_per_s)
+                && t.latency_s.is_finite()
+                && t.latency_s >= 0.0)
+            {
+                return Err(ConfigError::CpuTier);
+            }
         }
         Ok(())
     }
@@ -440,9 +455,9 @@ impl EngineCore {
             > 0
     }
 
-    /// When something changes without a new request: the earliest KV transfer completes or a
-    /// held prefill expires. A driver whose step scheduled nothing sleeps until then (or the
-    /// next command).
+    /// When something changes without a new request: the earliest KV transfer or host-tier
+    /// load completes, or a held prefill expires. A driver whose step scheduled nothing sleeps
+    /// until then (or the next command).
     pub fn next_wakeup(&self) -> Option<f64> {
         [self.scheduler.next_ready_at(), self.held.next_expiry()]
             .into_iter()

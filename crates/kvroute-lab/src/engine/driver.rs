@@ -61,7 +61,8 @@ enum Command {
 enum Wake {
     /// A command arrived (handled by the caller).
     Command(Command),
-    /// A KV transfer completed or a held prefill expired: time to step.
+    /// A KV transfer or a load from the host-memory tier completed, or a held prefill
+    /// expired: time to step.
     Timer,
     /// Shutdown, or every client is gone.
     Stop,
@@ -301,8 +302,8 @@ impl Driver {
                     continue;
                 }
                 // Nothing fits right now (cannot persist: admission guarantees every request
-                // fits alone), or only KV transfers are running; wait for a command or for the
-                // next transfer to land rather than spin.
+                // fits alone), or only KV transfers or host-tier loads are running; wait for a
+                // command or for the next one to land rather than spin.
                 match idle(&mut rx, &shutdown, self.wakeup_after(t)).await {
                     Wake::Command(cmd) => {
                         t = self.now();
@@ -325,7 +326,8 @@ impl Driver {
         }
     }
 
-    /// The core's next wake-up (a transfer landing, a hold expiring) if it is after `t`.
+    /// The core's next wake-up (a transfer or a tier load landing, a hold expiring) if it is
+    /// after `t`.
     fn wakeup_after(&self, t: f64) -> Option<Instant> {
         let w = self.core.next_wakeup().filter(|&w| w > t)?;
         Some(self.start + Duration::from_secs_f64(w))

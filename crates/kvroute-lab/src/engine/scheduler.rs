@@ -201,8 +201,8 @@ impl Scheduler {
         &self.pulling
     }
 
-    /// When the earliest running KV transfer completes: the engine has nothing to do before
-    /// then if nothing else is live.
+    /// When the earliest running KV transfer or host-tier load completes: the engine has
+    /// nothing to do before then if nothing else is live.
     pub fn next_ready_at(&self) -> Option<f64> {
         self.pulling
             .iter()

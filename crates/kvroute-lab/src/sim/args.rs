@@ -85,7 +85,8 @@ pub struct SimulateArgs {
             "WorkloadArgs", "SloArgs", "TimingArgs", "block_size", "num_blocks", "max_num_seqs",
             "max_num_batched_tokens", "long_prefill_token_threshold", "max_model_len", "engine_speedup", "workers", "index",
             "event_delay", "join_at", "restart_at", "seed", "routers", "worker_speeds", "worker_kv_scales", "load_sample_ms", "replica_sync_ms",
-            "prefill_workers", "decode_workers", "TransferArgs", "slo_itl", "TierArgs",
+            "prefill_workers", "decode_workers", "TransferArgs", "CpuTierArgs", "slo_itl",
+            "TierArgs",
         ]
     )]
     pub scenario: Option<String>,
@@ -232,7 +233,7 @@ pub struct SimulateArgs {
     /// Capacity at the SLO instead of one run per policy.
     #[command(flatten)]
     pub capacity: CapacityArgs,
-    /// A host-memory KV tier per engine, and how kv_aware credits it.
+    /// How kv_aware credits what the engines' host-memory tiers (`--cpu-tier-*`) hold.
     #[command(flatten)]
     pub tiers: TierArgs,
 }
@@ -304,11 +305,9 @@ impl SimulateArgs {
     }
 
     /// The engine configuration of these flags (the KV link of disaggregated fleets is the
-    /// engine's `--kv-transfer-*` flags).
+    /// engine's `--kv-transfer-*` flags, its host-memory tier the `--cpu-tier-*` ones).
     pub fn engine_config(&self) -> EngineConfig {
-        let mut engine = self.core.engine_config(self.seed);
-        self.tiers.apply_engine(&mut engine);
-        engine
+        self.core.engine_config(self.seed)
     }
 
     /// The disaggregated fleet of `--prefill-workers` and `--decode-workers`, if given.
@@ -362,7 +361,7 @@ impl SimulateArgs {
                 pieces,
             );
         self.tiers
-            .apply_policy(&mut kv_aware, &self.core.engine_config(self.seed));
+            .apply_policy(&mut kv_aware, &self.engine_config());
         PolicySettings {
             seed: self.seed,
             kv_aware,
@@ -373,7 +372,6 @@ impl SimulateArgs {
     /// The simulation configuration of these flags (validated).
     pub fn sim_config(&self) -> anyhow::Result<SimConfig> {
         self.core.transfer.model()?;
-        self.tiers.validate()?;
         if self.slo_itl.is_some_and(|s| !(s.is_finite() && s > 0.0)) {
             bail!("--slo-itl must be a positive number of seconds");
         }

@@ -11,9 +11,12 @@ struct Cli {
 
 /// `simulate`'s flags parsed as the command line gives them (the tier flags' tests use it too).
 pub(in crate::sim) fn parse(flags: &[&str]) -> SimulateArgs {
-    Cli::try_parse_from(std::iter::once("simulate").chain(flags.iter().copied()))
-        .unwrap()
-        .args
+    try_parse(flags).unwrap()
+}
+
+/// [`parse`], or clap's error.
+pub(in crate::sim) fn try_parse(flags: &[&str]) -> Result<SimulateArgs, clap::Error> {
+    Cli::try_parse_from(std::iter::once("simulate").chain(flags.iter().copied())).map(|c| c.args)
 }
 
 #[test]
@@ -37,10 +40,6 @@ fn defaults_are_the_dynamo_mocker_ones() {
 /// (`--requests` was silently dropped before).
 #[test]
 fn a_scenario_refuses_the_flags_it_would_ignore() {
-    let try_parse = |flags: &[&str]| {
-        Cli::try_parse_from(std::iter::once("simulate").chain(flags.iter().copied()))
-            .map(|c| c.args)
-    };
     for extra in [
         &["--requests", "10"][..],
         &["--synthetic", "unique"],
@@ -52,6 +51,10 @@ fn a_scenario_refuses_the_flags_it_would_ignore() {
         &["--slo-ttft", "0.5"],
         &["--seed", "3"],
         &["--max-requests", "5"],
+        &["--kv-transfer-bandwidth", "10"],
+        &["--cpu-tier-ratio", "4"],
+        &["--cpu-tier-events", "self-describing"],
+        &["--tier-credit", "ignored"],
     ] {
         let mut flags = vec!["--scenario", "baseline"];
         flags.extend_from_slice(extra);
