@@ -12,9 +12,10 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::booking::{Announcer, BookingStep, PromptBlocks, Ticket};
+use super::decode_ages::{DecodeAges, DecodeStarts};
 use super::load_view::{Admissions, EngineLoad, LoadSnapshot, Reading, combine};
 use super::running_blocks::{RunningBlocks, marks};
 use super::tenancy::{Occupancy, Tenancy};
@@ -39,6 +40,8 @@ pub struct Load {
     reading: Mutex<Option<(Reading, Option<Instant>)>>,
     /// The KV blocks of the requests in flight, shared prefixes once.
     running: Mutex<RunningBlocks>,
+    /// When the requests decoding here reached their first token, where that is known.
+    decode_starts: Mutex<DecodeStarts>,
     /// Where this replica announces what it books here, with a replica bus.
     announcer: OnceLock<Announcer>,
     /// This router's requests in flight here per tenant (placement isolation).
@@ -112,6 +115,16 @@ impl Load {
 
     fn lock_running(&self) -> std::sync::MutexGuard<'_, RunningBlocks> {
         self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_decode_starts(&self) -> std::sync::MutexGuard<'_, DecodeStarts> {
+        self.decode_starts.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// How long, at `now` on the decider's clock, the requests decoding here whose first
+    /// token time is known have been decoding ([`LoadGuard::first_token_at`]).
+    pub fn decode_ages(&self, now: Duration) -> DecodeAges {
+        self.lock_decode_starts().ages(now)
     }
 
     /// This router's requests in flight here per tenant.
@@ -231,6 +244,7 @@ impl Load {
             stage: Stage::Prefill,
             ticket: None,
             occupancy: None,
+            decode_start: None,
         }
     }
 }
@@ -256,6 +270,8 @@ pub struct LoadGuard {
     ticket: Option<Ticket>,
     /// Its tenant's count here, when the request has a tenant.
     occupancy: Option<Occupancy>,
+    /// When it reached its first token, if told ([`LoadGuard::first_token_at`]).
+    decode_start: Option<Duration>,
 }
 
 impl LoadGuard {
@@ -291,6 +307,16 @@ impl LoadGuard {
         }
     }
 
+    /// [`LoadGuard::first_token`] at `at` on the decider's clock: the request counts among
+    /// the worker's decoding ones by age until it ends ([`Load::decode_ages`]).
+    pub fn first_token_at(&mut self, at: Duration) {
+        if self.stage == Stage::Prefill {
+            self.first_token();
+            self.load.lock_decode_starts().add(at);
+            self.decode_start = Some(at);
+        }
+    }
+
     /// The request ended (completed, failed or cancelled); same as dropping the guard.
     pub fn finish(&mut self) {
         match self.stage {
@@ -301,6 +327,9 @@ impl LoadGuard {
             }
             Stage::Decode => {
                 self.load.decoding.fetch_sub(1, Ordering::Relaxed);
+                if let Some(at) = self.decode_start.take() {
+                    self.load.lock_decode_starts().remove(at);
+                }
             }
             Stage::Done => return,
         }
@@ -329,6 +358,26 @@ impl Drop for LoadGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_request_counts_by_its_decode_age_until_it_ends() {
+        let load = Arc::new(Load::default());
+        let mut told = load.admit(100, 100);
+        let mut untold = load.admit(100, 100);
+        told.first_token_at(Duration::from_secs(10));
+        untold.first_token();
+        // Only the request whose first token time is known has an age: 5 s at 15 s.
+        let ages = load.decode_ages(Duration::from_secs(15));
+        assert_eq!(ages.buckets().collect::<Vec<_>>(), vec![(6.0, 1)]);
+        assert_eq!(load.snapshot().decoding, 2);
+        // A second first token changes nothing; the end removes it.
+        told.first_token_at(Duration::from_secs(12));
+        assert_eq!(load.decode_ages(Duration::from_secs(15)).len(), 1);
+        drop(told);
+        assert!(load.decode_ages(Duration::from_secs(15)).is_empty());
+        drop(untold);
+        assert_eq!(load.snapshot().decoding, 0);
+    }
 
     #[test]
     fn guard_moves_through_stages_and_releases_everything() {

@@ -9,6 +9,7 @@ mod base_url;
 pub mod booking;
 pub mod breaker;
 pub mod capacity;
+pub mod decode_ages;
 pub mod engine_block_size;
 pub mod engine_ranks;
 pub mod load;

@@ -217,6 +217,7 @@ impl KvAware {
             active_tokens: c.cache.running_tokens as f64,
             in_flight: c.load.in_flight,
             needed_tokens: request.prompt_tokens.saturating_sub(shared) as f64,
+            ages: c.cache.decode_ages,
         })
     }
 
@@ -292,14 +293,18 @@ impl Policy for KvAware {
             .iter()
             .map(|c| self.tiers.quote(&config.tiers, request, c, factors))
             .collect();
-        let residual_s = super::lock(&self.residence).residual_s();
         let saturated = saturation::saturated(request.prompt_tokens, candidates);
         let rates: Vec<Rates> = super::lock(&self.calibration)
             .rates_in_view_of(candidates.iter().map(|c| c.worker), partial);
-        let room_wait: Vec<Option<f64>> = candidates
-            .iter()
-            .map(|c| Self::room(request, c).map(|room| room.wait_s(residual_s)))
-            .collect();
+        let room_wait: Vec<Option<f64>> = {
+            let residence = super::lock(&self.residence);
+            candidates
+                .iter()
+                .map(|c| {
+                    Self::room(request, c).map(|room| room.wait_s(|age| residence.residual_at(age)))
+                })
+                .collect()
+        };
         let (predicted, mut cost): (Vec<f64>, Vec<f64>) = candidates
             .iter()
             .zip(&quotes)

@@ -94,6 +94,9 @@ pub struct WorkingSet {
     /// Requests in flight there holding this prompt's warm prefix (the longest prefix of it
     /// any candidate holds): other requests using it now, not one session's turns in a row.
     pub sharing_requests: u32,
+    /// How long the requests decoding there have been at it, where their first token time is
+    /// known (`fleet::decode_ages`).
+    pub decode_ages: crate::fleet::decode_ages::DecodeAges,
 }
 
 /// A policy's choice, with the per-candidate score it was based on.

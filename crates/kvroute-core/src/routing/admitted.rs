@@ -1,6 +1,7 @@
 //! A request admitted on a worker: the load it holds and what the router predicted.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::analysis::Analysis;
 use crate::fleet::LoadGuard;
@@ -40,6 +41,8 @@ pub struct Admitted {
     /// overlap in tokens; what the engine reports as `cached_tokens` when the index is right).
     /// `None` when the prompt was not analysed (load-only policies).
     pub predicted_cached_tokens: Option<u64>,
+    /// When it was admitted, on the decider's clock (`Analysis::at`), if the caller said.
+    admitted_at: Option<Duration>,
 }
 
 /// `overlap_blocks` of `analysis`'s prompt in tokens, if it was analysed.
@@ -92,6 +95,7 @@ impl Admitted {
             prompt_tokens: analysis.request.prompt_tokens,
             predicted_ttft_s,
             predicted_cached_tokens: cached_tokens(analysis, chosen.overlap_blocks),
+            admitted_at: None,
         }
     }
 
@@ -116,6 +120,7 @@ impl Admitted {
             prompt_tokens: analysis.request.prompt_tokens,
             predicted_ttft_s: None,
             predicted_cached_tokens: cached_tokens(analysis, overlap_blocks),
+            admitted_at: None,
         }
     }
 
@@ -138,9 +143,26 @@ impl Admitted {
         self.guard.others_queued_prefill_tokens()
     }
 
+    /// Admitted at `at` on the decider's clock: its first token's time can then be told as
+    /// the time since ([`Admitted::first_token_after`]).
+    pub fn admitted_at(mut self, at: Duration) -> Admitted {
+        self.admitted_at = Some(at);
+        self
+    }
+
     /// The first token arrived: the prefill no longer queues others.
     pub fn first_token(&mut self) {
         self.guard.first_token();
+    }
+
+    /// The first token arrived `elapsed` after the request was admitted: as
+    /// [`Admitted::first_token`], and the worker counts how long it has been decoding
+    /// (`fleet::decode_ages`), when the admission time is known.
+    pub fn first_token_after(&mut self, elapsed: Duration) {
+        match self.admitted_at {
+            Some(at) => self.guard.first_token_at(at + elapsed),
+            None => self.guard.first_token(),
+        }
     }
 
     /// Feeds the policy the observed time to first token, once per request.

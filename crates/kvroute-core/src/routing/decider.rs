@@ -181,6 +181,7 @@ impl Decider {
                 .running_sharing(&analysis.hashes, analysis.request.block_size, warm);
         WorkingSet {
             sharing_requests,
+            decode_ages: target.load().decode_ages(analysis.at),
             live_blocks: residency.live_blocks(worker, analysis.at),
             capacity_blocks,
             running_tokens,
@@ -346,6 +347,7 @@ impl Decider {
             uncached,
             predicted_ttft,
         )
+        .admitted_at(now)
     }
 }
 

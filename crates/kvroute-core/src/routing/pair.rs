@@ -281,6 +281,7 @@ impl Decider {
             analysis,
             analysis.overlaps.get(worker),
         )
+        .admitted_at(now)
     }
 }
 

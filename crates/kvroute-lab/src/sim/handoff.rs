@@ -50,6 +50,7 @@ impl Simulation<'_> {
         rec.prefill_worker = Some(routed.slot);
         rec.predicted_blocks = routed.overlap_blocks;
         rec.predicted_ttft = routed.predicted_ttft();
+        rec.predicted_room_wait = routed.room_wait_s;
         rec.blocks = routed.blocks;
         let slot = routed.slot;
         let w = &mut self.workers[slot as usize];

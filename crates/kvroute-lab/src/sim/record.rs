@@ -34,6 +34,13 @@ pub struct SimRecord {
     pub warmest_blocks: u32,
     /// The time to first token the policy predicted on the chosen worker, if it predicts one.
     pub predicted_ttft: Option<f64>,
+    /// The part of `predicted_ttft` spent waiting for room in the worker's KV cache
+    /// (`policy::kv_room`), if the policy prices it.
+    pub predicted_room_wait: Option<f64>,
+    /// When its engine first scheduled it (in a disaggregated fleet, the decode engine):
+    /// `first_scheduled − arrival` is what it waited in the engine's queue, room waits
+    /// included.
+    pub first_scheduled: Option<f64>,
     /// Full prompt blocks, as the router counted them (0 for load-only policies).
     pub blocks: u32,
     /// Times the engine preempted it.

@@ -41,6 +41,8 @@ pub struct Routed {
     /// The most leading blocks any routable worker held (what the warmest choice would have
     /// reused).
     pub warmest_blocks: u32,
+    /// The wait for KV room the policy priced on the chosen worker, if it prices one.
+    pub room_wait_s: Option<f64>,
     admitted: Admitted,
     at: f64,
     /// When its first token arrived.
@@ -51,7 +53,8 @@ impl Routed {
     /// The request's first token arrived at `now`: releases its queued prefill and feeds the
     /// calibration of the replica that routed it.
     pub fn first_token(&mut self, now: f64) {
-        self.admitted.first_token();
+        self.admitted
+            .first_token_after(Duration::from_secs_f64((now - self.at).max(0.0)));
         self.admitted.observe_ttft(now - self.at);
         self.first_token_at = Some(now);
     }
@@ -431,8 +434,15 @@ impl SimRouter {
         let choice = self
             .decider
             .choose_on(&analysis, &self.targets, &mut skip, side)?;
+        let room_wait_s = choice
+            .decision
+            .room_wait_s
+            .get(choice.decision.chosen)
+            .copied()
+            .flatten();
         let admitted = self.decider.admit(&analysis, &choice, duration(now));
         let mut routed = Self::routed(admitted, now);
+        routed.room_wait_s = room_wait_s;
         routed.warmest_blocks = self
             .targets
             .iter()
@@ -479,6 +489,7 @@ impl SimRouter {
             overlap_blocks: admitted.overlap_blocks,
             blocks: admitted.blocks,
             warmest_blocks: admitted.overlap_blocks,
+            room_wait_s: None,
             admitted,
             at: now,
             first_token_at: None,

@@ -373,6 +373,7 @@ impl<'t> Simulation<'t> {
         rec.worker = Some(routed.slot);
         rec.predicted_blocks = routed.overlap_blocks;
         rec.predicted_ttft = routed.predicted_ttft();
+        rec.predicted_room_wait = routed.room_wait_s;
         rec.warmest_blocks = routed.warmest_blocks;
         rec.blocks = routed.blocks;
         let slot = routed.slot;
@@ -579,6 +580,7 @@ impl<'t> Simulation<'t> {
                 rec.cached_tokens = s.cached_tokens as u32;
                 rec.preemptions = s.preemptions;
             }
+            rec.first_scheduled = s.first_scheduled;
             if let Some(mut routed) = self.routed[i].take() {
                 routed.complete(s.finished);
             }

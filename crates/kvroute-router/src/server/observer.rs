@@ -175,7 +175,8 @@ impl Observer {
 impl ResponseObserver for Observer {
     fn first_token(&mut self) {
         self.first_token_span = None;
-        self.attempt.admitted.first_token();
+        let elapsed = self.attempt.at.elapsed();
+        self.attempt.admitted.first_token_after(elapsed);
         if self.status.is_success() && self.requester.api.generates() {
             let ttft = self.started.elapsed();
             self.ttft = Some(ttft);

@@ -1,0 +1,142 @@
+//! How long the requests decoding on a worker have been at it.
+//!
+//! The wait for KV room (`policy::kv_room`) is the wait for running requests to end, and
+//! answer lengths are heavy-tailed: a request that has decoded for a minute is likely to go on
+//! for a long time, one that has just started is as likely as any to be short. Pricing every
+//! running request with one remaining time (the fleet's `E[D²] / 2E[D]`) made a worker full of
+//! old answers look as quick to free room as one full of new ones: on four engines fed capped
+//! agent sessions, turns were predicted 0.6–0.9 s of room wait where an 80-second-old answer
+//! and its peers kept them 4–5 s (docs/benchmarks.md, "How long the running answers have
+//! run"). The router knows when each of its requests reached its first token; this keeps
+//! those times per worker and hands the decision their ages, grouped in doubling buckets (a
+//! fixed-size copyable summary: the candidates of a decision are copied, and the residual of
+//! an age changes slowly with it).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Upper bounds of the age buckets, seconds: 1, 2, 4, … 2¹¹; the last bucket holds the rest.
+pub const AGE_BUCKETS: usize = 13;
+
+/// The ages of a worker's decoding requests, counted in doubling buckets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DecodeAges {
+    counts: [u32; AGE_BUCKETS],
+}
+
+impl DecodeAges {
+    /// The bucket of an age.
+    fn bucket(age_s: f64) -> usize {
+        if age_s < 1.0 {
+            return 0;
+        }
+        ((age_s.log2().floor() as usize) + 1).min(AGE_BUCKETS - 1)
+    }
+
+    /// A representative age of bucket `i`, seconds: the middle of its span (0.5 s for the
+    /// first, 1.5·2ⁱ⁻¹ for the others).
+    pub fn bucket_age_s(i: usize) -> f64 {
+        if i == 0 {
+            0.5
+        } else {
+            1.5 * f64::powi(2.0, i as i32 - 1)
+        }
+    }
+
+    /// Counts one request of `age_s`.
+    pub fn add(&mut self, age_s: f64) {
+        let b = Self::bucket(age_s.max(0.0));
+        self.counts[b] = self.counts[b].saturating_add(1);
+    }
+
+    /// `(representative age, count)` of every non-empty bucket, youngest first.
+    pub fn buckets(&self) -> impl Iterator<Item = (f64, u32)> + '_ {
+        self.counts
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| **n > 0)
+            .map(|(i, n)| (Self::bucket_age_s(i), *n))
+    }
+
+    /// Requests counted.
+    pub fn len(&self) -> u64 {
+        self.counts.iter().map(|n| u64::from(*n)).sum()
+    }
+
+    /// Whether none are counted.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// When each decoding request whose start is known began decoding, on the decider's clock
+/// (a multiset: several may start at one instant).
+#[derive(Debug, Default)]
+pub struct DecodeStarts {
+    starts: BTreeMap<Duration, u32>,
+}
+
+impl DecodeStarts {
+    /// A request started decoding at `at`.
+    pub fn add(&mut self, at: Duration) {
+        *self.starts.entry(at).or_insert(0) += 1;
+    }
+
+    /// The request `add`ed at `at` ended.
+    pub fn remove(&mut self, at: Duration) {
+        if let Some(n) = self.starts.get_mut(&at) {
+            *n -= 1;
+            if *n == 0 {
+                self.starts.remove(&at);
+            }
+        }
+    }
+
+    /// Their ages at `now` (a start after `now`, from a clock read late, counts as 0).
+    pub fn ages(&self, now: Duration) -> DecodeAges {
+        let mut ages = DecodeAges::default();
+        for (&start, &n) in &self.starts {
+            let age = now.saturating_sub(start).as_secs_f64();
+            for _ in 0..n {
+                ages.add(age);
+            }
+        }
+        ages
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_fall_in_doubling_buckets() {
+        let mut s = DecodeStarts::default();
+        for at in [100.0, 100.0, 95.0, 20.0] {
+            s.add(Duration::from_secs_f64(at));
+        }
+        let ages = s.ages(Duration::from_secs_f64(100.5));
+        // 0.5 s (twice), 5.5 s, 80.5 s.
+        assert_eq!(
+            ages.buckets().collect::<Vec<_>>(),
+            vec![(0.5, 2), (6.0, 1), (96.0, 1)]
+        );
+        assert_eq!(ages.len(), 4);
+        s.remove(Duration::from_secs_f64(100.0));
+        s.remove(Duration::from_secs_f64(20.0));
+        s.remove(Duration::from_secs_f64(7.0)); // never added: nothing happens
+        let ages = s.ages(Duration::from_secs_f64(100.5));
+        assert_eq!(ages.buckets().collect::<Vec<_>>(), vec![(0.5, 1), (6.0, 1)]);
+    }
+
+    #[test]
+    fn the_oldest_bucket_holds_everything_older() {
+        let mut ages = DecodeAges::default();
+        ages.add(1e9);
+        ages.add(-3.0);
+        assert_eq!(
+            ages.buckets().collect::<Vec<_>>(),
+            vec![(0.5, 1), (DecodeAges::bucket_age_s(AGE_BUCKETS - 1), 1)]
+        );
+    }
+}
