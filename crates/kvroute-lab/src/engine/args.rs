@@ -11,6 +11,7 @@
 use clap::Args;
 
 use super::core::EngineConfig;
+use super::flag_values::{non_negative, positive};
 use super::tier_args::CpuTierArgs;
 use super::timing::StepTiming;
 use super::transfer::{TransferError, TransferModel};
@@ -86,22 +87,6 @@ impl TransferArgs {
             self.kv_transfer_bandwidth * 1e9,
             self.kv_transfer_latency_ms / 1e3,
         )
-    }
-}
-
-/// A flag value that must be a positive finite number.
-pub(super) fn positive(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
-        _ => Err(format!("`{s}` is not a positive number")),
-    }
-}
-
-/// A flag value that must be a finite number of at least 0.
-pub(super) fn non_negative(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
-        _ => Err(format!("`{s}` is not a number of at least 0")),
     }
 }
 

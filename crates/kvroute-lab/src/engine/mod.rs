@@ -24,6 +24,7 @@ pub mod cpu_tier;
 pub mod disaggregated;
 pub mod driver;
 pub mod events;
+mod flag_values;
 pub mod free_queue;
 pub mod handoff_routes;
 pub mod held;

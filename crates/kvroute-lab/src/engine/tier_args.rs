@@ -8,8 +8,8 @@
 
 use clap::Args;
 
-use super::args::{non_negative, positive};
 use super::cpu_tier::{CpuTierConfig, TierEvents};
+use super::flag_values::{non_negative, positive};
 
 /// A host-memory KV tier behind the engine's GPU cache.
 #[derive(Args, Clone, Debug, PartialEq)]
