@@ -7,6 +7,7 @@ use super::admitted::Admitted;
 use super::analysis::Analysis;
 use super::isolation::Confined;
 use super::target::Target;
+use crate::fleet::decode_ages::DecodeAges;
 use crate::fleet::{Occupants, Side, WorkerId};
 use crate::index::{Holdings, ReuseCurve, SessionHome};
 use crate::policy::{Candidate, Policy, RouteDecision, WorkingSet, saturation};
@@ -179,9 +180,23 @@ impl Decider {
             target
                 .load()
                 .running_sharing(&analysis.hashes, analysis.request.block_size, warm);
+        // Only a prompt that does not fit beside what runs there waits for room, and only that
+        // wait reads the decoding requests' ages (a walk of the worker's decode starts under
+        // its lock): the rest of the decisions skip it.
+        let block_size = u64::from(analysis.request.block_size);
+        let needed = analysis
+            .request
+            .prompt_tokens
+            .saturating_sub(running_prefix as u64 * block_size);
+        let full = capacity_blocks.is_some_and(|c| running_tokens + needed > c * block_size);
+        let decode_ages = if full {
+            target.load().decode_ages(analysis.at)
+        } else {
+            DecodeAges::default()
+        };
         WorkingSet {
             sharing_requests,
-            decode_ages: target.load().decode_ages(analysis.at),
+            decode_ages,
             live_blocks: residency.live_blocks(worker, analysis.at),
             capacity_blocks,
             running_tokens,
