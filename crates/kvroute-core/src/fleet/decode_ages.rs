@@ -18,10 +18,13 @@ use std::time::Duration;
 /// Upper bounds of the age buckets, seconds: 1, 2, 4, … 2¹¹; the last bucket holds the rest.
 pub const AGE_BUCKETS: usize = 13;
 
-/// The ages of a worker's decoding requests, counted in doubling buckets.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// The ages of a worker's decoding requests, counted in doubling buckets, and their sum.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct DecodeAges {
     counts: [u32; AGE_BUCKETS],
+    /// The ages added up, seconds: with the fleet's tokens per second of decode, what the
+    /// answers have written into the KV cache beside their prompts.
+    total_s: f64,
 }
 
 impl DecodeAges {
@@ -45,8 +48,25 @@ impl DecodeAges {
 
     /// Counts one request of `age_s`.
     pub fn add(&mut self, age_s: f64) {
-        let b = Self::bucket(age_s.max(0.0));
+        let age = age_s.max(0.0);
+        let b = Self::bucket(age);
         self.counts[b] = self.counts[b].saturating_add(1);
+        if age.is_finite() {
+            self.total_s += age;
+        }
+    }
+
+    /// The ages added up, seconds.
+    pub fn total_s(&self) -> f64 {
+        self.total_s
+    }
+
+    /// Adds `other`'s counts (another worker's requests).
+    pub fn merge(&mut self, other: &DecodeAges) {
+        for (a, b) in self.counts.iter_mut().zip(other.counts) {
+            *a = a.saturating_add(b);
+        }
+        self.total_s += other.total_s;
     }
 
     /// `(representative age, count)` of every non-empty bucket, youngest first.
@@ -122,6 +142,7 @@ mod tests {
             vec![(0.5, 2), (6.0, 1), (96.0, 1)]
         );
         assert_eq!(ages.len(), 4);
+        assert!((ages.total_s() - (0.5 + 0.5 + 5.5 + 80.5)).abs() < 1e-9);
         s.remove(Duration::from_secs_f64(100.0));
         s.remove(Duration::from_secs_f64(20.0));
         s.remove(Duration::from_secs_f64(7.0)); // never added: nothing happens
@@ -138,5 +159,18 @@ mod tests {
             ages.buckets().collect::<Vec<_>>(),
             vec![(0.5, 1), (DecodeAges::bucket_age_s(AGE_BUCKETS - 1), 1)]
         );
+        assert_eq!(ages.total_s(), 1e9, "a negative age counts as 0");
+    }
+
+    #[test]
+    fn merged_ages_add_their_counts_and_totals() {
+        let mut a = DecodeAges::default();
+        a.add(3.0);
+        let mut b = DecodeAges::default();
+        b.add(3.5);
+        b.add(40.0);
+        a.merge(&b);
+        assert_eq!(a.buckets().collect::<Vec<_>>(), vec![(3.0, 2), (48.0, 1)]);
+        assert!((a.total_s() - 46.5).abs() < 1e-12);
     }
 }

@@ -69,11 +69,13 @@ use rand::{Rng, SeedableRng};
 use super::calibration::Rates;
 use super::copy_value;
 use super::fleet_calibration::FleetCalibration;
-use super::kv_room::{Residence, Room};
+use super::kv_room::Room;
+use super::residence::Residence;
 use super::saturation;
 use super::tier_cost::{TierCostConfig, TierPricing};
 use super::{Candidate, Observation, Policy, RouteDecision, RouteRequest};
 use crate::fleet::WorkerId;
+use crate::fleet::decode_ages::DecodeAges;
 
 /// Settings of the cost model.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -208,17 +210,46 @@ impl KvAware {
         self.tiers.factors()
     }
 
-    /// What `c` holds and runs, when its KV capacity is known.
-    fn room(request: &RouteRequest, c: &Candidate) -> Option<Room> {
+    /// What `c` holds and runs, when its KV capacity is known: the prompts booked there and
+    /// what their answers have written so far, at `written_per_s` tokens per second of decode.
+    fn room(request: &RouteRequest, c: &Candidate, written_per_s: f64) -> Option<Room> {
         let capacity = c.cache.capacity_blocks?;
         let shared = c.cache.running_prefix_blocks * u64::from(request.block_size);
+        let written = c.cache.decode_ages.total_s() * written_per_s;
         Some(Room {
             capacity_tokens: capacity as f64 * f64::from(request.block_size),
-            active_tokens: c.cache.running_tokens as f64,
+            active_tokens: c.cache.running_tokens as f64 + written,
             in_flight: c.load.in_flight,
             needed_tokens: request.prompt_tokens.saturating_sub(shared) as f64,
             ages: c.cache.decode_ages,
         })
+    }
+
+    /// How long `request` waits for room in each candidate's KV cache (`None` where the
+    /// capacity is not known). The answers running there hold what they have written besides
+    /// their prompts; what is left of them is read from the residences, with every
+    /// candidate's running ones counted as lasting at least their ages
+    /// ([`Residence::remaining`]). The curve is drawn only when some candidate is short of room.
+    fn room_waits(&self, request: &RouteRequest, candidates: &[Candidate]) -> Vec<Option<f64>> {
+        let residence = super::lock(&self.residence);
+        let written_per_s = residence.decode_tokens_per_s().unwrap_or(0.0);
+        let rooms: Vec<Option<Room>> = candidates
+            .iter()
+            .map(|c| Self::room(request, c, written_per_s))
+            .collect();
+        if !rooms.iter().flatten().any(Room::is_short) {
+            return rooms.iter().map(|r| r.map(|_| 0.0)).collect();
+        }
+        let mut running = DecodeAges::default();
+        candidates
+            .iter()
+            .for_each(|c| running.merge(&c.cache.decode_ages));
+        let remaining = residence.remaining(&running);
+        drop(residence);
+        rooms
+            .iter()
+            .map(|r| r.as_ref().map(|room| room.wait_s(|age| remaining.at(age))))
+            .collect()
     }
 
     /// Predicted TTFT of `request` on `c`, and the cost of sending it there; `quote` is what
@@ -296,15 +327,7 @@ impl Policy for KvAware {
         let saturated = saturation::saturated(request.prompt_tokens, candidates);
         let rates: Vec<Rates> = super::lock(&self.calibration)
             .rates_in_view_of(candidates.iter().map(|c| c.worker), partial);
-        let room_wait: Vec<Option<f64>> = {
-            let residence = super::lock(&self.residence);
-            candidates
-                .iter()
-                .map(|c| {
-                    Self::room(request, c).map(|room| room.wait_s(|age| residence.residual_at(age)))
-                })
-                .collect()
-        };
+        let room_wait = self.room_waits(request, candidates);
         let (predicted, mut cost): (Vec<f64>, Vec<f64>) = candidates
             .iter()
             .zip(&quotes)
@@ -381,9 +404,9 @@ impl Policy for KvAware {
         super::lock(&self.calibration).set_prior(config.prior());
     }
 
-    fn observe_decode(&self, _worker: WorkerId, decode_s: f64) {
+    fn observe_decode(&self, _worker: WorkerId, decode_s: f64, output_tokens: Option<u64>) {
         let forgetting = self.config().forgetting;
-        super::lock(&self.residence).observe(decode_s, forgetting);
+        super::lock(&self.residence).observe(decode_s, output_tokens, forgetting);
     }
 
     fn observe(&self, o: &Observation) {
@@ -455,3 +478,7 @@ fn fewest_by(tied: Vec<usize>, key: impl Fn(usize) -> u64) -> Vec<usize> {
 #[cfg(test)]
 #[path = "kv_aware_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "kv_aware_room_tests.rs"]
+mod room_tests;

@@ -2,7 +2,6 @@
 
 use super::super::testing::idle;
 use super::*;
-use crate::policy::kv_room::PRIOR_RESIDENCE_S;
 
 fn req(tokens: u64) -> RouteRequest {
     RouteRequest {
@@ -466,52 +465,6 @@ fn a_session_home_wins_ties_but_is_never_a_pin() {
     c[0].session_home = true;
     c[1].overlap_blocks = 200;
     assert_eq!(p.choose(&req(4000), &c).unwrap().chosen, 1);
-}
-
-#[test]
-fn a_warm_worker_whose_running_requests_fill_its_cache_is_priced_by_the_wait() {
-    // Worker 0 holds the whole 80k-token prompt, but one running 1M-token session fills
-    // its 1,048,576-token cache: the prompt cannot start there until that session ends.
-    let mut c = idle(2);
-    for w in &mut c {
-        w.cache.capacity_blocks = Some(65_536); // × 16 tokens
-    }
-    c[0].overlap_blocks = 5_000;
-    c[0].load.in_flight = 1;
-    c[0].load.decoding = 1;
-    c[0].cache.running_tokens = 1_000_000;
-    let p = policy();
-    let d = p.choose(&req(80_000), &c).unwrap();
-    assert_eq!(d.chosen, 1, "{:?}", d.predicted_ttft_s);
-    let waits = d.predicted_ttft_s[0].unwrap();
-    assert!(
-        waits >= PRIOR_RESIDENCE_S,
-        "the prior residence is waited: {waits}"
-    );
-    // The explanation names the wait, and the idle worker's none.
-    assert_eq!(d.room_wait_s, vec![Some(PRIOR_RESIDENCE_S), Some(0.0)]);
-    // The running session shares the prompt's prefix: no new room is needed, so it stays.
-    c[0].cache.running_prefix_blocks = 5_000;
-    assert_eq!(p.choose(&req(80_000), &c).unwrap().chosen, 0);
-    // Short answers learned: the wait shrinks to what decoding lasts, and the warm worker
-    // wins again once that is below recomputing 80k tokens.
-    c[0].cache.running_prefix_blocks = 0;
-    for _ in 0..50 {
-        p.observe_decode(WorkerId(0), 0.5);
-    }
-    assert_eq!(p.choose(&req(80_000), &c).unwrap().chosen, 0);
-    // Answers whose mean is as short but whose tail is long (nine in ten end at once, one in
-    // ten runs ten times the mean): the session found running is most likely a long one, and
-    // the 80k tokens are recomputed elsewhere.
-    let p = policy();
-    let recompute = p.choose(&req(80_000), &c).unwrap().predicted_ttft_s[1].unwrap();
-    let long = 4.0 * recompute;
-    for i in 0..200 {
-        p.observe_decode(WorkerId(0), if i % 10 == 9 { long } else { 0.0 });
-    }
-    assert!(p.residence_mean_s() < recompute / 2.0);
-    let d = p.choose(&req(80_000), &c).unwrap();
-    assert_eq!(d.chosen, 1, "{:?}", d.predicted_ttft_s);
 }
 
 /// Four workers; the first is computing a sibling's 4,096-token prefix (its booking queued),

@@ -19,7 +19,7 @@
 //! is full.
 //!
 //! `R` is what is left of a request found running, not a request's whole residence `D` (the
-//! fleet's measured time from first token to end, [`Residence`]): a request that is running
+//! fleet's measured time from first token to end, `policy::residence`): a request that is running
 //! when another arrives is more likely a long one (the inspection paradox), and what remains of
 //! it is `E[D²] / 2E[D]` on average. Answer lengths are heavy-tailed — on the tiered agentic
 //! fleet (seed 0) half end within 3.5 s, one in a hundred runs over 63 s, the longest 354 s —
@@ -30,102 +30,10 @@
 //! Where the router knows how long each request there has been decoding
 //! (`fleet::decode_ages`), each is priced by its own age instead: what is left of an answer
 //! that has run for a minute is what the recent answers longer than a minute ran past it
-//! ([`Residence::residual_at`]), and one that has just begun is an average answer.
+//! (`Residence::remaining`, which also counts the answers still running while the router is
+//! young), and one that has just begun is an average answer.
 
 use crate::fleet::decode_ages::DecodeAges;
-
-/// Until the first request ends, the residence assumed: a few hundred output tokens at
-/// tens of milliseconds per step.
-pub const PRIOR_RESIDENCE_S: f64 = 5.0;
-
-/// Residences kept to tell what is left of a request of a given age.
-pub const RECENT_RESIDENCES: usize = 512;
-
-/// Residences needed, and longer than an age, before the recent ones are averaged past it.
-const MIN_TAIL: usize = 8;
-
-/// The fleet's times from a request's first token to its end (their mean and mean square,
-/// and the most recent ones), learned from requests that completed: how long a running
-/// request keeps its KV blocks once it has them.
-#[derive(Clone, Debug)]
-pub struct Residence {
-    mean_s: f64,
-    /// The mean of the squared residences, s².
-    mean_sq: f64,
-    observed: u64,
-    /// The last [`RECENT_RESIDENCES`], oldest first.
-    recent: std::collections::VecDeque<f32>,
-}
-
-impl Default for Residence {
-    /// The prior as memoryless: what is left of a running request is the whole mean.
-    fn default() -> Self {
-        Residence {
-            mean_s: PRIOR_RESIDENCE_S,
-            mean_sq: 2.0 * PRIOR_RESIDENCE_S * PRIOR_RESIDENCE_S,
-            observed: 0,
-            recent: std::collections::VecDeque::with_capacity(RECENT_RESIDENCES),
-        }
-    }
-}
-
-impl Residence {
-    /// The current estimate of a request's whole residence, seconds.
-    pub fn mean_s(&self) -> f64 {
-        self.mean_s
-    }
-
-    /// What is left, on average, of a request found running: `E[D²] / 2E[D]`, seconds.
-    pub fn residual_s(&self) -> f64 {
-        if self.mean_s <= 0.0 {
-            return 0.0;
-        }
-        self.mean_sq / (2.0 * self.mean_s)
-    }
-
-    /// A request decoded for `decode_s` seconds after its first token. `forgetting` weighs
-    /// older requests as the rate fit does; the first `1 / (1 − forgetting)` observations are
-    /// averaged plainly so the prior does not linger.
-    pub fn observe(&mut self, decode_s: f64, forgetting: f64) {
-        if !decode_s.is_finite() || decode_s < 0.0 {
-            return;
-        }
-        self.observed += 1;
-        let plain = 1.0 / self.observed as f64;
-        let keep = forgetting.clamp(0.0, 1.0);
-        let new = plain.max(1.0 - keep);
-        self.mean_s += new * (decode_s - self.mean_s);
-        self.mean_sq += new * (decode_s * decode_s - self.mean_sq);
-        if self.recent.len() == RECENT_RESIDENCES {
-            self.recent.pop_front();
-        }
-        self.recent.push_back(decode_s as f32);
-    }
-
-    /// What is left, on average, of a request that has decoded for `age_s` seconds:
-    /// `E[D − a | D > a]` over the recent residences. `None` (an age not known) is a request
-    /// found running at random, [`Residence::residual_s`]; so is every age until
-    /// [`RECENT_RESIDENCES`] / 8 have ended. An age beyond all but a few of them is assumed to
-    /// go on at least as long again (a heavy tail's remaining time grows with its age).
-    pub fn residual_at(&self, age_s: Option<f64>) -> f64 {
-        let Some(age) = age_s else {
-            return self.residual_s();
-        };
-        if self.recent.len() < RECENT_RESIDENCES / 8 {
-            return self.residual_s();
-        }
-        let (sum, n) = self
-            .recent
-            .iter()
-            .map(|&d| f64::from(d))
-            .filter(|&d| d > age)
-            .fold((0.0, 0usize), |(s, n), d| (s + d - age, n + 1));
-        if n < MIN_TAIL {
-            return age.max(self.residual_s());
-        }
-        sum / n as f64
-    }
-}
 
 /// What a worker holds and runs, in tokens, as the router booked it, and what a new prompt
 /// needs there.
@@ -145,9 +53,17 @@ pub struct Room {
 }
 
 impl Room {
+    /// Whether the prompt must wait for running requests to end: it does not fit beside
+    /// them. With nothing running it never waits (a prompt larger than the whole cache is the
+    /// engine's to refuse, and waiting would not help).
+    pub fn is_short(&self) -> bool {
+        let over = self.active_tokens + self.needed_tokens - self.capacity_tokens;
+        over > 0.0 && self.in_flight > 0 && self.active_tokens > 0.0
+    }
+
     /// The expected seconds the prompt waits for room, `residual(age)` being what is left,
     /// on average, of a request decoding for `age` seconds (`None`: of one whose age is not
-    /// known; [`Residence::residual_at`]).
+    /// known; `Residence::remaining`).
     ///
     /// The prompt starts once the `k` requests that free the excess have ended. Each running
     /// request ends at rate `1 / residual` of its age, as if memoryless from now on; the first
@@ -155,13 +71,11 @@ impl Room {
     /// quickest, so the expected `k`-th end is taken as `Σ_{j<k} 1 / (Σ rates of all but the
     /// j quickest)`. With every residual alike this is `R × (1/n + 1/(n−1) + … )`.
     pub fn wait_s(&self, residual: impl Fn(Option<f64>) -> f64) -> f64 {
-        let over = self.active_tokens + self.needed_tokens - self.capacity_tokens;
-        let n = self.in_flight;
-        // Nothing running: a prompt larger than the whole cache is the engine's to refuse,
-        // and waiting would not help.
-        if over <= 0.0 || n == 0 || self.active_tokens <= 0.0 {
+        if !self.is_short() {
             return 0.0;
         }
+        let over = self.active_tokens + self.needed_tokens - self.capacity_tokens;
+        let n = self.in_flight;
         let each = self.active_tokens / n as f64;
         let k = ((over / each).ceil() as u64).clamp(1, n) as usize;
         let mut rates: Vec<f64> = Vec::with_capacity(n as usize);
@@ -228,51 +142,6 @@ mod tests {
     }
 
     #[test]
-    fn what_is_left_of_a_running_request_grows_with_the_tail() {
-        let r = Residence::default();
-        assert!(
-            (r.residual_s() - PRIOR_RESIDENCE_S).abs() < 1e-9,
-            "the prior is memoryless"
-        );
-        // Answers all alike: one found running is half done.
-        let mut r = Residence::default();
-        for _ in 0..100 {
-            r.observe(4.0, 1.0);
-        }
-        assert!((r.residual_s() - 2.0).abs() < 1e-9);
-        // Nine in ten end after 1 s, one in ten after 91 s: the mean is 10 s, and what is left
-        // of one found running E[D²] / 2E[D] = (0.9 × 1 + 0.1 × 8,281) / 20 = 41.45 s.
-        let mut r = Residence::default();
-        for i in 0..1000 {
-            r.observe(if i % 10 == 9 { 91.0 } else { 1.0 }, 1.0);
-        }
-        assert!((r.mean_s() - 10.0).abs() < 1e-9);
-        assert!((r.residual_s() - 41.45).abs() < 1e-9, "{}", r.residual_s());
-    }
-
-    #[test]
-    fn what_is_left_of_an_answer_grows_with_its_age() {
-        // Too few ended yet: every age is priced as one found at random.
-        let mut r = Residence::default();
-        r.observe(3.0, 1.0);
-        assert_eq!(r.residual_at(Some(100.0)), r.residual_s());
-        // Nine in ten end after 1 s, one in ten after 91 s.
-        let mut r = Residence::default();
-        for i in 0..1000 {
-            r.observe(if i % 10 == 9 { 91.0 } else { 1.0 }, 1.0);
-        }
-        assert_eq!(r.residual_at(None), r.residual_s());
-        // Just begun: an average answer (the last 512: 460 of 1 s and 52 of 91 s), less
-        // than what is left of one found at random (41.45 s).
-        let young = r.residual_at(Some(0.5));
-        assert!((young - (5192.0 / 512.0 - 0.5)).abs() < 1e-6, "{young}");
-        // Past 1 s it can only be a long one: 91 − 30.
-        assert!((r.residual_at(Some(30.0)) - 61.0).abs() < 1e-6);
-        // Older than any seen: at least as long again.
-        assert_eq!(r.residual_at(Some(200.0)), 200.0);
-    }
-
-    #[test]
     fn old_answers_hold_their_room_longer_than_new_ones() {
         let aged = |age: f64| {
             let mut ages = DecodeAges::default();
@@ -305,22 +174,5 @@ mod tests {
         };
         let expected = 1.0 / (2.0 / 5.0 + 2.0 / 60.0) + 1.0 / (1.0 / 5.0 + 2.0 / 60.0);
         assert!((mixed.wait_s(residual) - expected).abs() < 1e-9);
-    }
-
-    #[test]
-    fn residence_averages_plainly_then_forgets() {
-        let mut r = Residence::default();
-        assert_eq!(r.mean_s(), PRIOR_RESIDENCE_S);
-        r.observe(2.0, 0.99);
-        assert_eq!(r.mean_s(), 2.0, "the first observation replaces the prior");
-        r.observe(4.0, 0.99);
-        assert!((r.mean_s() - 3.0).abs() < 1e-12);
-        for _ in 0..2000 {
-            r.observe(10.0, 0.99);
-        }
-        assert!((r.mean_s() - 10.0).abs() < 1e-6);
-        r.observe(f64::NAN, 0.99);
-        r.observe(-1.0, 0.99);
-        assert!((r.mean_s() - 10.0).abs() < 1e-6, "nonsense is ignored");
     }
 }

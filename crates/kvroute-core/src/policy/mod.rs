@@ -17,6 +17,7 @@ pub mod kv_room;
 pub mod least_request;
 pub mod power_of_two;
 pub mod random;
+pub mod residence;
 pub mod round_robin;
 pub mod saturation;
 pub mod tier_cost;
@@ -175,9 +176,10 @@ pub trait Policy: Send + Sync {
     /// Feeds back an observed time to first token (default: ignored).
     fn observe(&self, _observation: &Observation) {}
 
-    /// A request routed to `worker` completed `decode_s` seconds after its first token: how
-    /// long a running request keeps its KV blocks (default: nothing learned).
-    fn observe_decode(&self, _worker: WorkerId, _decode_s: f64) {}
+    /// A request routed to `worker` completed `decode_s` seconds after its first token, with
+    /// `output_tokens` where the engine reported them: how long a running request keeps its KV
+    /// blocks, and how fast its answer fills them (default: nothing learned).
+    fn observe_decode(&self, _worker: WorkerId, _decode_s: f64, _output_tokens: Option<u64>) {}
 
     /// Forgets what was learned about `worker`: it left the fleet, and its id may later name
     /// another worker (default: nothing kept).

@@ -182,11 +182,13 @@ impl Admitted {
         }
     }
 
-    /// The request completed `decode_s` seconds after its first token: the policy learns how
-    /// long requests keep their KV blocks. Only for completed requests (a failure or a
-    /// cancellation says nothing about how long answers run).
-    pub fn observe_decode(&self, decode_s: f64) {
-        self.policy.observe_decode(self.worker, decode_s);
+    /// The request completed `decode_s` seconds after its first token, with `output_tokens`
+    /// where the engine reported them: the policy learns how long requests keep their KV
+    /// blocks and how fast their answers fill them. Only for completed requests (a failure or
+    /// a cancellation says nothing about how long answers run).
+    pub fn observe_decode(&self, decode_s: f64, output_tokens: Option<u64>) {
+        self.policy
+            .observe_decode(self.worker, decode_s, output_tokens);
     }
 
     /// The request ended (completed, failed or cancelled): everything it held is released.

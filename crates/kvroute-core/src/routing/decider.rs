@@ -132,21 +132,33 @@ impl Decider {
         let curve = self.holdings.residency.curve();
         let home = self.session_home(analysis);
         let warm = analysis.overlaps.max() as usize;
-        let candidates = picked
+        let (mut candidates, aged): (Vec<Candidate>, Vec<bool>) = picked
             .iter()
             .map(|t| {
                 let at_home = home.filter(|h| h.worker == t.worker());
-                Candidate {
+                let (cache, aged) = self.working_set(analysis, *t, &curve, warm);
+                let candidate = Candidate {
                     id: Arc::clone(t.label()),
                     worker: t.worker(),
                     load: t.load().view(),
                     overlap_blocks: overlap_with_hint(analysis, *t, at_home),
                     lower_blocks: analysis.lower_blocks(t.worker()),
-                    cache: self.working_set(analysis, *t, &curve, warm),
+                    cache,
                     session_home: at_home.is_some(),
-                }
+                };
+                (candidate, aged)
             })
-            .collect();
+            .unzip();
+        // A wait for room is priced from how long requests run, and the requests still running
+        // everywhere are part of that evidence (`policy::residence`): once one candidate's
+        // ages are read, every candidate's are.
+        if aged.contains(&true) {
+            for ((c, t), aged) in candidates.iter_mut().zip(&picked).zip(&aged) {
+                if !aged {
+                    c.cache.decode_ages = t.load().decode_ages(analysis.at);
+                }
+            }
+        }
         (picked, candidates)
     }
 
@@ -160,16 +172,16 @@ impl Decider {
 
     /// `target`'s working set when `analysis` was made, and what writing the prompt's uncached
     /// blocks there would evict that comes back (nothing for a load-only analysis, which
-    /// touches no blocks).
+    /// touches no blocks); and whether the prompt may wait there for room (its ages were read).
     fn working_set<T: Target>(
         &self,
         analysis: &Analysis,
         target: &T,
         curve: &ReuseCurve,
         warm: usize,
-    ) -> WorkingSet {
+    ) -> (WorkingSet, bool) {
         if analysis.hashes.is_empty() {
-            return WorkingSet::default();
+            return (WorkingSet::default(), false);
         }
         let residency = &self.holdings.residency;
         let worker = target.worker();
@@ -182,19 +194,22 @@ impl Decider {
                 .running_sharing(&analysis.hashes, analysis.request.block_size, warm);
         // Only a prompt that does not fit beside what runs there waits for room, and only that
         // wait reads the decoding requests' ages (a walk of the worker's decode starts under
-        // its lock): the rest of the decisions skip it.
+        // its lock): the rest of the decisions skip it. The booked prompts are not all the
+        // running requests hold (their answers grow, at a rate the policy learns), so the
+        // ages are read from half the capacity on.
         let block_size = u64::from(analysis.request.block_size);
         let needed = analysis
             .request
             .prompt_tokens
             .saturating_sub(running_prefix as u64 * block_size);
-        let full = capacity_blocks.is_some_and(|c| running_tokens + needed > c * block_size);
-        let decode_ages = if full {
+        let filling =
+            capacity_blocks.is_some_and(|c| 2 * (running_tokens + needed) > c * block_size);
+        let decode_ages = if filling {
             target.load().decode_ages(analysis.at)
         } else {
             DecodeAges::default()
         };
-        WorkingSet {
+        let set = WorkingSet {
             sharing_requests,
             decode_ages,
             live_blocks: residency.live_blocks(worker, analysis.at),
@@ -211,7 +226,8 @@ impl Decider {
                     curve,
                 )
             }),
-        }
+        };
+        (set, filling)
     }
 
     /// The candidates a decision weighs: [`Self::candidates_on`], narrowed by placement

@@ -195,3 +195,43 @@ fn admissions_count_toward_the_rate_of_the_prefix_they_share() {
     let cold = d.analyse(&ids(7, 576), seed(), 16, at);
     assert_eq!(cold.request.warm_prefix_rate, 0.0);
 }
+
+#[test]
+fn once_one_worker_fills_every_worker_s_decode_ages_are_read() {
+    // Two workers of 100 blocks (1,600 tokens); one request decoding on each.
+    let targets: Vec<T> = fleet(2, true)
+        .into_iter()
+        .map(|t| T {
+            kv_blocks: Some(100),
+            ..t
+        })
+        .collect();
+    let d = decider();
+    let mut held = Vec::new();
+    for (w, len) in [(0u32, 400usize), (1, 32)] {
+        let at = Duration::from_secs(1);
+        let analysis = d.analyse(&ids(w, len), seed(), 16, at);
+        let choice = d
+            .choose(
+                &analysis,
+                &targets[w as usize..=w as usize],
+                &mut Vec::new(),
+            )
+            .expect("a worker");
+        let mut admitted = d.admit(&analysis, &choice, at).admitted_at(at);
+        admitted.first_token_after(Duration::from_secs(1));
+        held.push(admitted);
+    }
+    let ages = |prompt: usize| {
+        let analysis = d.analyse(&ids(9, prompt), seed(), 16, Duration::from_secs(12));
+        let (_, c) = d.candidates(&analysis, &targets, &[]);
+        c.iter()
+            .map(|c| c.cache.decode_ages.len())
+            .collect::<Vec<_>>()
+    };
+    // A short prompt leaves both under half full: no ages read.
+    assert_eq!(ages(64), vec![0, 0]);
+    // 400 + 500 tokens are over half of worker 0: its ages are read, and worker 1's too,
+    // though the prompt would fit there (the running answers are the residences' evidence).
+    assert_eq!(ages(500), vec![1, 1]);
+}

@@ -1,5 +1,5 @@
-//! A `Target` for the decision core's unit tests: a worker id, a label, a load, a role and
-//! whether it publishes KV events, with nothing behind them.
+//! A `Target` for the decision core's unit tests: a worker id, a label, a load, a role,
+//! whether it publishes KV events and its KV capacity, with nothing behind them.
 
 use std::sync::Arc;
 
@@ -13,6 +13,7 @@ pub(crate) struct TestTarget {
     pub(crate) load: Arc<Load>,
     pub(crate) role: Role,
     pub(crate) events: bool,
+    pub(crate) kv_blocks: Option<usize>,
 }
 
 impl TestTarget {
@@ -24,6 +25,7 @@ impl TestTarget {
             load: Arc::new(Load::default()),
             role,
             events: true,
+            kv_blocks: None,
         }
     }
 
@@ -56,5 +58,8 @@ impl Target for TestTarget {
     }
     fn role(&self) -> Role {
         self.role
+    }
+    fn kv_blocks(&self) -> Option<usize> {
+        self.kv_blocks
     }
 }

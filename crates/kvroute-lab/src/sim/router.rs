@@ -59,11 +59,12 @@ impl Routed {
         self.first_token_at = Some(now);
     }
 
-    /// The request completed at `now`: the policy learns how long it decoded, and its load is
-    /// released.
-    pub fn complete(&mut self, now: f64) {
+    /// The request completed at `now` with `output_tokens`: the policy learns how long it
+    /// decoded and how fast, and its load is released.
+    pub fn complete(&mut self, now: f64, output_tokens: u64) {
         if let Some(first) = self.first_token_at {
-            self.admitted.observe_decode(now - first);
+            self.admitted
+                .observe_decode(now - first, Some(output_tokens));
         }
         self.finish();
     }

@@ -581,8 +581,9 @@ impl<'t> Simulation<'t> {
                 rec.preemptions = s.preemptions;
             }
             rec.first_scheduled = s.first_scheduled;
+            let output_tokens = u64::from(rec.output_tokens);
             if let Some(mut routed) = self.routed[i].take() {
-                routed.complete(s.finished);
+                routed.complete(s.finished, output_tokens);
             }
             self.workers[slot as usize].requests.remove(&i);
         }

@@ -237,7 +237,7 @@ impl ResponseObserver for Observer {
         {
             self.attempt
                 .admitted
-                .observe_decode(first.elapsed().as_secs_f64());
+                .observe_decode(first.elapsed().as_secs_f64(), self.usage.usage().completion);
         }
         self.attempt.admitted.finish();
         if end == End::Complete && self.status.is_success() {

@@ -1,0 +1,124 @@
+//! Unit tests of `kv_aware`'s wait for KV room (`kv_room`, `residence`): what the running
+//! requests hold, and how long they keep it.
+
+use super::super::testing::idle;
+use super::*;
+use crate::policy::residence::PRIOR_RESIDENCE_S;
+
+fn req(tokens: u64) -> RouteRequest {
+    RouteRequest {
+        prompt_tokens: tokens,
+        blocks: (tokens / 16) as u32,
+        block_size: 16,
+        kv_bytes_per_token: 0,
+        warm_prefix_rate: 0.0,
+    }
+}
+
+fn policy() -> KvAware {
+    KvAware::new(
+        KvAwareConfig {
+            calibrate: false,
+            ..Default::default()
+        },
+        1,
+    )
+}
+
+#[test]
+fn a_warm_worker_whose_running_requests_fill_its_cache_is_priced_by_the_wait() {
+    // Worker 0 holds the whole 80k-token prompt, but one running 1M-token session fills
+    // its 1,048,576-token cache: the prompt cannot start there until that session ends.
+    let mut c = idle(2);
+    for w in &mut c {
+        w.cache.capacity_blocks = Some(65_536); // × 16 tokens
+    }
+    c[0].overlap_blocks = 5_000;
+    c[0].load.in_flight = 1;
+    c[0].load.decoding = 1;
+    c[0].cache.running_tokens = 1_000_000;
+    let p = policy();
+    let d = p.choose(&req(80_000), &c).unwrap();
+    assert_eq!(d.chosen, 1, "{:?}", d.predicted_ttft_s);
+    let waits = d.predicted_ttft_s[0].unwrap();
+    assert!(
+        waits >= PRIOR_RESIDENCE_S,
+        "the prior residence is waited: {waits}"
+    );
+    // The explanation names the wait, and the idle worker's none.
+    assert_eq!(d.room_wait_s, vec![Some(PRIOR_RESIDENCE_S), Some(0.0)]);
+    // The running session shares the prompt's prefix: no new room is needed, so it stays.
+    c[0].cache.running_prefix_blocks = 5_000;
+    assert_eq!(p.choose(&req(80_000), &c).unwrap().chosen, 0);
+    // Short answers learned: the wait shrinks to what decoding lasts, and the warm worker
+    // wins again once that is below recomputing 80k tokens.
+    c[0].cache.running_prefix_blocks = 0;
+    for _ in 0..50 {
+        p.observe_decode(WorkerId(0), 0.5, None);
+    }
+    assert_eq!(p.choose(&req(80_000), &c).unwrap().chosen, 0);
+    // Answers whose mean is as short but whose tail is long (nine in ten end at once, one in
+    // ten runs ten times the mean): the session found running is most likely a long one, and
+    // the 80k tokens are recomputed elsewhere.
+    let p = policy();
+    let recompute = p.choose(&req(80_000), &c).unwrap().predicted_ttft_s[1].unwrap();
+    let long = 4.0 * recompute;
+    for i in 0..200 {
+        p.observe_decode(WorkerId(0), if i % 10 == 9 { long } else { 0.0 }, None);
+    }
+    assert!(p.residence_mean_s() < recompute / 2.0);
+    let d = p.choose(&req(80_000), &c).unwrap();
+    assert_eq!(d.chosen, 1, "{:?}", d.predicted_ttft_s);
+}
+
+#[test]
+fn what_the_running_answers_have_written_takes_room_too() {
+    // Worker 0's booked prompts leave exactly room for the new one; its four answers have
+    // decoded for 100 s in all.
+    let mut c = idle(2);
+    for w in &mut c {
+        w.cache.capacity_blocks = Some(1_000); // 16,000 tokens
+    }
+    c[0].load.in_flight = 4;
+    c[0].load.decoding = 4;
+    c[0].cache.running_tokens = 12_000;
+    for age in [10.0, 20.0, 30.0, 40.0] {
+        c[0].cache.decode_ages.add(age);
+    }
+    let p = policy();
+    // No answer's length told yet: only the prompts count, and the prompt fits.
+    assert_eq!(p.choose(&req(4_000), &c).unwrap().room_wait_s[0], Some(0.0));
+    // Answers write 20 tokens a second: 2,000 tokens are held beside the prompts, and the
+    // prompt waits for one of the four to end.
+    for _ in 0..10 {
+        p.observe_decode(WorkerId(1), 10.0, Some(201));
+    }
+    let wait = p.choose(&req(4_000), &c).unwrap().room_wait_s[0];
+    assert!(wait.is_some_and(|w| w > 0.0), "{wait:?}");
+}
+
+#[test]
+fn answers_still_running_anywhere_lengthen_the_wait_while_the_router_is_young() {
+    // Worker 0 is full: the prompt waits for its one young answer to end.
+    let mut c = idle(2);
+    for w in &mut c {
+        w.cache.capacity_blocks = Some(1_000);
+    }
+    c[0].load.in_flight = 1;
+    c[0].load.decoding = 1;
+    c[0].cache.running_tokens = 15_000;
+    c[0].cache.decode_ages.add(0.5);
+    let p = policy();
+    // The 100 answers that ended were all 2 s long.
+    for _ in 0..100 {
+        p.observe_decode(WorkerId(1), 2.0, None);
+    }
+    let short = p.choose(&req(4_000), &c).unwrap().room_wait_s[0].unwrap_or(0.0);
+    assert!((short - 1.5).abs() < 1e-9, "{short}");
+    // Twenty answers have run 16-32 s on worker 1 and go on: answers are not all short.
+    for _ in 0..20 {
+        c[1].cache.decode_ages.add(20.0);
+    }
+    let long = p.choose(&req(4_000), &c).unwrap().room_wait_s[0].unwrap_or(0.0);
+    assert!(long > 5.0 * short, "{long} against {short}");
+}
