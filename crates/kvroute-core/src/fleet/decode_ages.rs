@@ -18,13 +18,10 @@ use std::time::Duration;
 /// Upper bounds of the age buckets, seconds: 1, 2, 4, … 2¹¹; the last bucket holds the rest.
 pub const AGE_BUCKETS: usize = 13;
 
-/// The ages of a worker's decoding requests, counted in doubling buckets, and their sum.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+/// The ages of a worker's decoding requests, counted in doubling buckets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DecodeAges {
     counts: [u32; AGE_BUCKETS],
-    /// The ages added up, seconds: with the fleet's tokens per second of decode, what the
-    /// answers have written into the KV cache beside their prompts.
-    total_s: f64,
 }
 
 impl DecodeAges {
@@ -48,17 +45,8 @@ impl DecodeAges {
 
     /// Counts one request of `age_s`.
     pub fn add(&mut self, age_s: f64) {
-        let age = age_s.max(0.0);
-        let b = Self::bucket(age);
+        let b = Self::bucket(age_s.max(0.0));
         self.counts[b] = self.counts[b].saturating_add(1);
-        if age.is_finite() {
-            self.total_s += age;
-        }
-    }
-
-    /// The ages added up, seconds.
-    pub fn total_s(&self) -> f64 {
-        self.total_s
     }
 
     /// Adds `other`'s counts (another worker's requests).
@@ -66,7 +54,6 @@ impl DecodeAges {
         for (a, b) in self.counts.iter_mut().zip(other.counts) {
             *a = a.saturating_add(b);
         }
-        self.total_s += other.total_s;
     }
 
     /// `(representative age, count)` of every non-empty bucket, youngest first.
@@ -90,16 +77,22 @@ impl DecodeAges {
 }
 
 /// When each decoding request whose start is known began decoding, on the decider's clock
-/// (a multiset: several may start at one instant).
+/// (a multiset: several may start at one instant), and their count and sum, so the ages'
+/// sum is read without a walk.
 #[derive(Debug, Default)]
 pub struct DecodeStarts {
     starts: BTreeMap<Duration, u32>,
+    count: u128,
+    /// The starts added up, nanoseconds (exact, unlike a float sum of many).
+    sum_ns: u128,
 }
 
 impl DecodeStarts {
     /// A request started decoding at `at`.
     pub fn add(&mut self, at: Duration) {
         *self.starts.entry(at).or_insert(0) += 1;
+        self.count += 1;
+        self.sum_ns += at.as_nanos();
     }
 
     /// The request `add`ed at `at` ended.
@@ -109,7 +102,17 @@ impl DecodeStarts {
             if *n == 0 {
                 self.starts.remove(&at);
             }
+            self.count -= 1;
+            self.sum_ns -= at.as_nanos();
         }
+    }
+
+    /// Their ages at `now` added up, seconds: with the tokens a decoding request writes per
+    /// second, what the answers hold in the KV cache beside their prompts. (Starts after `now`,
+    /// from a clock read late, may take from the others' ages; the sum is never negative.)
+    pub fn decoded_s(&self, now: Duration) -> f64 {
+        let total = (self.count * now.as_nanos()).saturating_sub(self.sum_ns);
+        total as f64 / 1e9
     }
 
     /// Their ages at `now` (a start after `now`, from a clock read late, counts as 0).
@@ -142,12 +145,18 @@ mod tests {
             vec![(0.5, 2), (6.0, 1), (96.0, 1)]
         );
         assert_eq!(ages.len(), 4);
-        assert!((ages.total_s() - (0.5 + 0.5 + 5.5 + 80.5)).abs() < 1e-9);
+        assert!(
+            (s.decoded_s(Duration::from_secs_f64(100.5)) - (0.5 + 0.5 + 5.5 + 80.5)).abs() < 1e-9
+        );
         s.remove(Duration::from_secs_f64(100.0));
         s.remove(Duration::from_secs_f64(20.0));
         s.remove(Duration::from_secs_f64(7.0)); // never added: nothing happens
         let ages = s.ages(Duration::from_secs_f64(100.5));
         assert_eq!(ages.buckets().collect::<Vec<_>>(), vec![(0.5, 1), (6.0, 1)]);
+        assert!((s.decoded_s(Duration::from_secs_f64(100.5)) - 6.0).abs() < 1e-9);
+        // A start read after `now` takes from the others' ages, never below nothing.
+        s.add(Duration::from_secs(1000));
+        assert_eq!(s.decoded_s(Duration::from_secs(101)), 0.0);
     }
 
     #[test]
@@ -159,11 +168,10 @@ mod tests {
             ages.buckets().collect::<Vec<_>>(),
             vec![(0.5, 1), (DecodeAges::bucket_age_s(AGE_BUCKETS - 1), 1)]
         );
-        assert_eq!(ages.total_s(), 1e9, "a negative age counts as 0");
     }
 
     #[test]
-    fn merged_ages_add_their_counts_and_totals() {
+    fn merged_ages_add_their_counts() {
         let mut a = DecodeAges::default();
         a.add(3.0);
         let mut b = DecodeAges::default();
@@ -171,6 +179,5 @@ mod tests {
         b.add(40.0);
         a.merge(&b);
         assert_eq!(a.buckets().collect::<Vec<_>>(), vec![(3.0, 2), (48.0, 1)]);
-        assert!((a.total_s() - 46.5).abs() < 1e-12);
     }
 }

@@ -122,6 +122,12 @@ impl Load {
     }
 
     /// How long, at `now` on the decider's clock, the requests decoding here whose first
+    /// token time is known have been decoding, added up (without walking them).
+    pub fn decoded_s(&self, now: Duration) -> f64 {
+        self.lock_decode_starts().decoded_s(now)
+    }
+
+    /// How long, at `now` on the decider's clock, the requests decoding here whose first
     /// token time is known have been decoding ([`LoadGuard::first_token_at`]).
     pub fn decode_ages(&self, now: Duration) -> DecodeAges {
         self.lock_decode_starts().ages(now)

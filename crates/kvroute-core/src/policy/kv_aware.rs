@@ -215,7 +215,7 @@ impl KvAware {
     fn room(request: &RouteRequest, c: &Candidate, written_per_s: f64) -> Option<Room> {
         let capacity = c.cache.capacity_blocks?;
         let shared = c.cache.running_prefix_blocks * u64::from(request.block_size);
-        let written = c.cache.decode_ages.total_s() * written_per_s;
+        let written = c.cache.decoded_s * written_per_s;
         Some(Room {
             capacity_tokens: capacity as f64 * f64::from(request.block_size),
             active_tokens: c.cache.running_tokens as f64 + written,

@@ -82,9 +82,7 @@ fn what_the_running_answers_have_written_takes_room_too() {
     c[0].load.in_flight = 4;
     c[0].load.decoding = 4;
     c[0].cache.running_tokens = 12_000;
-    for age in [10.0, 20.0, 30.0, 40.0] {
-        c[0].cache.decode_ages.add(age);
-    }
+    c[0].cache.decoded_s = 100.0;
     let p = policy();
     // No answer's length told yet: only the prompts count, and the prompt fits.
     assert_eq!(p.choose(&req(4_000), &c).unwrap().room_wait_s[0], Some(0.0));

@@ -78,6 +78,10 @@ pub struct Candidate {
 /// What a worker's KV cache holds that requests will come back for.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct WorkingSet {
+    /// How long its decoding requests whose first token the router saw have decoded, added
+    /// up, seconds: what their answers have written beside their prompts, at the policy's
+    /// tokens per second of decode.
+    pub decoded_s: f64,
     /// Blocks admitted requests touched on the worker within the residency horizon
     /// (`index::Residency`).
     pub live_blocks: u64,

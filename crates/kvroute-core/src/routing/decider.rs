@@ -193,10 +193,12 @@ impl Decider {
                 .load()
                 .running_sharing(&analysis.hashes, analysis.request.block_size, warm);
         // Only a prompt that does not fit beside what runs there waits for room, and only that
-        // wait reads the decoding requests' ages (a walk of the worker's decode starts under
-        // its lock): the rest of the decisions skip it. The booked prompts are not all the
-        // running requests hold (their answers grow, at a rate the policy learns), so the
-        // ages are read from half the capacity on.
+        // wait reads the decoding requests' ages one by one (a walk of the worker's decode
+        // starts under its lock): the rest of the decisions skip it. The booked prompts are
+        // not all the running requests hold (their answers grow, at a rate the policy learns
+        // and from the ages' sum, read for every decision), so the ages are read from half the
+        // capacity on; below that, a worker whose answers fill it is still priced a wait, its
+        // requests taken as found running at random.
         let block_size = u64::from(analysis.request.block_size);
         let needed = analysis
             .request
@@ -210,6 +212,7 @@ impl Decider {
             DecodeAges::default()
         };
         let set = WorkingSet {
+            decoded_s: target.load().decoded_s(analysis.at),
             sharing_requests,
             decode_ages,
             live_blocks: residency.live_blocks(worker, analysis.at),

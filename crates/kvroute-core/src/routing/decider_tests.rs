@@ -222,15 +222,26 @@ fn once_one_worker_fills_every_worker_s_decode_ages_are_read() {
         admitted.first_token_after(Duration::from_secs(1));
         held.push(admitted);
     }
-    let ages = |prompt: usize| {
+    let candidates = |prompt: usize| {
         let analysis = d.analyse(&ids(9, prompt), seed(), 16, Duration::from_secs(12));
-        let (_, c) = d.candidates(&analysis, &targets, &[]);
-        c.iter()
+        d.candidates(&analysis, &targets, &[]).1
+    };
+    let ages = |prompt: usize| {
+        candidates(prompt)
+            .iter()
             .map(|c| c.cache.decode_ages.len())
             .collect::<Vec<_>>()
     };
-    // A short prompt leaves both under half full: no ages read.
+    // A short prompt leaves both under half full: no ages read one by one, but their sum
+    // is (each has decoded since 2 s).
     assert_eq!(ages(64), vec![0, 0]);
+    for c in candidates(64) {
+        assert!(
+            (c.cache.decoded_s - 10.0).abs() < 1e-9,
+            "{}",
+            c.cache.decoded_s
+        );
+    }
     // 400 + 500 tokens are over half of worker 0: its ages are read, and worker 1's too,
     // though the prompt would fit there (the running answers are the residences' evidence).
     assert_eq!(ages(500), vec![1, 1]);
