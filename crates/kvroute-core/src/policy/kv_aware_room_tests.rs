@@ -2,28 +2,9 @@
 //! requests hold, and how long they keep it.
 
 use super::super::testing::idle;
+use super::tests::{policy, req};
 use super::*;
 use crate::policy::residence::PRIOR_RESIDENCE_S;
-
-fn req(tokens: u64) -> RouteRequest {
-    RouteRequest {
-        prompt_tokens: tokens,
-        blocks: (tokens / 16) as u32,
-        block_size: 16,
-        kv_bytes_per_token: 0,
-        warm_prefix_rate: 0.0,
-    }
-}
-
-fn policy() -> KvAware {
-    KvAware::new(
-        KvAwareConfig {
-            calibrate: false,
-            ..Default::default()
-        },
-        1,
-    )
-}
 
 #[test]
 fn a_warm_worker_whose_running_requests_fill_its_cache_is_priced_by_the_wait() {

@@ -3,7 +3,7 @@
 use super::super::testing::idle;
 use super::*;
 
-fn req(tokens: u64) -> RouteRequest {
+pub(super) fn req(tokens: u64) -> RouteRequest {
     RouteRequest {
         prompt_tokens: tokens,
         blocks: (tokens / 16) as u32,
@@ -29,7 +29,7 @@ fn alone(worker: u32, tokens: u64, ttft_s: f64, unseen: u64) -> Observation {
     }
 }
 
-fn policy() -> KvAware {
+pub(super) fn policy() -> KvAware {
     KvAware::new(
         KvAwareConfig {
             calibrate: false,
