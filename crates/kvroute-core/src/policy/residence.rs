@@ -145,6 +145,7 @@ impl Residence {
 
     /// What is left, on average, of a request that has decoded for `age_s` seconds, from the
     /// ended residences alone ([`Residence::remaining`] with nothing running).
+    #[cfg(test)]
     pub fn residual_at(&self, age_s: Option<f64>) -> f64 {
         self.remaining(&DecodeAges::default()).at(age_s)
     }

@@ -64,6 +64,21 @@ impl<T> Choice<'_, T> {
     pub fn candidate(&self) -> &Candidate {
         &self.candidates[self.decision.chosen]
     }
+
+    /// The policy's predicted TTFT on the chosen target, if it predicts one.
+    pub fn predicted_ttft_s(&self) -> Option<f64> {
+        chosen_figure(&self.decision.predicted_ttft_s, self.decision.chosen)
+    }
+
+    /// The wait for KV room the policy priced on the chosen target, if it prices one.
+    pub fn room_wait_s(&self) -> Option<f64> {
+        chosen_figure(&self.decision.room_wait_s, self.decision.chosen)
+    }
+}
+
+/// A decision's per-candidate figure for the chosen candidate.
+fn chosen_figure(figures: &[Option<f64>], chosen: usize) -> Option<f64> {
+    figures.get(chosen).copied().flatten()
 }
 
 impl Decider {
@@ -212,7 +227,12 @@ impl Decider {
             DecodeAges::default()
         };
         let set = WorkingSet {
-            decoded_s: target.load().decoded_s(analysis.at),
+            // Only a worker of known capacity is priced a wait for room.
+            decoded_s: if capacity_blocks.is_some() {
+                target.load().decoded_s(analysis.at)
+            } else {
+                0.0
+            },
             sharing_requests,
             decode_ages,
             live_blocks: residency.live_blocks(worker, analysis.at),
@@ -341,12 +361,7 @@ impl Decider {
         let c = choice.candidate();
         let worker = choice.target.worker();
         let uncached = booked_uncached(analysis, c, choice.saturated);
-        let predicted_ttft = choice
-            .decision
-            .predicted_ttft_s
-            .get(choice.decision.chosen)
-            .copied()
-            .flatten();
+        let predicted_ttft = choice.predicted_ttft_s();
         if analysis.request.blocks > 0 && !choice.target.publishes_events() {
             self.holdings
                 .approx

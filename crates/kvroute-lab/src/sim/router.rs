@@ -435,12 +435,7 @@ impl SimRouter {
         let choice = self
             .decider
             .choose_on(&analysis, &self.targets, &mut skip, side)?;
-        let room_wait_s = choice
-            .decision
-            .room_wait_s
-            .get(choice.decision.chosen)
-            .copied()
-            .flatten();
+        let room_wait_s = choice.room_wait_s();
         let admitted = self.decider.admit(&analysis, &choice, duration(now));
         let mut routed = Self::routed(admitted, now);
         routed.room_wait_s = room_wait_s;
