@@ -111,6 +111,8 @@ pub struct RequestStats {
     pub handoff: Handoff,
     /// Prompt tokens whose KV was pulled from a prefill engine.
     pub transferred_tokens: usize,
+    /// Of `cached_tokens`, those loaded from the host-memory tier at first scheduling.
+    pub loaded_tokens: usize,
     /// When that KV arrived, if it was pulled.
     pub kv_ready: Option<f64>,
 }
@@ -169,6 +171,8 @@ pub struct Request {
     pub pull: Pull,
     /// Prompt tokens pulled from the prefill engine.
     pub transferred_tokens: usize,
+    /// Of `cached_tokens`, those loaded from the host-memory tier at first scheduling.
+    pub loaded_tokens: usize,
     /// When the pulled KV arrived.
     pub kv_ready: Option<f64>,
 }
@@ -206,6 +210,7 @@ impl Request {
             handoff: Handoff::Local,
             pull: Pull::None,
             transferred_tokens: 0,
+            loaded_tokens: 0,
             kv_ready: None,
         };
         r.extend_hashes(hasher, block_size);
@@ -281,6 +286,7 @@ impl Request {
             reason,
             handoff: self.handoff,
             transferred_tokens: self.transferred_tokens,
+            loaded_tokens: self.loaded_tokens,
             kv_ready: self.kv_ready,
         }
     }

@@ -434,6 +434,7 @@ impl Scheduler {
             req.first_scheduled = Some(now);
             // vLLM counts the connector's tokens among the request's cached ones.
             req.cached_tokens = cached + loaded;
+            req.loaded_tokens = loaded;
         }
         req.pull = Pull::Loading {
             ready_at: now + seconds,

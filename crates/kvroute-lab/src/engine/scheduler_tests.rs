@@ -262,7 +262,7 @@ fn a_prefix_evicted_to_the_host_tier_is_loaded_back_not_recomputed() {
     assert_eq!(b.scheduled.len(), 1);
     assert_eq!(b.scheduled[0].num_new_tokens, 1);
     let r = s.get(RequestId(3)).unwrap();
-    assert_eq!(r.cached_tokens, 8);
+    assert_eq!((r.cached_tokens, r.loaded_tokens), (8, 8));
     assert_eq!(cache.tier().unwrap().counters().loaded_tokens, 8);
     // The loaded blocks are cached on the GPU again.
     assert_eq!(cache.num_cached(), 2);

@@ -28,6 +28,8 @@ pub struct SimRecord {
     /// Prompt tokens the engine found in its prefix cache at first scheduling (the prefill
     /// worker's, in a disaggregated fleet).
     pub cached_tokens: u32,
+    /// Of `cached_tokens`, those loaded from the host-memory tier.
+    pub loaded_tokens: u32,
     /// Leading prompt blocks the router believed the chosen worker held.
     pub predicted_blocks: u32,
     /// The most leading blocks any routable worker held when it was routed.

@@ -578,6 +578,7 @@ impl<'t> Simulation<'t> {
             // both workers were counted as they happened.
             if s.handoff == Handoff::Local {
                 rec.cached_tokens = s.cached_tokens as u32;
+                rec.loaded_tokens = s.loaded_tokens as u32;
                 rec.preemptions = s.preemptions;
             }
             rec.first_scheduled = s.first_scheduled;
