@@ -57,6 +57,7 @@ mod kv_events_fixtures;
 mod kv_events_proptest;
 mod kv_events_zmq;
 mod kv_replay;
+mod kv_room;
 mod kv_routing;
 mod load_only_hits;
 mod lora_routing;

@@ -51,6 +51,20 @@ impl SimEngine {
         SimEngine::start_with(model, addr, events, replay, seed, core).await
     }
 
+    /// Starts an engine serving `model` on ephemeral ports with the engine settings `core`.
+    pub async fn start_with_core(model: &str, core: EngineCoreArgs) -> SimEngine {
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        SimEngine::start_with(
+            model,
+            any,
+            "tcp://127.0.0.1:*",
+            "tcp://127.0.0.1:*",
+            0,
+            core,
+        )
+        .await
+    }
+
     /// Starts an engine serving `model` on ephemeral ports with `block_size` tokens per KV block.
     pub async fn start_with_block_size(model: &str, block_size: usize) -> SimEngine {
         let core = EngineCoreArgs {

@@ -22,6 +22,7 @@ pub mod outcome;
 pub mod output_tokens;
 pub mod response_id;
 pub mod retry_budget;
+pub mod stream_events;
 pub mod usage;
 
 use crate::tls::upstream::WorkerConnector;

@@ -13,6 +13,7 @@ use super::slo::Hints;
 use super::trail::Trail;
 use crate::metrics::Metrics;
 use crate::proxy::output_tokens::OutputTokens;
+use crate::proxy::stream_events::StreamEvents;
 use crate::proxy::usage::UsageScan;
 use crate::proxy::{End, ResponseObserver};
 use crate::routing::Attempt;
@@ -76,6 +77,9 @@ pub(super) struct Observer {
     prefill: Option<Arc<crate::fleet::Worker>>,
     /// The engine's reported usage, read as the body passes.
     usage: UsageScan,
+    /// A stream's events, counted as it passes: its answer's length when the engine does not
+    /// report usage.
+    events: Option<StreamEvents>,
     /// The tokens reserved in the tenant's rate limit, settled at the end.
     reservation: Option<Reservation>,
     /// The request's latency targets, counted against what happens.
@@ -118,6 +122,7 @@ impl Observer {
             request_span: tracing::Span::current(),
             prefill: None,
             usage: UsageScan::new(),
+            events: None,
             reservation: None,
             slo: Hints::default(),
             first_token_at: None,
@@ -160,6 +165,7 @@ impl Observer {
     /// `sse`) are counted if it records a trace.
     pub(super) fn with_trail(mut self, trail: Trail, sse: bool) -> Observer {
         self.sse = sse;
+        self.events = sse.then(StreamEvents::new);
         self.output = trail.records().then(|| OutputTokens::new(sse));
         self.trail = trail;
         self
@@ -213,6 +219,9 @@ impl ResponseObserver for Observer {
             o.feed(chunk);
         }
         self.usage.feed(chunk);
+        if let Some(e) = self.events.as_mut() {
+            e.feed(chunk);
+        }
         if self.sse
             && let Some(last) = self.last_chunk_at
         {
@@ -235,9 +244,15 @@ impl ResponseObserver for Observer {
             && self.status.is_success()
             && let Some(first) = self.first_token_at
         {
+            // A stream without usage is counted by its events (`proxy::stream_events`).
+            let written = self
+                .usage
+                .usage()
+                .completion
+                .or_else(|| self.events.as_ref().map(StreamEvents::count));
             self.attempt
                 .admitted
-                .observe_decode(first.elapsed().as_secs_f64(), self.usage.usage().completion);
+                .observe_decode(first.elapsed().as_secs_f64(), written);
         }
         self.attempt.admitted.finish();
         if end == End::Complete && self.status.is_success() {
