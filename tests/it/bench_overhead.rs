@@ -83,6 +83,7 @@ async fn client_overhead() {
         model: "m".into(),
         force_output_length: true,
         text_prompt: false,
+        no_usage: false,
     };
     let planned = plan(&trace, &PromptSynth::default(), &shape);
     let config = ReplayConfig {

@@ -140,6 +140,7 @@ fn planned(t: &Trace) -> Vec<PlannedRequest> {
         model: "m".into(),
         force_output_length: true,
         text_prompt: false,
+        no_usage: false,
     };
     plan(t, &PromptSynth::default(), &shape)
 }

@@ -34,6 +34,7 @@ async fn replay_through_router_records_workers() {
         model: "m".into(),
         force_output_length: true,
         text_prompt: false,
+        no_usage: false,
     };
     let planned = plan(&trace, &PromptSynth::default(), &shape);
     let config = ReplayConfig {

@@ -73,6 +73,10 @@ pub struct BenchArgs {
     /// Send text prompts (one word per token) instead of token ids.
     #[arg(long)]
     pub text_prompt: bool,
+    /// Do not ask for `stream_options.include_usage` (most clients do not): output tokens are
+    /// then counted from each stream's events, by this client and by any router between.
+    #[arg(long)]
+    pub no_usage: bool,
     /// Do not send `ignore_eos` / `min_tokens` (for servers that reject them).
     #[arg(long)]
     pub no_force_output_length: bool,
@@ -177,6 +181,7 @@ async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
         model,
         force_output_length: !args.no_force_output_length,
         text_prompt: args.text_prompt,
+        no_usage: args.no_usage,
     };
     eprintln!(
         "kvroute bench: {} requests over {:.1} s ({} prompt tokens) → {url}",

@@ -21,6 +21,9 @@ pub struct RequestShape {
     pub force_output_length: bool,
     /// Send the prompt as text (one word per token) instead of token ids.
     pub text_prompt: bool,
+    /// Leave out `stream_options.include_usage`, as most clients do: the answers' lengths are
+    /// then counted from their streams' events, by the client and by any router between.
+    pub no_usage: bool,
 }
 
 /// One request, ready to send.
@@ -59,7 +62,8 @@ struct CompletionBody<'a> {
     ignore_eos: Option<bool>,
     temperature: f32,
     stream: bool,
-    stream_options: StreamOptions,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream_options: Option<StreamOptions>,
     /// The trace's session, named as OpenAI clients name a group of requests that share a
     /// prefix (an affinity hint for routers that read it).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -87,9 +91,9 @@ pub fn plan(trace: &Trace, synth: &PromptSynth, shape: &RequestShape) -> Vec<Pla
                 ignore_eos: shape.force_output_length.then_some(true),
                 temperature: 0.0,
                 stream: true,
-                stream_options: StreamOptions {
+                stream_options: (!shape.no_usage).then_some(StreamOptions {
                     include_usage: true,
-                },
+                }),
                 prompt_cache_key: r.session.map(|s| format!("session-{s}")),
             };
             // Serializing plain structs of numbers and strings cannot fail.
@@ -124,6 +128,7 @@ mod tests {
             model: "m".into(),
             force_output_length: true,
             text_prompt: false,
+            no_usage: false,
         };
         let p = plan(&trace, &synth, &shape);
         let v: serde_json::Value = serde_json::from_slice(&p[0].body).unwrap();
@@ -133,5 +138,12 @@ mod tests {
         assert_eq!(v["ignore_eos"], true);
         assert_eq!(v["stream_options"]["include_usage"], true);
         assert_eq!(p[0].arrival_s, 0.5);
+        let quiet = RequestShape {
+            no_usage: true,
+            ..shape
+        };
+        let v: serde_json::Value =
+            serde_json::from_slice(&plan(&trace, &synth, &quiet)[0].body).unwrap();
+        assert!(v.get("stream_options").is_none(), "{v}");
     }
 }
