@@ -66,6 +66,32 @@ def main() -> int:
     check("completion stream delivers text", len(texts) > 0, texts)
     check("completion stream reports usage", usage is not None and usage.completion_tokens == 5, usage)
 
+    # Without include_usage, as most clients stream, the router counts an answer's tokens by its
+    # stream's events (crates/kvroute-router/src/proxy/stream_events.rs): one per decode step,
+    # plus chat's role-only first event and a finish-only last one where the engine sends it.
+    for api in ("chat", "completion"):
+        if api == "chat":
+            stream = client.chat.completions.create(
+                model=model,
+                messages=[{"role": "user", "content": prompt}],
+                max_tokens=12,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            )
+        else:
+            stream = client.completions.create(
+                model=model, prompt=prompt, max_tokens=12, stream=True, extra_body={"ignore_eos": True}
+            )
+        events, usage = 0, None
+        for chunk in stream:
+            events += 1
+            if chunk.usage is not None:
+                usage = chunk.usage
+        if usage is None:
+            check(f"{api} stream without usage: {events} events for 12 tokens", 12 <= events <= 14, events)
+        else:
+            check(f"{api} stream's unasked usage counts the tokens", usage.completion_tokens == 12, usage)
+
     raw = client.completions.with_raw_response.create(model=model, prompt="Hello", max_tokens=2)
     check("x-kvroute-worker header present", bool(raw.headers.get("x-kvroute-worker")), raw.headers)
     print("sdk checks: all ok")
