@@ -20,17 +20,20 @@ def main() -> int:
             raise SystemExit(1)
         print(f"ok   {name}")
 
+    def chat_stream(max_tokens, **options):
+        return client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=max_tokens,
+            stream=True,
+            extra_body={"ignore_eos": True},
+            **options,
+        )
+
     check("models.list names the model", any(m.id == model for m in client.models.list().data))
 
     for attempt in ("cold", "warm"):
-        stream = client.chat.completions.create(
-            model=model,
-            messages=[{"role": "user", "content": prompt}],
-            max_tokens=6,
-            stream=True,
-            stream_options={"include_usage": True},
-            extra_body={"ignore_eos": True},
-        )
+        stream = chat_stream(6, stream_options={"include_usage": True})
         pieces, usage, finish, after_usage = [], None, None, 0
         for chunk in stream:
             if usage is not None:
@@ -71,13 +74,7 @@ def main() -> int:
     # plus chat's role-only first event and a finish-only last one where the engine sends it.
     for api in ("chat", "completion"):
         if api == "chat":
-            stream = client.chat.completions.create(
-                model=model,
-                messages=[{"role": "user", "content": prompt}],
-                max_tokens=12,
-                stream=True,
-                extra_body={"ignore_eos": True},
-            )
+            stream = chat_stream(12)
         else:
             stream = client.completions.create(
                 model=model, prompt=prompt, max_tokens=12, stream=True, extra_body={"ignore_eos": True}
