@@ -143,8 +143,10 @@ fn last_usage(buf: &[u8]) -> Option<u64> {
     found
 }
 
+/// Where `needle` first occurs in `hay` (memchr's substring search: the usage scan runs it
+/// three times over every chunk of every response).
 pub(super) fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
+    memchr::memmem::find(hay, needle)
 }
 
 /// `: N` (spaces allowed) with N followed by a non-digit: a number cut by the chunk's end is
