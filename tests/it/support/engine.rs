@@ -71,9 +71,7 @@ impl SimEngine {
             block_size,
             ..EngineCoreArgs::default()
         };
-        let any = SocketAddr::from(([127, 0, 0, 1], 0));
-        let (events, replay) = ("tcp://127.0.0.1:*", "tcp://127.0.0.1:*");
-        SimEngine::start_with(model, any, events, replay, 0, core).await
+        SimEngine::start_with_core(model, core).await
     }
 
     /// Starts an engine serving `model` on ephemeral ports that takes prompts and outputs of at
@@ -83,9 +81,7 @@ impl SimEngine {
             max_model_len: Some(max_model_len),
             ..EngineCoreArgs::default()
         };
-        let any = SocketAddr::from(([127, 0, 0, 1], 0));
-        let (events, replay) = ("tcp://127.0.0.1:*", "tcp://127.0.0.1:*");
-        SimEngine::start_with(model, any, events, replay, 0, core).await
+        SimEngine::start_with_core(model, core).await
     }
 
     /// Starts an engine serving `model` on an ephemeral port without KV events, tokenizing with

@@ -7,8 +7,9 @@
 //! another count, a fleet of such clients never teaches the rate and every answer is taken to
 //! hold no tokens. vLLM and SGLang send one `data:` event per decode step, so the events are
 //! the answer's tokens, plus a role-only first event (chat), an event with only the finish
-//! reason where the engine sends one, and fewer where a step yields several tokens
-//! (speculative decoding): a rate within a few tokens per answer. For 12 tokens, vLLM 0.32
+//! reason where the engine sends one, fewer where a step yields several tokens (speculative
+//! decoding) and more where a request asks for `n` > 1 choices (an event per choice per
+//! step): a rate within a few tokens per answer for the common single-choice stream. For 12 tokens, vLLM 0.32
 //! sends 13 chat events and 12 completion events, SGLang 0.5.23 14 and 12
 //! (`scripts/real-engines/sdk_stream_check.py`, run by both real-engine stages).
 //!
