@@ -79,6 +79,7 @@ fn observation(worker: usize, i: usize) -> Observation {
         ttft_s: (uncached + queued) as f64 * 5e-5 * (0.9 + (i % 5) as f64 * 0.05) + 0.02,
         loaded_tokens: [0, 0],
         kv_bytes_per_token: 0,
+        room_wait_s: 0.0,
     }
 }
 

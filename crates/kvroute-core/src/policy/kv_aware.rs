@@ -426,7 +426,10 @@ impl Policy for KvAware {
         let prefill = calibration
             .rates(o.worker)
             .predict(tokens, o.decoding as f64);
-        let ttft_s = self.tiers.observe(&config.tiers, o, prefill);
+        // The wait for room it was predicted is the room model's to price
+        // ([`super::kv_room`]), not slow prefill: learned into the rates, it made every
+        // prediction slower after waits.
+        let ttft_s = (self.tiers.observe(&config.tiers, o, prefill) - o.room_wait_s).max(0.0);
         calibration.observe(
             o.worker,
             tokens,

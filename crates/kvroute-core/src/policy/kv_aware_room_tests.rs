@@ -101,3 +101,30 @@ fn answers_still_running_anywhere_lengthen_the_wait_while_the_router_is_young() 
     let long = p.choose(&req(4_000), &c).unwrap().room_wait_s[0].unwrap_or(0.0);
     assert!(long > 5.0 * short, "{long} against {short}");
 }
+
+#[test]
+fn a_predicted_wait_for_room_is_not_learned_as_slow_prefill() {
+    // Two routers see the same first tokens: 8k tokens computed in 0.4 s. One also had a
+    // predicted wait for room of 3 s, and its TTFTs are 3 s longer. The prefill rates both
+    // learn are the same: the wait is the room model's, not a slow worker's.
+    let learn = |wait: f64| {
+        let p = KvAware::new(KvAwareConfig::default(), 1);
+        for _ in 0..200 {
+            p.observe(&Observation {
+                worker: WorkerId(0),
+                uncached_tokens: 8_000,
+                queued_tokens: 0,
+                decoding: 0,
+                prefilling: 0,
+                unseen_in_flight: 0,
+                ttft_s: 0.4 + wait,
+                loaded_tokens: [0, 0],
+                kv_bytes_per_token: 0,
+                room_wait_s: wait,
+            });
+        }
+        p.rates(WorkerId(0)).seconds_per_token
+    };
+    let (waited, none) = (learn(3.0), learn(0.0));
+    assert!((waited - none).abs() <= none * 1e-6, "{waited} vs {none}");
+}

@@ -26,6 +26,7 @@ fn alone(worker: u32, tokens: u64, ttft_s: f64, unseen: u64) -> Observation {
         ttft_s,
         loaded_tokens: [0, 0],
         kv_bytes_per_token: 0,
+        room_wait_s: 0.0,
     }
 }
 
@@ -108,6 +109,7 @@ fn a_capped_queue_is_learned_as_the_chunks_it_ran_beside() {
             ttft_s: 0.5,
             loaded_tokens: [0, 0],
             kv_bytes_per_token: 0,
+            room_wait_s: 0.0,
         });
     }
     let after = p.rates(WorkerId(0)).seconds_per_token;
@@ -186,6 +188,7 @@ fn calibration_changes_the_trade_off() {
             ttft_s: tokens as f64 / rate + 0.02,
             loaded_tokens: [0, 0],
             kv_bytes_per_token: 0,
+            room_wait_s: 0.0,
         });
     }
     // Shrunk hard toward the pool (identical replicas are the rule), but recognised.
@@ -218,6 +221,7 @@ fn a_forgotten_worker_is_scored_as_a_newcomer() {
             ttft_s: slow * ((500 + i * 10) as f64 / 20_000.0 + 0.02),
             loaded_tokens: [0, 0],
             kv_bytes_per_token: 0,
+            room_wait_s: 0.0,
         });
     }
     let slow = p.rates(WorkerId(0));
@@ -245,6 +249,7 @@ fn an_uncalibrated_worker_is_scored_like_its_calibrated_peers() {
                 ttft_s: tokens as f64 / 60_000.0 + 0.02,
                 loaded_tokens: [0, 0],
                 kv_bytes_per_token: 0,
+                room_wait_s: 0.0,
             });
         }
     }
@@ -354,6 +359,7 @@ fn a_burst_after_noisy_calibration_splits_evenly() {
             ttft_s: (0.0165 + 1.5e-5 * tokens as f64) * (1.0 + noise),
             loaded_tokens: [0, 0],
             kv_bytes_per_token: 0,
+            room_wait_s: 0.0,
         });
     }
     let even = 240.0 / WORKERS as f64;

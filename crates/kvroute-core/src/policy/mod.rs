@@ -161,6 +161,9 @@ pub struct Observation {
     pub loaded_tokens: [u64; 2],
     /// The request's [`RouteRequest::kv_bytes_per_token`].
     pub kv_bytes_per_token: u64,
+    /// How long the policy predicted it would wait for room in the worker's KV cache
+    /// ([`RouteDecision::room_wait_s`] of the chosen worker; 0 when it predicted none).
+    pub room_wait_s: f64,
 }
 
 /// A routing policy.

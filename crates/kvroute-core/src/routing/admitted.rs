@@ -18,6 +18,16 @@ struct Predicted {
     unseen_in_flight: u64,
     loaded_tokens: [u64; 2],
     kv_bytes_per_token: u64,
+    room_wait_s: f64,
+}
+
+/// What the policy predicted for the chosen worker.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Forecast {
+    /// Time to first token, if the policy predicts one.
+    pub ttft_s: Option<f64>,
+    /// The part of it spent waiting for room in the worker's KV cache.
+    pub room_wait_s: f64,
 }
 
 /// The load a routed request holds on its worker until it ends, and the prediction the
@@ -71,7 +81,7 @@ impl Admitted {
         analysis: &Analysis,
         chosen: &Candidate,
         uncached_tokens: u64,
-        predicted_ttft_s: Option<f64>,
+        forecast: Forecast,
     ) -> Admitted {
         Admitted {
             worker,
@@ -88,12 +98,13 @@ impl Admitted {
                     [chosen.lower_blocks.cpu, chosen.lower_blocks.disk].map(|b| u64::from(b) * bs)
                 },
                 kv_bytes_per_token: analysis.request.kv_bytes_per_token,
+                room_wait_s: forecast.room_wait_s,
             }),
             overlap_blocks: chosen.overlap_blocks.min(analysis.request.blocks),
             lower_blocks: chosen.lower_blocks.total(),
             blocks: analysis.request.blocks,
             prompt_tokens: analysis.request.prompt_tokens,
-            predicted_ttft_s,
+            predicted_ttft_s: forecast.ttft_s,
             predicted_cached_tokens: cached_tokens(analysis, chosen.overlap_blocks),
             admitted_at: None,
         }
@@ -178,6 +189,7 @@ impl Admitted {
                 ttft_s,
                 loaded_tokens: p.loaded_tokens,
                 kv_bytes_per_token: p.kv_bytes_per_token,
+                room_wait_s: p.room_wait_s,
             });
         }
     }

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::admitted::Admitted;
+use super::admitted::{Admitted, Forecast};
 use super::analysis::Analysis;
 use super::isolation::Confined;
 use super::target::Target;
@@ -394,7 +394,10 @@ impl Decider {
             analysis,
             c,
             uncached,
-            predicted_ttft,
+            Forecast {
+                ttft_s: predicted_ttft,
+                room_wait_s: choice.room_wait_s().unwrap_or(0.0),
+            },
         )
         .admitted_at(now)
     }
