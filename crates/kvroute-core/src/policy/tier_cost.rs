@@ -18,12 +18,13 @@
 //!
 //! That residual includes any wait for room the load had (an engine allocates a load's blocks
 //! before it starts it), so on a full worker the factor prices a load as it is served, above
-//! its link time: on the simulator's tiered agentic fleet it settles near 2. Taking the
-//! predicted wait for room out of it as well (as the prefill rates do) brought the factor to
-//! 1.1–1.4, and the fleet's TTFT mean rose 4 % (seeds 0–2: 221.0 against 212.2 ms), because
-//! loads wait longer for room than `kv_room` predicts (seed 0: the 31 loads of prompts with
-//! under 8k new tokens took 68.7 s to first token in all, against 30.5 s predicted): what a
-//! load waits and makes others wait is under-priced, and the factor is what prices it (docs/benchmarks.md, "The wait for room is not slow prefill").
+//! its link time: on the simulator's tiered agentic fleet (seed 0) it moves between 1.3 and 3
+//! and ends at 2. Taking the predicted wait for room out of it as well (as the prefill rates
+//! do) kept the factor at 1.1–1.6, and the fleet's TTFT mean rose 4 % (seeds 0–2: 221.0
+//! against 212.2 ms), because loads wait longer for room than `kv_room` predicts (seed 0: the
+//! 12 loads predicted a wait were predicted 88.3 s of it and queued 124.1 s): what a load waits
+//! and makes others wait is under-priced, and the factor is what prices it
+//! (docs/benchmarks.md, "The wait for room is not slow prefill").
 
 use serde::{Deserialize, Serialize};
 
