@@ -71,7 +71,10 @@ def main() -> int:
 
     # Without include_usage, as most clients stream, the router counts an answer's tokens by its
     # stream's events (crates/kvroute-router/src/proxy/stream_events.rs): one per decode step,
-    # plus chat's role-only first event and a finish-only last one where the engine sends it.
+    # plus chat's role-only first event and a finish-only last one where the engine sends it,
+    # fewer where the engine holds a token back whose text ends inside a character (SGLang's
+    # detokenizer sends it with the next one; the tiny test model writes byte-level tokens, and
+    # SGLang 0.5.23 sent 10 to 14 events for 12 of them). Half the tokens is the floor.
     for api in ("chat", "completion"):
         if api == "chat":
             stream = chat_stream(12)
@@ -85,7 +88,7 @@ def main() -> int:
             if chunk.usage is not None:
                 usage = chunk.usage
         if usage is None:
-            check(f"{api} stream without usage: {events} events for 12 tokens", 12 <= events <= 14, events)
+            check(f"{api} stream without usage: {events} events for 12 tokens", 6 <= events <= 14, events)
         else:
             check(f"{api} stream's unasked usage counts the tokens", usage.completion_tokens == 12, usage)
 

@@ -8,10 +8,12 @@
 //! hold no tokens. vLLM and SGLang send one `data:` event per decode step, so the events are
 //! the answer's tokens, plus a role-only first event (chat), an event with only the finish
 //! reason where the engine sends one, fewer where a step yields several tokens (speculative
-//! decoding) and more where a request asks for `n` > 1 choices (an event per choice per
-//! step): a rate within a few tokens per answer for the common single-choice stream. For 12 tokens, vLLM 0.32
-//! sends 13 chat events and 12 completion events, SGLang 0.5.23 14 and 12
-//! (`scripts/real-engines/sdk_stream_check.py`, run by both real-engine stages).
+//! decoding) or the engine holds back a token whose text ends inside a character (SGLang's
+//! detokenizer sends it with the next), and more where a request asks for `n` > 1 choices (an
+//! event per choice per step): a rate within a few tokens per answer for the common
+//! single-choice stream of text. For 12 tokens, vLLM 0.32 sends 13 chat events and 12
+//! completion events; SGLang 0.5.23 sent 12–14 and 10–12 of the tiny test model's byte-level
+//! tokens (`scripts/real-engines/sdk_stream_check.py`, run by both real-engine stages).
 //!
 //! Counted without parsing or buffering lines, unlike `output_tokens` (which parses each
 //! event for the recorded trace, where the count must be exact): a line starting `data:` is an
