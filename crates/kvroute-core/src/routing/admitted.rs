@@ -22,7 +22,7 @@ struct Predicted {
 }
 
 /// What the policy predicted for the chosen worker.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub(super) struct Forecast {
     /// Time to first token, if the policy predicts one.
     pub ttft_s: Option<f64>,

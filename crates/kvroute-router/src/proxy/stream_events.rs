@@ -18,7 +18,7 @@
 //! Counted without parsing or buffering lines, unlike `output_tokens` (which parses each
 //! event for the recorded trace, where the count must be exact): a line starting `data:` is an
 //! event, `data: [DONE]` is not. Memory: the last [`TAIL`] bytes, so a line start cut by a
-//! chunk's end is seen whole with the next chunk and counted once.
+//! chunk's end is seen whole with the next chunk and counted once; a chunk is not copied.
 
 use memchr::memchr_iter;
 
@@ -33,8 +33,9 @@ const DONE: [&[u8]; 2] = [b"data: [DONE]", b"data:[DONE]"];
 pub struct StreamEvents {
     events: u64,
     done: u64,
-    /// The last bytes of what passed.
-    tail: Vec<u8>,
+    /// The last bytes of what passed (`tail_len` of them).
+    tail: [u8; TAIL],
+    tail_len: usize,
     /// Bytes that passed.
     seen: u64,
 }
@@ -45,36 +46,62 @@ impl StreamEvents {
         StreamEvents::default()
     }
 
-    /// Feeds the next chunk.
+    /// Feeds the next chunk. The chunk is read where it lies: only the line starts at or before
+    /// its first byte are read from the tail joined to the chunk's first bytes (at most
+    /// 2 × [`TAIL`] bytes, on the stack), the others from the chunk itself.
     pub fn feed(&mut self, chunk: &[u8]) {
         if chunk.is_empty() {
             return;
         }
-        let mut buf = std::mem::take(&mut self.tail);
-        let old = buf.len();
-        buf.extend_from_slice(chunk);
-        // Byte 0 of the buffer is the stream's first while the tail holds all that passed.
+        let old = self.tail_len;
+        let head = &chunk[..chunk.len().min(TAIL)];
+        let mut joined = [0u8; 2 * TAIL];
+        joined[..old].copy_from_slice(&self.tail[..old]);
+        joined[old..old + head.len()].copy_from_slice(head);
+        let joined = &joined[..old + head.len()];
+        // Byte 0 of the tail is the stream's first while the tail holds all that passed.
         let first = (self.seen == old as u64).then_some(0);
-        let starts = first
+        let at_or_before = first
             .into_iter()
-            .chain(memchr_iter(b'\n', &buf).map(|i| i + 1));
-        for s in starts {
-            // Each pattern is counted by the feed in which its last byte arrives.
-            let ends_here = |p: &[u8]| {
-                let end = s + p.len();
-                end > old && end <= buf.len() && buf[s..end] == *p
-            };
-            if ends_here(EVENT) {
-                self.events += 1;
-            }
-            if DONE.iter().any(|p| ends_here(p)) {
-                self.done += 1;
-            }
+            .chain(memchr_iter(b'\n', &joined[..old]).map(|i| i + 1));
+        for s in at_or_before {
+            self.count_at(joined, s, old);
         }
+        for i in memchr_iter(b'\n', chunk) {
+            self.count_at(chunk, i + 1, 0);
+        }
+        self.keep_tail(chunk);
         self.seen += chunk.len() as u64;
-        let keep = buf.len().saturating_sub(TAIL);
-        buf.drain(..keep);
-        self.tail = buf;
+    }
+
+    /// Counts the patterns starting at `s` in `buf` whose last byte is past `old` (each is
+    /// counted by the feed in which its last byte arrives; one that does not end in `buf` is
+    /// counted by a later feed, from the tail).
+    fn count_at(&mut self, buf: &[u8], s: usize, old: usize) {
+        let ends_here = |p: &[u8]| {
+            let end = s + p.len();
+            end > old && end <= buf.len() && buf[s..end] == *p
+        };
+        if ends_here(EVENT) {
+            self.events += 1;
+        }
+        if DONE.iter().any(|p| ends_here(p)) {
+            self.done += 1;
+        }
+    }
+
+    /// Keeps the last [`TAIL`] bytes of the tail followed by `chunk`.
+    fn keep_tail(&mut self, chunk: &[u8]) {
+        if chunk.len() >= TAIL {
+            self.tail.copy_from_slice(&chunk[chunk.len() - TAIL..]);
+            self.tail_len = TAIL;
+            return;
+        }
+        let from_tail = self.tail_len.min(TAIL - chunk.len());
+        self.tail
+            .copy_within(self.tail_len - from_tail..self.tail_len, 0);
+        self.tail[from_tail..from_tail + chunk.len()].copy_from_slice(chunk);
+        self.tail_len = from_tail + chunk.len();
     }
 
     /// The events that passed, `[DONE]` not counted.
@@ -112,6 +139,15 @@ mod tests {
         assert_eq!(counted(&bytes), 4);
         let threes: Vec<&[u8]> = STREAM.chunks(3).collect();
         assert_eq!(counted(&threes), 4);
+    }
+
+    #[test]
+    fn chunks_of_every_size_around_the_tail_count_alike() {
+        // Shorter and longer than the tail kept between chunks: both ways of keeping it.
+        for size in 1..=2 * TAIL + 8 {
+            let cut: Vec<&[u8]> = STREAM.chunks(size).collect();
+            assert_eq!(counted(&cut), 4, "chunks of {size}");
+        }
     }
 
     #[test]
