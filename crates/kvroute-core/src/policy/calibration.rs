@@ -128,11 +128,8 @@ impl Calibrator {
 
     /// Moves the fit's slopes back inside [`SLOPE_FLOORS`]: a slope below its floor is set on
     /// it and the other parameters move with it along the covariance, as a least-squares fit
-    /// with that slope held fixed would place them (module docs). The overhead is not
-    /// projected: a few milliseconds below 0 (seen on the agentic fleets, where the step cost
-    /// is well measured) cost the clamp only those milliseconds, and moving the slopes to
-    /// absorb them would change what every decision weighs; a slope below its floor cost the
-    /// clamp far more.
+    /// with that slope held fixed would place them. The overhead is left to the clamp in
+    /// [`Self::rates`] (module docs say why).
     fn project(&mut self) {
         for (i, floor) in SLOPE_FLOORS.iter().enumerate() {
             let excess = self.theta[i] - floor;
@@ -165,7 +162,7 @@ impl Calibrator {
         }
         Rates {
             // Between 1 M tokens/s and 10 tokens/s.
-            seconds_per_token: self.theta[0].clamp(1e-6, 0.1),
+            seconds_per_token: self.theta[0].clamp(SLOPE_FLOORS[0], 0.1),
             step_cost_s: self.theta[1].clamp(0.0, 1.0),
             overhead_s: self.theta[2].clamp(0.0, 10.0),
         }
