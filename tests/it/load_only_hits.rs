@@ -64,12 +64,15 @@ async fn least_request_counts_hits_of_a_long_prompt_analysed_off_the_path() {
 
 /// Sends `prompt` (`blocks` blocks of 16 tokens) twice through a `least_request` router in
 /// front of one engine with KV events: the first is queried and misses, the second hits every
-/// reusable block.
+/// reusable block. The engine's replay endpoint is configured as a deployment's would be: the
+/// first request may be served before the subscription has joined (ZeroMQ's slow joiner), and
+/// without replay its stored blocks were lost and the index never filled (seen once under the
+/// whole suite's load).
 async fn counts_hits_from_kv_events(prompt: &str, blocks: u64) {
     let engine = SimEngine::start(MODEL, 0, 50.0).await;
     let extra = format!(
-        "[[models]]\nname = \"{MODEL}\"\nblock_size = 16\n[[workers]]\nid = \"e0\"\nurl = \"http://{}\"\nmodels = [\"{MODEL}\"]\nkv_events = \"{}\"\n",
-        engine.addr, engine.events
+        "[[models]]\nname = \"{MODEL}\"\nblock_size = 16\n[[workers]]\nid = \"e0\"\nurl = \"http://{}\"\nmodels = [\"{MODEL}\"]\nkv_events = \"{}\"\nkv_replay = \"{}\"\n",
+        engine.addr, engine.events, engine.replay
     );
     let config = support::router_config(PolicyKind::LeastRequest, &[], &extra);
     let router = support::start_router(&config).await;
