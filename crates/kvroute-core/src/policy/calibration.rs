@@ -207,8 +207,8 @@ mod tests {
     /// Heavy load: every request sees about 200 decoding sequences, and across that narrow
     /// range the first tokens come a little sooner with more of them (here by construction, in
     /// the simulator by chance). An unconstrained fit takes a negative step cost; clamping it
-    /// to 0 alone left the overhead that paid for it and over-predicted every request by
-    /// ~0.15 s. Held at 0, the overhead must absorb it and the predictions stay true.
+    /// to 0 alone left the overhead that paid for it and over-predicted its requests by
+    /// 0.14 s on average. Held at 0, the overhead must absorb it and the predictions stay true.
     #[test]
     fn a_rate_held_at_its_bound_keeps_the_predictions_where_the_load_is() {
         let ttft = |tokens: f64, decoding: f64| 0.35 + 1.5e-5 * tokens - 7.5e-4 * decoding;
