@@ -163,7 +163,7 @@ impl Calibrator {
         Rates {
             // Between 1 M tokens/s and 10 tokens/s.
             seconds_per_token: self.theta[0].clamp(SLOPE_FLOORS[0], 0.1),
-            step_cost_s: self.theta[1].clamp(0.0, 1.0),
+            step_cost_s: self.theta[1].clamp(SLOPE_FLOORS[1], 1.0),
             overhead_s: self.theta[2].clamp(0.0, 10.0),
         }
     }
