@@ -66,8 +66,8 @@ async fn least_request_counts_hits_of_a_long_prompt_analysed_off_the_path() {
 /// front of one engine with KV events: the first is queried and misses, the second hits every
 /// reusable block. The engine's replay endpoint is configured as a deployment's would be: the
 /// first request may be served before the subscription has joined (ZeroMQ's slow joiner), and
-/// without replay its stored blocks were lost and the index never filled (seen once under the
-/// whole suite's load).
+/// without replay its stored blocks would be lost. The test failed once under the whole
+/// suite's load; that this was the cause is a reading, its output was not kept.
 async fn counts_hits_from_kv_events(prompt: &str, blocks: u64) {
     let engine = SimEngine::start(MODEL, 0, 50.0).await;
     let extra = format!(
