@@ -112,10 +112,12 @@ impl Room {
     ///
     /// Why the unaged keep an even share: given only what the aged leave of `active`
     /// (nothing, where shared prefixes make the aged prompts add up to more), the request
-    /// queued behind them, the quickest to end by the random residual, freed nothing, the
-    /// waits came out longer than the engines' (2–5 s against 1–3 s observed on the capped
-    /// four-engine fleet), turns left their warm homes, and that fleet's mean TTFT rose 8–11 %
-    /// without tiers (docs/benchmarks.md, "What each running request frees").
+    /// queued behind them, the quickest to end by the random residual, freed nothing; on the
+    /// capped four-engine fleet the waits came out at 4.6–8.7 s where the engines took 1–3 s,
+    /// turns left their warm homes, and that fleet's mean TTFT nearly doubled. Scaled with
+    /// the aged instead (losing their part of what shared prefixes take), the unaged still
+    /// cost that fleet 8–11 % without tiers (docs/benchmarks.md, "What each running request
+    /// frees").
     fn leavers(&self, residual: impl Fn(Option<f64>) -> f64) -> Vec<(f64, f64)> {
         let n = self.in_flight as usize;
         let even = self.active_tokens / n as f64;
