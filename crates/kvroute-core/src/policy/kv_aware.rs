@@ -222,7 +222,6 @@ impl KvAware {
             in_flight: c.load.in_flight,
             needed_tokens: request.prompt_tokens.saturating_sub(shared) as f64,
             ages: c.cache.decode_ages,
-            written_per_s,
         })
     }
 

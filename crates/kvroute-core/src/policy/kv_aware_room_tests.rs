@@ -86,7 +86,7 @@ fn answers_still_running_anywhere_lengthen_the_wait_while_the_router_is_young() 
     c[0].load.in_flight = 1;
     c[0].load.decoding = 1;
     c[0].cache.running_tokens = 15_000;
-    c[0].cache.decode_ages.add(0.5, 15_000);
+    c[0].cache.decode_ages.add(0.5);
     let p = policy();
     // The 100 answers that ended were all 2 s long.
     for _ in 0..100 {
@@ -96,7 +96,7 @@ fn answers_still_running_anywhere_lengthen_the_wait_while_the_router_is_young() 
     assert!((short - 1.5).abs() < 1e-9, "{short}");
     // Twenty answers have run 16-32 s on worker 1 and go on: answers are not all short.
     for _ in 0..20 {
-        c[1].cache.decode_ages.add(20.0, 15_000);
+        c[1].cache.decode_ages.add(20.0);
     }
     let long = p.choose(&req(4_000), &c).unwrap().room_wait_s[0].unwrap_or(0.0);
     assert!(long > 5.0 * short, "{long} against {short}");
