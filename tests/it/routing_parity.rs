@@ -424,6 +424,7 @@ async fn debug_route_explains_the_decision_and_the_error_the_request_gets() {
         );
         // An idle fleet is not saturated.
         assert_eq!(explained["saturated"], false, "{explained}");
+        assert_eq!(explained["saturated_by"], Value::Null, "{explained}");
     }
     // Every worker with far more than twice the prompt queued for prefill: saturated.
     let queued: Vec<_> = r
@@ -441,6 +442,7 @@ async fn debug_route_explains_the_decision_and_the_error_the_request_gets() {
     let (status, explained) = explain(&r, &body, Some(TENANT)).await;
     assert_eq!(status, 200, "{explained}");
     assert_eq!(explained["saturated"], true, "{explained}");
+    assert_eq!(explained["saturated_by"], "prefill", "{explained}");
     // The live decisions are counted: none of the thirty above, this one.
     assert_eq!(saturated_decisions(&r).await, 0);
     let (status, _, out) = send(&r, &body).await;

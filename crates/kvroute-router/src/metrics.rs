@@ -24,11 +24,11 @@ mod discovery;
 mod isolation;
 mod prediction;
 mod prefill_pieces;
-mod prefill_saturation;
 mod recording;
 mod replica_bus;
 mod requests;
 mod response_affinity;
+mod saturated_decisions;
 mod shaping;
 mod slo;
 mod tokens;
@@ -42,11 +42,11 @@ pub use discovery::DiscoveryMetrics;
 pub use isolation::IsolationMetrics;
 pub use prediction::PredictionMetrics;
 pub use prefill_pieces::PrefillPieceMetrics;
-pub use prefill_saturation::PrefillSaturationMetrics;
 pub use recording::RecordingMetrics;
 pub use replica_bus::ReplicaBusMetrics;
 use requests::RequestMetrics;
 pub use response_affinity::ResponseAffinityMetrics;
+pub use saturated_decisions::SaturatedDecisionMetrics;
 pub use shaping::ShapingMetrics;
 pub use slo::SloMetrics;
 pub use tokens::TokenMetrics;
@@ -100,7 +100,7 @@ pub struct Metrics {
     /// Requests kept off workers whose context could not hold them.
     pub context: ContextMetrics,
     /// Decisions made on a fleet saturated for the request.
-    pub prefill_saturation: PrefillSaturationMetrics,
+    pub saturated_decisions: SaturatedDecisionMetrics,
     /// Long prompts sent in prefix pieces.
     pub prefill_pieces: PrefillPieceMetrics,
     /// Prompt, completion and cached tokens; inter-token latency and time per output token.
@@ -154,7 +154,7 @@ impl Metrics {
         let slo = SloMetrics::register(&registry);
         let isolation = IsolationMetrics::register(&registry);
         let context = ContextMetrics::register(&registry);
-        let prefill_saturation = PrefillSaturationMetrics::register(&registry);
+        let saturated_decisions = SaturatedDecisionMetrics::register(&registry);
         let prefill_pieces = PrefillPieceMetrics::register(&registry);
         let tokens = TokenMetrics::register(&registry);
         let cache_prediction = CachePredictionMetrics::register(&registry);
@@ -182,7 +182,7 @@ impl Metrics {
             slo,
             isolation,
             context,
-            prefill_saturation,
+            saturated_decisions,
             prefill_pieces,
             tokens,
             cache_prediction,

@@ -18,10 +18,13 @@ use std::time::Duration;
 /// Upper bounds of the age buckets, seconds: 1, 2, 4, … 2¹¹; the last bucket holds the rest.
 pub const AGE_BUCKETS: usize = 13;
 
-/// The ages of a worker's decoding requests, counted in doubling buckets.
+/// The ages of a worker's decoding requests, counted in doubling buckets, with the prompt
+/// tokens the requests of each bucket hold.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DecodeAges {
     counts: [u32; AGE_BUCKETS],
+    /// Prompt tokens of each bucket's requests, added up (0 where not told).
+    tokens: [u64; AGE_BUCKETS],
 }
 
 impl DecodeAges {
@@ -43,10 +46,16 @@ impl DecodeAges {
         }
     }
 
-    /// Counts one request of `age_s`.
-    pub fn add(&mut self, age_s: f64) {
+    /// Counts one request of `age_s` holding a prompt of `prompt_tokens`.
+    pub fn add(&mut self, age_s: f64, prompt_tokens: u64) {
+        self.add_many(age_s, 1, prompt_tokens);
+    }
+
+    /// Counts `n` requests of `age_s` holding `prompt_tokens` between them.
+    fn add_many(&mut self, age_s: f64, n: u32, prompt_tokens: u64) {
         let b = Self::bucket(age_s.max(0.0));
-        self.counts[b] = self.counts[b].saturating_add(1);
+        self.counts[b] = self.counts[b].saturating_add(n);
+        self.tokens[b] = self.tokens[b].saturating_add(prompt_tokens);
     }
 
     /// Adds `other`'s counts (another worker's requests).
@@ -54,6 +63,20 @@ impl DecodeAges {
         for (a, b) in self.counts.iter_mut().zip(other.counts) {
             *a = a.saturating_add(b);
         }
+        for (a, b) in self.tokens.iter_mut().zip(other.tokens) {
+            *a = a.saturating_add(b);
+        }
+    }
+
+    /// `(representative age, count, prompt tokens)` of every non-empty bucket, youngest
+    /// first.
+    pub fn buckets_holding(&self) -> impl Iterator<Item = (f64, u32, u64)> + '_ {
+        self.counts
+            .iter()
+            .zip(self.tokens)
+            .enumerate()
+            .filter(|(_, (n, _))| **n > 0)
+            .map(|(i, (n, t))| (Self::bucket_age_s(i), *n, t))
     }
 
     /// `(representative age, count)` of every non-empty bucket, youngest first.
@@ -81,24 +104,28 @@ impl DecodeAges {
 /// sum is read without a walk.
 #[derive(Debug, Default)]
 pub struct DecodeStarts {
-    starts: BTreeMap<Duration, u32>,
+    /// Per start, how many began then and their prompt tokens added up.
+    starts: BTreeMap<Duration, (u32, u64)>,
     count: u128,
     /// The starts added up, nanoseconds (exact, unlike a float sum of many).
     sum_ns: u128,
 }
 
 impl DecodeStarts {
-    /// A request started decoding at `at`.
-    pub fn add(&mut self, at: Duration) {
-        *self.starts.entry(at).or_insert(0) += 1;
+    /// A request holding a prompt of `prompt_tokens` started decoding at `at`.
+    pub fn add(&mut self, at: Duration, prompt_tokens: u64) {
+        let (n, tokens) = self.starts.entry(at).or_insert((0, 0));
+        *n += 1;
+        *tokens = tokens.saturating_add(prompt_tokens);
         self.count += 1;
         self.sum_ns += at.as_nanos();
     }
 
-    /// The request `add`ed at `at` ended.
-    pub fn remove(&mut self, at: Duration) {
-        if let Some(n) = self.starts.get_mut(&at) {
+    /// The request `add`ed at `at` with `prompt_tokens` ended.
+    pub fn remove(&mut self, at: Duration, prompt_tokens: u64) {
+        if let Some((n, tokens)) = self.starts.get_mut(&at) {
             *n -= 1;
+            *tokens = tokens.saturating_sub(prompt_tokens);
             if *n == 0 {
                 self.starts.remove(&at);
             }
@@ -118,11 +145,8 @@ impl DecodeStarts {
     /// Their ages at `now` (a start after `now`, from a clock read late, counts as 0).
     pub fn ages(&self, now: Duration) -> DecodeAges {
         let mut ages = DecodeAges::default();
-        for (&start, &n) in &self.starts {
-            let age = now.saturating_sub(start).as_secs_f64();
-            for _ in 0..n {
-                ages.add(age);
-            }
+        for (&start, &(n, tokens)) in &self.starts {
+            ages.add_many(now.saturating_sub(start).as_secs_f64(), n, tokens);
         }
         ages
     }
@@ -133,37 +157,41 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ages_fall_in_doubling_buckets() {
+    fn ages_fall_in_doubling_buckets_with_their_prompts() {
         let mut s = DecodeStarts::default();
-        for at in [100.0, 100.0, 95.0, 20.0] {
-            s.add(Duration::from_secs_f64(at));
+        for (at, tokens) in [(100.0, 10), (100.0, 20), (95.0, 40), (20.0, 80)] {
+            s.add(Duration::from_secs_f64(at), tokens);
         }
         let ages = s.ages(Duration::from_secs_f64(100.5));
         // 0.5 s (twice), 5.5 s, 80.5 s.
         assert_eq!(
-            ages.buckets().collect::<Vec<_>>(),
-            vec![(0.5, 2), (6.0, 1), (96.0, 1)]
+            ages.buckets_holding().collect::<Vec<_>>(),
+            vec![(0.5, 2, 30), (6.0, 1, 40), (96.0, 1, 80)]
         );
         assert_eq!(ages.len(), 4);
         assert!(
             (s.decoded_s(Duration::from_secs_f64(100.5)) - (0.5 + 0.5 + 5.5 + 80.5)).abs() < 1e-9
         );
-        s.remove(Duration::from_secs_f64(100.0));
-        s.remove(Duration::from_secs_f64(20.0));
-        s.remove(Duration::from_secs_f64(7.0)); // never added: nothing happens
+        s.remove(Duration::from_secs_f64(100.0), 10);
+        s.remove(Duration::from_secs_f64(20.0), 80);
+        s.remove(Duration::from_secs_f64(7.0), 5); // never added: nothing happens
         let ages = s.ages(Duration::from_secs_f64(100.5));
+        assert_eq!(
+            ages.buckets_holding().collect::<Vec<_>>(),
+            vec![(0.5, 1, 20), (6.0, 1, 40)]
+        );
         assert_eq!(ages.buckets().collect::<Vec<_>>(), vec![(0.5, 1), (6.0, 1)]);
         assert!((s.decoded_s(Duration::from_secs_f64(100.5)) - 6.0).abs() < 1e-9);
         // A start read after `now` takes from the others' ages, never below nothing.
-        s.add(Duration::from_secs(1000));
+        s.add(Duration::from_secs(1000), 1);
         assert_eq!(s.decoded_s(Duration::from_secs(101)), 0.0);
     }
 
     #[test]
     fn the_oldest_bucket_holds_everything_older() {
         let mut ages = DecodeAges::default();
-        ages.add(1e9);
-        ages.add(-3.0);
+        ages.add(1e9, 1);
+        ages.add(-3.0, 1);
         assert_eq!(
             ages.buckets().collect::<Vec<_>>(),
             vec![(0.5, 1), (DecodeAges::bucket_age_s(AGE_BUCKETS - 1), 1)]
@@ -173,11 +201,14 @@ mod tests {
     #[test]
     fn merged_ages_add_their_counts() {
         let mut a = DecodeAges::default();
-        a.add(3.0);
+        a.add(3.0, 5);
         let mut b = DecodeAges::default();
-        b.add(3.5);
-        b.add(40.0);
+        b.add(3.5, 7);
+        b.add(40.0, 9);
         a.merge(&b);
-        assert_eq!(a.buckets().collect::<Vec<_>>(), vec![(3.0, 2), (48.0, 1)]);
+        assert_eq!(
+            a.buckets_holding().collect::<Vec<_>>(),
+            vec![(3.0, 2, 12), (48.0, 1, 9)]
+        );
     }
 }

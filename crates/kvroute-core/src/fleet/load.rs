@@ -318,7 +318,7 @@ impl LoadGuard {
     pub fn first_token_at(&mut self, at: Duration) {
         if self.stage == Stage::Prefill {
             self.first_token();
-            self.load.lock_decode_starts().add(at);
+            self.load.lock_decode_starts().add(at, self.prompt_tokens);
             self.decode_start = Some(at);
         }
     }
@@ -334,7 +334,9 @@ impl LoadGuard {
             Stage::Decode => {
                 self.load.decoding.fetch_sub(1, Ordering::Relaxed);
                 if let Some(at) = self.decode_start.take() {
-                    self.load.lock_decode_starts().remove(at);
+                    self.load
+                        .lock_decode_starts()
+                        .remove(at, self.prompt_tokens);
                 }
             }
             Stage::Done => return,
@@ -374,7 +376,10 @@ mod tests {
         untold.first_token();
         // Only the request whose first token time is known has an age: 5 s at 15 s.
         let ages = load.decode_ages(Duration::from_secs(15));
-        assert_eq!(ages.buckets().collect::<Vec<_>>(), vec![(6.0, 1)]);
+        assert_eq!(
+            ages.buckets_holding().collect::<Vec<_>>(),
+            vec![(6.0, 1, 100)]
+        );
         assert_eq!(load.snapshot().decoding, 2);
         // A second first token changes nothing; the end removes it.
         told.first_token_at(Duration::from_secs(12));

@@ -41,7 +41,7 @@
 //! 924 ms; the conversation trace and the scenario suite are unchanged within noise.
 //!
 //! A saturated fleet ([`super::saturation`]: every worker has at least twice the prompt queued
-//! for prefill) changes two things. The prefix a request in flight on a worker is computing
+//! for prefill, or none has room for it in its KV cache) changes two things. The prefix a request in flight on a worker is computing
 //! counts as cached there (the request starts after it is written), and the work a placement
 //! adds is counted a second time, `saturation_weight × (prompt − held) / prefill_rate`: every
 //! later request waits for it too. Siblings that arrive together then co-locate where the
@@ -222,6 +222,7 @@ impl KvAware {
             in_flight: c.load.in_flight,
             needed_tokens: request.prompt_tokens.saturating_sub(shared) as f64,
             ages: c.cache.decode_ages,
+            written_per_s,
         })
     }
 
@@ -324,10 +325,10 @@ impl Policy for KvAware {
             .iter()
             .map(|c| self.tiers.quote(&config.tiers, request, c, factors))
             .collect();
-        let saturated = saturation::saturated(request.prompt_tokens, candidates);
         let rates: Vec<Rates> = super::lock(&self.calibration)
             .rates_in_view_of(candidates.iter().map(|c| c.worker), partial);
         let room_wait = self.room_waits(request, candidates);
+        let saturated = saturation::saturated(request.prompt_tokens, candidates, &room_wait);
         let (predicted, mut cost): (Vec<f64>, Vec<f64>) = candidates
             .iter()
             .zip(&quotes)

@@ -86,7 +86,7 @@ fn answers_still_running_anywhere_lengthen_the_wait_while_the_router_is_young() 
     c[0].load.in_flight = 1;
     c[0].load.decoding = 1;
     c[0].cache.running_tokens = 15_000;
-    c[0].cache.decode_ages.add(0.5);
+    c[0].cache.decode_ages.add(0.5, 15_000);
     let p = policy();
     // The 100 answers that ended were all 2 s long.
     for _ in 0..100 {
@@ -96,7 +96,7 @@ fn answers_still_running_anywhere_lengthen_the_wait_while_the_router_is_young() 
     assert!((short - 1.5).abs() < 1e-9, "{short}");
     // Twenty answers have run 16-32 s on worker 1 and go on: answers are not all short.
     for _ in 0..20 {
-        c[1].cache.decode_ages.add(20.0);
+        c[1].cache.decode_ages.add(20.0, 15_000);
     }
     let long = p.choose(&req(4_000), &c).unwrap().room_wait_s[0].unwrap_or(0.0);
     assert!(long > 5.0 * short, "{long} against {short}");
@@ -127,4 +127,37 @@ fn a_predicted_wait_for_room_is_not_learned_as_slow_prefill() {
     };
     let (waited, none) = (learn(3.0), learn(0.0));
     assert!((waited - none).abs() <= none * 1e-6, "{waited} vs {none}");
+}
+
+#[test]
+fn a_fleet_with_no_room_anywhere_counts_what_a_placement_recomputes_again() {
+    // Worker 0 holds half of the 80k-token prompt behind 60k queued tokens; worker 1 holds
+    // none of it and queues nothing. Both run one answer beside the prompts they hold.
+    let mut c = idle(2);
+    for w in &mut c {
+        w.cache.capacity_blocks = Some(65_536); // × 16 tokens
+        w.load.in_flight = 1;
+        w.load.decoding = 1;
+        w.cache.decode_ages.add(1.0, 100_000);
+    }
+    c[0].overlap_blocks = 2_500;
+    c[0].load.queued_prefill_tokens = 60_000;
+    let p = policy();
+    // Room on both: the idle worker starts the prompt first, and takes it.
+    for w in &mut c {
+        w.cache.running_tokens = 100_000;
+    }
+    let d = p.choose(&req(80_000), &c).unwrap();
+    assert_eq!(d.room_wait_s, vec![Some(0.0), Some(0.0)]);
+    assert_eq!(d.chosen, 1, "{:?}", d.cost);
+    // Both caches full: wherever it goes the prompt waits for an answer to end, and every
+    // token recomputed then evicts what the next turns would find. The recomputation counts
+    // again, and the warm worker wins.
+    for w in &mut c {
+        w.cache.running_tokens = 1_000_000;
+    }
+    let d = p.choose(&req(80_000), &c).unwrap();
+    assert!(d.room_wait_s.iter().all(|w| w.is_some_and(|w| w > 0.0)));
+    assert_eq!(d.room_wait_s[0], d.room_wait_s[1]);
+    assert_eq!(d.chosen, 0, "{:?}", d.cost);
 }

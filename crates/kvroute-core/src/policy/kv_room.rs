@@ -16,7 +16,9 @@
 //! `k`-th of `n` to end; with remaining lifetimes taken as memoryless with mean `R`, the
 //! expected wait is `R × (1/n + 1/(n−1) + … + 1/(n−k+1))`. It is 0 whenever the prompt fits,
 //! which is every request of a fleet with room, so it moves nothing until a worker's running set
-//! is full.
+//! is full. Where the router knows the decoding requests' prompts (`fleet::decode_ages` keeps
+//! them beside their ages), each frees what it holds instead of an even share: a 560k-token
+//! turn beside answers of 10k and 285k waits for the 285k one, not for the first to end.
 //!
 //! `R` is what is left of a request found running, not a request's whole residence `D` (the
 //! fleet's measured time from first token to end, `policy::residence`): a request that is running
@@ -47,9 +49,13 @@ pub struct Room {
     pub in_flight: u64,
     /// Tokens of the new prompt the running requests do not already hold.
     pub needed_tokens: f64,
-    /// How long those of them that are decoding have been, where known (the others, and all
-    /// of them without ages, are taken as found running at random).
+    /// How long those of them that are decoding have been, and the prompts they hold, where
+    /// known (the others, and all of them without ages, are taken as found running at random
+    /// and as holding an even share of what the aged ones do not).
     pub ages: DecodeAges,
+    /// Tokens a decoding request writes per second: an aged request holds its prompt and
+    /// what it has written.
+    pub written_per_s: f64,
 }
 
 impl Room {
@@ -65,36 +71,76 @@ impl Room {
     /// on average, of a request decoding for `age` seconds (`None`: of one whose age is not
     /// known; `Residence::remaining`).
     ///
-    /// The prompt starts once the `k` requests that free the excess have ended. Each running
+    /// The prompt starts once the requests that have ended free the excess. Each running
     /// request ends at rate `1 / residual` of its age, as if memoryless from now on; the first
     /// of them to end does so after `1 / Σ rates`, and the likeliest to end first are the
-    /// quickest, so the expected `k`-th end is taken as `Σ_{j<k} 1 / (Σ rates of all but the
-    /// j quickest)`. With every residual alike this is `R × (1/n + 1/(n−1) + … )`.
+    /// quickest, so the requests are taken to end quickest first, the `j`-th after
+    /// `Σ_{i<j} 1 / (Σ rates of all but the i quickest)`, until what they held covers the
+    /// excess. With every residual and every request's tokens alike this is the `k`-th of `n`
+    /// to end, `R × (1/n + 1/(n−1) + … )`.
+    ///
+    /// What each frees is its own: agent sessions of 10k and 400k tokens share workers, and
+    /// when the excess is a long prompt's, the short answers ending first do not make room
+    /// for it. Taking every request as holding `active / n` priced those waits as the first
+    /// few ends where the one holding the room had to end.
     pub fn wait_s(&self, residual: impl Fn(Option<f64>) -> f64) -> f64 {
         if !self.is_short() {
             return 0.0;
         }
         let over = self.active_tokens + self.needed_tokens - self.capacity_tokens;
-        let n = self.in_flight;
-        let each = self.active_tokens / n as f64;
-        let k = ((over / each).ceil() as u64).clamp(1, n) as usize;
-        let mut rates: Vec<f64> = Vec::with_capacity(n as usize);
-        for (age, count) in self.ages.buckets() {
-            let r = 1.0 / residual(Some(age)).max(1e-3);
-            rates.extend(std::iter::repeat_n(r, count as usize));
-        }
-        rates.truncate(n as usize);
-        let unaged = 1.0 / residual(None).max(1e-3);
-        rates.resize(n as usize, unaged);
+        let mut leavers = self.leavers(residual);
         // Quickest first: the first to end are most likely the quickest.
-        rates.sort_by(|a, b| b.total_cmp(a));
-        let mut left: f64 = rates.iter().sum();
-        let mut wait = 0.0;
-        for r in rates.iter().take(k) {
+        leavers.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let mut left: f64 = leavers.iter().map(|l| l.0).sum();
+        let (mut wait, mut freed) = (0.0, 0.0);
+        for (rate, tokens) in leavers {
+            if freed >= over {
+                break;
+            }
             wait += 1.0 / left;
-            left -= r;
+            left -= rate;
+            freed += tokens;
         }
         wait
+    }
+
+    /// Each running request's rate of ending and the tokens its end frees. A request
+    /// without an age (queued, prefilling, or its first token not timed) is taken, as before
+    /// sizes were known, to free an even share `active / n`; the aged share the rest in
+    /// proportion to what each holds, its bucket's average prompt and what it has written
+    /// (prefixes they share are held once, so their own sizes add up to more than that rest).
+    ///
+    /// Why the unaged keep an even share: given only what the aged leave of `active`
+    /// (nothing, where shared prefixes make the aged prompts add up to more), the request
+    /// queued behind them, the quickest to end by the random residual, freed nothing; on the
+    /// capped four-engine fleet the waits came out at 4.6–8.7 s where the engines took 1–3 s,
+    /// turns left their warm homes, and that fleet's mean TTFT nearly doubled. Scaled with
+    /// the aged instead (losing their part of what shared prefixes take), the unaged still
+    /// cost that fleet 8–11 % without tiers (docs/benchmarks.md, "What each running request
+    /// frees").
+    fn leavers(&self, residual: impl Fn(Option<f64>) -> f64) -> Vec<(f64, f64)> {
+        let n = self.in_flight as usize;
+        let even = self.active_tokens / n as f64;
+        let mut leavers: Vec<(f64, f64)> = Vec::with_capacity(n);
+        for (age, count, tokens) in self.ages.buckets_holding() {
+            let rate = 1.0 / residual(Some(age)).max(1e-3);
+            let each = match tokens {
+                0 => even,
+                t => t as f64 / f64::from(count) + self.written_per_s * age,
+            };
+            leavers.extend(std::iter::repeat_n((rate, each), count as usize));
+        }
+        leavers.truncate(n);
+        let aged = leavers.len();
+        // The unaged keep an even share; the aged share the rest by what they hold.
+        let theirs = (self.active_tokens - (n - aged) as f64 * even).max(0.0);
+        let held: f64 = leavers.iter().map(|l| l.1).sum();
+        if held > 0.0 {
+            let scale = theirs / held;
+            leavers.iter_mut().for_each(|l| l.1 *= scale);
+        }
+        leavers.resize(n, (1.0 / residual(None).max(1e-3), even));
+        leavers
     }
 }
 
@@ -109,6 +155,7 @@ mod tests {
             in_flight: n,
             needed_tokens: needed,
             ages: DecodeAges::default(),
+            written_per_s: 0.0,
         }
     }
 
@@ -142,11 +189,68 @@ mod tests {
     }
 
     #[test]
+    fn a_long_prompt_waits_for_the_request_holding_the_room() {
+        // Nine young answers of 10 tokens and one old one of 910 fill a cache of 1,000.
+        // What is left: 1 s of a young answer, 30 s of the old one.
+        let mut ages = DecodeAges::default();
+        for _ in 0..9 {
+            ages.add(0.5, 10);
+        }
+        ages.add(100.0, 910);
+        let aged = |needed: f64| Room {
+            ages,
+            ..room(1000.0, 10, needed)
+        };
+        let residual = |age: Option<f64>| match age {
+            Some(a) if a > 10.0 => 30.0,
+            _ => 1.0,
+        };
+        // 50 tokens: five young ones make room, ending after 1/(9 + 1/30) + … + 1/(5 + 1/30).
+        let rate = |young: f64| young + 1.0 / 30.0;
+        let five: f64 = (5..=9).map(|y| 1.0 / rate(f64::from(y))).sum();
+        assert!((aged(50.0).wait_s(residual) - five).abs() < 1e-9);
+        // 200 tokens: the young ones hold 90 between them; the old one must end too. As if
+        // each held 100, two young ones would have made room: 1/rate(9) + 1/rate(8).
+        let all: f64 = (1..=9).map(|y| 1.0 / rate(f64::from(y))).sum::<f64>() + 30.0;
+        assert!((aged(200.0).wait_s(residual) - all).abs() < 1e-9);
+        // Without ages nothing tells them apart: an even share each.
+        let even = room(1000.0, 10, 200.0).wait_s(residual);
+        assert!((even - (1.0 / 10.0 + 1.0 / 9.0)).abs() < 1e-9, "{even}");
+    }
+
+    #[test]
+    fn shares_add_up_to_what_is_held() {
+        // Three requests hold 900 tokens: one unaged, with an even share of 300, and two
+        // aged ones told 200 and 1,000 (more than the 600 left: a prefix they share is held
+        // once), who share the 600 as 1 to 5.
+        let mut ages = DecodeAges::default();
+        ages.add(0.5, 200);
+        ages.add(6.0, 1000);
+        let r = Room {
+            ages,
+            ..room(900.0, 3, 400.0)
+        };
+        let tokens: Vec<f64> = r.leavers(|_| 2.0).iter().map(|l| l.1).collect();
+        assert_eq!(tokens, vec![100.0, 500.0, 300.0]);
+        // Written tokens count with the prompt: 100 a second for an answer 6 s old.
+        let mut ages = DecodeAges::default();
+        ages.add(6.0, 400);
+        ages.add(0.5, 400);
+        let r = Room {
+            ages,
+            written_per_s: 100.0,
+            ..room(1450.0, 2, 100.0)
+        };
+        let tokens: Vec<f64> = r.leavers(|_| 2.0).iter().map(|l| l.1).collect();
+        assert_eq!(tokens, vec![450.0, 1000.0]);
+    }
+
+    #[test]
     fn old_answers_hold_their_room_longer_than_new_ones() {
         let aged = |age: f64| {
             let mut ages = DecodeAges::default();
             for _ in 0..4 {
-                ages.add(age);
+                ages.add(age, 200);
             }
             Room {
                 ages,
@@ -166,7 +270,7 @@ mod tests {
         // Two new and two old, two to end: the new ones first, 1/(2/5 + 2/60) + 1/(1/5 + 2/60).
         let mut ages = DecodeAges::default();
         for a in [1.0, 1.0, 100.0, 100.0] {
-            ages.add(a);
+            ages.add(a, 200);
         }
         let mixed = Room {
             ages,

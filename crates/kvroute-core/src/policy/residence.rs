@@ -325,7 +325,7 @@ mod tests {
         }
         let mut running = DecodeAges::default();
         for _ in 0..20 {
-            running.add(20.0); // the 16–32 s bucket, counted at 24 s
+            running.add(20.0, 1_000); // the 16–32 s bucket, counted at 24 s
         }
         // From the ended alone a new answer has 2 s left, and one 10 s old is past them all.
         let ended = r.remaining(&DecodeAges::default());
@@ -354,7 +354,7 @@ mod tests {
         }
         let mut running = DecodeAges::default();
         for _ in 0..20 {
-            running.add(20.0);
+            running.add(20.0, 1_000);
         }
         assert_eq!(
             r.remaining(&running).at(Some(0.5)),

@@ -10,8 +10,12 @@
 //! worker to spread onto:
 //!
 //! - **Every worker makes the request wait.** If every worker has at least
-//!   [`SATURATION_FACTOR`] times the request's prompt queued for prefill, whichever worker it
-//!   goes to starts it after steps full of other work. A prefix that a request in flight there
+//!   [`SATURATION_FACTOR`] times the request's prompt queued for prefill, or no worker has room
+//!   for it in its KV cache (every candidate's predicted wait for room, `policy::kv_room`, is
+//!   above zero), whichever worker it goes to starts it after other work: steps full of other
+//!   prefills, or running answers that must end first. A fleet whose caches are full is as
+//!   saturated as one whose queues are: what a placement recomputes evicts what the next
+//!   turns would have found. A prefix that a request in flight there
 //!   is computing is in that engine's cache by the time this request is admitted, so only the
 //!   rest is computed, and only the rest is booked as queued work.
 //! - **Work is what every later request waits for.** The fleet runs flat out, so each second of
@@ -31,15 +35,58 @@ use super::{Candidate, RouteRequest};
 /// counts as saturated for a request.
 pub const SATURATION_FACTOR: u64 = 2;
 
-/// Whether every candidate has at least [`SATURATION_FACTOR`] × the prompt queued for prefill
-/// (false without candidates or without a prompt: a load-only decision saw no tokens).
-pub fn saturated(prompt_tokens: u64, candidates: &[Candidate]) -> bool {
+/// What makes every worker keep a request waiting: an operator adds prefill capacity for the
+/// one and KV memory for the other (`kvroute_prefill_saturated_decisions_total`,
+/// `kvroute_kv_room_saturated_decisions_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Saturation {
+    /// Every candidate has at least [`SATURATION_FACTOR`] × the prompt queued for prefill.
+    Prefill,
+    /// Every candidate's running requests leave no room for the prompt in its KV cache.
+    KvRoom,
+}
+
+impl Saturation {
+    /// The name `/debug/route` shows.
+    pub fn name(self) -> &'static str {
+        match self {
+            Saturation::Prefill => "prefill",
+            Saturation::KvRoom => "kv_room",
+        }
+    }
+}
+
+/// Whether, and why, the fleet is saturated for a request: every candidate has at least
+/// [`SATURATION_FACTOR`] × the prompt queued for prefill (said first when both hold), or every
+/// candidate makes it wait for room in its KV cache (`room_waits`, aligned with `candidates`
+/// as `RouteDecision::room_wait_s` is; `None`, a capacity not known, is no wait). `None`
+/// without candidates or without a prompt: a load-only decision saw no tokens.
+pub fn saturation(
+    prompt_tokens: u64,
+    candidates: &[Candidate],
+    room_waits: &[Option<f64>],
+) -> Option<Saturation> {
+    if prompt_tokens == 0 || candidates.is_empty() {
+        return None;
+    }
     let threshold = prompt_tokens.saturating_mul(SATURATION_FACTOR);
-    prompt_tokens > 0
-        && !candidates.is_empty()
-        && candidates
-            .iter()
-            .all(|c| c.load.queued_prefill_tokens >= threshold)
+    let queued = candidates
+        .iter()
+        .all(|c| c.load.queued_prefill_tokens >= threshold);
+    let no_room = room_waits.len() == candidates.len()
+        && room_waits.iter().all(|w| w.is_some_and(|w| w > 0.0));
+    if queued {
+        Some(Saturation::Prefill)
+    } else if no_room {
+        Some(Saturation::KvRoom)
+    } else {
+        None
+    }
+}
+
+/// [`saturation`] as a yes or no, for the cost model.
+pub fn saturated(prompt_tokens: u64, candidates: &[Candidate], room_waits: &[Option<f64>]) -> bool {
+    saturation(prompt_tokens, candidates, room_waits).is_some()
 }
 
 /// Tokens of `request`'s prompt the requests in flight on `c` hold or are computing (leading
@@ -80,17 +127,33 @@ mod tests {
     #[test]
     fn saturated_only_when_every_worker_has_twice_the_prompt_queued() {
         let busy = [candidate(2_000, 0), candidate(5_000, 0)];
-        assert!(saturated(1_000, &busy));
+        assert!(saturated(1_000, &busy, &[]));
         let one_short = [candidate(2_000, 0), candidate(1_999, 0)];
-        assert!(!saturated(1_000, &one_short));
+        assert!(!saturated(1_000, &one_short, &[]));
         let idle = [candidate(0, 0), candidate(50_000, 0)];
-        assert!(!saturated(1_000, &idle));
+        assert!(!saturated(1_000, &idle, &[]));
+    }
+
+    #[test]
+    fn saturated_when_no_worker_has_room_for_the_prompt() {
+        let idle = [candidate(0, 0), candidate(0, 0)];
+        let full = [Some(0.5), Some(2.0)];
+        assert_eq!(saturation(1_000, &idle, &full), Some(Saturation::KvRoom));
+        // Queues full as well: prefill is named first.
+        let busy = [candidate(2_000, 0), candidate(2_000, 0)];
+        assert_eq!(saturation(1_000, &busy, &full), Some(Saturation::Prefill));
+        assert_eq!(saturation(1_000, &busy, &[]), Some(Saturation::Prefill));
+        assert!(!saturated(1_000, &idle, &[Some(0.5), Some(0.0)]));
+        // A capacity not known is room: that worker may take the request at once.
+        assert!(!saturated(1_000, &idle, &[Some(0.5), None]));
+        // Waits that do not line up with the candidates say nothing.
+        assert!(!saturated(1_000, &idle, &[Some(0.5)]));
     }
 
     #[test]
     fn nothing_is_saturated_without_candidates_or_a_prompt() {
-        assert!(!saturated(1_000, &[]));
-        assert!(!saturated(0, &[candidate(10, 0)]));
+        assert!(!saturated(1_000, &[], &[]));
+        assert!(!saturated(0, &[candidate(10, 0)], &[Some(1.0)]));
     }
 
     #[test]

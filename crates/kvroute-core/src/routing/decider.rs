@@ -10,7 +10,8 @@ use super::target::Target;
 use crate::fleet::decode_ages::DecodeAges;
 use crate::fleet::{Occupants, Side, WorkerId};
 use crate::index::{Holdings, ReuseCurve, SessionHome};
-use crate::policy::{Candidate, Policy, RouteDecision, WorkingSet, saturation};
+use crate::policy::saturation::{self, Saturation};
+use crate::policy::{Candidate, Policy, RouteDecision, WorkingSet};
 use crate::tokens::HashSeed;
 
 /// `decision` moved to a candidate predicted to meet the request's TTFT target, if it has one
@@ -42,9 +43,9 @@ pub struct Choice<'t, T> {
     pub candidates: Vec<Candidate>,
     /// The isolation rule that narrowed the candidates, if one did.
     pub confined: Option<Confined>,
-    /// Whether the fleet was saturated for the request (`policy::saturation`), read by the
-    /// booking and the decision's metrics.
-    pub saturated: bool,
+    /// Whether, and why, the fleet was saturated for the request (`policy::saturation`),
+    /// read by the booking and the decision's metrics.
+    pub saturated: Option<Saturation>,
 }
 
 /// The candidates of one decision, as isolation left them ([`Decider::weigh`]).
@@ -336,7 +337,11 @@ impl Decider {
             let decision = slo_preferred(decision, analysis);
             let target = *picked.get(decision.chosen)?;
             if target.acquire() {
-                let saturated = saturation::saturated(analysis.request.prompt_tokens, &candidates);
+                let saturated = saturation::saturation(
+                    analysis.request.prompt_tokens,
+                    &candidates,
+                    &decision.room_wait_s,
+                );
                 return Some(Choice {
                     target,
                     decision,
@@ -360,7 +365,7 @@ impl Decider {
     ) -> Admitted {
         let c = choice.candidate();
         let worker = choice.target.worker();
-        let uncached = booked_uncached(analysis, c, choice.saturated);
+        let uncached = booked_uncached(analysis, c, choice.saturated.is_some());
         let predicted_ttft = choice.predicted_ttft_s();
         if analysis.request.blocks > 0 && !choice.target.publishes_events() {
             self.holdings

@@ -129,7 +129,11 @@ fn an_event_publishing_home_gets_ties_but_no_invented_prefix() {
 /// instant, keeping them in flight; returns the workers they landed on and the prefill tokens
 /// booked for them.
 fn siblings(targets: &[T]) -> (usize, u64) {
-    let d = decider();
+    siblings_by(&decider(), targets)
+}
+
+/// [`siblings`], routed by `d`.
+fn siblings_by(d: &Decider, targets: &[T]) -> (usize, u64) {
     let queued = |targets: &[T]| -> u64 {
         targets
             .iter()
@@ -142,7 +146,7 @@ fn siblings(targets: &[T]) -> (usize, u64) {
     for k in 0..16u32 {
         let mut prompt = ids(7, 4_096);
         prompt.extend(ids(1_000 + k, 32));
-        on.insert(route(&d, targets, &prompt, None, 0, &mut held));
+        on.insert(route(d, targets, &prompt, None, 0, &mut held));
     }
     (on.len(), queued(targets) - before)
 }
@@ -163,6 +167,36 @@ fn siblings_spread_with_room_and_co_locate_on_a_saturated_fleet() {
         .map(|t| t.load.admit(100_000, 100_000))
         .collect();
     let (on, booked) = siblings(&targets);
+    assert!(on <= 2, "on {on} workers");
+    assert!(booked < 3 * 4_128, "{booked} tokens booked");
+}
+
+#[test]
+fn siblings_co_locate_when_no_worker_has_kv_room() {
+    // Four workers of 1,000 blocks (16,000 tokens), each running an answer to a 14,000-token
+    // prompt of its own: no queue, but no room for a 4,128-token sibling until one ends.
+    let targets: Vec<T> = fleet(4, true)
+        .into_iter()
+        .map(|t| T {
+            kv_blocks: Some(1_000),
+            ..t
+        })
+        .collect();
+    let d = decider();
+    let mut running = Vec::new();
+    for w in 0..4usize {
+        let at = Duration::from_secs(1);
+        let analysis = d.analyse(&ids(100 + w as u32, 14_000), seed(), 16, at);
+        let choice = d
+            .choose(&analysis, &targets[w..=w], &mut Vec::new())
+            .expect("a worker");
+        let mut admitted = d.admit(&analysis, &choice, at).admitted_at(at);
+        admitted.first_token_after(Duration::from_secs(1));
+        running.push(admitted);
+    }
+    // Wherever they go they wait for room, so the fleet is saturated: they join the first,
+    // whose prefix is written before they start, and book their own 32 tokens.
+    let (on, booked) = siblings_by(&d, &targets);
     assert!(on <= 2, "on {on} workers");
     assert!(booked < 3 * 4_128, "{booked} tokens booked");
 }

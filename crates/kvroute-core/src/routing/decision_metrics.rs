@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::isolation::Confined;
+use crate::policy::saturation::Saturation;
 
 /// Where a session's decision figures go.
 pub trait DecisionMetrics: Sync {
@@ -20,8 +21,8 @@ pub trait DecisionMetrics: Sync {
     fn prefix(&self, target: &str, queried: u32, hit: u32);
     /// Placement isolation narrowed a decision's candidates by `rule`.
     fn confined(&self, rule: Confined);
-    /// The fleet was saturated for the decision (`policy::saturation`).
-    fn saturated(&self);
+    /// The fleet was saturated for the decision, by `cause` (`policy::saturation`).
+    fn saturated(&self, cause: Saturation);
 }
 
 /// Figures nobody reads.
@@ -30,7 +31,7 @@ impl DecisionMetrics for () {
     fn decided(&self, _: &'static str, _: Duration) {}
     fn prefix(&self, _: &str, _: u32, _: u32) {}
     fn confined(&self, _: Confined) {}
-    fn saturated(&self) {}
+    fn saturated(&self, _: Saturation) {}
 }
 
 /// A shared sink reports into what it shares.
@@ -47,7 +48,7 @@ impl<M: DecisionMetrics + Send> DecisionMetrics for Arc<M> {
     fn confined(&self, rule: Confined) {
         M::confined(self, rule);
     }
-    fn saturated(&self) {
-        M::saturated(self);
+    fn saturated(&self, cause: Saturation) {
+        M::saturated(self, cause);
     }
 }

@@ -162,8 +162,8 @@ impl<'d> Session<'d> {
         if let Some(rule) = choice.confined {
             self.metrics.confined(rule);
         }
-        if choice.saturated {
-            self.metrics.saturated();
+        if let Some(cause) = choice.saturated {
+            self.metrics.saturated(cause);
         }
         if std::mem::take(&mut self.first) {
             self.metrics.decided(policy, self.started.elapsed());

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use super::Metrics;
+use crate::policy::saturation::Saturation;
 use crate::routing::{Confined, DecisionMetrics};
 
 impl DecisionMetrics for Metrics {
@@ -33,7 +34,7 @@ impl DecisionMetrics for Metrics {
         self.isolation.count(rule);
     }
 
-    fn saturated(&self) {
-        self.prefill_saturation.saturated.inc();
+    fn saturated(&self, cause: Saturation) {
+        self.saturated_decisions.count(cause);
     }
 }

@@ -28,7 +28,8 @@ use super::session_hint::HintSource;
 use super::{AppState, read};
 use crate::fleet::WorkerRank;
 use crate::openai::{ApiError, Endpoint};
-use crate::policy::{Candidate, TierQuote, saturation};
+use crate::policy::saturation::{self, Saturation};
+use crate::policy::{Candidate, TierQuote};
 use crate::routing::{Analysis, DecodeExplanation, Explanation, Plan, Stance};
 
 /// `POST /debug/route` with a completion, chat or Responses body (`messages` selects chat,
@@ -96,6 +97,11 @@ async fn explain(
         (Some(m), true) => Some(state.handoff(m).as_str()),
         _ => None,
     };
+    let saturated = saturation::saturation(
+        analysis.request.prompt_tokens,
+        &explained.candidates,
+        &explained.decision.room_wait_s,
+    );
     Ok(Json(json!({
         "worker": explained.chosen().worker.id(),
         "rank": explained.chosen().pinned(),
@@ -109,7 +115,8 @@ async fn explain(
         "warm_prefix_rate": analysis.request.warm_prefix_rate,
         "candidates": candidates(&analysis, &explained),
         "context_excluded": context.map(|c| c.excluded).unwrap_or_default(),
-        "saturated": saturation::saturated(analysis.request.prompt_tokens, &explained.candidates),
+        "saturated": saturated.is_some(),
+        "saturated_by": saturated.map(Saturation::name),
         "isolation": isolation(&analysis, &explained),
         "session": hint.map(|source| session(state, &analysis, &explained, source)),
         "disaggregation": disaggregation,
