@@ -175,30 +175,39 @@ fn siblings_spread_with_room_and_co_locate_on_a_saturated_fleet() {
 fn siblings_co_locate_when_no_worker_has_kv_room() {
     // Four workers of 1,000 blocks (16,000 tokens), each running an answer to a 14,000-token
     // prompt of its own: no queue, but no room for a 4,128-token sibling until one ends.
-    let targets: Vec<T> = fleet(4, true)
-        .into_iter()
-        .map(|t| T {
-            kv_blocks: Some(1_000),
-            ..t
-        })
-        .collect();
+    let targets = with_kv_blocks(fleet(4, true), 1_000);
     let d = decider();
-    let mut running = Vec::new();
-    for w in 0..4usize {
-        let at = Duration::from_secs(1);
-        let analysis = d.analyse(&ids(100 + w as u32, 14_000), seed(), 16, at);
-        let choice = d
-            .choose(&analysis, &targets[w..=w], &mut Vec::new())
-            .expect("a worker");
-        let mut admitted = d.admit(&analysis, &choice, at).admitted_at(at);
-        admitted.first_token_after(Duration::from_secs(1));
-        running.push(admitted);
-    }
+    let _running: Vec<_> = (0..4usize)
+        .map(|w| decoding(&d, &targets[w], &ids(100 + w as u32, 14_000)))
+        .collect();
     // Wherever they go they wait for room, so the fleet is saturated: they join the first,
     // whose prefix is written before they start, and book their own 32 tokens.
     let (on, booked) = siblings_by(&d, &targets);
     assert!(on <= 2, "on {on} workers");
     assert!(booked < 3 * 4_128, "{booked} tokens booked");
+}
+
+/// `targets`, each with a KV cache of `blocks` blocks.
+fn with_kv_blocks(targets: Vec<T>, blocks: usize) -> Vec<T> {
+    targets
+        .into_iter()
+        .map(|t| T {
+            kv_blocks: Some(blocks),
+            ..t
+        })
+        .collect()
+}
+
+/// `prompt` admitted on `target` at 1 s, decoding since its first token at 2 s.
+fn decoding(d: &Decider, target: &T, prompt: &[u32]) -> super::super::Admitted {
+    let at = Duration::from_secs(1);
+    let analysis = d.analyse(prompt, seed(), 16, at);
+    let choice = d
+        .choose(&analysis, std::slice::from_ref(target), &mut Vec::new())
+        .expect("a worker");
+    let mut admitted = d.admit(&analysis, &choice, at).admitted_at(at);
+    admitted.first_token_after(Duration::from_secs(1));
+    admitted
 }
 
 /// A prompt of a 512-token prefix every `tag` shares, then 64 tokens of its own.
@@ -233,29 +242,12 @@ fn admissions_count_toward_the_rate_of_the_prefix_they_share() {
 #[test]
 fn once_one_worker_fills_every_worker_s_decode_ages_are_read() {
     // Two workers of 100 blocks (1,600 tokens); one request decoding on each.
-    let targets: Vec<T> = fleet(2, true)
-        .into_iter()
-        .map(|t| T {
-            kv_blocks: Some(100),
-            ..t
-        })
-        .collect();
+    let targets = with_kv_blocks(fleet(2, true), 100);
     let d = decider();
-    let mut held = Vec::new();
-    for (w, len) in [(0u32, 400usize), (1, 32)] {
-        let at = Duration::from_secs(1);
-        let analysis = d.analyse(&ids(w, len), seed(), 16, at);
-        let choice = d
-            .choose(
-                &analysis,
-                &targets[w as usize..=w as usize],
-                &mut Vec::new(),
-            )
-            .expect("a worker");
-        let mut admitted = d.admit(&analysis, &choice, at).admitted_at(at);
-        admitted.first_token_after(Duration::from_secs(1));
-        held.push(admitted);
-    }
+    let _held = [
+        decoding(&d, &targets[0], &ids(0, 400)),
+        decoding(&d, &targets[1], &ids(1, 32)),
+    ];
     let candidates = |prompt: usize| {
         let analysis = d.analyse(&ids(9, prompt), seed(), 16, Duration::from_secs(12));
         d.candidates(&analysis, &targets, &[]).1

@@ -48,3 +48,17 @@ impl SaturatedDecisionMetrics {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_cause_has_its_own_counter() {
+        let m = SaturatedDecisionMetrics::register(&Registry::new());
+        m.count(Saturation::KvRoom);
+        m.count(Saturation::KvRoom);
+        m.count(Saturation::Prefill);
+        assert_eq!((m.prefill.get(), m.kv_room.get()), (1, 2));
+    }
+}
