@@ -25,9 +25,12 @@
 //!   the first is computing their prefix instead of spreading and computing it once per worker.
 //!
 //! The factor 2 leaves one prompt's worth of margin (with a factor of 1, or with the in-flight
-//! prefix credited at any load, scenarios of the suite got worse: docs/benchmarks.md). The test
-//! is in tokens, not seconds, so it needs no fitted rate and reads the same in the router and
-//! in the decider's bookings (`routing::decider`).
+//! prefix credited at any load, scenarios of the suite got worse: docs/benchmarks.md). The
+//! queue test is in tokens, not seconds, so it needs no fitted rate; the room test reads the
+//! waits the policy predicted (`RouteDecision::room_wait_s`), so both read the same in the
+//! policy and in the decider's bookings (`routing::decider`). Counting a full fleet as
+//! saturated cut the four-worker agentic overloads' mean TTFT by 29–78 % and loses where turns
+//! pile onto one full home (docs/benchmarks.md, "No room anywhere is saturation").
 
 use super::{Candidate, RouteRequest};
 
