@@ -29,7 +29,7 @@
 //! queue test is in tokens, not seconds, so it needs no fitted rate; the room test reads the
 //! waits the policy predicted (`RouteDecision::room_wait_s`), so both read the same in the
 //! policy and in the decider's bookings (`routing::decider`). Counting a full fleet as
-//! saturated cut the four-worker agentic overloads' mean TTFT by 29–78 % and loses where turns
+//! saturated cut agentic × 4's mean TTFT by 29 % and g64s11 × 4's by 78 %, and loses where turns
 //! pile onto one full home (docs/benchmarks.md, "No room anywhere is saturation").
 
 use super::{Candidate, RouteRequest};
