@@ -41,10 +41,10 @@
 //! 924 ms; the conversation trace and the scenario suite are unchanged within noise.
 //!
 //! A saturated fleet ([`super::saturation`]: every worker has at least twice the prompt queued
-//! for prefill, or none has room for it in its KV cache) changes two things. The prefix a request in flight on a worker is computing
-//! counts as cached there (the request starts after it is written), and the work a placement
-//! adds is counted a second time, `saturation_weight × (prompt − held) / prefill_rate`: every
-//! later request waits for it too. Siblings that arrive together then co-locate where the
+//! for prefill, or none has room for it in its KV cache) changes two things. The prefix a
+//! request in flight on a worker is computing counts as cached there (the request starts after
+//! it is written), and the work a placement adds is counted a second time,
+//! `saturation_weight × (prompt − held) / prefill_rate`: every later request waits for it too. Siblings that arrive together then co-locate where the
 //! first computes their prefix; below saturation they spread over idle workers, which
 //! computes the prefix on each but finishes sooner.
 //!
